@@ -1,0 +1,141 @@
+//go:build linux
+
+// Command containerd-branch-snapshotter serves the branch snapshotter to
+// containerd as a proxy snapshotter plugin over gRPC on a unix socket:
+//
+//	[proxy_plugins.branch]
+//	  type = "snapshot"
+//	  address = "/run/containerd-branch-snapshotter/snapshotter.sock"
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/contrib/snapshotservice"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	"github.com/branchbox/branchbox/snapshotter"
+)
+
+const (
+	defaultRoot    = "/var/lib/containerd-branch-snapshotter"
+	defaultAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
+	// drainTimeout bounds how long SIGTERM waits for in-flight calls.
+	drainTimeout = 10 * time.Second
+)
+
+func main() {
+	var (
+		root     = flag.String("root", defaultRoot, "directory holding snapshots and metadata")
+		address  = flag.String("address", defaultAddress, "unix socket to serve the snapshots API on")
+		logLevel = flag.String("log-level", "info", "log level: trace, debug, info, warn, error")
+	)
+	flag.Parse()
+	if flag.NArg() != 0 {
+		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if err := log.SetLevel(*logLevel); err != nil {
+		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: --log-level %q: %v\n", *logLevel, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	if err := run(ctx, *root, *address); err != nil {
+		log.G(ctx).WithError(err).Error("containerd-branch-snapshotter failed")
+		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, root, address string) error {
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return fmt.Errorf("--root: %w", err)
+	}
+	if address == "" {
+		return fmt.Errorf("--address is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	// New takes the root lock before anything else, so a second instance
+	// fails here without touching the first one's socket.
+	sn, err := snapshotter.New(ctx, root)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := sn.Close(); err != nil {
+			log.G(ctx).WithError(err).Warn("close snapshotter")
+		}
+	}()
+
+	l, err := listen(address)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer()
+	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.G(ctx).WithFields(log.Fields{"root": root, "address": address}).Info("serving branch snapshotter")
+
+	select {
+	case err := <-errc:
+		os.Remove(address)
+		return fmt.Errorf("serve %s: %w", address, err)
+	case <-ctx.Done():
+	}
+	log.G(ctx).Info("shutting down: draining in-flight calls")
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drainTimeout):
+		log.G(ctx).Warn("drain timed out; closing remaining connections")
+		srv.Stop()
+	}
+	os.Remove(address)
+	return nil
+}
+
+// listen binds the unix socket, replacing a stale one. Only a process that
+// holds the root lock gets here, but the address might be shared with
+// something else entirely, so a socket that still answers is left alone.
+func listen(address string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(address), 0o700); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(address); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("--address %s exists and is not a socket: %w", address, errdefs.ErrAlreadyExists)
+		}
+		if c, err := net.DialTimeout("unix", address, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--address %s is served by another process: %w", address, errdefs.ErrAlreadyExists)
+		}
+		if err := os.Remove(address); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove stale socket %s: %w", address, err)
+		}
+	}
+	l, err := net.Listen("unix", address)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", address, err)
+	}
+	if err := os.Chmod(address, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("restrict socket %s: %w", address, err)
+	}
+	return l, nil
+}
