@@ -1,0 +1,71 @@
+# branchbox build, test and benchmark entry points. Everything runs as root
+# on a clean Debian machine: the targets install what they need.
+
+# One containerd version for the Go module and for the daemon the tests run.
+# Keep in step with go.mod (checked by `make check-version`).
+CONTAINERD_VERSION := v2.2.1
+STATICCHECK_VERSION := v0.8.2
+
+GO ?= go
+BIN := $(CURDIR)/bin
+export BRANCHBOX_BIN := $(BIN)
+
+CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
+OUR_BINS := $(BIN)/containerd-branch-snapshotter
+DEMO := $(BIN)/branchbox-demo
+
+.PHONY: all deps binaries demo test unit integration bench lint check-version clean
+
+all: binaries
+
+deps:
+	@hack/install-deps.sh
+
+# containerd, ctr and the runc shim, pinned; rebuilt only when the pin moves.
+$(BIN)/.containerd-$(CONTAINERD_VERSION):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install \
+		github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
+		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD_VERSION) \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD_VERSION)
+	@rm -f $(BIN)/.containerd-*
+	@touch $@
+
+$(CONTAINERD_BINS): $(BIN)/.containerd-$(CONTAINERD_VERSION) ;
+
+# Our own binaries are always rebuilt; go's cache makes that cheap.
+$(OUR_BINS) $(DEMO): FORCE
+	@mkdir -p $(BIN)
+	$(GO) build -o $@ ./cmd/$(notdir $@)
+
+FORCE:
+
+binaries: deps $(CONTAINERD_BINS) $(OUR_BINS)
+
+# The main job: a private containerd with the branch snapshotter running a
+# container, all in a temporary directory that is removed afterwards.
+demo: binaries $(DEMO)
+	$(DEMO)
+
+check-version:
+	@grep -q "github.com/containerd/containerd/v2 $(CONTAINERD_VERSION)" go.mod || \
+		{ echo "go.mod does not pin containerd $(CONTAINERD_VERSION)"; exit 1; }
+
+$(BIN)/staticcheck:
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: check-version $(BIN)/staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
+	$(GO) vet ./...
+	$(BIN)/staticcheck ./...
+
+# Every test, as root, against real daemons it starts and stops itself.
+test: binaries lint
+	$(GO) test -count=1 -timeout 20m ./...
+	@hack/leakcheck.sh
+
+bench: binaries
+	@hack/bench.sh
+
+clean:
+	rm -rf $(BIN)

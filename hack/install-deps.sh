@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and the demo need, if missing:
+# busybox-static (the test image is built from it) and runc (the baseline
+# runtime containerd-shim-runc-v2 drives).
+set -euo pipefail
+pkgs=(busybox-static runc)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,444 @@
+//go:build linux
+
+// Package harness starts a private containerd, with the branch snapshotter
+// as a proxy plugin, in a temporary directory, and takes it all down again:
+// daemons, shims, mounts and files. Tests, benchmarks and the demo share it.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// Env is a running private containerd with the branch snapshotter.
+type Env struct {
+	Dir                string // everything lives under here
+	Namespace          string // containerd namespace, unique to this env
+	BinDir             string
+	Address            string // containerd's gRPC socket
+	SnapshotterRoot    string
+	SnapshotterAddress string
+	ContainerdRoot     string
+	ContainerdState    string
+
+	containerd  *proc
+	snapshotter *proc
+}
+
+// Config says where the binaries are and where to put the state.
+type Config struct {
+	// BinDir holds containerd, ctr, containerd-shim-runc-v2 and
+	// containerd-branch-snapshotter. Default: $BRANCHBOX_BIN.
+	BinDir string
+	// Dir is the state directory; a new temporary one if empty.
+	Dir string
+}
+
+// BinDirFromEnv returns $BRANCHBOX_BIN, or bin/ at the module root found
+// from the working directory.
+func BinDirFromEnv() string {
+	if d := os.Getenv("BRANCHBOX_BIN"); d != "" {
+		return d
+	}
+	wd, _ := os.Getwd()
+	for d := wd; d != "/" && d != "."; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return filepath.Join(d, "bin")
+		}
+	}
+	return filepath.Join(wd, "bin")
+}
+
+// Start brings up the snapshotter and containerd and waits until both answer.
+func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
+	if cfg.BinDir == "" {
+		cfg.BinDir = BinDirFromEnv()
+	}
+	bin, err := filepath.Abs(cfg.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "containerd-branch-snapshotter"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return nil, fmt.Errorf("%s not found in %s: build it with `make binaries`: %w", b, bin, err)
+		}
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		// Short, so that socket paths stay well under the 108-byte limit.
+		if dir, err = os.MkdirTemp("", "bbx-"); err != nil {
+			return nil, err
+		}
+	}
+	e := &Env{
+		Dir:                dir,
+		Namespace:          "bbx-" + filepath.Base(dir),
+		BinDir:             bin,
+		Address:            filepath.Join(dir, "containerd.sock"),
+		SnapshotterRoot:    filepath.Join(dir, "snapshotter"),
+		SnapshotterAddress: filepath.Join(dir, "snapshotter.sock"),
+		ContainerdRoot:     filepath.Join(dir, "root"),
+		ContainerdState:    filepath.Join(dir, "state"),
+	}
+	defer func() {
+		if retErr != nil {
+			if err := e.Stop(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Warn("cleanup after failed start")
+			}
+		}
+	}()
+	if err := e.StartSnapshotter(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.startContainerd(ctx); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// StartSnapshotter starts containerd-branch-snapshotter on the env's root and
+// waits for its socket.
+func (e *Env) StartSnapshotter(ctx context.Context) error {
+	if e.snapshotter != nil {
+		return errors.New("snapshotter already running")
+	}
+	cmd, err := e.spawn("snapshotter", filepath.Join(e.BinDir, "containerd-branch-snapshotter"),
+		"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", "debug")
+	if err != nil {
+		return err
+	}
+	e.snapshotter = cmd
+	return e.waitSocket(ctx, cmd, "snapshotter", e.SnapshotterAddress)
+}
+
+// SnapshotterPid is the pid of the running snapshotter daemon.
+func (e *Env) SnapshotterPid() int {
+	if e.snapshotter == nil {
+		return 0
+	}
+	return e.snapshotter.cmd.Process.Pid
+}
+
+// StopSnapshotter sends sig to the snapshotter and waits for it to exit.
+func (e *Env) StopSnapshotter(sig syscall.Signal) error {
+	if e.snapshotter == nil {
+		return nil
+	}
+	err := e.snapshotter.stop(sig, 15*time.Second)
+	e.snapshotter = nil
+	return err
+}
+
+func (e *Env) startContainerd(ctx context.Context) error {
+	config := filepath.Join(e.Dir, "containerd.toml")
+	if err := os.WriteFile(config, []byte(ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress)), 0o600); err != nil {
+		return err
+	}
+	cmd, err := e.spawn("containerd", filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", "debug")
+	if err != nil {
+		return err
+	}
+	e.containerd = cmd
+	return e.waitSocket(ctx, cmd, "containerd", e.Address)
+}
+
+// ContainerdConfig returns a containerd 2.x configuration with the branch
+// snapshotter as a proxy plugin and the CRI plugin off. The transfer
+// service unpacks only for the snapshotters its unpack_config names, so
+// `ctr images import --snapshotter branch` needs branch listed there.
+func ContainerdConfig(root, state, address, snapshotterAddress string) string {
+	platform := "linux/" + runtime.GOARCH
+	return fmt.Sprintf(`version = 3
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[proxy_plugins.branch]
+  type = "snapshot"
+  address = %q
+
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = %q
+  snapshotter = "overlayfs"
+
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = %q
+  snapshotter = "branch"
+`, root, state, address, address+".ttrpc", snapshotterAddress, platform, platform)
+}
+
+// spawn starts a daemon in its own process group with its output in a log
+// file under the env's directory and the env's binaries first on PATH (so
+// containerd finds the shim).
+func (e *Env) spawn(name, path string, args ...string) (*proc, error) {
+	if err := os.MkdirAll(e.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(e.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	logf.Close()
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// Log returns the output of the named daemon ("containerd" or "snapshotter").
+func (e *Env) Log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(e.Dir, name+".log"))
+	return string(b)
+}
+
+func (e *Env) waitSocket(ctx context.Context, p *proc, name, socket string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(socket); err == nil && fi.Mode().Type() == os.ModeSocket {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (%v) before serving %s:\n%s", name, p.err, socket, tail(e.Log(name), 20))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s did not serve %s within 30s", name, socket)
+}
+
+// Ctr runs ctr against the env's containerd in the env's namespace and
+// returns its standard output; a failure carries its standard error.
+func (e *Env) Ctr(ctx context.Context, args ...string) (string, error) {
+	full := append([]string{"--address", e.Address, "--namespace", e.Namespace}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(e.BinDir, "ctr"), full...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("ctr %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// Stop takes everything down: containerd, then every shim it started (they
+// outlive containerd by design), the snapshotter, every mount under Dir, and
+// Dir itself. It reports what it had to clean up by force.
+func (e *Env) Stop(ctx context.Context) error {
+	var errs []error
+	if e.containerd != nil {
+		if err := e.containerd.stop(syscall.SIGTERM, 15*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("stop containerd: %w", err))
+		}
+		e.containerd = nil
+	}
+	// Shims of this containerd carry its address on their command line;
+	// they and their containers are ours, identified by pid.
+	for _, pid := range e.ShimPids() {
+		log.G(ctx).WithField("pid", pid).Warn("killing shim left by containerd")
+		killTree(pid)
+	}
+	if err := e.StopSnapshotter(syscall.SIGTERM); err != nil {
+		errs = append(errs, fmt.Errorf("stop snapshotter: %w", err))
+	}
+	// runc puts containers in /<namespace>/<id> and never removes the
+	// namespace level; the namespace is this env's alone.
+	if err := removeCgroups(e.Namespace); err != nil {
+		errs = append(errs, err)
+	}
+	mounts, err := MountsUnder(e.Dir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	if e.Dir != "" {
+		if err := os.RemoveAll(e.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", e.Dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ContainerCgroups lists the cgroups left below the env's namespace level,
+// on every mounted hierarchy: after a clean teardown of its containers there
+// are none.
+func (e *Env) ContainerCgroups() []string {
+	var out []string
+	for _, top := range cgroupDirs(e.Namespace) {
+		sub, _ := filepath.Glob(filepath.Join(top, "*"))
+		for _, s := range sub {
+			if isDir(s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// cgroupDirs lists the namespace's cgroup directory on every mounted
+// hierarchy (v1 controllers and the unified v2 tree).
+func cgroupDirs(namespace string) []string {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace))
+	if d := filepath.Join("/sys/fs/cgroup", namespace); isDir(d) {
+		dirs = append(dirs, d)
+	}
+	return dirs
+}
+
+func removeCgroups(namespace string) error {
+	var errs []error
+	for _, top := range cgroupDirs(namespace) {
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		// Deepest first: a cgroup directory can only go once it has no children.
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := unix.Rmdir(dirs[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// ShimPids lists the shim processes serving this env's containerd.
+func (e *Env) ShimPids() []int {
+	return pidsWithArgs("-address", e.Address)
+}
+
+// MountsUnder lists mount points at or below dir, deepest first.
+func MountsUnder(dir string) ([]string, error) {
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	var out []string
+	for _, m := range infos {
+		out = append(out, m.Mountpoint)
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// pidsWithArgs finds processes whose argv holds flag immediately followed
+// by value.
+func pidsWithArgs(flag, value string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == flag && args[i+1] == value {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// killTree SIGKILLs pid and every descendant of it.
+func killTree(pid int) {
+	for _, child := range children(pid) {
+		killTree(child)
+	}
+	_ = unix.Kill(pid, unix.SIGKILL)
+}
+
+func children(pid int) []int {
+	var out []int
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// proc is a daemon the harness started; done closes when it has been reaped.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// stop signals p and waits up to timeout, then SIGKILLs it. An exit other
+// than a clean one after sig is returned as an error.
+func (p *proc) stop(sig syscall.Signal, timeout time.Duration) error {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+		if sig == syscall.SIGKILL {
+			return nil
+		}
+		return p.err
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not exit within %s of %s; killed", filepath.Base(p.cmd.Path), timeout, sig)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
