@@ -219,7 +219,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 			return err
 		}
 		if info.Kind != snapshots.KindActive {
-			return fmt.Errorf("snapshot is a %s snapshot; only active snapshots can be committed: %w", info.Kind, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("snapshot is %s snapshot; only active snapshots can be committed: %w", kindName(info.Kind), errdefs.ErrFailedPrecondition)
 		}
 		usage, err := fs.DiskUsage(ctx, s.upperPath(id))
 		if err != nil {
@@ -366,7 +366,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 				return err
 			}
 			if pinfo.Kind != snapshots.KindCommitted {
-				return fmt.Errorf("parent %q is a %s snapshot; only committed snapshots can be parents (commit it first): %w", parent, pinfo.Kind, errdefs.ErrInvalidArgument)
+				return fmt.Errorf("parent %q is %s snapshot; only committed snapshots can be parents (commit it first): %w", parent, kindName(pinfo.Kind), errdefs.ErrInvalidArgument)
 			}
 		}
 
@@ -487,6 +487,19 @@ func (s *Snapshotter) upperPath(id string) string {
 
 func (s *Snapshotter) workPath(id string) string {
 	return filepath.Join(s.root, "snapshots", id, "work")
+}
+
+// kindName says "an active", "a view" or "a committed" for messages.
+func kindName(k snapshots.Kind) string {
+	switch k {
+	case snapshots.KindActive:
+		return "an active"
+	case snapshots.KindView:
+		return "a view"
+	case snapshots.KindCommitted:
+		return "a committed"
+	}
+	return "an unknown kind of"
 }
 
 func hasOption(options []string, key string) bool {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,7 +223,9 @@ func (e *Env) Log(name string) string {
 func (e *Env) waitSocket(ctx context.Context, p *proc, name, socket string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(socket); err == nil && fi.Mode().Type() == os.ModeSocket {
+		// Dial rather than stat: a crashed predecessor leaves its socket file.
+		if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
+			c.Close()
 			return nil
 		}
 		select {
