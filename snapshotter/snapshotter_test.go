@@ -30,7 +30,7 @@ func TestSuite(t *testing.T) {
 	testsuite.SnapshotterSuite(t, "overlayfs", newForSuite)
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test mounts overlays and must run as root (make test does)")

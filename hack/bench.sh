@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every benchmark with its baselines in the same run and prints one
+# table of medians and ratios. The test binaries are built once and run
+# BENCH_COUNT times (default 10), alternating, so that drift on a noisy
+# machine falls on branchbox and baselines alike. BENCH_TIME is the
+# -benchtime of each run (default 200x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BRANCHBOX_BIN=${BRANCHBOX_BIN:-$PWD/bin}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pkgs=(snapshotter integration)
+for p in "${pkgs[@]}"; do
+	go test -c -o "$tmp/$p.test" "./$p/"
+done
+for i in $(seq "${BENCH_COUNT:-10}"); do
+	for p in "${pkgs[@]}"; do
+		(cd "$p" && "$tmp/$p.test" -test.run '^$' -test.bench . -test.benchtime "${BENCH_TIME:-200x}" -test.timeout 30m) >>"$tmp/out"
+	done
+	echo "round $i/${BENCH_COUNT:-10} done" >&2
+done
+echo
+go run ./hack/benchtable < "$tmp/out"
