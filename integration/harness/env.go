@@ -277,6 +277,9 @@ func (e *Env) Stop(ctx context.Context) error {
 	if err := removeCgroups(e.Namespace); err != nil {
 		errs = append(errs, err)
 	}
+	if e.Dir == "" || e.Dir == "/" {
+		return errors.Join(append(errs, fmt.Errorf("refusing to clean up state directory %q", e.Dir))...)
+	}
 	mounts, err := MountsUnder(e.Dir)
 	if err != nil {
 		errs = append(errs, err)
@@ -286,10 +289,8 @@ func (e *Env) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
 		}
 	}
-	if e.Dir != "" {
-		if err := os.RemoveAll(e.Dir); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s: %w", e.Dir, err))
-		}
+	if err := os.RemoveAll(e.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", e.Dir, err))
 	}
 	return errors.Join(errs...)
 }
@@ -352,7 +353,11 @@ func (e *Env) ShimPids() []int {
 
 // MountsUnder lists mount points at or below dir, deepest first.
 func MountsUnder(dir string) ([]string, error) {
-	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	dir = filepath.Clean(dir)
+	// PrefixFilter alone would also match /tmp/bbx-12 for /tmp/bbx-1.
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Mountpoint != dir && !strings.HasPrefix(m.Mountpoint, dir+"/"), false
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
