@@ -200,3 +200,19 @@ func TestBadInputOverGRPC(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsConfig: the containerd configuration in docs/ is one that the
+// pinned containerd accepts, with the proxy plugin and the unpack entry.
+func TestDocsConfig(t *testing.T) {
+	requireRoot(t)
+	bin := filepath.Join(harness.BinDirFromEnv(), "containerd")
+	out, err := exec.Command(bin, "--config", "../docs/containerd-config.toml", "config", "dump").CombinedOutput()
+	if err != nil {
+		t.Fatalf("containerd rejects docs/containerd-config.toml: %v\n%s", err, out)
+	}
+	for _, want := range []string{"[proxy_plugins.branch]", `address = "/run/containerd-branch-snapshotter/snapshotter.sock"`, `snapshotter = "branch"`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config dump lacks %q:\n%s", want, out)
+		}
+	}
+}
