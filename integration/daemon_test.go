@@ -210,7 +210,7 @@ func TestDocsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("containerd rejects docs/containerd-config.toml: %v\n%s", err, out)
 	}
-	for _, want := range []string{"[proxy_plugins.branch]", `address = "/run/containerd-branch-snapshotter/snapshotter.sock"`, `snapshotter = "branch"`} {
+	for _, want := range []string{"[proxy_plugins.branch]", "address = '/run/containerd-branch-snapshotter/snapshotter.sock'", "snapshotter = 'branch'"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("config dump lacks %q:\n%s", want, out)
 		}
