@@ -11,7 +11,7 @@ BIN := $(CURDIR)/bin
 export BRANCHBOX_BIN := $(BIN)
 
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
-OUR_BINS := $(BIN)/containerd-branch-snapshotter
+OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1
 DEMO := $(BIN)/branchbox-demo
 
 .PHONY: all deps binaries demo test unit integration bench lint check-version clean
@@ -36,7 +36,10 @@ $(CONTAINERD_BINS): $(BIN)/.containerd-$(CONTAINERD_VERSION) ;
 # Our own binaries are always rebuilt; go's cache makes that cheap.
 $(OUR_BINS) $(DEMO): FORCE
 	@mkdir -p $(BIN)
-	$(GO) build -o $@ ./cmd/$(notdir $@)
+	$(GO) build $(BUILD_TAGS) -o $@ ./cmd/$(notdir $@)
+
+# The shim runs seccomp profiles through libseccomp (cgo; libseccomp-dev).
+$(BIN)/containerd-shim-branch-v1: BUILD_TAGS := -tags seccomp
 
 FORCE:
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the demo need, if missing:
 # busybox-static (the test image is built from it) and runc (the baseline
-# runtime containerd-shim-runc-v2 drives).
+# runtime containerd-shim-runc-v2 drives) and libseccomp-dev (seccomp in
+# containerd-shim-branch-v1, built with cgo).
 set -euo pipefail
-pkgs=(busybox-static runc)
+pkgs=(busybox-static runc libseccomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

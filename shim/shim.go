@@ -1,0 +1,187 @@
+//go:build linux
+
+// Package shim is the runtime io.containerd.branch.v1: containerd's own
+// runc-v2 task service and shim manager, driving this same binary as their
+// runc-compatible runtime (package ocirt, on runc's libcontainer), so no
+// runc binary is needed and containerd sees exactly runc-v2's behaviour.
+package shim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/containerd/v2/plugins"
+	"github.com/containerd/containerd/v2/version"
+	"github.com/containerd/errdefs"
+	runcC "github.com/containerd/go-runc"
+	"github.com/containerd/log"
+	"github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/shim/ocirt"
+)
+
+// RuntimeName is the containerd runtime type this shim serves.
+const RuntimeName = "io.containerd.branch.v1"
+
+// DefaultRoot is where the runtime keeps container state (runc's is
+// /run/containerd/runc), under a directory per containerd namespace.
+const DefaultRoot = "/run/containerd/branch"
+
+// NewManager returns the shim manager: runc-v2's, for starting shims,
+// with the cleanup path (Stop) and Info pointed at this runtime.
+func NewManager() cshim.Manager {
+	return &shimManager{Manager: manager.NewShimManager(RuntimeName)}
+}
+
+type shimManager struct {
+	cshim.Manager
+}
+
+// Stop is containerd's cleanup path (`containerd-shim-branch-v1 delete`,
+// run in the bundle directory) after a shim exited or was killed: it force
+// deletes the container, which kills every process in its cgroup, thawing
+// it first, and removes cgroup and state, then unmounts the rootfs. It
+// works without the shim: nothing here depends on the dead process.
+func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		return cshim.StopStatus{}, err
+	}
+	path := filepath.Join(filepath.Dir(cwd), id)
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return cshim.StopStatus{}, err
+	}
+	opts, err := runc.ReadOptions(path)
+	if err != nil {
+		return cshim.StopStatus{}, fmt.Errorf("read runtime options of %s: %w", id, err)
+	}
+	root := DefaultRoot
+	if opts != nil && opts.Root != "" {
+		root = opts.Root
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return cshim.StopStatus{}, fmt.Errorf("find own executable: %w", err)
+	}
+	r := process.NewRunc(root, path, ns, self, false)
+	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
+		log.G(ctx).WithError(err).Warn("failed to remove container")
+	}
+	if err := mount.UnmountRecursive(filepath.Join(path, "rootfs"), 0); err != nil {
+		log.G(ctx).WithError(err).Warn("failed to clean up rootfs mount")
+	}
+	pid, err := runcC.ReadPidFile(filepath.Join(path, process.InitPidFile))
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("failed to read init pid file")
+	}
+	return cshim.StopStatus{
+		ExitedAt:   time.Now(),
+		ExitStatus: 128 + int(unix.SIGKILL),
+		Pid:        pid,
+	}, nil
+}
+
+// Info reports this runtime's features from the code itself rather than by
+// running a runtime binary.
+func (m *shimManager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
+	info := &types.RuntimeInfo{
+		Name:    RuntimeName,
+		Version: &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
+	}
+	var err error
+	if info.Features, err = typeurl.MarshalAnyToProto(ocirt.Features()); err != nil {
+		return nil, fmt.Errorf("marshal features: %w", err)
+	}
+	return info, nil
+}
+
+// Register registers the task service as the shim's ttrpc "task" plugin;
+// call it once, before running the shim.
+func Register() {
+	registry.Register(&plugin.Registration{
+		Type:     plugins.TTRPCPlugin,
+		ID:       "task",
+		Requires: []plugin.Type{plugins.EventPlugin, plugins.InternalPlugin},
+		InitFn: func(ic *plugin.InitContext) (interface{}, error) {
+			pp, err := ic.GetByID(plugins.EventPlugin, "publisher")
+			if err != nil {
+				return nil, err
+			}
+			ss, err := ic.GetByID(plugins.InternalPlugin, "shutdown")
+			if err != nil {
+				return nil, err
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return nil, fmt.Errorf("find own executable: %w", err)
+			}
+			inner, err := task.NewTaskService(ic.Context, pp.(cshim.Publisher), ss.(shutdown.Service))
+			if err != nil {
+				return nil, err
+			}
+			return &taskService{TTRPCTaskService: inner, self: self}, nil
+		},
+	})
+}
+
+// taskService is runc-v2's task service with the runtime options of every
+// new container set to run this binary as the runtime.
+type taskService struct {
+	taskAPI.TTRPCTaskService
+	self string
+}
+
+func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	opts := &options.Options{}
+	if r.Options.GetValue() != nil {
+		v, err := typeurl.UnmarshalAny(r.Options)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: runtime options: %w", r.ID, errdefs.ErrInvalidArgument.WithMessage(err.Error()))
+		}
+		o, ok := v.(*options.Options)
+		if !ok {
+			return nil, fmt.Errorf("create %s: runtime options of type %T, want runc options: %w", r.ID, v, errdefs.ErrInvalidArgument)
+		}
+		opts = o
+	}
+	if opts.BinaryName != "" && opts.BinaryName != s.self {
+		log.G(ctx).WithField("binary", opts.BinaryName).Warn("BinaryName ignored: this runtime runs containers itself")
+	}
+	// The task service runs its "runc" as BinaryName with --root first;
+	// ocirt recognises that command line.
+	opts.BinaryName = s.self
+	if opts.Root == "" {
+		opts.Root = DefaultRoot
+	}
+	anyOpts, err := typeurl.MarshalAnyToProto(opts)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
+	}
+	r.Options = anyOpts
+	return s.TTRPCTaskService.Create(ctx, r)
+}
