@@ -1,0 +1,215 @@
+//go:build linux
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+const branchRuntime = "io.containerd.branch.v1"
+
+// runtimeRoot is where containerd-shim-branch-v1 keeps container state (its
+// DefaultRoot), one directory per containerd namespace.
+const runtimeRoot = "/run/containerd/branch"
+
+// shimEnv starts an env with the test image unpacked into both
+// snapshotters and a client on it. Its cleanup, which runs before the
+// env's own teardown, force-removes whatever containers a failed test left
+// and then the runtime's state directory for the env's namespace.
+func shimEnv(t *testing.T) (context.Context, *harness.Env, *containerd.Client) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(harness.BinDirFromEnv(), "containerd-shim-branch-v1")); err != nil {
+		t.Fatalf("containerd-shim-branch-v1 not built (make binaries): %v", err)
+	}
+	ctx, env := startEnv(t)
+	importImage(t, ctx, env, "overlayfs")
+	importImage(t, ctx, env, "branch")
+	client, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx := namespaces.WithNamespace(context.Background(), env.Namespace)
+		cs, _ := client.Containers(cctx)
+		for _, c := range cs {
+			if task, err := c.Task(cctx, nil); err == nil {
+				_ = task.Kill(cctx, 9, containerd.WithKillAll)
+				_, _ = task.Delete(cctx, containerd.WithProcessKill)
+			}
+			_ = c.Delete(cctx, containerd.WithSnapshotCleanup)
+		}
+		client.Close()
+		if err := os.Remove(filepath.Join(runtimeRoot, env.Namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("runtime state left: %v", err)
+			_ = os.RemoveAll(filepath.Join(runtimeRoot, env.Namespace))
+		}
+	})
+	return namespaces.WithNamespace(ctx, env.Namespace), env, client
+}
+
+// ctrExit runs ctr and returns its stdout, stderr and exit status.
+func ctrExit(ctx context.Context, env *harness.Env, args ...string) (string, string, int) {
+	full := append([]string{"--address", env.Address, "--namespace", env.Namespace}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "ctr"), full...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		code = -1
+		stderr.WriteString(err.Error())
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// taskStatus is the STATUS column of `ctr tasks ls` for id, "" if absent.
+func taskStatus(t *testing.T, ctx context.Context, env *harness.Env, id string) string {
+	t.Helper()
+	out, err := env.Ctr(ctx, "tasks", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == id {
+			return f[2]
+		}
+	}
+	return ""
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
+
+// hostProc is a process seen from the host: pid plus start time, so that a
+// reused pid is not mistaken for a survivor.
+type hostProc struct {
+	pid   int
+	start string
+	cmd   string
+}
+
+func procStart(pid int) (string, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || f[0] == "Z" {
+		return "", false // zombies are dead; their parent reaps them
+	}
+	return f[19], true
+}
+
+// containerHostProcs lists, from /proc, every live process of the host whose
+// cgroup (on any hierarchy) is the container's /<namespace>/<id> or below
+// it, or whose PID namespace is the one of pid (the container's init).
+func containerHostProcs(namespace, id string, initPid int) []hostProc {
+	cg := "/" + namespace + "/" + id
+	pidns := ""
+	if initPid > 0 {
+		pidns, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initPid))
+	}
+	entries, _ := os.ReadDir("/proc")
+	var out []hostProc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		start, ok := procStart(pid)
+		if !ok {
+			continue
+		}
+		mine := false
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				parts := strings.SplitN(line, ":", 3)
+				if len(parts) == 3 && (parts[2] == cg || strings.HasPrefix(parts[2], cg+"/")) {
+					mine = true
+				}
+			}
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && pidns != "" && ns == pidns {
+			mine = true
+		}
+		if mine {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			out = append(out, hostProc{pid: pid, start: start, cmd: strings.ReplaceAll(string(cmd), "\x00", " ")})
+		}
+	}
+	return out
+}
+
+// survivors returns the processes of procs still alive (same pid and start).
+func survivors(procs []hostProc) []hostProc {
+	var out []hostProc
+	for _, p := range procs {
+		if start, ok := procStart(p.pid); ok && start == p.start {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// containerCgroupDirs lists the container's cgroup directories on every
+// hierarchy.
+func containerCgroupDirs(namespace, id string) []string {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace, id))
+	if fi, err := os.Stat(filepath.Join("/sys/fs/cgroup", namespace, id)); err == nil && fi.IsDir() {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", namespace, id))
+	}
+	return dirs
+}
+
+// assertContainerGone checks from the host that nothing of the container is
+// left: no process of procs, none in its cgroup, no cgroup directory, no
+// rootfs mount and no runtime state.
+func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []hostProc) {
+	t.Helper()
+	var left []hostProc
+	waitFor(t, "container processes to go", 10*time.Second, func() bool {
+		left = append(survivors(procs), containerHostProcs(env.Namespace, id, 0)...)
+		return len(left) == 0
+	})
+	if dirs := containerCgroupDirs(env.Namespace, id); len(dirs) != 0 {
+		t.Errorf("cgroups of %s left: %v", id, dirs)
+	}
+	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id)
+	if m, _ := harness.MountsUnder(bundle); len(m) != 0 {
+		t.Errorf("mounts of %s left: %v", id, m)
+	}
+	if _, err := os.Stat(filepath.Join(runtimeRoot, env.Namespace, id)); err == nil {
+		t.Errorf("runtime state of %s left", id)
+	}
+}
