@@ -1,0 +1,221 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+// adversarial is a container init that makes itself hard to kill: it and
+// its helpers ignore SIGTERM, SIGINT and SIGHUP; a double-forked setsid
+// daemon; a process in its own nested PID namespace; and a fork bomb that
+// the pids limit holds at the limit.
+const adversarial = `trap '' TERM INT HUP
+setsid sh -c 'trap "" TERM INT HUP; sleep 1000 & sleep 1000 &'
+(trap '' TERM INT HUP; while :; do sleep 1; done) &
+unshare -p -f sh -c 'sleep 1000 & touch /nested; exec sleep 1000' &
+while [ ! -e /nested ]; do sleep 0.05; done
+(trap '' TERM INT HUP; while :; do sleep 1000 & done) 2>/dev/null &
+while :; do sleep 1; done`
+
+const adversarialPidsLimit = 48
+
+// startAdversarial starts the adversarial container with the branch runtime
+// and waits until, seen from the host, the fork bomb has filled the pids
+// limit and the nested PID namespace exists. It returns the task and the
+// container's processes at that point.
+func startAdversarial(t *testing.T, ctx context.Context, env *harness.Env, client *containerd.Client, id, snapshotter string) (containerd.Task, []hostProc) {
+	t.Helper()
+	img, err := client.GetImage(ctx, harness.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.NewContainer(ctx, id,
+		containerd.WithSnapshotter(snapshotter),
+		containerd.WithNewSnapshot(id, img),
+		containerd.WithRuntime(branchRuntime, nil),
+		containerd.WithNewSpec(oci.WithImageConfig(img),
+			oci.WithProcessArgs("sh", "-c", adversarial),
+			oci.WithPidsLimit(adversarialPidsLimit),
+			oci.WithAddedCapabilities([]string{"CAP_SYS_ADMIN"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	initPid := int(task.Pid())
+	initNS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initPid))
+	var procs []hostProc
+	nested := false
+	defer func() {
+		if t.Failed() {
+			t.Logf("container processes seen from the host: %d (nested PID namespace: %v)", len(procs), nested)
+		}
+	}()
+	waitFor(t, "the fork bomb to fill the pids limit and the nested PID namespace", 20*time.Second, func() bool {
+		procs = containerHostProcs(env.Namespace, id, initPid)
+		nested = false
+		for _, p := range procs {
+			if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.pid)); ns != "" && ns != initNS {
+				nested = true
+			}
+		}
+		return nested && len(procs) >= adversarialPidsLimit-4
+	})
+	// The polite signals do nothing.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		if err := task.Kill(ctx, sig); err != nil {
+			t.Fatalf("kill %v: %v", sig, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st, err := task.Status(ctx); err != nil || st.Status != containerd.Running {
+		t.Fatalf("init did not ignore SIGTERM/SIGINT/SIGHUP: %v %v", st, err)
+	}
+	return task, procs
+}
+
+// TestShimKillGuarantees kills adversarial containers, running and paused
+// (on cgroup v1 a frozen task ignores SIGKILL until thawed), and checks from
+// the host that after kill and delete no process, cgroup, mount or state of
+// theirs is left.
+func TestShimKillGuarantees(t *testing.T) {
+	ctx, env, client := shimEnv(t)
+	for _, tc := range []struct {
+		name, snapshotter string
+		pause             bool
+	}{
+		{"running", "branch", false},
+		{"paused", "overlayfs", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "adv-" + tc.name
+			task, procs := startAdversarial(t, ctx, env, client, id, tc.snapshotter)
+			// An exec'd process too.
+			spec, err := task.Spec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pspec := *spec.Process
+			pspec.Args = []string{"sleep", "1000"}
+			if proc, err := task.Exec(ctx, "ex", &pspec, cio.NullIO); err != nil {
+				t.Fatal(err)
+			} else if err := proc.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if tc.pause {
+				if err := task.Pause(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if st, _ := task.Status(ctx); st.Status != containerd.Paused {
+					t.Fatalf("status after pause: %v", st.Status)
+				}
+			}
+			procs = append(procs, containerHostProcs(env.Namespace, id, int(task.Pid()))...)
+			ch, err := task.Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := task.Kill(ctx, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case ex := <-ch:
+				if ex.ExitCode() != 137 {
+					t.Errorf("exit code %d, want 137", ex.ExitCode())
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("task not reaped within 15s of SIGKILL")
+			}
+			if _, err := task.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c, err := client.LoadContainer(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+				t.Fatal(err)
+			}
+			assertContainerGone(t, env, id, procs)
+		})
+	}
+}
+
+// TestShimDeath kills the shim with SIGKILL under adversarial containers,
+// running and paused: containerd's cleanup path (the shim binary's delete
+// subcommand) must kill every process and remove cgroups, mounts and state,
+// with no help from the dead shim.
+func TestShimDeath(t *testing.T) {
+	ctx, env, client := shimEnv(t)
+	for _, tc := range []struct {
+		name, snapshotter string
+		pause             bool
+	}{
+		{"running", "overlayfs", false},
+		{"paused", "branch", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "dead-" + tc.name
+			before := map[int]bool{}
+			for _, p := range env.ShimPids() {
+				before[p] = true
+			}
+			task, procs := startAdversarial(t, ctx, env, client, id, tc.snapshotter)
+			if tc.pause {
+				if err := task.Pause(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var shims []int
+			for _, p := range env.ShimPids() {
+				if !before[p] {
+					shims = append(shims, p)
+				}
+			}
+			if len(shims) != 1 {
+				t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
+			}
+			if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			// containerd notices the dead shim and runs the shim binary's
+			// delete; wait for that to finish too (it carries the address).
+			waitFor(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+				for _, p := range env.ShimPids() {
+					if !before[p] {
+						return false
+					}
+				}
+				return len(survivors(procs)) == 0 && len(containerCgroupDirs(env.Namespace, id)) == 0
+			})
+			c, err := client.LoadContainer(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if task, err := c.Task(ctx, nil); err == nil {
+				_, _ = task.Delete(ctx)
+			}
+			if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+				t.Fatal(err)
+			}
+			assertContainerGone(t, env, id, procs)
+		})
+	}
+}
