@@ -8,6 +8,8 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,23 +19,27 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/containerd/v2/version"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/shim/ocirt"
@@ -157,15 +163,20 @@ func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 }
 
 func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	// Checked here, before anything is mounted or created, so that bad
+	// input gets an error of the right kind instead of the runtime's text.
+	if err := checkBundle(r); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
+	}
 	opts := &options.Options{}
 	if r.Options.GetValue() != nil {
 		v, err := typeurl.UnmarshalAny(r.Options)
 		if err != nil {
-			return nil, fmt.Errorf("create %s: runtime options: %w", r.ID, errdefs.ErrInvalidArgument.WithMessage(err.Error()))
+			return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: runtime options: %v: %w", r.ID, err, errdefs.ErrInvalidArgument))
 		}
 		o, ok := v.(*options.Options)
 		if !ok {
-			return nil, fmt.Errorf("create %s: runtime options of type %T, want runc options: %w", r.ID, v, errdefs.ErrInvalidArgument)
+			return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: runtime options of type %T, want runc options: %w", r.ID, v, errdefs.ErrInvalidArgument))
 		}
 		opts = o
 	}
@@ -184,4 +195,55 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	}
 	r.Options = anyOpts
 	return s.TTRPCTaskService.Create(ctx, r)
+}
+
+// Exec refuses a stopped container with a failed-precondition error;
+// runc-v2's own refusal carries no errdefs kind.
+func (s *taskService) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
+	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
+	if err != nil {
+		return nil, err
+	}
+	if st.Status == tasktypes.Status_STOPPED {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("exec %s in %s: container is stopped: %w", r.ExecID, r.ID, errdefs.ErrFailedPrecondition))
+	}
+	return s.TTRPCTaskService.Exec(ctx, r)
+}
+
+// checkBundle validates what the runtime will need from the bundle: a
+// readable spec with a runnable process, and a root filesystem that exists
+// (or mounts to set one up).
+func checkBundle(r *taskAPI.CreateTaskRequest) error {
+	b, err := os.ReadFile(filepath.Join(r.Bundle, "config.json"))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("no config.json in bundle %s: %w", r.Bundle, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("read spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("broken spec in bundle %s: %v: %w", r.Bundle, err, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case spec.Process == nil:
+		return fmt.Errorf("spec has no process: %w", errdefs.ErrInvalidArgument)
+	case len(spec.Process.Args) == 0:
+		return fmt.Errorf("spec process has no args: %w", errdefs.ErrInvalidArgument)
+	case !filepath.IsAbs(spec.Process.Cwd):
+		return fmt.Errorf("spec process cwd %q is not absolute: %w", spec.Process.Cwd, errdefs.ErrInvalidArgument)
+	case spec.Root == nil || spec.Root.Path == "":
+		return fmt.Errorf("spec has no root path: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(r.Rootfs) > 0 {
+		return nil // the task service mounts them at <bundle>/rootfs
+	}
+	root := spec.Root.Path
+	if !filepath.IsAbs(root) {
+		root = filepath.Join(r.Bundle, root)
+	}
+	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+		return fmt.Errorf("rootfs %s: no such directory and no rootfs mounts given: %w", root, errdefs.ErrNotFound)
+	}
+	return nil
 }
