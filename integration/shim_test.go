@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/branchbox/branchbox/integration/harness"
@@ -71,6 +74,47 @@ func TestShimDropIn(t *testing.T) {
 			out, _, code = run("--cap-drop", "CAP_CHOWN", harness.ImageRef, "caps-"+sn, "sh", "-c", "grep CapBnd /proc/self/status; chown 1 /tmp && echo chown-ok || echo chown-denied")
 			if code != 0 || !strings.Contains(out, "chown-denied") {
 				t.Errorf("dropped CAP_CHOWN still allowed chown: %s", out)
+			}
+
+			// rlimits and additional groups, which ctr cannot set.
+			img, err := client.GetImage(ctx, harness.ImageRef)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := "rl-" + sn
+			rc, err := client.NewContainer(ctx, rl, containerd.WithSnapshotter(sn), containerd.WithNewSnapshot(rl, img),
+				containerd.WithRuntime(branchRuntime, nil),
+				containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", "ulimit -n; ulimit -Hn; id -G"),
+					func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+						s.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 321, Hard: 654}}
+						s.Process.User = specs.User{UID: 1000, GID: 1000, AdditionalGids: []uint32{2000, 3000}}
+						return nil
+					}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rlOut syncBuffer
+			rtask, err := rc.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &rlOut, &rlOut)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rch, err := rtask.Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rtask.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			<-rch
+			rtask.IO().Wait()
+			if got := rlOut.String(); got != "321\n654\n1000 2000 3000\n" {
+				t.Errorf("rlimits and groups: got %q", got)
+			}
+			if _, err := rtask.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := rc.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+				t.Fatal(err)
 			}
 
 			// A detached container and its lifecycle.
