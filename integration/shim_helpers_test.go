@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +55,7 @@ func shimEnv(t *testing.T) (context.Context, *harness.Env, *containerd.Client) {
 			_ = c.Delete(cctx, containerd.WithSnapshotCleanup)
 		}
 		client.Close()
+		killLeftovers(t, env.Namespace)
 		if err := os.Remove(filepath.Join(runtimeRoot, env.Namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("runtime state left: %v", err)
 			_ = os.RemoveAll(filepath.Join(runtimeRoot, env.Namespace))
@@ -211,5 +213,32 @@ func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []host
 	}
 	if _, err := os.Stat(filepath.Join(runtimeRoot, env.Namespace, id)); err == nil {
 		t.Errorf("runtime state of %s left", id)
+	}
+}
+
+// killLeftovers SIGKILLs, by pid, processes still in the env's container
+// cgroups (thawing frozen ones first, as cgroup v1 requires), so that a
+// runtime bug a test caught does not leave containers running on the
+// machine. Finding any is an error.
+func killLeftovers(t *testing.T, namespace string) {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace, "*"))
+	left := map[string]bool{}
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil || len(strings.Fields(string(b))) == 0 {
+			continue
+		}
+		left[filepath.Base(dir)] = true
+		_ = os.WriteFile(filepath.Join("/sys/fs/cgroup/freezer", namespace, filepath.Base(dir), "freezer.state"), []byte("THAWED"), 0o644)
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("processes left in the cgroups of containers %v (killed)", left)
+		time.Sleep(200 * time.Millisecond)
 	}
 }
