@@ -13,6 +13,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/branchbox/branchbox/integration/harness"
 )
@@ -218,4 +219,86 @@ func TestShimDeath(t *testing.T) {
 			assertContainerGone(t, env, id, procs)
 		})
 	}
+}
+
+// TestShimSharedPIDNamespace runs a container that joins another's PID
+// namespace, as Kubernetes pods do: its own kill must take down every one
+// of its processes (found through its cgroup, since its init is not PID 1
+// of the namespace) and leave the other container running.
+func TestShimSharedPIDNamespace(t *testing.T) {
+	ctx, env, client := shimEnv(t)
+	img, err := client.GetImage(ctx, harness.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(id string, opts ...oci.SpecOpts) containerd.Task {
+		t.Helper()
+		c, err := client.NewContainer(ctx, id, containerd.WithSnapshotter("branch"), containerd.WithNewSnapshot(id, img),
+			containerd.WithRuntime(branchRuntime, nil), containerd.WithNewSpec(append([]oci.SpecOpts{oci.WithImageConfig(img)}, opts...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := c.NewTask(ctx, cio.NullIO)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := task.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return task
+	}
+	owner := start("pidns-owner", oci.WithProcessArgs("sleep", "1000"))
+	ownerNS := fmt.Sprintf("/proc/%d/ns/pid", owner.Pid())
+	joiner := start("pidns-joiner", oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: ownerNS}),
+		oci.WithProcessArgs("sh", "-c", `trap '' TERM INT HUP; setsid sh -c 'sleep 1000 & sleep 1000 &'; (trap '' TERM; sleep 1000) & while :; do sleep 1; done`))
+	var procs []hostProc
+	waitFor(t, "the joiner's daemons", 10*time.Second, func() bool {
+		procs = containerHostProcs(env.Namespace, "pidns-joiner", 0)
+		return len(procs) >= 5
+	})
+	theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", joiner.Pid()))
+	if mine, _ := os.Readlink(ownerNS); theirs != mine {
+		t.Fatalf("joiner is in PID namespace %s, not the owner's %s", theirs, mine)
+	}
+	ch, err := joiner.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := joiner.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("joiner not reaped")
+	}
+	if _, err := joiner.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := survivors(procs); len(left) != 0 {
+		t.Fatalf("processes of the joiner survived its kill and delete: %v", left)
+	}
+	if st, err := owner.Status(ctx); err != nil || st.Status != containerd.Running {
+		t.Fatalf("the owner did not survive the joiner's kill: %v %v", st, err)
+	}
+	jc, err := client.LoadContainer(ctx, "pidns-joiner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jc.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+		t.Fatal(err)
+	}
+	assertContainerGone(t, env, "pidns-joiner", procs)
+	ownerProcs := containerHostProcs(env.Namespace, "pidns-owner", int(owner.Pid()))
+	if _, err := owner.Delete(ctx, containerd.WithProcessKill); err != nil {
+		t.Fatal(err)
+	}
+	oc, err := client.LoadContainer(ctx, "pidns-owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := oc.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+		t.Fatal(err)
+	}
+	assertContainerGone(t, env, "pidns-owner", ownerProcs)
 }
