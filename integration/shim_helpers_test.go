@@ -223,6 +223,8 @@ func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []host
 func killLeftovers(t *testing.T, namespace string) {
 	t.Helper()
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace, "*"))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", namespace, "*"))
+	dirs = append(dirs, v2...)
 	left := map[string]bool{}
 	for _, dir := range dirs {
 		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
@@ -231,6 +233,7 @@ func killLeftovers(t *testing.T, namespace string) {
 		}
 		left[filepath.Base(dir)] = true
 		_ = os.WriteFile(filepath.Join("/sys/fs/cgroup/freezer", namespace, filepath.Base(dir), "freezer.state"), []byte("THAWED"), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0o644) // cgroup v2
 		for _, f := range strings.Fields(string(b)) {
 			if pid, err := strconv.Atoi(f); err == nil {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
