@@ -56,8 +56,9 @@ func (c *cmdline) bool(name string) bool {
 	return err == nil && b
 }
 
-// boolFlags are the flags, per command, that take no value.
-func boolFlag(cmd, flag string) bool {
+// boolFlag reports whether a command flag takes no value (the names are
+// unambiguous across the commands go-runc uses).
+func boolFlag(flag string) bool {
 	switch flag {
 	case "detach", "d", "no-pivot", "no-new-keyring", "force", "f", "all", "a", "stats", "tty", "t", "no-subreaper", "keep", "ignore-paused", "no-new-privs":
 		return true
@@ -145,7 +146,7 @@ func parse(args []string) (*cmdline, error) {
 		switch {
 		case hasVal:
 			c.flags[name] = val
-		case boolFlag(c.name, name):
+		case boolFlag(name):
 			c.flags[name] = "true"
 		case i+1 < len(args):
 			i++
