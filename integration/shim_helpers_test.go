@@ -66,8 +66,14 @@ func shimEnv(t *testing.T) (context.Context, *harness.Env, *containerd.Client) {
 
 // ctrExit runs ctr and returns its stdout, stderr and exit status.
 func ctrExit(ctx context.Context, env *harness.Env, args ...string) (string, string, int) {
+	return ctrExitIn(ctx, env, "", args...)
+}
+
+// ctrExitIn is ctrExit with stdin as ctr's standard input.
+func ctrExitIn(ctx context.Context, env *harness.Env, stdin string, args ...string) (string, string, int) {
 	full := append([]string{"--address", env.Address, "--namespace", env.Namespace}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "ctr"), full...)
+	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

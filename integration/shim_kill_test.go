@@ -219,6 +219,55 @@ func TestShimDeath(t *testing.T) {
 			assertContainerGone(t, env, id, procs)
 		})
 	}
+	// Created but never started: init waits on the exec fifo.
+	t.Run("created", func(t *testing.T) {
+		id := "dead-created"
+		before := map[int]bool{}
+		for _, p := range env.ShimPids() {
+			before[p] = true
+		}
+		img, err := client.GetImage(ctx, harness.ImageRef)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := client.NewContainer(ctx, id, containerd.WithSnapshotter("branch"), containerd.WithNewSnapshot(id, img),
+			containerd.WithRuntime(branchRuntime, nil), containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sleep", "1000")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := c.NewTask(ctx, cio.NullIO)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs := containerHostProcs(env.Namespace, id, int(task.Pid()))
+		if len(procs) == 0 {
+			t.Fatal("no process of the created container seen from the host")
+		}
+		var shims []int
+		for _, p := range env.ShimPids() {
+			if !before[p] {
+				shims = append(shims, p)
+			}
+		}
+		if len(shims) != 1 {
+			t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
+		}
+		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+			for _, p := range env.ShimPids() {
+				if !before[p] {
+					return false
+				}
+			}
+			return len(survivors(procs)) == 0 && len(containerCgroupDirs(env.Namespace, id)) == 0
+		})
+		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+			t.Fatal(err)
+		}
+		assertContainerGone(t, env, id, procs)
+	})
 }
 
 // TestShimSharedPIDNamespace runs a container that joins another's PID

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -117,6 +118,50 @@ func TestShimDropIn(t *testing.T) {
 				t.Fatal(err)
 			}
 
+			// stdin reaches the container, and closing it (CloseIO, as ctr
+			// does at the end of its input) gives the process EOF.
+			in := "in-" + sn
+			ic, err := client.NewContainer(ctx, in, containerd.WithSnapshotter(sn), containerd.WithNewSnapshot(in, img),
+				containerd.WithRuntime(branchRuntime, nil),
+				containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", "wc -l")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stdinR, stdinW := io.Pipe()
+			var inOut syncBuffer
+			// Set before any input is written, so before the reader's EOF.
+			var itask containerd.Task
+			itask, err = ic.NewTask(ctx, cio.NewCreator(cio.WithStreams(&eofReader{r: stdinR, eof: func() {
+				_ = itask.CloseIO(ctx, containerd.WithStdinCloser)
+			}}, &inOut, &inOut)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ich, err := itask.Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := itask.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.WriteString(stdinW, "line1\nline2\nline3\n")
+			stdinW.Close()
+			select {
+			case ex := <-ich:
+				itask.IO().Wait()
+				if ex.ExitCode() != 0 || strings.TrimSpace(inOut.String()) != "3" {
+					t.Errorf("stdin: code %d output %q", ex.ExitCode(), inOut.String())
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no EOF on stdin after CloseIO")
+			}
+			if _, err := itask.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := ic.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+				t.Fatal(err)
+			}
+
 			// A detached container and its lifecycle.
 			id := "life-" + sn
 			if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", sn, harness.ImageRef, id,
@@ -162,7 +207,8 @@ func TestShimDropIn(t *testing.T) {
 			}
 			pspec := *spec.Process
 			pspec.Terminal = true
-			pspec.Args = []string{"sh", "-c", "tty; exit 3"}
+			// It waits for the resize below to reach its terminal.
+			pspec.Args = []string{"sh", "-c", `for i in $(seq 100); do s=$(stty size); [ "$s" = "45 123" ] && break; sleep 0.05; done; echo size=$s; tty; exit 3`}
 			var ttyOut syncBuffer
 			proc, err := task.Exec(ctx, "tty1", &pspec, cio.NewCreator(cio.WithStreams(nil, &ttyOut, nil), cio.WithTerminal))
 			if err != nil {
@@ -175,9 +221,12 @@ func TestShimDropIn(t *testing.T) {
 			if err := proc.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
+			if err := proc.Resize(ctx, 123, 45); err != nil {
+				t.Fatal(err)
+			}
 			ex := <-st
 			proc.IO().Wait()
-			if ex.ExitCode() != 3 || !strings.Contains(ttyOut.String(), "/dev/pts/") {
+			if ex.ExitCode() != 3 || !strings.Contains(ttyOut.String(), "/dev/pts/") || !strings.Contains(ttyOut.String(), "size=45 123") {
 				t.Errorf("exec with terminal: code %d output %q", ex.ExitCode(), ttyOut.String())
 			}
 			if _, err := proc.Delete(ctx); err != nil {
@@ -259,6 +308,22 @@ func readFirst(paths ...string) string {
 		}
 	}
 	return ""
+}
+
+// eofReader calls eof once its reader is exhausted, as ctr's stdin does to
+// close the process's stdin.
+type eofReader struct {
+	r    io.Reader
+	eof  func()
+	once sync.Once
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.once.Do(e.eof)
+	}
+	return n, err
 }
 
 // syncBuffer is a bytes.Buffer safe for the copy goroutine and the test.
