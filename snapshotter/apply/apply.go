@@ -57,6 +57,9 @@ type Opt func(*options)
 type options struct {
 	maxDepth   int
 	maxEntries int64
+	// beforeOpen, for tests, runs between an entry's checks and its open:
+	// the window a swapped-in symlink would use.
+	beforeOpen func(side, rel string)
 }
 
 // WithMaxDepth sets the deepest directory level Apply accepts in upper and
@@ -133,9 +136,7 @@ func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error
 // fail wraps a syscall error with the path and step that failed and its
 // errdefs kind.
 func fail(rel, op string, err error) error {
-	if rel == "" {
-		rel = "."
-	}
+	rel = shorten(rel)
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		return fmt.Errorf("apply %s: %s: %w", rel, op, err)
@@ -144,7 +145,18 @@ func fail(rel, op string, err error) error {
 }
 
 func invalid(rel, format string, args ...any) error {
-	return fmt.Errorf("apply %s: %s: %w", rel, fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+	return fmt.Errorf("apply %s: %s: %w", shorten(rel), fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+}
+
+// shorten keeps error messages readable for paths thousands of levels deep.
+func shorten(rel string) string {
+	if rel == "" {
+		return "."
+	}
+	if len(rel) <= 512 {
+		return rel
+	}
+	return fmt.Sprintf("%s/.../%s (%d levels)", rel[:128], rel[len(rel)-128:], strings.Count(rel, "/")+1)
 }
 
 func join(parent, name string) string {
@@ -308,6 +320,7 @@ func (a *applier) subdir(upFd, tgtFd int, rel, name string, opaque bool, depth i
 			return fail(rel, "mkdir target", err)
 		}
 	}
+	a.hook("upper", rel)
 	subUp, err := openDir(upFd, name)
 	if err != nil {
 		return fail(rel, "open upper directory", err)
@@ -315,6 +328,7 @@ func (a *applier) subdir(upFd, tgtFd int, rel, name string, opaque bool, depth i
 	defer unix.Close(subUp)
 	// A symlink swapped in after the checks above makes this fail (ELOOP),
 	// never followed.
+	a.hook("target", rel)
 	subTgt, err := openDir(tgtFd, name)
 	if err != nil {
 		return fail(rel, "open target directory", err)
@@ -395,6 +409,12 @@ func copyXattrs(srcDir int, srcName string, dstDir int, dstName string, names []
 	return nil
 }
 
+func (a *applier) hook(side, rel string) {
+	if a.opts.beforeOpen != nil {
+		a.opts.beforeOpen(side, rel)
+	}
+}
+
 func (a *applier) tempName() string {
 	a.tmpSeq++
 	return a.tmpBase + strconv.Itoa(a.tmpSeq)
@@ -434,6 +454,7 @@ func (a *applier) replace(tgtFd int, rel, name string, depth int, create func(tm
 func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error {
 	// O_NONBLOCK: should the entry have become a fifo since the stat, the
 	// open must not hang; the fstat below rejects it.
+	a.hook("upper", rel)
 	src, err := openBeneath(upFd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return fail(rel, "open upper file", err)

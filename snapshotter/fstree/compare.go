@@ -74,7 +74,7 @@ func Diff(a, b string) ([]Difference, error) {
 	if err != nil {
 		return nil, err
 	}
-	return diffTrees(ta, tb), nil
+	return DiffTrees(ta, tb), nil
 }
 
 // Entry is what Scan records of one path.
@@ -272,7 +272,9 @@ func xattrs(p string) (map[string]string, error) {
 	return out, nil
 }
 
-func diffTrees(a, b Tree) []Difference {
+// DiffTrees is Diff of two scans, for checking a tree against an earlier
+// scan of itself.
+func DiffTrees(a, b Tree) []Difference {
 	paths := map[string]bool{}
 	for p := range a {
 		paths[p] = true
