@@ -40,10 +40,6 @@ const (
 // RootID is the ID of the root context of every tree.
 const RootID = "0"
 
-// maxTombstones bounds how many ended branches a tree remembers for error
-// messages; the oldest are forgotten first.
-const maxTombstones = 1024
-
 // Node is one context: the root (the sandbox's own snapshot) or a branch.
 type Node struct {
 	ID     string `json:"id"`
@@ -59,14 +55,61 @@ type Node struct {
 	// committed first and the epoch that commit made.
 	Winner      string `json:"winner,omitempty"`
 	WinnerEpoch uint64 `json:"winnerEpoch,omitempty"`
+	// SealedByUs records that this context's live mount was writable and
+	// was made read-only because it has children, so it must be made
+	// writable again when its last child ends (and not otherwise: a
+	// read-only rootfs stays read-only).
+	SealedByUs bool `json:"sealedByUs,omitempty"`
 }
 
-// Tree is the branch tree of one sandbox root.
+// Tree is the branch tree of one sandbox root. Nodes holds the contexts
+// that still have a layer (the root, live and committing branches); a node
+// that ends leaves Nodes for Ended, from which its store takes it to keep
+// as a tombstone, so that a later call on it can say what became of it.
 type Tree struct {
 	// Root names the root snapshot, for messages.
 	Root  string           `json:"root"`
 	Next  uint64           `json:"next"`
 	Nodes map[string]*Node `json:"nodes"`
+
+	ended  []*Node
+	lookup func(id string) *Node
+}
+
+// SetTombstones tells the tree where to find nodes that ended earlier.
+func (t *Tree) SetTombstones(lookup func(id string) *Node) { t.lookup = lookup }
+
+// TakeEnded returns the nodes that ended since the last call, for the store
+// to keep as tombstones.
+func (t *Tree) TakeEnded() []*Node {
+	e := t.ended
+	t.ended = nil
+	return e
+}
+
+func (t *Tree) end(n *Node, state State, now time.Time) {
+	n.State, n.Ended = state, now
+	delete(t.Nodes, n.ID)
+	t.ended = append(t.ended, n)
+}
+
+// node finds id among the live nodes, the nodes ended in this change, and
+// the tombstones.
+func (t *Tree) node(id string) (*Node, bool) {
+	if n, ok := t.Nodes[id]; ok {
+		return n, true
+	}
+	for _, n := range t.ended {
+		if n.ID == id {
+			return n, true
+		}
+	}
+	if t.lookup != nil {
+		if n := t.lookup(id); n != nil {
+			return n, true
+		}
+	}
+	return nil, false
 }
 
 // NewTree returns a tree holding only the live root context.
@@ -95,7 +138,7 @@ func (e *StaleError) Unwrap() error { return errdefs.ErrAborted }
 
 // Get returns the live node id or an error that says why it is not usable.
 func (t *Tree) Get(id string) (*Node, error) {
-	n, ok := t.Nodes[id]
+	n, ok := t.node(id)
 	if !ok {
 		return nil, fmt.Errorf("branch %s of %s: %w", id, t.Root, errdefs.ErrNotFound)
 	}
@@ -125,7 +168,7 @@ func parentName(id string) string {
 func (t *Tree) Children(id string) []string {
 	var out []string
 	for _, n := range t.Nodes {
-		if n.Parent == id && n.ID != RootID && (n.State == Live || n.State == Committing) {
+		if n.Parent == id && n.ID != RootID {
 			out = append(out, n.ID)
 		}
 	}
@@ -213,7 +256,8 @@ func (t *Tree) BeginCommit(id string, now time.Time) (CommitPlan, error) {
 		}
 		for _, s := range t.Subtree(sib) {
 			sn := t.Nodes[s]
-			sn.State, sn.Winner, sn.WinnerEpoch, sn.Ended = Stale, id, p.Epoch, now
+			sn.Winner, sn.WinnerEpoch = id, p.Epoch
+			t.end(sn, Stale, now)
 			plan.Invalidated = append(plan.Invalidated, s)
 		}
 	}
@@ -227,8 +271,7 @@ func (t *Tree) FinishCommit(id string, now time.Time) error {
 	if !ok || n.State != Committing {
 		return fmt.Errorf("finish commit of branch %s: not committing: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	n.State, n.Ended = Committed, now
-	t.forget()
+	t.end(n, Committed, now)
 	return nil
 }
 
@@ -254,27 +297,17 @@ func (t *Tree) Abort(id string, now time.Time) ([]string, error) {
 	}
 	ids := t.Subtree(id)
 	for _, s := range ids {
-		n := t.Nodes[s]
-		// Descendants already stale keep their winner for messages.
-		if n.State == Live || n.State == Committing {
-			n.State, n.Ended = Aborted, now
-		}
+		t.end(t.Nodes[s], Aborted, now)
 	}
-	t.forget()
 	return ids, nil
 }
 
-// Subtree returns id and every descendant still holding a layer (live,
-// committing or freshly invalidated), parents before children.
+// Subtree returns id and every descendant still holding a layer, parents
+// before children.
 func (t *Tree) Subtree(id string) []string {
 	out := []string{id}
 	for i := 0; i < len(out); i++ {
-		for _, n := range t.Nodes {
-			if n.Parent == out[i] && n.ID != RootID && (n.State == Live || n.State == Committing) {
-				out = append(out, n.ID)
-			}
-		}
-		sortIDs(out[i+1:])
+		out = append(out, t.Children(out[i])...)
 	}
 	return out
 }
@@ -283,30 +316,13 @@ func (t *Tree) Subtree(id string) []string {
 // committing ones.
 func (t *Tree) Layered() []string {
 	var out []string
-	for _, n := range t.Nodes {
-		if n.ID != RootID && (n.State == Live || n.State == Committing) {
-			out = append(out, n.ID)
+	for id := range t.Nodes {
+		if id != RootID {
+			out = append(out, id)
 		}
 	}
 	sortIDs(out)
 	return out
-}
-
-// forget drops the oldest ended nodes beyond maxTombstones.
-func (t *Tree) forget() {
-	var ended []*Node
-	for _, n := range t.Nodes {
-		if n.State != Live && n.State != Committing && n.ID != RootID {
-			ended = append(ended, n)
-		}
-	}
-	if len(ended) <= maxTombstones {
-		return
-	}
-	sort.Slice(ended, func(i, j int) bool { return ended[i].Ended.Before(ended[j].Ended) })
-	for _, n := range ended[:len(ended)-maxTombstones] {
-		delete(t.Nodes, n.ID)
-	}
 }
 
 // sortIDs sorts numeric IDs numerically.

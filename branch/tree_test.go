@@ -2,7 +2,6 @@ package branch
 
 import (
 	"errors"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -173,21 +172,31 @@ func TestFirstCommitWinsExhaustive(t *testing.T) {
 	}
 }
 
-func TestTombstonesBounded(t *testing.T) {
+func TestEndedNodesLeaveTheTree(t *testing.T) {
 	tr := NewTree("s", t0)
-	for i := 0; i < maxTombstones+50; i++ {
-		ids, _ := tr.Fork(RootID, 1, t0)
-		if _, err := tr.Abort(ids[0], t0.Add(time.Duration(i)*time.Second)); err != nil {
-			t.Fatal(err)
+	kids, _ := tr.Fork(RootID, 2, t0)
+	tr.Abort(kids[0], t0)
+	ended := tr.TakeEnded()
+	if len(ended) != 1 || ended[0].ID != kids[0] || ended[0].State != Aborted {
+		t.Fatalf("ended %+v", ended)
+	}
+	if _, ok := tr.Nodes[kids[0]]; ok {
+		t.Fatal("aborted node still among the live ones")
+	}
+	// Without tombstones the tree no longer knows it.
+	if _, err := tr.Get(kids[0]); !errdefs.IsNotFound(err) || strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("without tombstones: %v", err)
+	}
+	tr.SetTombstones(func(id string) *Node {
+		if id == ended[0].ID {
+			return ended[0]
 		}
+		return nil
+	})
+	if _, err := tr.Get(kids[0]); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("with tombstones: %v", err)
 	}
-	if got := len(tr.Nodes); got != maxTombstones+1 {
-		t.Fatalf("%d nodes kept, want %d", got, maxTombstones+1)
-	}
-	if _, ok := tr.Nodes["1"]; ok {
-		t.Fatal("oldest tombstone kept")
-	}
-	if _, ok := tr.Nodes[fmt.Sprint(maxTombstones+50)]; !ok {
-		t.Fatal("newest tombstone dropped")
+	if len(tr.TakeEnded()) != 0 {
+		t.Fatal("TakeEnded returned nodes twice")
 	}
 }
