@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
 // sandbox is a root snapshot on a one-layer base, like a container rootfs.
@@ -307,9 +308,17 @@ func TestConcurrentCommitters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range kids {
+	views := map[string]fstree.Tree{}
+	for i, k := range kids {
 		d := mountAt(t, k.Mounts)
 		writeFile(t, filepath.Join(d, "winner"), k.ID)
+		writeFile(t, filepath.Join(d, "data", k.ID), strings.Repeat(k.ID, i*100))
+		if i%2 == 0 {
+			os.Remove(filepath.Join(d, "etc", "base.conf"))
+		}
+		if views[k.ID], err = fstree.Scan(d); err != nil {
+			t.Fatal(err)
+		}
 		if err := mount.UnmountAll(d, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -348,6 +357,13 @@ func TestConcurrentCommitters(t *testing.T) {
 	p := mountAt(t, rm)
 	if got := readFile(t, filepath.Join(p, "winner")); got != winners[0] {
 		t.Fatalf("parent holds %q, winner was %s", got, winners[0])
+	}
+	got, err := fstree.Scan(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diffs := fstree.DiffTrees(views[winners[0]], got); len(diffs) > 0 {
+		t.Fatalf("parent differs from the winner %s: %v", winners[0], diffs)
 	}
 	entries, _ := os.ReadDir(filepath.Join(s.root, "branches", s.mustID(t, ctx, sb.key)))
 	if len(entries) != 0 {
