@@ -14,7 +14,7 @@ CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: all deps binaries demo test unit integration bench lint check-version clean
+.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean
 
 all: binaries
 
@@ -72,3 +72,6 @@ bench: binaries
 
 clean:
 	rm -rf $(BIN)
+
+proto:
+	@hack/proto.sh

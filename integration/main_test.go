@@ -35,7 +35,7 @@ func startEnv(t testing.TB) (context.Context, *harness.Env) {
 		defer cancel()
 		if t.Failed() {
 			t.Logf("containerd log:\n%s", lastLines(env.Log("containerd"), 40))
-			t.Logf("snapshotter log:\n%s", lastLines(env.Log("snapshotter"), 40))
+			t.Logf("snapshotter log:\n%s", lastLines(env.Log("snapshotter"), 400))
 		}
 		dir := env.Dir
 		shims := env.ShimPids()

@@ -104,7 +104,7 @@ func taskStatus(t *testing.T, ctx context.Context, env *harness.Env, id string) 
 	return ""
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if cond() {
@@ -206,7 +206,7 @@ func containerCgroupDirs(namespace, id string) []string {
 func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []hostProc) {
 	t.Helper()
 	var left []hostProc
-	waitFor(t, "container processes to go", 10*time.Second, func() bool {
+	waitUntil(t, "container processes to go", 10*time.Second, func() bool {
 		left = append(survivors(procs), containerHostProcs(env.Namespace, id, 0)...)
 		return len(left) == 0
 	})

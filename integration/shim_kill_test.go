@@ -69,7 +69,7 @@ func startAdversarial(t *testing.T, ctx context.Context, env *harness.Env, clien
 			t.Logf("container processes seen from the host: %d (nested PID namespace: %v)", len(procs), nested)
 		}
 	}()
-	waitFor(t, "the fork bomb to fill the pids limit and the nested PID namespace", 20*time.Second, func() bool {
+	waitUntil(t, "the fork bomb to fill the pids limit and the nested PID namespace", 20*time.Second, func() bool {
 		procs = containerHostProcs(env.Namespace, id, initPid)
 		nested = false
 		for _, p := range procs {
@@ -198,7 +198,7 @@ func TestShimDeath(t *testing.T) {
 			}
 			// containerd notices the dead shim and runs the shim binary's
 			// delete; wait for that to finish too (it carries the address).
-			waitFor(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+			waitUntil(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
 				for _, p := range env.ShimPids() {
 					if !before[p] {
 						return false
@@ -255,7 +255,7 @@ func TestShimDeath(t *testing.T) {
 		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+		waitUntil(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
 			for _, p := range env.ShimPids() {
 				if !before[p] {
 					return false
@@ -301,7 +301,7 @@ func TestShimSharedPIDNamespace(t *testing.T) {
 	joiner := start("pidns-joiner", oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: ownerNS}),
 		oci.WithProcessArgs("sh", "-c", `trap '' TERM INT HUP; setsid sh -c 'sleep 1000 & sleep 1000 &'; (trap '' TERM; sleep 1000) & while :; do sleep 1; done`))
 	var procs []hostProc
-	waitFor(t, "the joiner's daemons", 10*time.Second, func() bool {
+	waitUntil(t, "the joiner's daemons", 10*time.Second, func() bool {
 		procs = containerHostProcs(env.Namespace, "pidns-joiner", 0)
 		return len(procs) >= 5
 	})

@@ -168,7 +168,7 @@ func TestShimDropIn(t *testing.T) {
 				"sh", "-c", `trap 'echo got-usr1; exit 42' USR1; while :; do sleep 0.1; done`); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "task running", 10*time.Second, func() bool { return taskStatus(t, ctx, env, id) == "RUNNING" })
+			waitUntil(t, "task running", 10*time.Second, func() bool { return taskStatus(t, ctx, env, id) == "RUNNING" })
 
 			// Isolation, from the host: own PID and mount namespaces, own cgroup.
 			c, err := client.LoadContainer(ctx, id)

@@ -25,15 +25,21 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // Snapshotter is an overlayfs snapshotter. It implements
 // snapshots.Snapshotter and snapshots.Cleaner.
 type Snapshotter struct {
-	root    string
-	ms      *storage.MetaStore
-	lock    *rootLock
-	options []string
+	root      string
+	ms        *storage.MetaStore
+	lock      *rootLock
+	options   []string
+	locks     rootLocks
+	faultHook func(point string)
+	applier   func(ctx context.Context, upper, target string) error
 }
 
 var (
@@ -46,6 +52,8 @@ type Opt func(*config)
 
 type config struct {
 	mountOptions []string
+	fault        func(point string)
+	applier      func(ctx context.Context, upper, target string) error
 }
 
 // WithMountOptions adds options to every overlay mount the snapshotter
@@ -101,7 +109,23 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		options = append(options, "index=off")
 	}
 
-	s := &Snapshotter{root: root, ms: ms, lock: lock, options: options}
+	if c.applier == nil {
+		c.applier = applyLayer
+	}
+	s := &Snapshotter{root: root, ms: ms, lock: lock, options: options, faultHook: c.fault, applier: c.applier}
+	// Orphans first, so recovery only sees layers that a tree owns.
+	if err := s.cleanTempMounts(ctx); err != nil {
+		ms.Close()
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
+	if err := s.Cleanup(ctx); err != nil {
+		ms.Close()
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
+	if err := s.recoverBranches(ctx); err != nil {
+		ms.Close()
+		return nil, fmt.Errorf("recover branches in %s: %w", root, err)
+	}
 	if err := s.Cleanup(ctx); err != nil {
 		ms.Close()
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
@@ -189,15 +213,27 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	if err := validateKey("mounts", key); err != nil {
 		return nil, err
 	}
-	var snap storage.Snapshot
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
-		snap, err = storage.GetSnapshot(ctx, key)
+	var (
+		snap   storage.Snapshot
+		sealed bool
+	)
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
+			return err
+		}
+		t, err := loadTree(tx, snap.ID)
+		sealed = t != nil && t.Sealed(branch.RootID)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mounts of %q: %w", key, err)
 	}
-	return s.mounts(snap), nil
+	m := s.mounts(snap)
+	if sealed {
+		// Its layer is its branches' lower: a new mount must not write it.
+		m[0].Options = withReadonly(m[0].Options)
+	}
+	return m, nil
 }
 
 // Commit turns the active snapshot key into the committed snapshot name.
@@ -213,10 +249,15 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := validateOpts("commit", opts); err != nil {
 		return err
 	}
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
+		}
+		if t, err := loadTree(tx, id); err != nil {
+			return err
+		} else if t != nil && len(t.Layered()) > 0 {
+			return fmt.Errorf("snapshot has %d live branches; commit or abort them first: %w", len(t.Layered()), errdefs.ErrFailedPrecondition)
 		}
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("snapshot is %s snapshot; only active snapshots can be committed: %w", kindName(info.Kind), errdefs.ErrFailedPrecondition)
@@ -242,15 +283,19 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	var removals []string
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		if _, _, err := storage.Remove(ctx, key); err != nil {
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		id, _, err := storage.Remove(ctx, key)
+		if err != nil {
 			if errdefs.IsFailedPrecondition(err) {
 				return fmt.Errorf("%w (remove its children first)", err)
 			}
 			return err
 		}
-		var err error
-		removals, err = s.orphanDirectories(ctx)
+		// Its branch tree goes with it; the layers become orphans below.
+		if err := deleteTree(tx, id); err != nil {
+			return err
+		}
+		removals, err = s.orphanDirectories(ctx, tx)
 		return err
 	})
 	if err != nil {
@@ -273,8 +318,8 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	var removals []string
 	// A write transaction keeps creators out while the directory is scanned,
 	// so an in-flight "new-" directory is never mistaken for an orphan.
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		removals, err = s.orphanDirectories(ctx)
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		removals, err = s.orphanDirectories(ctx, tx)
 		return err
 	})
 	if err != nil {
@@ -301,7 +346,9 @@ func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) {
 	}
 }
 
-func (s *Snapshotter) orphanDirectories(ctx context.Context) ([]string, error) {
+// orphanDirectories lists the snapshot directories and branch layers that
+// no metadata owns.
+func (s *Snapshotter) orphanDirectories(ctx context.Context, tx *bolt.Tx) ([]string, error) {
 	ids, err := storage.IDMap(ctx)
 	if err != nil && !errdefs.IsNotFound(err) { // NotFound: no snapshot yet
 		return nil, err
@@ -318,7 +365,11 @@ func (s *Snapshotter) orphanDirectories(ctx context.Context) ([]string, error) {
 		}
 		orphans = append(orphans, filepath.Join(dir, e.Name()))
 	}
-	return orphans, nil
+	branchOrphans, err := s.orphanBranchDirectories(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	return append(orphans, branchOrphans...), nil
 }
 
 func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -34,6 +35,9 @@ const (
 	defaultAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
 	// drainTimeout bounds how long SIGTERM waits for in-flight calls.
 	drainTimeout = 10 * time.Second
+	// faultEnv names a fault point (snapshotter.Fault*) at which the daemon
+	// kills itself with SIGKILL: the crash-safety tests arm it.
+	faultEnv = "BRANCHBOX_FAULT_POINT"
 )
 
 func main() {
@@ -68,9 +72,19 @@ func run(ctx context.Context, root, address string) error {
 	if address == "" {
 		return fmt.Errorf("--address is empty: %w", errdefs.ErrInvalidArgument)
 	}
+	var opts []snapshotter.Opt
+	if point := os.Getenv(faultEnv); point != "" {
+		log.G(ctx).WithField("point", point).Warn("fault injection armed: the daemon kills itself there (tests only)")
+		opts = append(opts, snapshotter.WithFaultHook(func(p string) {
+			if p == point {
+				_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+				select {} // never go on past the fault point
+			}
+		}))
+	}
 	// New takes the root lock before anything else, so a second instance
 	// fails here without touching the first one's socket.
-	sn, err := snapshotter.New(ctx, root)
+	sn, err := snapshotter.New(ctx, root, opts...)
 	if err != nil {
 		return err
 	}
@@ -86,6 +100,7 @@ func run(ctx context.Context, root, address string) error {
 	}
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()

@@ -113,12 +113,13 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 }
 
 // StartSnapshotter starts containerd-branch-snapshotter on the env's root and
-// waits for its socket.
-func (e *Env) StartSnapshotter(ctx context.Context) error {
+// waits for its socket. extraEnv is added to its environment (tests arm
+// fault points that way).
+func (e *Env) StartSnapshotter(ctx context.Context, extraEnv ...string) error {
 	if e.snapshotter != nil {
 		return errors.New("snapshotter already running")
 	}
-	cmd, err := e.spawn("snapshotter", filepath.Join(e.BinDir, "containerd-branch-snapshotter"),
+	cmd, err := e.spawn("snapshotter", extraEnv, filepath.Join(e.BinDir, "containerd-branch-snapshotter"),
 		"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", "debug")
 	if err != nil {
 		return err
@@ -133,6 +134,22 @@ func (e *Env) SnapshotterPid() int {
 		return 0
 	}
 	return e.snapshotter.cmd.Process.Pid
+}
+
+// WaitSnapshotterExit waits for the snapshotter to exit by itself (a fault
+// point killed it) and returns how it ended.
+func (e *Env) WaitSnapshotterExit(timeout time.Duration) error {
+	if e.snapshotter == nil {
+		return errors.New("snapshotter not running")
+	}
+	select {
+	case <-e.snapshotter.done:
+		err := e.snapshotter.err
+		e.snapshotter = nil
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("snapshotter still running after %s", timeout)
+	}
 }
 
 // StopSnapshotter sends sig to the snapshotter and waits for it to exit.
@@ -150,7 +167,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(config, []byte(ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress)), 0o600); err != nil {
 		return err
 	}
-	cmd, err := e.spawn("containerd", filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", "debug")
+	cmd, err := e.spawn("containerd", nil, filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", "debug")
 	if err != nil {
 		return err
 	}
@@ -192,7 +209,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 // spawn starts a daemon in its own process group with its output in a log
 // file under the env's directory and the env's binaries first on PATH (so
 // containerd finds the shim).
-func (e *Env) spawn(name, path string, args ...string) (*proc, error) {
+func (e *Env) spawn(name string, extraEnv []string, path string, args ...string) (*proc, error) {
 	if err := os.MkdirAll(e.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -202,7 +219,7 @@ func (e *Env) spawn(name, path string, args ...string) (*proc, error) {
 	}
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
+	cmd.Env = append(append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH")), extraEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -449,4 +466,23 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// RootfsUpperdir returns the upper directory of the overlay that is the
+// rootfs of the running task id, as a shim would read it from its mounts.
+func (e *Env) RootfsUpperdir(id string) (string, error) {
+	target := filepath.Join(e.ContainerdState, "io.containerd.runtime.v2.task", e.Namespace, id, "rootfs")
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil {
+		return "", err
+	}
+	if len(infos) == 0 {
+		return "", fmt.Errorf("task %s has no rootfs mount at %s", id, target)
+	}
+	for _, o := range strings.Split(infos[0].VFSOptions, ",") {
+		if u, ok := strings.CutPrefix(o, "upperdir="); ok {
+			return u, nil
+		}
+	}
+	return "", fmt.Errorf("rootfs of task %s is not an overlay with an upper: %s", id, infos[0].VFSOptions)
 }

@@ -1,0 +1,206 @@
+package branch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+)
+
+// Client talks to the branch API of a containerd-branch-snapshotter.
+type Client struct {
+	conn *grpc.ClientConn
+	api  branchv1.BranchesClient
+}
+
+// Dial connects to the snapshotter's unix socket.
+func Dial(address string) (*Client, error) {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect to branch snapshotter at %s: %w", address, err)
+	}
+	return &Client{conn: conn, api: branchv1.NewBranchesClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Root names a root snapshot by key or by upper directory.
+type Root struct {
+	Key      string
+	Upperdir string
+}
+
+// Ref names a context: the root (Branch "" or RootID) or a branch of it.
+type Ref struct {
+	Root   Root
+	Branch string
+}
+
+// Info is one node of a branch tree as the snapshotter reports it.
+type Info struct {
+	Node
+	Sealed      bool
+	Children    []string
+	UpperSize   int64
+	UpperInodes int64
+	Mounts      []mount.Mount
+}
+
+// Fork makes n children of ref over its current state.
+func (c *Client) Fork(ctx context.Context, ref Ref, n int) ([]Info, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("fork: n must be at least 1, got %d: %w", n, errdefs.ErrInvalidArgument)
+	}
+	resp, err := c.api.Fork(ctx, &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n)})
+	if err != nil {
+		return nil, fromGRPC(err)
+	}
+	out := make([]Info, len(resp.Branches))
+	for i, b := range resp.Branches {
+		out[i] = infoFromProto(b)
+	}
+	return out, nil
+}
+
+// CommitResult is the parent after a commit and the branches it invalidated.
+type CommitResult struct {
+	Parent      Info
+	Invalidated []string
+}
+
+// Commit makes the leaf branch ref's changes its parent's. A branch that
+// lost the race gets a *StaleError.
+func (c *Client) Commit(ctx context.Context, ref Ref) (CommitResult, error) {
+	resp, err := c.api.Commit(ctx, &branchv1.CommitRequest{Branch: refToProto(ref)})
+	if err != nil {
+		return CommitResult{}, fromGRPC(err)
+	}
+	return CommitResult{Parent: infoFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+}
+
+// Abort discards ref and its descendants, and returns their IDs.
+func (c *Client) Abort(ctx context.Context, ref Ref) ([]string, error) {
+	resp, err := c.api.Abort(ctx, &branchv1.AbortRequest{Branch: refToProto(ref)})
+	if err != nil {
+		return nil, fromGRPC(err)
+	}
+	return resp.Aborted, nil
+}
+
+// Tree returns every node of root's branch tree.
+func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
+	resp, err := c.api.Tree(ctx, &branchv1.TreeRequest{Root: rootToProto(root)})
+	if err != nil {
+		return nil, fromGRPC(err)
+	}
+	out := make([]Info, len(resp.Nodes))
+	for i, b := range resp.Nodes {
+		out[i] = infoFromProto(b)
+	}
+	return out, nil
+}
+
+// Mounts returns how to mount ref.
+func (c *Client) Mounts(ctx context.Context, ref Ref) ([]mount.Mount, error) {
+	resp, err := c.api.Mounts(ctx, &branchv1.MountsRequest{Context: refToProto(ref)})
+	if err != nil {
+		return nil, fromGRPC(err)
+	}
+	return mountsFromProto(resp.Mounts), nil
+}
+
+// fromGRPC restores errdefs kinds, and a *StaleError from its details.
+func fromGRPC(err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Aborted {
+		for _, d := range st.Details() {
+			if sd, ok := d.(*branchv1.StaleDetail); ok {
+				return &StaleError{Branch: sd.Branch, Winner: sd.Winner, WinnerEpoch: sd.WinnerEpoch}
+			}
+		}
+	}
+	return errgrpc.ToNative(err)
+}
+
+func rootToProto(r Root) *branchv1.Root {
+	if r.Upperdir != "" && r.Key == "" {
+		return &branchv1.Root{Ref: &branchv1.Root_Upperdir{Upperdir: r.Upperdir}}
+	}
+	return &branchv1.Root{Ref: &branchv1.Root_Key{Key: r.Key}}
+}
+
+func refToProto(r Ref) *branchv1.Context {
+	return &branchv1.Context{Root: rootToProto(r.Root), Branch: r.Branch}
+}
+
+func mountsFromProto(ms []*branchv1.Mount) []mount.Mount {
+	out := make([]mount.Mount, len(ms))
+	for i, m := range ms {
+		out[i] = mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options}
+	}
+	return out
+}
+
+func infoFromProto(b *branchv1.Branch) Info {
+	i := Info{
+		Node: Node{
+			ID: b.Id, Parent: b.Parent, State: StateFromProto(b.State), Epoch: b.Epoch, ForkEpoch: b.ForkEpoch,
+			Winner: b.Winner, WinnerEpoch: b.WinnerEpoch,
+		},
+		Sealed: b.Sealed, Children: b.Children, UpperSize: b.UpperSize, UpperInodes: b.UpperInodes,
+		Mounts: mountsFromProto(b.Mounts),
+	}
+	if b.Created != nil {
+		i.Created = b.Created.AsTime()
+	}
+	if b.Ended != nil {
+		i.Ended = b.Ended.AsTime()
+	}
+	return i
+}
+
+// Age is how long ago the context was created.
+func (i Info) Age(now time.Time) time.Duration { return now.Sub(i.Created) }
+
+// StateToProto converts a State for the wire.
+func StateToProto(s State) branchv1.State {
+	switch s {
+	case Live:
+		return branchv1.State_STATE_LIVE
+	case Committing:
+		return branchv1.State_STATE_COMMITTING
+	case Committed:
+		return branchv1.State_STATE_COMMITTED
+	case Aborted:
+		return branchv1.State_STATE_ABORTED
+	case Stale:
+		return branchv1.State_STATE_STALE
+	}
+	return branchv1.State_STATE_UNSPECIFIED
+}
+
+// StateFromProto converts a State from the wire.
+func StateFromProto(p branchv1.State) State {
+	switch p {
+	case branchv1.State_STATE_LIVE:
+		return Live
+	case branchv1.State_STATE_COMMITTING:
+		return Committing
+	case branchv1.State_STATE_COMMITTED:
+		return Committed
+	case branchv1.State_STATE_ABORTED:
+		return Aborted
+	case branchv1.State_STATE_STALE:
+		return Stale
+	}
+	return ""
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerates the Go code for api/. The generated files are committed, so
+# only changing a .proto needs this (and Debian's protobuf-compiler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
+export GOBIN=$PWD/bin
+go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.10
+go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+PATH=$GOBIN:$PATH protoc -I . -I /usr/include \
+	--go_out=. --go_opt=paths=source_relative \
+	--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	$(find api -name '*.proto')

@@ -1,0 +1,1113 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/continuity/fs"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// Branch layers live beside the snapshots they branch from:
+//
+//	<root>/branches/<root snapshot id>/<branch id>/fs    the branch's upper
+//	<root>/branches/<root snapshot id>/<branch id>/work  its overlay workdir
+//	<root>/mnt/<root snapshot id>-<context>              a temporary mount of
+//	                                                     a context being committed into
+//
+// The branch trees are stored in the snapshot metadata database, one JSON
+// document per root snapshot, so a tree changes in the same transactions
+// as the snapshots themselves. Branches are not containerd snapshots:
+// containerd's Walk never lists them, so its garbage collector cannot
+// remove them; removing the root snapshot removes its whole tree.
+
+// Bucket names in the metadata database.
+const (
+	bucketBranchbox = "branchbox.v1"
+	bucketTrees     = "trees" // root snapshot id -> JSON tree of live nodes
+	bucketEnded     = "ended" // root snapshot id -> bucket of tombstones
+	maxTombstones   = 1024    // per tree; the oldest are dropped first
+)
+
+// Root names a root snapshot: by key, or by its upper directory (which is
+// what a shim sees in the mounts containerd hands it). An upper directory of
+// a branch names that branch.
+type Root struct {
+	Key      string
+	Upperdir string
+}
+
+func (r Root) String() string {
+	if r.Key != "" {
+		return strconv.Quote(r.Key)
+	}
+	return "upperdir " + strconv.Quote(r.Upperdir)
+}
+
+// Context names the root context ("" or branch.RootID) or a branch of a root.
+type Context struct {
+	Root   Root
+	Branch string
+}
+
+// BranchInfo describes one node of a branch tree.
+type BranchInfo struct {
+	branch.Node
+	Sealed      bool
+	Children    []string
+	UpperSize   int64
+	UpperInodes int64
+	Mounts      []mount.Mount
+}
+
+// TreeInfo is a branch tree with the state of every node.
+type TreeInfo struct {
+	Root  string
+	Nodes []BranchInfo
+}
+
+// CommitResult says what a commit did.
+type CommitResult struct {
+	Plan   branch.CommitPlan
+	Parent BranchInfo
+}
+
+// Fault points the tests arm to crash the daemon mid-operation.
+const (
+	FaultForkDirs       = "fork:dirs-created"
+	FaultForkCommitted  = "fork:committed"
+	FaultCommitDecided  = "commit:decided"
+	FaultCommitApplied  = "commit:applied"
+	FaultCommitFinished = "commit:finished"
+	FaultAbortDecided   = "abort:decided"
+	FaultAbortRemoved   = "abort:removed"
+)
+
+// WithFaultHook calls hook at each named fault point; tests use it to kill
+// the process there.
+func WithFaultHook(hook func(point string)) Opt {
+	return func(c *config) { c.fault = hook }
+}
+
+// WithApplier replaces the engine that applies a branch's upper layer to
+// its parent's tree (tests only).
+func WithApplier(fn func(ctx context.Context, upper, target string) error) Opt {
+	return func(c *config) { c.applier = fn }
+}
+
+// rootLocks serialises the filesystem phases of branch operations per root
+// snapshot; the metadata transactions serialise the decisions themselves.
+type rootLocks struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (r *rootLocks) lock(id string) func() {
+	r.mu.Lock()
+	if r.locks == nil {
+		r.locks = map[string]*sync.Mutex{}
+	}
+	l, ok := r.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		r.locks[id] = l
+	}
+	r.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+func (s *Snapshotter) fault(point string) {
+	if s.faultHook != nil {
+		s.faultHook(point)
+	}
+}
+
+// rootSnap is a resolved root snapshot.
+type rootSnap struct {
+	key  string
+	snap storage.Snapshot
+}
+
+func (r rootSnap) id() string { return r.snap.ID }
+
+// withTx runs fn in a metadata transaction that also gives it the bolt
+// transaction, for the branch trees.
+func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
+	ctx, t, err := s.ms.TransactionContext(ctx, writable)
+	if err != nil {
+		return err
+	}
+	tx, ok := t.(*bolt.Tx)
+	if !ok {
+		t.Rollback()
+		return fmt.Errorf("metadata transaction is %T, not a bolt transaction: %w", t, errdefs.ErrInternal)
+	}
+	if err := fn(ctx, tx); err != nil || !writable {
+		if rerr := t.Rollback(); rerr != nil {
+			log.G(ctx).WithError(rerr).Warn("rollback metadata transaction")
+		}
+		return err
+	}
+	return t.Commit()
+}
+
+// loadTree reads the tree of a root snapshot, nil if it has none. Its
+// tombstones are read through tx, so the tree must not be asked about
+// ended nodes after tx ends.
+func loadTree(tx *bolt.Tx, rootID string) (*branch.Tree, error) {
+	trees := nestedBucket(tx, bucketBranchbox, bucketTrees)
+	if trees == nil {
+		return nil, nil
+	}
+	v := trees.Get([]byte(rootID))
+	if v == nil {
+		return nil, nil
+	}
+	var t branch.Tree
+	if err := json.Unmarshal(v, &t); err != nil {
+		return nil, fmt.Errorf("decode branch tree of snapshot %s: %v: %w", rootID, err, errdefs.ErrDataLoss)
+	}
+	t.SetTombstones(func(id string) *branch.Node {
+		ended := nestedBucket(tx, bucketBranchbox, bucketEnded, rootID)
+		if ended == nil {
+			return nil
+		}
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil {
+			return nil
+		}
+		var node branch.Node
+		if v := ended.Get(idKey(n)); v == nil || json.Unmarshal(v, &node) != nil {
+			return nil
+		}
+		return &node
+	})
+	return &t, nil
+}
+
+// storeTree writes the tree and moves the nodes that ended into its
+// tombstones, keeping the newest maxTombstones.
+func storeTree(tx *bolt.Tx, rootID string, t *branch.Tree) error {
+	b, err := tx.CreateBucketIfNotExists([]byte(bucketBranchbox))
+	if err != nil {
+		return err
+	}
+	trees, err := b.CreateBucketIfNotExists([]byte(bucketTrees))
+	if err != nil {
+		return err
+	}
+	v, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	if err := trees.Put([]byte(rootID), v); err != nil {
+		return err
+	}
+	endedNodes := t.TakeEnded()
+	if len(endedNodes) == 0 {
+		return nil
+	}
+	all, err := b.CreateBucketIfNotExists([]byte(bucketEnded))
+	if err != nil {
+		return err
+	}
+	ended, err := all.CreateBucketIfNotExists([]byte(rootID))
+	if err != nil {
+		return err
+	}
+	for _, n := range endedNodes {
+		id, err := strconv.ParseUint(n.ID, 10, 64)
+		if err != nil {
+			return fmt.Errorf("branch id %q: %w", n.ID, errdefs.ErrInternal)
+		}
+		v, err := json.Marshal(n)
+		if err != nil {
+			return err
+		}
+		if err := ended.Put(idKey(id), v); err != nil {
+			return err
+		}
+	}
+	// Keys are big-endian ids, so the first ones are the oldest: keep the
+	// last maxTombstones.
+	c := ended.Cursor()
+	k, _ := c.Last()
+	for i := 1; i < maxTombstones && k != nil; i++ {
+		k, _ = c.Prev()
+	}
+	if k == nil {
+		return nil
+	}
+	var drop [][]byte
+	for k, _ = c.Prev(); k != nil; k, _ = c.Prev() {
+		drop = append(drop, append([]byte(nil), k...))
+	}
+	for _, k := range drop {
+		if err := ended.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tombstones lists the ended nodes of a tree, oldest first.
+func tombstones(tx *bolt.Tx, rootID string) ([]branch.Node, error) {
+	ended := nestedBucket(tx, bucketBranchbox, bucketEnded, rootID)
+	if ended == nil {
+		return nil, nil
+	}
+	var out []branch.Node
+	err := ended.ForEach(func(_, v []byte) error {
+		var n branch.Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			return fmt.Errorf("decode tombstone: %v: %w", err, errdefs.ErrDataLoss)
+		}
+		out = append(out, n)
+		return nil
+	})
+	return out, err
+}
+
+func deleteTree(tx *bolt.Tx, rootID string) error {
+	if trees := nestedBucket(tx, bucketBranchbox, bucketTrees); trees != nil {
+		if err := trees.Delete([]byte(rootID)); err != nil {
+			return err
+		}
+	}
+	if all := nestedBucket(tx, bucketBranchbox, bucketEnded); all != nil && all.Bucket([]byte(rootID)) != nil {
+		return all.DeleteBucket([]byte(rootID))
+	}
+	return nil
+}
+
+// allTrees lists every stored tree by root snapshot id.
+func allTrees(tx *bolt.Tx) (map[string]*branch.Tree, error) {
+	out := map[string]*branch.Tree{}
+	trees := nestedBucket(tx, bucketBranchbox, bucketTrees)
+	if trees == nil {
+		return out, nil
+	}
+	var ids []string
+	if err := trees.ForEach(func(k, _ []byte) error { ids = append(ids, string(k)); return nil }); err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		t, err := loadTree(tx, id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = t
+	}
+	return out, nil
+}
+
+func nestedBucket(tx *bolt.Tx, names ...string) *bolt.Bucket {
+	b := tx.Bucket([]byte(names[0]))
+	for _, n := range names[1:] {
+		if b == nil {
+			return nil
+		}
+		b = b.Bucket([]byte(n))
+	}
+	return b
+}
+
+func idKey(id uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], id)
+	return k[:]
+}
+
+// resolve finds the root snapshot and the branch a Context names. It must
+// run inside a metadata transaction.
+func (s *Snapshotter) resolve(ctx context.Context, c Context) (rootSnap, string, error) {
+	var key, fromUpper string
+	switch {
+	case c.Root.Key != "" && c.Root.Upperdir != "":
+		return rootSnap{}, "", fmt.Errorf("name the root snapshot by key or by upper directory, not both: %w", errdefs.ErrInvalidArgument)
+	case c.Root.Key != "":
+		if err := validateKey("branch", c.Root.Key); err != nil {
+			return rootSnap{}, "", err
+		}
+		key = c.Root.Key
+	case c.Root.Upperdir != "":
+		id, b, err := s.parseUpperdir(c.Root.Upperdir)
+		if err != nil {
+			return rootSnap{}, "", err
+		}
+		ids, err := storage.IDMap(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return rootSnap{}, "", err
+		}
+		k, ok := ids[id]
+		if !ok {
+			return rootSnap{}, "", fmt.Errorf("no snapshot has upper directory %s: %w", c.Root.Upperdir, errdefs.ErrNotFound)
+		}
+		key, fromUpper = k, b
+	default:
+		return rootSnap{}, "", fmt.Errorf("no root snapshot named (give a key or an upper directory): %w", errdefs.ErrInvalidArgument)
+	}
+	_, info, _, err := storage.GetInfo(ctx, key)
+	if err != nil {
+		return rootSnap{}, "", fmt.Errorf("root snapshot %q: %w", key, err)
+	}
+	if info.Kind != snapshots.KindActive {
+		return rootSnap{}, "", fmt.Errorf("snapshot %q is %s snapshot; only active snapshots (a container's rootfs) can be branched: %w", key, kindName(info.Kind), errdefs.ErrFailedPrecondition)
+	}
+	snap, err := storage.GetSnapshot(ctx, key)
+	if err != nil {
+		return rootSnap{}, "", fmt.Errorf("root snapshot %q: %w", key, err)
+	}
+	id := c.Branch
+	if id == "" {
+		id = branch.RootID
+	}
+	if fromUpper != "" {
+		if c.Branch != "" && c.Branch != fromUpper {
+			return rootSnap{}, "", fmt.Errorf("upper directory names branch %s but branch %s was asked for: %w", fromUpper, c.Branch, errdefs.ErrInvalidArgument)
+		}
+		id = fromUpper
+	}
+	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
+		return rootSnap{}, "", fmt.Errorf("branch id %q is not a number: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return rootSnap{key: key, snap: snap}, id, nil
+}
+
+// parseUpperdir checks that dir is the upper directory of a snapshot or of a
+// branch in this snapshotter's root, and returns the snapshot id and, for a
+// branch, its id. Only the lexical form is trusted: nothing is followed.
+func (s *Snapshotter) parseUpperdir(dir string) (snapID, branchID string, err error) {
+	bad := func(why string) (string, string, error) {
+		return "", "", fmt.Errorf("upper directory %q %s: %w", dir, why, errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+		return bad("must be an absolute, clean path")
+	}
+	rel, err := filepath.Rel(s.root, dir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return bad("is not inside the snapshotter root " + s.root)
+	}
+	parts := strings.Split(rel, "/")
+	isNum := func(p string) bool { _, err := strconv.ParseUint(p, 10, 64); return err == nil }
+	switch {
+	case len(parts) == 3 && parts[0] == "snapshots" && isNum(parts[1]) && parts[2] == "fs":
+		return parts[1], "", nil
+	case len(parts) == 4 && parts[0] == "branches" && isNum(parts[1]) && isNum(parts[2]) && parts[3] == "fs":
+		return parts[1], parts[2], nil
+	}
+	return bad("is not a snapshot's or a branch's upper directory")
+}
+
+func (s *Snapshotter) branchDir(rootID, id string) string {
+	return filepath.Join(s.root, "branches", rootID, id)
+}
+
+// contextUpper is the upper directory of a context: the root snapshot's
+// own, or a branch's.
+func (s *Snapshotter) contextUpper(rootID, id string) string {
+	if id == branch.RootID {
+		return s.upperPath(rootID)
+	}
+	return filepath.Join(s.branchDir(rootID, id), "fs")
+}
+
+// contextMounts returns the overlay mount of a context: its upper over its
+// ancestors' uppers over the root snapshot's own layers.
+func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
+	if id == branch.RootID {
+		m := s.mounts(r.snap)
+		if readonly {
+			m[0].Options = withReadonly(m[0].Options)
+		}
+		return m
+	}
+	lowers := make([]string, 0, t.Depth(id)+len(r.snap.ParentIDs))
+	for _, a := range t.Ancestors(id) {
+		lowers = append(lowers, s.contextUpper(r.id(), a))
+	}
+	for _, p := range r.snap.ParentIDs {
+		lowers = append(lowers, s.upperPath(p))
+	}
+	dir := s.branchDir(r.id(), id)
+	options := []string{
+		"workdir=" + filepath.Join(dir, "work"),
+		"upperdir=" + filepath.Join(dir, "fs"),
+		"lowerdir=" + strings.Join(lowers, ":"),
+	}
+	options = append(options, s.options...)
+	if readonly {
+		options = withReadonly(options)
+	}
+	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: options}}
+}
+
+// Fork makes count children of the context c over its current state and
+// seals c (its live mounts become read-only) until its last child ends.
+func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) (_ []BranchInfo, retErr error) {
+	if count < 1 || count > 1024 {
+		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
+	}
+	var (
+		r       rootSnap
+		parent  string
+		kids    []string
+		tree    *branch.Tree
+		created []string
+	)
+	// Resolve first, unlocked, to learn which root to lock.
+	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
+		r, parent, err = s.resolve(ctx, c)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	defer s.locks.lock(r.id())()
+	parentUpper := s.contextUpper(r.id(), parent)
+	live, err := liveMount(parentUpper)
+	if err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+
+	defer func() {
+		if retErr != nil {
+			for _, d := range created {
+				if err := os.RemoveAll(d); err != nil {
+					log.G(ctx).WithError(err).WithField("path", d).Warn("remove directory of failed fork; Cleanup will retry")
+				}
+			}
+		}
+	}()
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if r, parent, err = s.resolve(ctx, c); err != nil {
+			return err
+		}
+		if tree, err = loadTree(tx, r.id()); err != nil {
+			return err
+		}
+		if tree == nil {
+			tree = branch.NewTree(r.key, time.Now())
+		}
+		if tree.Depth(parent) >= maxDepth {
+			return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
+		}
+		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
+			return err
+		}
+		uid, gid, err := ownerOf(parentUpper)
+		if err != nil {
+			return err
+		}
+		for _, id := range kids {
+			dir := s.branchDir(r.id(), id)
+			created = append(created, dir)
+			if err := makeBranchDir(dir, uid, gid); err != nil {
+				return err
+			}
+		}
+		s.fault(FaultForkDirs)
+		// Only a mount that was writable is ours to seal and later unseal: a
+		// read-only rootfs stays read-only.
+		if live.target != "" && !live.readonly {
+			tree.Nodes[parent].SealedByUs = true
+		}
+		return storeTree(tx, r.id(), tree)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", c, err)
+	}
+	created = nil
+	s.fault(FaultForkCommitted)
+
+	if tree.Nodes[parent].SealedByUs && !live.readonly {
+		if err := remount(live.target, true); err != nil {
+			// Undo: the children never existed for anyone.
+			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
+				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
+			}
+			return nil, fmt.Errorf("fork %s: seal the parent: %w", c, err)
+		}
+	}
+	out := make([]BranchInfo, len(kids))
+	for i, id := range kids {
+		out[i] = BranchInfo{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
+	}
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
+	return out, nil
+}
+
+// maxDepth bounds how deep branches nest: each level is one more overlay
+// lower layer, and the kernel stacks at most 500.
+const maxDepth = 256
+
+// abortAll discards the given branches of r (used to undo a failed fork).
+func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) error {
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		tree, err := loadTree(tx, r.id())
+		if err != nil || tree == nil {
+			return err
+		}
+		for _, id := range ids {
+			if _, err := tree.Abort(id, time.Now()); err != nil && !errdefs.IsNotFound(err) {
+				return err
+			}
+		}
+		for id, n := range tree.Nodes {
+			if n.SealedByUs && !tree.Sealed(id) {
+				n.SealedByUs = false
+			}
+		}
+		return storeTree(tx, r.id(), tree)
+	})
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		s.removeBranchLayer(ctx, r.id(), id)
+	}
+	return nil
+}
+
+// CommitBranch makes branch c's changes its parent's. The first commit
+// into a parent wins: every sibling and its descendants become stale and
+// their layers are discarded. A parent that is mounted is changed through
+// its mount, so its running processes see the commit at once; one that is
+// not is mounted for the commit and unmounted after.
+//
+// The decision is one metadata transaction; from then on the commit is
+// carried through, by recovery after a crash if need be.
+func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
+	var (
+		r    rootSnap
+		id   string
+		plan branch.CommitPlan
+	)
+	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
+		r, id, err = s.resolve(ctx, c)
+		return err
+	}); err != nil {
+		return CommitResult{}, fmt.Errorf("commit: %w", err)
+	}
+	defer s.locks.lock(r.id())()
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if r, id, err = s.resolve(ctx, c); err != nil {
+			return err
+		}
+		tree, err := loadTree(tx, r.id())
+		if err != nil {
+			return err
+		}
+		if tree == nil {
+			tree = branch.NewTree(r.key, time.Now())
+		}
+		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
+			return err
+		}
+		return storeTree(tx, r.id(), tree)
+	})
+	if err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
+	}
+	s.fault(FaultCommitDecided)
+	// The losers go first: their processes must not keep writing into
+	// layers that are about to be discarded.
+	for _, l := range plan.Invalidated {
+		s.removeBranchLayer(ctx, r.id(), l)
+	}
+	if err := s.finishCommit(ctx, r, plan.Winner); err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; it will be completed on retry or restart): %w", c, plan.Epoch, err)
+	}
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
+	info, err := s.contextInfo(ctx, r, plan.Parent)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	return CommitResult{Plan: plan, Parent: info}, nil
+}
+
+// finishCommit applies a committing branch's layer to its parent and ends
+// the commit. It is idempotent: applying an upper layer to a tree that
+// already shows it changes nothing, so recovery may run it again.
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string) error {
+	var tree *branch.Tree
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		tree, err = loadTree(tx, r.id())
+		return err
+	}); err != nil {
+		return err
+	}
+	n := tree.Nodes[id]
+	if n == nil || n.State != branch.Committing {
+		return fmt.Errorf("branch %s is not being committed: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	parentUpper := s.contextUpper(r.id(), n.Parent)
+	upper := s.contextUpper(r.id(), id)
+	// A commit with the winner's own layer gone already finished applying.
+	if _, err := os.Lstat(upper); err == nil {
+		// Unmount the winner wherever the host sees it, then apply.
+		detachMounts(ctx, upper)
+		live, err := liveMount(parentUpper)
+		if err != nil {
+			return err
+		}
+		if live.target != "" {
+			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
+				if err := remount(live.target, false); err != nil {
+					return fmt.Errorf("unseal parent at %s: %w", live.target, err)
+				}
+			}
+			if err := s.applier(ctx, upper, live.target); err != nil {
+				return fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
+			}
+		} else if err := s.applyThroughTempMount(ctx, r, tree, n.Parent, upper); err != nil {
+			return err
+		}
+		s.fault(FaultCommitApplied)
+	}
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		t, err := loadTree(tx, r.id())
+		if err != nil {
+			return err
+		}
+		if err := t.FinishCommit(id, time.Now()); err != nil {
+			return err
+		}
+		if p := t.Nodes[n.Parent]; p != nil && !t.Sealed(p.ID) {
+			p.SealedByUs = false
+		}
+		return storeTree(tx, r.id(), t)
+	})
+	if err != nil {
+		return err
+	}
+	s.fault(FaultCommitFinished)
+	s.removeBranchLayer(ctx, r.id(), id)
+	return nil
+}
+
+// applyThroughTempMount mounts an unmounted context, applies upper through
+// that mount, and unmounts it.
+func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, id, upper string) (retErr error) {
+	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		return err
+	}
+	mounts := s.contextMounts(r, tree, id, false)
+	if err := mount.All(mounts, target); err != nil {
+		os.Remove(target)
+		return fmt.Errorf("mount parent for commit: %w", err)
+	}
+	defer func() {
+		if err := mount.UnmountAll(target, 0); err != nil && retErr == nil {
+			retErr = fmt.Errorf("unmount parent after commit: %w", err)
+		}
+		os.Remove(target)
+	}()
+	if err := s.applier(ctx, upper, target); err != nil {
+		return fmt.Errorf("apply to parent: %w", err)
+	}
+	return nil
+}
+
+// Abort discards branch c and its descendants. Its parent is unsealed when
+// its last child ends.
+func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
+	var (
+		r    rootSnap
+		id   string
+		gone []string
+		tree *branch.Tree
+	)
+	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
+		r, id, err = s.resolve(ctx, c)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("abort: %w", err)
+	}
+	defer s.locks.lock(r.id())()
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if r, id, err = s.resolve(ctx, c); err != nil {
+			return err
+		}
+		if tree, err = loadTree(tx, r.id()); err != nil {
+			return err
+		}
+		if tree == nil {
+			tree = branch.NewTree(r.key, time.Now())
+		}
+		n, err := tree.Get(id)
+		if err != nil {
+			return fmt.Errorf("abort: %w", err)
+		}
+		parent := n.Parent
+		if gone, err = tree.Abort(id, time.Now()); err != nil {
+			return err
+		}
+		// The last child of a sealed parent: unseal it before the abort
+		// commits. A crash in between leaves the parent writable with the
+		// child still recorded, which recovery seals again.
+		if p := tree.Nodes[parent]; p != nil && p.SealedByUs && !tree.Sealed(parent) {
+			if err := s.setSealed(ctx, s.contextUpper(r.id(), parent), false); err != nil {
+				return fmt.Errorf("unseal parent: %w", err)
+			}
+			p.SealedByUs = false
+		}
+		return storeTree(tx, r.id(), tree)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("abort %s: %w", c, err)
+	}
+	s.fault(FaultAbortDecided)
+	for _, g := range gone {
+		s.removeBranchLayer(ctx, r.id(), g)
+	}
+	s.fault(FaultAbortRemoved)
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "aborted": gone}).Info("aborted")
+	return gone, nil
+}
+
+// unsealIdle makes writable again every context of r that was sealed by a
+// fork and has no live children left.
+func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
+	idle := false
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		t, err := loadTree(tx, r.id())
+		if err != nil || t == nil {
+			return err
+		}
+		for id, n := range t.Nodes {
+			idle = idle || (n.SealedByUs && !t.Sealed(id))
+		}
+		return nil
+	}); err != nil || !idle {
+		return err
+	}
+	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		t, err := loadTree(tx, r.id())
+		if err != nil || t == nil {
+			return err
+		}
+		changed := false
+		for id, n := range t.Nodes {
+			if !n.SealedByUs || t.Sealed(id) {
+				continue
+			}
+			if err := s.setSealed(ctx, s.contextUpper(r.id(), id), false); err != nil {
+				return err
+			}
+			n.SealedByUs, changed = false, true
+		}
+		if !changed {
+			return nil
+		}
+		return storeTree(tx, r.id(), t)
+	})
+}
+
+// Tree returns the branch tree of a root snapshot: every context still
+// known, with its state, epoch, upper size and age.
+func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
+	var (
+		r     rootSnap
+		tree  *branch.Tree
+		ended []branch.Node
+	)
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if r, _, err = s.resolve(ctx, Context{Root: root}); err != nil {
+			return err
+		}
+		if tree, err = loadTree(tx, r.id()); err != nil {
+			return err
+		}
+		ended, err = tombstones(tx, r.id())
+		return err
+	})
+	if err != nil {
+		return TreeInfo{}, fmt.Errorf("tree: %w", err)
+	}
+	if tree == nil {
+		tree = branch.NewTree(r.key, time.Time{})
+	}
+	tree.SetTombstones(nil)
+	out := TreeInfo{Root: r.key}
+	ids := make([]string, 0, len(tree.Nodes))
+	for id := range tree.Nodes {
+		ids = append(ids, id)
+	}
+	sortNumeric(ids)
+	for _, id := range ids {
+		out.Nodes = append(out.Nodes, s.describe(ctx, r, tree, id))
+	}
+	for _, n := range ended {
+		out.Nodes = append(out.Nodes, BranchInfo{Node: n})
+	}
+	sort.SliceStable(out.Nodes, func(i, j int) bool { return numLess(out.Nodes[i].ID, out.Nodes[j].ID) })
+	return out, nil
+}
+
+// BranchMounts returns the mounts of a context. A sealed context's mounts
+// are read-only: its layer is its children's lower.
+func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Mount, error) {
+	var out []mount.Mount
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		r, id, err := s.resolve(ctx, c)
+		if err != nil {
+			return err
+		}
+		tree, err := loadTree(tx, r.id())
+		if err != nil {
+			return err
+		}
+		if tree == nil {
+			tree = branch.NewTree(r.key, time.Time{})
+		}
+		if _, err := tree.Get(id); err != nil {
+			return err
+		}
+		out = s.contextMounts(r, tree, id, tree.Sealed(id))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mounts of %s: %w", c, err)
+	}
+	return out, nil
+}
+
+func (s *Snapshotter) contextInfo(ctx context.Context, r rootSnap, id string) (BranchInfo, error) {
+	var tree *branch.Tree
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		tree, err = loadTree(tx, r.id())
+		return err
+	})
+	if err != nil {
+		return BranchInfo{}, err
+	}
+	return s.describe(ctx, r, tree, id), nil
+}
+
+func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string) BranchInfo {
+	n := tree.Nodes[id]
+	info := BranchInfo{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
+	if n.State == branch.Live || n.State == branch.Committing {
+		if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
+			info.UpperSize, info.UpperInodes = du.Size, du.Inodes
+		}
+		if n.State == branch.Live {
+			info.Mounts = s.contextMounts(r, tree, id, info.Sealed)
+		}
+	}
+	return info
+}
+
+// removeBranchLayer detaches every host mount of a branch's layer and
+// removes its directory. Failures are logged: Cleanup removes whatever a
+// branch no longer owns.
+func (s *Snapshotter) removeBranchLayer(ctx context.Context, rootID, id string) {
+	dir := s.branchDir(rootID, id)
+	detachMounts(ctx, filepath.Join(dir, "fs"))
+	if err := os.RemoveAll(dir); err != nil {
+		log.G(ctx).WithError(err).WithField("path", dir).Warn("remove branch layer; Cleanup will retry")
+	}
+}
+
+func (s *Snapshotter) setSealed(ctx context.Context, upper string, sealed bool) error {
+	live, err := liveMount(upper)
+	if err != nil || live.target == "" || live.readonly == sealed {
+		return err
+	}
+	if err := remount(live.target, sealed); err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"mount": live.target, "sealed": sealed}).Debug("seal changed")
+	return nil
+}
+
+func makeBranchDir(dir string, uid, gid int) error {
+	if err := os.MkdirAll(filepath.Join(dir, "fs"), 0o755); err != nil {
+		return fmt.Errorf("create branch layer: %w", err)
+	}
+	if err := os.Lchown(filepath.Join(dir, "fs"), uid, gid); err != nil {
+		return fmt.Errorf("chown branch layer: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "work"), 0o711); err != nil {
+		return fmt.Errorf("create branch work directory: %w", err)
+	}
+	return nil
+}
+
+// recoverBranches finishes what a crash interrupted: commits that were
+// decided are carried through, and every sealed context is made to match
+// its children again. Orphaned layers go with Cleanup.
+func (s *Snapshotter) recoverBranches(ctx context.Context) error {
+	var trees map[string]*branch.Tree
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		trees, err = allTrees(tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	for rootID, t := range trees {
+		var r rootSnap
+		err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+			r, _, err = s.resolve(ctx, Context{Root: Root{Key: t.Root}})
+			return err
+		})
+		if err != nil || r.id() != rootID {
+			log.G(ctx).WithError(err).WithField("root", t.Root).Warn("branch tree without its root snapshot; removing it")
+			if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error { return deleteTree(tx, rootID) }); err != nil {
+				return err
+			}
+			continue
+		}
+		for _, id := range t.Committing() {
+			log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
+			if err := s.finishCommit(ctx, r, id); err != nil {
+				return fmt.Errorf("complete commit of branch %s of %q: %w", id, t.Root, err)
+			}
+		}
+		if err := s.resealAll(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resealAll makes every context of r that a fork sealed match its
+// children again: read-only while it has some, writable once it has none.
+func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
+	var t *branch.Tree
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		t, err = loadTree(tx, r.id())
+		return err
+	}); err != nil || t == nil {
+		return err
+	}
+	for id, n := range t.Nodes {
+		if n.SealedByUs && t.Sealed(id) {
+			if err := s.setSealed(ctx, s.contextUpper(r.id(), id), true); err != nil {
+				return err
+			}
+		}
+	}
+	return s.unsealIdle(ctx, r)
+}
+
+// orphanBranchDirectories lists branch layers that no tree owns, and
+// temporary commit mounts left by a crash.
+func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, ids map[string]string) ([]string, error) {
+	trees, err := allTrees(tx)
+	if err != nil {
+		return nil, err
+	}
+	var orphans []string
+	base := filepath.Join(s.root, "branches")
+	roots, err := os.ReadDir(base)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, rd := range roots {
+		t, ok := trees[rd.Name()]
+		if _, live := ids[rd.Name()]; !ok || !live {
+			orphans = append(orphans, filepath.Join(base, rd.Name()))
+			continue
+		}
+		layered := map[string]bool{}
+		for _, id := range t.Layered() {
+			layered[id] = true
+		}
+		entries, err := os.ReadDir(filepath.Join(base, rd.Name()))
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			if !layered[e.Name()] {
+				orphans = append(orphans, filepath.Join(base, rd.Name(), e.Name()))
+			}
+		}
+	}
+	for _, o := range orphans {
+		detachMountsUsing(ctx, o)
+	}
+	return orphans, nil
+}
+
+// withReadonly returns options with "rw" dropped and "ro" added.
+func withReadonly(options []string) []string {
+	out := make([]string, 0, len(options)+1)
+	for _, o := range options {
+		if o != "rw" && o != "ro" {
+			out = append(out, o)
+		}
+	}
+	return append(out, "ro")
+}
+
+// cleanTempMounts unmounts and removes the temporary commit mounts a crash
+// left behind. Only at start: while serving, a commit may be using one.
+func (s *Snapshotter) cleanTempMounts(ctx context.Context) error {
+	mnt := filepath.Join(s.root, "mnt")
+	entries, err := os.ReadDir(mnt)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, e := range entries {
+		p := filepath.Join(mnt, e.Name())
+		if err := mount.UnmountAll(p, 0); err != nil {
+			return fmt.Errorf("unmount leftover commit mount %s: %w", p, err)
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+		log.G(ctx).WithField("path", p).Info("removed leftover commit mount")
+	}
+	return nil
+}
+
+func ownerOf(path string) (int, int, error) {
+	var st syscallStat
+	if err := lstat(path, &st); err != nil {
+		return 0, 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return int(st.Uid), int(st.Gid), nil
+}
+
+func sortNumeric(ids []string) {
+	sort.Slice(ids, func(i, j int) bool { return numLess(ids[i], ids[j]) })
+}
+
+func numLess(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
+}
+
+func (c Context) String() string {
+	if c.Branch == "" || c.Branch == branch.RootID {
+		return "root snapshot " + c.Root.String()
+	}
+	return "branch " + c.Branch + " of " + c.Root.String()
+}
+
+func getSnapshot(ctx context.Context, key string) (storage.Snapshot, error) {
+	return storage.GetSnapshot(ctx, key)
+}

@@ -1,0 +1,137 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+type syscallStat = unix.Stat_t
+
+func lstat(path string, st *unix.Stat_t) error { return unix.Lstat(path, st) }
+
+// liveMountInfo is where the host sees an overlay with a given upper.
+type liveMountInfo struct {
+	target   string // a mount point of it; "" if not mounted
+	readonly bool   // the superblock is read-only
+	options  string // per-mount options of that mount point
+}
+
+// liveMount finds the overlay mounted (in this mount namespace) with upper
+// as its upper directory. An upper is in use by at most one overlay
+// superblock, so the first mount point found speaks for all of them.
+func liveMount(upper string) (liveMountInfo, error) {
+	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
+	if err != nil {
+		return liveMountInfo{}, fmt.Errorf("read mountinfo: %w", err)
+	}
+	for _, m := range infos {
+		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+			return liveMountInfo{target: m.Mountpoint, readonly: hasMountOpt(m.VFSOptions, "ro"), options: m.Options}, nil
+		}
+	}
+	return liveMountInfo{}, nil
+}
+
+func hasMountOpt(opts, want string) bool {
+	for _, o := range strings.Split(opts, ",") {
+		if o == want {
+			return true
+		}
+	}
+	return false
+}
+
+// remount makes the overlay superblock mounted at target read-only or
+// writable. Changing the superblock, not the mount, reaches every mount of
+// it at once, including the container's own root in its mount namespace.
+// The per-mount flags are passed back unchanged, since a remount resets them.
+func remount(target string, readonly bool) error {
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+	if err != nil || len(infos) == 0 {
+		return fmt.Errorf("find mount %s: %v: %w", target, err, errdefs.ErrNotFound)
+	}
+	flags := uintptr(unix.MS_REMOUNT)
+	for _, o := range strings.Split(infos[0].Options, ",") {
+		switch o {
+		case "nosuid":
+			flags |= unix.MS_NOSUID
+		case "nodev":
+			flags |= unix.MS_NODEV
+		case "noexec":
+			flags |= unix.MS_NOEXEC
+		case "noatime":
+			flags |= unix.MS_NOATIME
+		case "nodiratime":
+			flags |= unix.MS_NODIRATIME
+		case "relatime":
+			flags |= unix.MS_RELATIME
+		case "strictatime":
+			flags |= unix.MS_STRICTATIME
+		}
+	}
+	if readonly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		if err == unix.EBUSY && readonly {
+			return fmt.Errorf("remount %s read-only: a file is open for writing on it (close it, or freeze the processes instead): %w", target, errdefs.ErrFailedPrecondition)
+		}
+		return fmt.Errorf("remount %s (read-only: %v): %w", target, readonly, err)
+	}
+	return nil
+}
+
+// detachMounts lazily unmounts every overlay whose upper is upper.
+func detachMounts(ctx context.Context, upper string) {
+	detachMatching(ctx, func(m *mountinfo.Info) bool {
+		return m.FSType == "overlay" && hasMountOpt(m.VFSOptions, "upperdir="+upper)
+	})
+}
+
+// detachMountsUsing lazily unmounts everything mounted below dir and every
+// overlay whose upper lies below dir.
+func detachMountsUsing(ctx context.Context, dir string) {
+	dir = filepath.Clean(dir)
+	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	detachMatching(ctx, func(m *mountinfo.Info) bool {
+		if under(m.Mountpoint) {
+			return true
+		}
+		if m.FSType != "overlay" {
+			return false
+		}
+		for _, o := range strings.Split(m.VFSOptions, ",") {
+			if p, ok := strings.CutPrefix(o, "upperdir="); ok && under(p) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func detachMatching(ctx context.Context, match func(*mountinfo.Info) bool) {
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (bool, bool) { return !match(m), false })
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("read mountinfo")
+		return
+	}
+	// Deepest first, so nested mounts go before their parents.
+	sort.Slice(infos, func(i, j int) bool { return len(infos[i].Mountpoint) > len(infos[j].Mountpoint) })
+	for _, m := range infos {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			log.G(ctx).WithError(err).WithField("mount", m.Mountpoint).Warn("detach mount of a discarded layer")
+			continue
+		}
+		log.G(ctx).WithField("mount", m.Mountpoint).Debug("detached mount of a discarded layer")
+	}
+}

@@ -1,0 +1,131 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"errors"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// branchService serves the branch API over a Snapshotter.
+type branchService struct {
+	branchv1.UnimplementedBranchesServer
+	s *Snapshotter
+}
+
+// NewBranchService returns the gRPC branch service of s.
+func NewBranchService(s *Snapshotter) branchv1.BranchesServer {
+	return &branchService{s: s}
+}
+
+func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
+	kids, err := b.s.Fork(ctx, contextFromProto(req.GetParent()), int(req.GetCount()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	resp := &branchv1.ForkResponse{}
+	for _, k := range kids {
+		resp.Branches = append(resp.Branches, infoToProto(k))
+	}
+	return resp, nil
+}
+
+func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest) (*branchv1.CommitResponse, error) {
+	res, err := b.s.CommitBranch(ctx, contextFromProto(req.GetBranch()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.CommitResponse{Parent: infoToProto(res.Parent), Invalidated: res.Plan.Invalidated}, nil
+}
+
+func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
+	gone, err := b.s.Abort(ctx, contextFromProto(req.GetBranch()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.AbortResponse{Aborted: gone}, nil
+}
+
+func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*branchv1.TreeResponse, error) {
+	t, err := b.s.Tree(ctx, rootFromProto(req.GetRoot()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	resp := &branchv1.TreeResponse{Root: t.Root}
+	for _, n := range t.Nodes {
+		resp.Nodes = append(resp.Nodes, infoToProto(n))
+	}
+	return resp, nil
+}
+
+func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest) (*branchv1.MountsResponse, error) {
+	m, err := b.s.BranchMounts(ctx, contextFromProto(req.GetContext()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.MountsResponse{Mounts: mountsToProto(m)}, nil
+}
+
+// toGRPC carries a stale error's winner and epoch as status details, so
+// clients get a StaleError back rather than only its text.
+func toGRPC(err error) error {
+	var se *branch.StaleError
+	if errors.As(err, &se) {
+		st, derr := status.New(codes.Aborted, err.Error()).WithDetails(&branchv1.StaleDetail{
+			Branch: se.Branch, Winner: se.Winner, WinnerEpoch: se.WinnerEpoch,
+		})
+		if derr == nil {
+			return st.Err()
+		}
+	}
+	return errgrpc.ToGRPC(err)
+}
+
+func rootFromProto(r *branchv1.Root) Root {
+	return Root{Key: r.GetKey(), Upperdir: r.GetUpperdir()}
+}
+
+func contextFromProto(c *branchv1.Context) Context {
+	return Context{Root: rootFromProto(c.GetRoot()), Branch: c.GetBranch()}
+}
+
+func mountsToProto(ms []mount.Mount) []*branchv1.Mount {
+	out := make([]*branchv1.Mount, len(ms))
+	for i, m := range ms {
+		out[i] = &branchv1.Mount{Type: m.Type, Source: m.Source, Options: m.Options}
+	}
+	return out
+}
+
+func infoToProto(i BranchInfo) *branchv1.Branch {
+	b := &branchv1.Branch{
+		Id:          i.ID,
+		Parent:      i.Parent,
+		State:       branch.StateToProto(i.State),
+		Epoch:       i.Epoch,
+		ForkEpoch:   i.ForkEpoch,
+		Winner:      i.Winner,
+		WinnerEpoch: i.WinnerEpoch,
+		UpperSize:   i.UpperSize,
+		UpperInodes: i.UpperInodes,
+		Sealed:      i.Sealed,
+		Children:    i.Children,
+		Mounts:      mountsToProto(i.Mounts),
+	}
+	if !i.Created.IsZero() {
+		b.Created = timestamppb.New(i.Created)
+	}
+	if !i.Ended.IsZero() {
+		b.Ended = timestamppb.New(i.Ended)
+	}
+	return b
+}
