@@ -129,6 +129,12 @@ func Scan(root string) (Tree, error) {
 		}
 	}
 	for _, ps := range groups {
+		// A lone path is no structure inside the tree: its other links
+		// are elsewhere (or, in an overlay's merged view, are names a
+		// whiteout hides, which overlay still counts in st_nlink).
+		if len(ps) < 2 {
+			continue
+		}
 		sort.Strings(ps)
 		for _, p := range ps {
 			t[p].Leader = ps[0]
