@@ -88,6 +88,9 @@ func TestDaemonFlags(t *testing.T) {
 // releasing the root for the next instance, which still has the snapshots.
 func TestDaemonSIGTERM(t *testing.T) {
 	ctx, env := startEnv(t)
+	if b, err := os.ReadFile(filepath.Join(env.SnapshotterRoot, "address")); err != nil || strings.TrimSpace(string(b)) != env.SnapshotterAddress {
+		t.Fatalf("address file holds %q (%v), want %s", b, err, env.SnapshotterAddress)
+	}
 	sn := dialSnapshotter(t, env)
 	if _, err := sn.Prepare(ctx, "kept", ""); err != nil {
 		t.Fatal(err)
@@ -97,6 +100,9 @@ func TestDaemonSIGTERM(t *testing.T) {
 	}
 	if _, err := os.Stat(env.SnapshotterAddress); !os.IsNotExist(err) {
 		t.Fatalf("socket left after SIGTERM (stat: %v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(env.SnapshotterRoot, "address")); !os.IsNotExist(err) {
+		t.Fatalf("address file left after SIGTERM (stat: %v)", err)
 	}
 	if !strings.Contains(env.Log("snapshotter"), "draining") {
 		t.Errorf("no drain logged:\n%s", env.Log("snapshotter"))

@@ -133,6 +133,25 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	return s, nil
 }
 
+// AddressFile, inside the snapshotter's root, holds the unix socket path the
+// daemon serves on, so that whoever holds an upper directory (a shim) can
+// find the branch API: the root is three levels above any snapshot's upper.
+const AddressFile = "address"
+
+// RootOfUpper returns the snapshotter root an upper directory
+// (<root>/snapshots/<id>/fs or <root>/branches/<root id>/<id>/fs) lies in.
+func RootOfUpper(upper string) (string, error) {
+	upper = filepath.Clean(upper)
+	parts := strings.Split(upper, "/")
+	switch {
+	case len(parts) > 3 && parts[len(parts)-3] == "snapshots" && parts[len(parts)-1] == "fs":
+		return strings.Join(parts[:len(parts)-3], "/"), nil
+	case len(parts) > 4 && parts[len(parts)-4] == "branches" && parts[len(parts)-1] == "fs":
+		return strings.Join(parts[:len(parts)-4], "/"), nil
+	}
+	return "", fmt.Errorf("%s is not an upper directory of the branch snapshotter: %w", upper, errdefs.ErrInvalidArgument)
+}
+
 // Root returns the directory the snapshotter owns.
 func (s *Snapshotter) Root() string { return s.root }
 

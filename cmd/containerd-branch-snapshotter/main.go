@@ -102,6 +102,15 @@ func run(ctx context.Context, root, address string) error {
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
 	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
 
+	// A shim knows a sandbox's rootfs only by its upper directory, inside
+	// root: this file tells it where the branch API is served.
+	addrFile := filepath.Join(root, snapshotter.AddressFile)
+	if err := os.WriteFile(addrFile, []byte(address+"\n"), 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("record address in %s: %w", addrFile, err)
+	}
+	defer os.Remove(addrFile)
+
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.G(ctx).WithFields(log.Fields{"root": root, "address": address}).Info("serving branch snapshotter")
