@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -51,27 +52,120 @@ func benchBase(b *testing.B, ctx context.Context, sn snapshots.Snapshotter, file
 	return "base"
 }
 
+// fixtures keeps the expensive benchmark set-ups (trees of up to 100,000
+// files) for the whole test binary: the benchmark framework calls each
+// benchmark function several times while it sizes b.N.
+type fixtures struct {
+	mu       sync.Mutex
+	dir      string
+	cleanups []func()
+	items    map[string]any
+}
+
+var benchFixtures fixtures
+
+// get returns the fixture named key, making it with mk on first use; mk
+// registers its own cleanup with add.
+func (f *fixtures) get(b *testing.B, key string, mk func(dir string, add func(func())) (any, error)) any {
+	b.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v, ok := f.items[key]; ok {
+		return v
+	}
+	if f.items == nil {
+		f.items = map[string]any{}
+		d, err := os.MkdirTemp("", "branch-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.dir = d
+	}
+	dir, err := os.MkdirTemp(f.dir, "f-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := mk(dir, func(fn func()) { f.cleanups = append(f.cleanups, fn) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.items[key] = v
+	return v
+}
+
+func (f *fixtures) close() {
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
+	if f.dir != "" {
+		os.RemoveAll(f.dir)
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	benchFixtures.close()
+	os.Exit(code)
+}
+
+type sandboxFixture struct {
+	s    *Snapshotter
+	root Context
+}
+
 // benchSandbox is a mounted root snapshot over a base of files, as a
 // running container's rootfs would be.
-func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, Context, string) {
+func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, Context) {
 	b.Helper()
 	requireRoot(b)
-	s, err := New(ctx, b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	base := benchBase(b, ctx, s, files)
-	m, err := s.Prepare(ctx, "sandbox", base)
-	if err != nil {
-		b.Fatal(err)
-	}
-	target := b.TempDir()
-	if err := mount.All(m, target); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { mount.UnmountAll(target, unix.MNT_DETACH) })
-	return s, Context{Root: Root{Key: "sandbox"}}, target
+	v := benchFixtures.get(b, fmt.Sprintf("sandbox-%d", files), func(dir string, add func(func())) (any, error) {
+		s, err := New(ctx, filepath.Join(dir, "root"))
+		if err != nil {
+			return nil, err
+		}
+		add(func() { s.Close() })
+		base := benchBase(b, ctx, s, files)
+		m, err := s.Prepare(ctx, "sandbox", base)
+		if err != nil {
+			return nil, err
+		}
+		target := filepath.Join(dir, "mnt")
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return nil, err
+		}
+		if err := mount.All(m, target); err != nil {
+			return nil, err
+		}
+		add(func() { mount.UnmountAll(target, unix.MNT_DETACH) })
+		return sandboxFixture{s: s, root: Context{Root: Root{Key: "sandbox"}}}, nil
+	}).(sandboxFixture)
+	return v.s, v.root
+}
+
+// overlayBase is containerd's overlayfs snapshotter with the same base.
+func overlayBase(b *testing.B, ctx context.Context, files int) (snapshots.Snapshotter, string) {
+	b.Helper()
+	requireRoot(b)
+	sn := benchFixtures.get(b, fmt.Sprintf("overlay-%d", files), func(dir string, add func(func())) (any, error) {
+		sn, err := overlay.NewSnapshotter(dir)
+		if err != nil {
+			return nil, err
+		}
+		add(func() { sn.Close() })
+		benchBase(b, ctx, sn, files)
+		return sn, nil
+	}).(snapshots.Snapshotter)
+	return sn, "base"
+}
+
+// plainTree is a directory of files, for cp -a.
+func plainTree(b *testing.B, files int) string {
+	b.Helper()
+	return benchFixtures.get(b, fmt.Sprintf("plain-%d", files), func(dir string, _ func(func())) (any, error) {
+		makeTree(b, dir, files)
+		unix.Sync()
+		return dir, nil
+	}).(string)
 }
 
 // BenchmarkFork: fork of one child of a mounted, running sandbox rootfs, by
@@ -83,13 +177,7 @@ func BenchmarkFork(b *testing.B) {
 		b.Run(fmt.Sprintf("files=%d", files), func(b *testing.B) {
 			b.Run("impl=branch", func(b *testing.B) { benchFork(b, ctx, files, 1) })
 			b.Run("impl=overlayfs", func(b *testing.B) {
-				requireRoot(b)
-				sn, err := overlay.NewSnapshotter(b.TempDir())
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer sn.Close()
-				base := benchBase(b, ctx, sn, files)
+				sn, base := overlayBase(b, ctx, files)
 				i := 0
 				for b.Loop() {
 					key := fmt.Sprintf("c%d", i)
@@ -105,8 +193,7 @@ func BenchmarkFork(b *testing.B) {
 				}
 			})
 			b.Run("impl=cp-a", func(b *testing.B) {
-				src := b.TempDir()
-				makeTree(b, src, files)
+				src := plainTree(b, files)
 				dst := filepath.Join(b.TempDir(), "copy")
 				for b.Loop() {
 					if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
@@ -133,7 +220,7 @@ func BenchmarkForkEight(b *testing.B) {
 // benchFork forks n children of a mounted sandbox per iteration and aborts
 // them untimed, reporting the time per child too.
 func benchFork(b *testing.B, ctx context.Context, files, n int) {
-	s, root, _ := benchSandbox(b, ctx, files)
+	s, root := benchSandbox(b, ctx, files)
 	for b.Loop() {
 		kids, err := s.Fork(ctx, root, n)
 		if err != nil {
@@ -182,7 +269,7 @@ func BenchmarkCommit(b *testing.B) {
 	for _, sz := range commitSizes {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			b.Run("impl=branch", func(b *testing.B) {
-				s, root, _ := benchSandbox(b, ctx, 10000)
+				s, root := benchSandbox(b, ctx, 10000)
 				for b.Loop() {
 					b.StopTimer()
 					kids, err := s.Fork(ctx, root, 1)
@@ -218,7 +305,7 @@ func BenchmarkCommit(b *testing.B) {
 func BenchmarkAbort(b *testing.B) {
 	ctx := context.Background()
 	b.Run("impl=branch", func(b *testing.B) {
-		s, root, _ := benchSandbox(b, ctx, 10000)
+		s, root := benchSandbox(b, ctx, 10000)
 		for b.Loop() {
 			b.StopTimer()
 			kids, err := s.Fork(ctx, root, 1)
@@ -233,13 +320,7 @@ func BenchmarkAbort(b *testing.B) {
 		}
 	})
 	b.Run("impl=overlayfs", func(b *testing.B) {
-		requireRoot(b)
-		sn, err := overlay.NewSnapshotter(b.TempDir())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer sn.Close()
-		base := benchBase(b, ctx, sn, 10000)
+		sn, base := overlayBase(b, ctx, 10000)
 		i := 0
 		for b.Loop() {
 			b.StopTimer()
