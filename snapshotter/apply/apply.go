@@ -96,7 +96,14 @@ type applier struct {
 //
 // Target must be a merged view (an overlay mount, or a plain directory that
 // is not a lower of anything): whiteouts become unlinks in target, so on an
-// overlay mount they become the overlay's own whiteouts.
+// overlay mount they become the overlay's own whiteouts. To commit into a
+// parent that is not mounted, mount it (temporarily) and pass the mount: a
+// raw upper directory as target would lose deletions of lower entries.
+//
+// Copied: content (holes kept), mode, owner, atime/mtime, user.* and
+// security.* xattrs, symlink text, device numbers, hard links among upper's
+// entries. Not copied: trusted.* (overlay's private xattrs among them) and
+// system.* xattrs (POSIX ACLs), file attributes (chattr flags).
 //
 // Apply is not atomic as a whole: each entry is replaced atomically (created
 // under a TempPrefix name, then renamed), and on error target is left part
