@@ -84,6 +84,9 @@ type applier struct {
 	tmpBase string
 	tmpSeq  int
 	buf     []byte
+	// noCFR remembers that copy_file_range refused this pair of
+	// filesystems (upper's and the mount's), to skip the try next time.
+	noCFR bool
 }
 
 // Apply makes the tree at target (a directory: normally the mount point of
@@ -93,7 +96,14 @@ type applier struct {
 //
 // Target must be a merged view (an overlay mount, or a plain directory that
 // is not a lower of anything): whiteouts become unlinks in target, so on an
-// overlay mount they become the overlay's own whiteouts.
+// overlay mount they become the overlay's own whiteouts. To commit into a
+// parent that is not mounted, mount it (temporarily) and pass the mount: a
+// raw upper directory as target would lose deletions of lower entries.
+//
+// Copied: content (holes kept), mode, owner, atime/mtime, user.* and
+// security.* xattrs, symlink text, device numbers, hard links among upper's
+// entries. Not copied: trusted.* (overlay's private xattrs among them) and
+// system.* xattrs (POSIX ACLs), file attributes (chattr flags).
 //
 // Apply is not atomic as a whole: each entry is replaced atomically (created
 // under a TempPrefix name, then renamed), and on error target is left part
@@ -480,13 +490,16 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 			return fail(rel, "create target file", err)
 		}
 		defer unix.Close(dst)
-		n, err := a.copyData(src, dst, st.Size)
+		n, end, err := a.copyData(src, dst, st.Size)
 		if err != nil {
 			return fail(rel, "copy data", err)
 		}
 		a.stats.Bytes += n
-		if err := unix.Ftruncate(dst, st.Size); err != nil {
-			return fail(rel, "truncate", err)
+		// A trailing hole (or an upper file that shrank) needs the size set.
+		if end != st.Size {
+			if err := unix.Ftruncate(dst, st.Size); err != nil {
+				return fail(rel, "truncate", err)
+			}
 		}
 		// chown clears setuid bits and security.capability, so it comes
 		// first; times come last since every other change moves ctime only.
@@ -508,9 +521,9 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 	})
 }
 
-// copyData copies the data extents of src to dst, leaving holes as holes.
-func (a *applier) copyData(src, dst int, size int64) (int64, error) {
-	var copied int64
+// copyData copies the data extents of src to dst, leaving holes as holes,
+// and returns the bytes copied and the end of the last one.
+func (a *applier) copyData(src, dst int, size int64) (copied, end int64, err error) {
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(src, off, unix.SEEK_DATA)
 		if err == unix.ENXIO {
@@ -530,18 +543,22 @@ func (a *applier) copyData(src, dst int, size int64) (int64, error) {
 		}
 		n, err := a.copyRange(src, dst, data, hole-data)
 		copied += n
+		end = data + n
 		if err != nil {
-			return copied, err
+			return copied, end, err
 		}
 		if n < hole-data {
 			break // upper file shrank under us: stop at its end
 		}
 		off = hole
 	}
-	return copied, nil
+	return copied, end, nil
 }
 
 func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
+	if a.noCFR {
+		return a.copyRW(src, dst, off, n)
+	}
 	var done int64
 	for done < n {
 		roff, woff := off+done, off+done
@@ -550,6 +567,7 @@ func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 			continue
 		}
 		if err == unix.EXDEV || err == unix.EINVAL || err == unix.EOPNOTSUPP || err == unix.ENOSYS {
+			a.noCFR = true
 			m, err := a.copyRW(src, dst, off+done, n-done)
 			return done + m, err
 		}
