@@ -9,13 +9,13 @@ cd "$(dirname "$0")/.."
 export BRANCHBOX_BIN=${BRANCHBOX_BIN:-$PWD/bin}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pkgs=(snapshotter integration)
+pkgs=(snapshotter snapshotter/apply integration)
 for p in "${pkgs[@]}"; do
-	go test -c -o "$tmp/$p.test" "./$p/"
+	go test -c -o "$tmp/${p//\//-}.test" "./$p/"
 done
 for i in $(seq "${BENCH_COUNT:-10}"); do
 	for p in "${pkgs[@]}"; do
-		(cd "$p" && "$tmp/$p.test" -test.run '^$' -test.bench . -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >>"$tmp/out"
+		(cd "$p" && "$tmp/${p//\//-}.test" -test.run '^$' -test.bench . -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >>"$tmp/out"
 	done
 	echo "round $i/${BENCH_COUNT:-10} done" >&2
 done

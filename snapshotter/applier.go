@@ -10,10 +10,14 @@ import (
 	"github.com/branchbox/branchbox/snapshotter/apply"
 )
 
-// applyLayer is the default commit engine: it makes target show upper
-// over its own contents, never leaving either tree.
-func applyLayer(ctx context.Context, upper, target string) error {
-	st, err := apply.Apply(ctx, upper, target)
+// applyLayer makes target show upper over its own contents, never leaving
+// either tree. resume removes the temporaries of an attempt cut short.
+func applyLayer(ctx context.Context, upper, target string, resume bool) error {
+	var opts []apply.Opt
+	if resume {
+		opts = append(opts, apply.WithStaleTempRemoval())
+	}
+	st, err := apply.Apply(ctx, upper, target, opts...)
 	if err != nil {
 		return err
 	}

@@ -107,12 +107,6 @@ func WithFaultHook(hook func(point string)) Opt {
 	return func(c *config) { c.fault = hook }
 }
 
-// WithApplier replaces the engine that applies a branch's upper layer to
-// its parent's tree (tests only).
-func WithApplier(fn func(ctx context.Context, upper, target string) error) Opt {
-	return func(c *config) { c.applier = fn }
-}
-
 // rootLocks serialises the filesystem phases of branch operations per root
 // snapshot; the metadata transactions serialise the decisions themselves.
 type rootLocks struct {
@@ -597,9 +591,10 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // carried through, by recovery after a crash if need be.
 func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
 	var (
-		r    rootSnap
-		id   string
-		plan branch.CommitPlan
+		r      rootSnap
+		id     string
+		plan   branch.CommitPlan
+		resume bool
 	)
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
@@ -619,6 +614,12 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		if tree == nil {
 			tree = branch.NewTree(r.key, time.Now())
 		}
+		// A commit that was decided but failed to finish is resumed.
+		if n := tree.Nodes[id]; n != nil && n.State == branch.Committing {
+			resume = true
+			plan = branch.CommitPlan{Winner: id, Parent: n.Parent, Epoch: n.WinnerEpoch}
+			return nil
+		}
 		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
 			return err
 		}
@@ -633,8 +634,8 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	for _, l := range plan.Invalidated {
 		s.removeBranchLayer(ctx, r.id(), l)
 	}
-	if err := s.finishCommit(ctx, r, plan.Winner); err != nil {
-		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; it will be completed on retry or restart): %w", c, plan.Epoch, err)
+	if err := s.finishCommit(ctx, r, plan.Winner, resume); err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
 	info, err := s.contextInfo(ctx, r, plan.Parent)
@@ -646,8 +647,9 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 
 // finishCommit applies a committing branch's layer to its parent and ends
 // the commit. It is idempotent: applying an upper layer to a tree that
-// already shows it changes nothing, so recovery may run it again.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string) error {
+// already shows it changes nothing, so recovery may run it again. resume
+// says an earlier attempt may have been cut short, leaving temporaries.
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool) error {
 	var tree *branch.Tree
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		tree, err = loadTree(tx, r.id())
@@ -675,10 +677,10 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string) e
 					return fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
-			if err := s.applier(ctx, upper, live.target); err != nil {
+			if err := applyLayer(ctx, upper, live.target, resume); err != nil {
 				return fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
-		} else if err := s.applyThroughTempMount(ctx, r, tree, n.Parent, upper); err != nil {
+		} else if err := s.applyThroughTempMount(ctx, r, tree, n.Parent, upper, resume); err != nil {
 			return err
 		}
 		s.fault(FaultCommitApplied)
@@ -706,7 +708,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string) e
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, id, upper string) (retErr error) {
+func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, id, upper string, resume bool) (retErr error) {
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {
 		return err
@@ -722,7 +724,7 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 		}
 		os.Remove(target)
 	}()
-	if err := s.applier(ctx, upper, target); err != nil {
+	if err := applyLayer(ctx, upper, target, resume); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil
@@ -980,7 +982,7 @@ func (s *Snapshotter) recoverBranches(ctx context.Context) error {
 		}
 		for _, id := range t.Committing() {
 			log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
-			if err := s.finishCommit(ctx, r, id); err != nil {
+			if err := s.finishCommit(ctx, r, id, true); err != nil {
 				return fmt.Errorf("complete commit of branch %s of %q: %w", id, t.Root, err)
 			}
 		}

@@ -39,7 +39,6 @@ type Snapshotter struct {
 	options   []string
 	locks     rootLocks
 	faultHook func(point string)
-	applier   func(ctx context.Context, upper, target string) error
 }
 
 var (
@@ -53,7 +52,6 @@ type Opt func(*config)
 type config struct {
 	mountOptions []string
 	fault        func(point string)
-	applier      func(ctx context.Context, upper, target string) error
 }
 
 // WithMountOptions adds options to every overlay mount the snapshotter
@@ -109,25 +107,24 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		options = append(options, "index=off")
 	}
 
-	if c.applier == nil {
-		c.applier = applyLayer
-	}
-	s := &Snapshotter{root: root, ms: ms, lock: lock, options: options, faultHook: c.fault, applier: c.applier}
-	// Orphans first, so recovery only sees layers that a tree owns.
+	s := &Snapshotter{root: root, ms: ms, lock: lock, options: options, faultHook: c.fault}
+	defer func() {
+		if retErr != nil {
+			ms.Close()
+		}
+	}()
+	// Orphans first, so recovery only sees layers that a tree owns; then
+	// again, for what recovery let go.
 	if err := s.cleanTempMounts(ctx); err != nil {
-		ms.Close()
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
-		ms.Close()
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.recoverBranches(ctx); err != nil {
-		ms.Close()
 		return nil, fmt.Errorf("recover branches in %s: %w", root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
-		ms.Close()
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	return s, nil

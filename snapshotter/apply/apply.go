@@ -60,7 +60,17 @@ type options struct {
 	// beforeOpen, for tests, runs between an entry's checks and its open:
 	// the window a swapped-in symlink would use.
 	beforeOpen func(side, rel string)
+	// removeTemps: remove TempPrefix entries a killed Apply left.
+	removeTemps bool
 }
+
+// WithStaleTempRemoval makes Apply first remove, from every target
+// directory it visits, the TempPrefix entries that an earlier Apply of the
+// same upper left when it was killed. Those are the only directories such
+// an Apply wrote temporaries in, so running it again with this option
+// leaves none. For crash recovery only: a name of the target's own that
+// starts with TempPrefix would go too.
+func WithStaleTempRemoval() Opt { return func(o *options) { o.removeTemps = true } }
 
 // WithMaxDepth sets the deepest directory level Apply accepts in upper and
 // removes in target (DefaultMaxDepth if unset or <= 0).
@@ -187,6 +197,11 @@ func validName(name string) bool {
 func (a *applier) dir(upFd, tgtFd int, rel string, depth int) error {
 	if depth >= a.opts.maxDepth {
 		return invalid(rel, "upper is deeper than %d levels", a.opts.maxDepth)
+	}
+	if a.opts.removeTemps {
+		if err := a.removeStaleTemps(tgtFd, rel, depth); err != nil {
+			return err
+		}
 	}
 	buf := make([]byte, 8192)
 	var names []string
@@ -719,6 +734,42 @@ func (a *applier) hardlink(tgtFd int, rel, name, first string) error {
 
 // removeAll removes name under dirfd, recursively if it is a directory,
 // never following symlinks. A missing name is not an error.
+// removeStaleTemps removes the TempPrefix entries of the target directory
+// tgtFd, reading it through its own descriptor so tgtFd's offset is kept.
+func (a *applier) removeStaleTemps(tgtFd int, rel string, depth int) error {
+	fd, err := openDir(tgtFd, ".")
+	if err != nil {
+		return fail(rel, "open target directory", err)
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 8192)
+	var stale, names []string
+	for {
+		n, err := unix.ReadDirent(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fail(rel, "read target directory", err)
+		}
+		if n <= 0 {
+			break
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names[:0])
+		for _, name := range names {
+			if strings.HasPrefix(name, TempPrefix) {
+				stale = append(stale, name)
+			}
+		}
+	}
+	for _, name := range stale {
+		if err := a.removeAll(tgtFd, name, join(rel, name), depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (a *applier) removeAll(dirfd int, name, rel string, depth int) error {
 	if depth >= a.opts.maxDepth {
 		return invalid(rel, "target is deeper than %d levels", a.opts.maxDepth)
