@@ -397,19 +397,14 @@ func (s *Snapshotter) parseUpperdir(dir string) (snapID, branchID string, err er
 	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
 		return bad("must be an absolute, clean path")
 	}
-	rel, err := filepath.Rel(s.root, dir)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+	if !strings.HasPrefix(dir, s.root+"/") {
 		return bad("is not inside the snapshotter root " + s.root)
 	}
-	parts := strings.Split(rel, "/")
-	isNum := func(p string) bool { _, err := strconv.ParseUint(p, 10, 64); return err == nil }
-	switch {
-	case len(parts) == 3 && parts[0] == "snapshots" && isNum(parts[1]) && parts[2] == "fs":
-		return parts[1], "", nil
-	case len(parts) == 4 && parts[0] == "branches" && isNum(parts[1]) && isNum(parts[2]) && parts[3] == "fs":
-		return parts[1], parts[2], nil
+	root, snapID, branchID, ok := splitUpper(dir)
+	if !ok || root != s.root {
+		return bad("is not a snapshot's or a branch's upper directory")
 	}
-	return bad("is not a snapshot's or a branch's upper directory")
+	return snapID, branchID, nil
 }
 
 func (s *Snapshotter) branchDir(rootID, id string) string {

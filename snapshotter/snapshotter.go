@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -138,15 +139,26 @@ const AddressFile = "address"
 // RootOfUpper returns the snapshotter root an upper directory
 // (<root>/snapshots/<id>/fs or <root>/branches/<root id>/<id>/fs) lies in.
 func RootOfUpper(upper string) (string, error) {
-	upper = filepath.Clean(upper)
-	parts := strings.Split(upper, "/")
-	switch {
-	case len(parts) > 3 && parts[len(parts)-3] == "snapshots" && parts[len(parts)-1] == "fs":
-		return strings.Join(parts[:len(parts)-3], "/"), nil
-	case len(parts) > 4 && parts[len(parts)-4] == "branches" && parts[len(parts)-1] == "fs":
-		return strings.Join(parts[:len(parts)-4], "/"), nil
+	root, _, _, ok := splitUpper(filepath.Clean(upper))
+	if !ok {
+		return "", fmt.Errorf("%s is not an upper directory of the branch snapshotter: %w", upper, errdefs.ErrInvalidArgument)
 	}
-	return "", fmt.Errorf("%s is not an upper directory of the branch snapshotter: %w", upper, errdefs.ErrInvalidArgument)
+	return root, nil
+}
+
+// splitUpper takes an upper directory apart, lexically: the snapshotter
+// root, the snapshot id and, for a branch's upper, the branch id.
+func splitUpper(upper string) (root, snapID, branchID string, ok bool) {
+	isNum := func(p string) bool { _, err := strconv.ParseUint(p, 10, 64); return err == nil }
+	p := strings.Split(upper, "/")
+	n := len(p)
+	switch {
+	case n > 3 && p[n-3] == "snapshots" && isNum(p[n-2]) && p[n-1] == "fs":
+		return strings.Join(p[:n-3], "/"), p[n-2], "", true
+	case n > 4 && p[n-4] == "branches" && isNum(p[n-3]) && isNum(p[n-2]) && p[n-1] == "fs":
+		return strings.Join(p[:n-4], "/"), p[n-3], p[n-2], true
+	}
+	return "", "", "", false
 }
 
 // Root returns the directory the snapshotter owns.
