@@ -570,8 +570,9 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 	if err != nil {
 		return err
 	}
+	mounts := overlayMountsOrNone(ctx)
 	for _, id := range ids {
-		s.removeBranchLayer(ctx, r.id(), id)
+		s.removeBranchLayer(ctx, mounts, r.id(), id)
 	}
 	return nil
 }
@@ -626,8 +627,11 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	s.fault(FaultCommitDecided)
 	// The losers go first: their processes must not keep writing into
 	// layers that are about to be discarded.
-	for _, l := range plan.Invalidated {
-		s.removeBranchLayer(ctx, r.id(), l)
+	if len(plan.Invalidated) > 0 {
+		mounts := overlayMountsOrNone(ctx)
+		for _, l := range plan.Invalidated {
+			s.removeBranchLayer(ctx, mounts, r.id(), l)
+		}
 	}
 	if err := s.finishCommit(ctx, r, plan.Winner, resume); err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
@@ -661,11 +665,12 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	// A commit with the winner's own layer gone already finished applying.
 	if _, err := os.Lstat(upper); err == nil {
 		// Unmount the winner wherever the host sees it, then apply.
-		detachMounts(ctx, upper)
-		live, err := liveMount(parentUpper)
+		mounts, err := readOverlayMounts()
 		if err != nil {
 			return err
 		}
+		mounts.detach(ctx, upper)
+		live := mounts.live(parentUpper)
 		if live.target != "" {
 			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
 				if err := remount(live.target, false); err != nil {
@@ -697,7 +702,10 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		return err
 	}
 	s.fault(FaultCommitFinished)
-	s.removeBranchLayer(ctx, r.id(), id)
+	// Detached above (or before a crash, or never mounted): only files left.
+	if err := os.RemoveAll(s.branchDir(r.id(), id)); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", id).Warn("remove committed layer; Cleanup will retry")
+	}
 	return nil
 }
 
@@ -741,6 +749,8 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 		return nil, fmt.Errorf("abort: %w", err)
 	}
 	defer s.locks.lock(r.id())()
+	// Read once, under the lock: it serves the unseal and the removals.
+	mounts := overlayMountsOrNone(ctx)
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, id, err = s.resolve(ctx, c); err != nil {
 			return err
@@ -763,7 +773,7 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 		// commits. A crash in between leaves the parent writable with the
 		// child still recorded, which recovery seals again.
 		if p := tree.Nodes[parent]; p != nil && p.SealedByUs && !tree.Sealed(parent) {
-			if err := s.setSealed(ctx, s.contextUpper(r.id(), parent), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), false); err != nil {
 				return fmt.Errorf("unseal parent: %w", err)
 			}
 			p.SealedByUs = false
@@ -775,7 +785,7 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	}
 	s.fault(FaultAbortDecided)
 	for _, g := range gone {
-		s.removeBranchLayer(ctx, r.id(), g)
+		s.removeBranchLayer(ctx, mounts, r.id(), g)
 	}
 	s.fault(FaultAbortRemoved)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "aborted": gone}).Info("aborted")
@@ -798,6 +808,10 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 	}); err != nil || !idle {
 		return err
 	}
+	mounts, err := readOverlayMounts()
+	if err != nil {
+		return err
+	}
 	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		t, err := loadTree(tx, r.id())
 		if err != nil || t == nil {
@@ -808,7 +822,7 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 			if !n.SealedByUs || t.Sealed(id) {
 				continue
 			}
-			if err := s.setSealed(ctx, s.contextUpper(r.id(), id), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), false); err != nil {
 				return err
 			}
 			n.SealedByUs, changed = false, true
@@ -852,7 +866,7 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 	}
 	sortNumeric(ids)
 	for _, id := range ids {
-		out.Nodes = append(out.Nodes, s.describe(ctx, r, tree, id))
+		out.Nodes = append(out.Nodes, s.describe(ctx, r, tree, id, true))
 	}
 	for _, n := range ended {
 		out.Nodes = append(out.Nodes, BranchInfo{Node: n})
@@ -889,6 +903,8 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Moun
 	return out, nil
 }
 
+// contextInfo describes one context without its upper usage, which would
+// walk the whole layer.
 func (s *Snapshotter) contextInfo(ctx context.Context, r rootSnap, id string) (BranchInfo, error) {
 	var tree *branch.Tree
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
@@ -898,15 +914,17 @@ func (s *Snapshotter) contextInfo(ctx context.Context, r rootSnap, id string) (B
 	if err != nil {
 		return BranchInfo{}, err
 	}
-	return s.describe(ctx, r, tree, id), nil
+	return s.describe(ctx, r, tree, id, false), nil
 }
 
-func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string) BranchInfo {
+func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) BranchInfo {
 	n := tree.Nodes[id]
 	info := BranchInfo{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
-		if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
-			info.UpperSize, info.UpperInodes = du.Size, du.Inodes
+		if usage {
+			if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
+				info.UpperSize, info.UpperInodes = du.Size, du.Inodes
+			}
 		}
 		if n.State == branch.Live {
 			info.Mounts = s.contextMounts(r, tree, id, info.Sealed)
@@ -918,18 +936,28 @@ func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tre
 // removeBranchLayer detaches every host mount of a branch's layer and
 // removes its directory. Failures are logged: Cleanup removes whatever a
 // branch no longer owns.
-func (s *Snapshotter) removeBranchLayer(ctx context.Context, rootID, id string) {
+func (s *Snapshotter) removeBranchLayer(ctx context.Context, mounts mountTable, rootID, id string) {
 	dir := s.branchDir(rootID, id)
-	detachMounts(ctx, filepath.Join(dir, "fs"))
+	mounts.detach(ctx, filepath.Join(dir, "fs"))
 	if err := os.RemoveAll(dir); err != nil {
 		log.G(ctx).WithError(err).WithField("path", dir).Warn("remove branch layer; Cleanup will retry")
 	}
 }
 
-func (s *Snapshotter) setSealed(ctx context.Context, upper string, sealed bool) error {
-	live, err := liveMount(upper)
-	if err != nil || live.target == "" || live.readonly == sealed {
-		return err
+// overlayMountsOrNone reads the overlay mounts; on failure it logs and
+// returns none, so that removals go on (Cleanup detaches what they miss).
+func overlayMountsOrNone(ctx context.Context) mountTable {
+	t, err := readOverlayMounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("read mounts")
+	}
+	return t
+}
+
+func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, sealed bool) error {
+	live := mounts.live(upper)
+	if live.target == "" || live.readonly == sealed {
+		return nil
 	}
 	if err := remount(live.target, sealed); err != nil {
 		return err
@@ -998,9 +1026,13 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 	}); err != nil || t == nil {
 		return err
 	}
+	mounts, err := readOverlayMounts()
+	if err != nil {
+		return err
+	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
-			if err := s.setSealed(ctx, s.contextUpper(r.id(), id), true); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), true); err != nil {
 				return err
 			}
 		}

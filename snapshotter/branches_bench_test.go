@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
 
@@ -103,6 +104,11 @@ func (f *fixtures) close() {
 }
 
 func TestMain(m *testing.M) {
+	// Every fork and abort logs at info; thousands of benchmark iterations
+	// would time the logger.
+	if err := log.SetLevel("warn"); err != nil {
+		panic(err)
+	}
 	code := m.Run()
 	benchFixtures.close()
 	os.Exit(code)

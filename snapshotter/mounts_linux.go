@@ -26,20 +26,49 @@ type liveMountInfo struct {
 	options  string // per-mount options of that mount point
 }
 
-// liveMount finds the overlay mounted (in this mount namespace) with upper
-// as its upper directory. An upper is in use by at most one overlay
-// superblock, so the first mount point found speaks for all of them.
-func liveMount(upper string) (liveMountInfo, error) {
+// mountTable is the overlay mounts of this mount namespace, read once for
+// an operation that asks about several layers.
+type mountTable []*mountinfo.Info
+
+func readOverlayMounts() (mountTable, error) {
 	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
 	if err != nil {
-		return liveMountInfo{}, fmt.Errorf("read mountinfo: %w", err)
+		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	for _, m := range infos {
+	return infos, nil
+}
+
+// live finds the overlay mounted with upper as its upper directory. An
+// upper is in use by at most one overlay superblock, so the first mount
+// point found speaks for all of them.
+func (t mountTable) live(upper string) liveMountInfo {
+	for _, m := range t {
 		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
-			return liveMountInfo{target: m.Mountpoint, readonly: hasMountOpt(m.VFSOptions, "ro"), options: m.Options}, nil
+			return liveMountInfo{target: m.Mountpoint, readonly: hasMountOpt(m.VFSOptions, "ro"), options: m.Options}
 		}
 	}
-	return liveMountInfo{}, nil
+	return liveMountInfo{}
+}
+
+// detach lazily unmounts every overlay of the table whose upper is upper.
+func (t mountTable) detach(ctx context.Context, upper string) {
+	var found []*mountinfo.Info
+	for _, m := range t {
+		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+			found = append(found, m)
+		}
+	}
+	detachAll(ctx, found)
+}
+
+// liveMount finds the overlay mounted (in this mount namespace) with upper
+// as its upper directory.
+func liveMount(upper string) (liveMountInfo, error) {
+	t, err := readOverlayMounts()
+	if err != nil {
+		return liveMountInfo{}, err
+	}
+	return t.live(upper), nil
 }
 
 func hasMountOpt(opts, want string) bool {
@@ -91,13 +120,6 @@ func remount(target string, readonly bool) error {
 	return nil
 }
 
-// detachMounts lazily unmounts every overlay whose upper is upper.
-func detachMounts(ctx context.Context, upper string) {
-	detachMatching(ctx, func(m *mountinfo.Info) bool {
-		return m.FSType == "overlay" && hasMountOpt(m.VFSOptions, "upperdir="+upper)
-	})
-}
-
 // detachMountsUsing lazily unmounts everything mounted below dir and every
 // overlay whose upper lies below dir.
 func detachMountsUsing(ctx context.Context, dir string) {
@@ -125,6 +147,10 @@ func detachMatching(ctx context.Context, match func(*mountinfo.Info) bool) {
 		log.G(ctx).WithError(err).Warn("read mountinfo")
 		return
 	}
+	detachAll(ctx, infos)
+}
+
+func detachAll(ctx context.Context, infos []*mountinfo.Info) {
 	// Deepest first, so nested mounts go before their parents.
 	sort.Slice(infos, func(i, j int) bool { return len(infos[i].Mountpoint) > len(infos[j].Mountpoint) })
 	for _, m := range infos {

@@ -59,7 +59,9 @@ func run(in io.Reader, out io.Writer) error {
 			m, bm := median(ours), median(theirs)
 			ratio := "-"
 			if bm != 0 {
-				ratio = fmt.Sprintf("%.2fx", m/bm)
+				// Three significant digits: a fork 1/10,000 of a copy
+				// must not print as 0.00x.
+				ratio = fmt.Sprintf("%.3gx", m/bm)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t\n", k.bench, k.unit, format(m, k.unit), b, format(bm, k.unit), ratio, len(ours), len(theirs))
 		}
@@ -116,7 +118,7 @@ func median(v []float64) float64 {
 }
 
 func format(v float64, unit string) string {
-	if unit == "ns/op" {
+	if strings.HasPrefix(unit, "ns/") {
 		return time.Duration(v).Round(time.Microsecond / 10).String()
 	}
 	return strconv.FormatFloat(v, 'f', -1, 64) + " " + unit

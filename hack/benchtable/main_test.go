@@ -15,6 +15,8 @@ BenchmarkPrepareMounts/impl=overlayfs-2  200  3000000 ns/op
 BenchmarkPrepareMounts/impl=branch-2     200  4500000 ns/op
 BenchmarkPrepareMounts/impl=overlayfs-2  200  2500000 ns/op
 BenchmarkOther-2  10 5 ns/op
+BenchmarkFork/impl=branch-2  10 1000000 ns/op  125000 ns/child
+BenchmarkFork/impl=cp-a-2  1 9000000000 ns/op
 PASS
 `
 	var out bytes.Buffer
@@ -22,7 +24,7 @@ PASS
 		t.Fatal(err)
 	}
 	got := out.String()
-	for _, want := range []string{"BenchmarkPrepareMounts", "4.5ms", "overlayfs", "2.5ms", "1.80x", "3/3"} {
+	for _, want := range []string{"BenchmarkPrepareMounts", "4.5ms", "overlayfs", "2.5ms", "1.8x", "3/3", "0.000111x", "125µs"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)
 		}
