@@ -5,9 +5,11 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -198,3 +200,108 @@ func isDirPath(p string) bool {
 }
 
 var _ = fmt.Sprintf
+
+// branchctl runs the branchctl binary against the env (address and
+// namespace from the environment, as users set them) and returns its
+// stdout, stderr and exit code.
+func branchctl(t *testing.T, ctx context.Context, env *harness.Env, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "branchctl"), args...)
+	cmd.Env = append(os.Environ(), "CONTAINERD_ADDRESS="+env.Address, "CONTAINERD_NAMESPACE="+env.Namespace)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("branchctl %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// TestBranchctl drives the command line end to end: fork (JSON), exec with
+// stdin, exit code and a terminal, tree, commit, the stale error of a
+// loser with its hint, abort, and the errors for bad input.
+func TestBranchctl(t *testing.T) {
+	ctx, env, _ := sandboxCtxEnv(t)
+	out, errOut, code := branchctl(t, ctx, env, "", "fork", "sb", "-n", "3", "--json")
+	if code != 0 {
+		t.Fatalf("fork: %d %s", code, errOut)
+	}
+	var kids []branch.ContextInfo
+	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
+		t.Fatalf("fork --json: %v %q", err, out)
+	}
+	ref := func(i int) string { return "sb/" + kids[i].ID }
+	out, _, code = branchctl(t, ctx, env, "hello\n", "exec", ref(0), "--", "sh", "-c", "read x; echo got $x > /answer; cat /answer; exit 3")
+	if code != 3 || out != "got hello\n" {
+		t.Fatalf("exec with stdin: code %d out %q; want 3 and the answer", code, out)
+	}
+	out, _, code = branchctl(t, ctx, env, "", "exec", "-t", ref(1), "--", "tty")
+	if code != 0 || !strings.HasPrefix(out, "/dev/pts/") {
+		t.Fatalf("exec -t: code %d out %q; want a pty", code, out)
+	}
+	out, _, code = branchctl(t, ctx, env, "", "tree", "sb")
+	for _, want := range []string{"sb (0)", "└─ " + kids[0].ID, "waiting"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("tree: code %d, no %q in\n%s", code, want, out)
+		}
+	}
+	out, _, code = branchctl(t, ctx, env, "", "abort", ref(2))
+	if code != 0 || !strings.Contains(out, "aborted "+kids[2].ID) {
+		t.Fatalf("abort: %d %q", code, out)
+	}
+	out, errOut, code = branchctl(t, ctx, env, "", "commit", ref(0), "--json")
+	var res branch.SandboxCommitResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res.Invalidated) != 1 || res.Invalidated[0] != kids[1].ID {
+		t.Fatalf("commit: %d %q %s", code, out, errOut)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/answer"); err != nil || out != "got hello\n" {
+		t.Fatalf("sandbox after commit: %q %v", out, err)
+	}
+	_, errOut, code = branchctl(t, ctx, env, "", "exec", ref(1), "--", "true")
+	if code != 1 || !strings.Contains(errOut, "branch "+kids[0].ID+" committed first") || !strings.Contains(errOut, "hint: ") {
+		t.Fatalf("exec in the loser: %d %q; want a stale error naming the winner, and a hint", code, errOut)
+	}
+	out, _, code = branchctl(t, ctx, env, "", "tree", "sb", "--json")
+	var nodes []branch.ContextInfo
+	if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil {
+		t.Fatalf("tree --json: %d %q", code, out)
+	}
+	states := map[string]branch.State{}
+	for _, n := range nodes {
+		states[n.ID] = n.State
+	}
+	if states["0"] != branch.Live || states[kids[0].ID] != branch.Committed || states[kids[1].ID] != branch.Stale || states[kids[2].ID] != branch.Aborted {
+		t.Fatalf("tree states %v", states)
+	}
+	// Bad input says what was wrong and what to do.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"commit", "sb"}, "names no branch"},
+		{[]string{"exec", "sb/1"}, "no command"},
+		{[]string{"tree", "nosuch"}, "no container \"nosuch\""},
+		{[]string{"fork", "sb", "-n", "1", "--seal", "glue"}, "want \"ro\" or \"freeze\""},
+		{[]string{"--address", "/nonexistent.sock", "tree", "sb"}, "does not answer"},
+		{[]string{"frobnicate"}, "unknown command"},
+	} {
+		_, errOut, code := branchctl(t, ctx, env, "", tc.args...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("branchctl %v: code %d, stderr %q; want %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	// A container on another runtime is refused, naming the runtime.
+	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "overlayfs", harness.ImageRef, "plain", "sleep", "1000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "plain") })
+	_, errOut, code = branchctl(t, ctx, env, "", "fork", "plain", "-n", "1")
+	if code == 0 || !strings.Contains(errOut, "runs on runtime io.containerd.runc.v2") {
+		t.Fatalf("fork of a runc-v2 container: %d %q", code, errOut)
+	}
+}
