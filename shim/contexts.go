@@ -32,6 +32,7 @@ import (
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -448,13 +449,41 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 // destroy kills every process of a context (and of any context nested in
 // it), then removes its init, its rootfs mount, cgroup and bundle.
 func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
-	if n.container == nil {
-		return
+	c.destroyAll(ctx, sb, []*bctx{n})
+}
+
+// destroyAll destroys contexts together: their processes are all killed
+// first, so that none of them runs on while another is taken down.
+func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) {
+	var wg sync.WaitGroup
+	for _, n := range ns {
+		if n.container == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := killCgroup(ctx, n.cgroup); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
+			}
+		}()
 	}
-	if err := killCgroup(ctx, n.cgroup); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
+	wg.Wait()
+	for _, n := range ns {
+		if n.container == nil {
+			continue
+		}
+		c.remove(ctx, sb, n)
 	}
-	init, _ := n.container.Process("")
+}
+
+// remove takes down a context whose processes are dead. The runtime state
+// is destroyed in process (libcontainer needs no child process for a
+// stopped container), which spares a run of the runtime binary per branch.
+func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
+	container := n.container
+	n.container = nil
+	init, _ := container.Process("")
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if init != nil {
@@ -462,26 +491,41 @@ func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
 		}
 	}
-	for _, p := range n.container.ExecdProcesses() {
-		if err := p.Wait(wctx); err == nil {
-			_ = p.Delete(ctx)
+	root := DefaultRoot
+	if sb.opts != nil && sb.opts.Root != "" {
+		root = sb.opts.Root
+	}
+	if lc, err := libcontainer.Load(filepath.Join(root, sb.ns), n.runtimeID); err == nil {
+		if err := lc.Destroy(); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("destroy branch runtime state")
 		}
+	} else if !errors.Is(err, libcontainer.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("load branch runtime state")
 	}
-	if _, err := n.container.Delete(ctx, &taskAPI.DeleteRequest{ID: n.runtimeID}); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("delete branch init")
-	}
-	// The runtime removed the cgroup and unmounted the rootfs; make sure,
-	// since a branch whose init exited early can be left half done.
 	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
 	}
 	if err := removeCgroup(n.cgroup); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 	}
-	if err := os.RemoveAll(n.bundle); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
-	}
-	n.container = nil
+	// What is left (stdio copiers, exec'd process records, the bundle)
+	// holds nothing of the branch's and goes in the background.
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		for _, p := range container.ExecdProcesses() {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := p.Wait(wctx); err == nil {
+				_ = p.Delete(ctx)
+			}
+			cancel()
+		}
+		if init != nil {
+			_ = init.Delete(ctx) // the runtime says "does not exist"; this closes its stdio
+		}
+		if err := os.RemoveAll(n.bundle); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
+		}
+	}()
 }
 
 // unsealIfIdle thaws a context frozen for its children when it has none.
@@ -533,12 +577,14 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	if err != nil {
 		return nil, fmt.Errorf("commit %s/%s (its processes were killed): %w", sb.id, n.id, err)
 	}
+	var losers []*bctx
 	for _, id := range res.Invalidated {
 		if o, ok := sb.nodes[id]; ok {
-			c.destroy(ctx, sb, o)
+			losers = append(losers, o)
 			delete(sb.nodes, id)
 		}
 	}
+	c.destroyAll(ctx, sb, losers)
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
@@ -563,12 +609,11 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 	}
 	ctx = withNS(ctx, sb)
 	defer sb.mu.Unlock()
-	for _, d := range sb.descendants(n.id) {
-		c.destroy(ctx, sb, d)
+	gone := append(sb.descendants(n.id), n)
+	for _, d := range gone {
 		delete(sb.nodes, d.id)
 	}
-	c.destroy(ctx, sb, n)
-	delete(sb.nodes, n.id)
+	c.destroyAll(ctx, sb, gone)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
 	if err != nil {
 		return nil, fmt.Errorf("abort %s/%s (its processes were killed): %w", sb.id, n.id, err)
