@@ -376,3 +376,24 @@ func fromTTRPC(err error) error {
 	}
 	return fromGRPC(err)
 }
+
+// Output is a buffer safe for a process's stdout and stderr together:
+// containerd's stdio copies them in two goroutines.
+type Output struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.b = append(o.b, p...)
+	return len(p), nil
+}
+
+// String returns what was written so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return string(o.b)
+}

@@ -54,7 +54,7 @@ func run(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b string, 
 }
 
 func runErr(ctx context.Context, sc *branch.SandboxClient, b string, args ...string) (string, branch.ExitStatus, error) {
-	var out bytes.Buffer
+	var out branch.Output
 	st, err := sc.Run(ctx, b, branch.ExecOptions{Args: args, Stdout: &out, Stderr: &out})
 	return out.String(), st, err
 }

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -89,7 +88,7 @@ func runSandbox(ctx context.Context, env *harness.Env, timed timer) error {
 			defer wg.Done()
 			r := result{branch: k.ID, fix: fixes[i].name}
 			defer func() { r.took = time.Since(start); results[i] = r }()
-			var out bytes.Buffer
+			var out branch.Output
 			st, err := sc.Run(ctx, k.ID, branch.ExecOptions{
 				Args: []string{"sh", "-c", fixes[i].script + " && sh /project/test.sh"}, Stdout: &out, Stderr: &out,
 			})
