@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containerd/console"
+	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -376,7 +377,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		ids[i] = n.id
 		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i]))
 	}
-	c.publish(ctx, TopicFork, &shimv1.BranchEvent{Sandbox: sb.id, Parent: parentID, Branches: ids})
+	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: ids})
 	return resp, nil
 }
 
@@ -422,6 +423,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	if n.hasCommand {
 		// The command's output is kept with the branch (init.log).
 		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
+		cr.Stderr = cr.Stdout
 	}
 	started := time.Now()
 	container, err := runc.NewContainer(ctx, c.platform, cr)
@@ -588,9 +590,9 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
-	c.publish(ctx, TopicCommit, &shimv1.BranchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
+	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
 	if len(res.Invalidated) > 0 {
-		c.publish(ctx, TopicInvalidate, &shimv1.BranchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
+		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
 	}
 	parent := res.Parent
 	resp := &shimv1.CommitResponse{Invalidated: res.Invalidated}
@@ -621,7 +623,7 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
-	c.publish(ctx, TopicAbort, &shimv1.BranchEvent{Sandbox: sb.id, Parent: n.parent, Branches: aborted})
+	c.publish(ctx, TopicAbort, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: aborted})
 	return &shimv1.AbortResponse{Aborted: aborted}, nil
 }
 
@@ -908,11 +910,32 @@ func (c *contexts) teardown(ctx context.Context, id string) {
 	sb.snapshot.Close()
 }
 
-func (c *contexts) publish(ctx context.Context, topic string, ev *shimv1.BranchEvent) {
+// branchEvent is what a fork, commit, abort or invalidation publishes.
+type branchEvent struct {
+	Sandbox, Parent string
+	Branches        []string
+	Winner          string
+	Epoch           uint64
+}
+
+// publish sends a branch event to containerd's event service. It travels
+// as containerd's own ContainerUpdate type (the sandbox's id, and labels
+// branchbox.parent, .branches, .winner, .epoch) on a /branch/ topic, so
+// that `ctr events` and every containerd client can decode it; a type of
+// our own would be skipped by clients that do not link it.
+func (c *contexts) publish(ctx context.Context, topic string, ev *branchEvent) {
 	if c.publisher == nil {
 		return
 	}
-	if err := c.publisher.Publish(ctx, topic, ev); err != nil {
+	labels := map[string]string{
+		"branchbox.parent":   ev.Parent,
+		"branchbox.branches": strings.Join(ev.Branches, ","),
+	}
+	if ev.Winner != "" {
+		labels["branchbox.winner"] = ev.Winner
+		labels["branchbox.epoch"] = strconv.FormatUint(ev.Epoch, 10)
+	}
+	if err := c.publisher.Publish(ctx, topic, &eventstypes.ContainerUpdate{ID: ev.Sandbox, Labels: labels}); err != nil {
 		log.G(ctx).WithError(err).WithField("topic", topic).Warn("publish branch event")
 	}
 }

@@ -1253,84 +1253,6 @@ func (x *TreeResponse) GetNodes() []*Context {
 	return nil
 }
 
-// BranchEvent is published to containerd's event service on the topics
-// /branch/fork, /branch/commit, /branch/abort and /branch/invalidate.
-type BranchEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Parent        string                 `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
-	Branches      []string               `protobuf:"bytes,3,rep,name=branches,proto3" json:"branches,omitempty"`
-	Winner        string                 `protobuf:"bytes,4,opt,name=winner,proto3" json:"winner,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *BranchEvent) Reset() {
-	*x = BranchEvent{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *BranchEvent) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*BranchEvent) ProtoMessage() {}
-
-func (x *BranchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use BranchEvent.ProtoReflect.Descriptor instead.
-func (*BranchEvent) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *BranchEvent) GetSandbox() string {
-	if x != nil {
-		return x.Sandbox
-	}
-	return ""
-}
-
-func (x *BranchEvent) GetParent() string {
-	if x != nil {
-		return x.Parent
-	}
-	return ""
-}
-
-func (x *BranchEvent) GetBranches() []string {
-	if x != nil {
-		return x.Branches
-	}
-	return nil
-}
-
-func (x *BranchEvent) GetWinner() string {
-	if x != nil {
-		return x.Winner
-	}
-	return ""
-}
-
-func (x *BranchEvent) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
 var File_api_shim_v1_contexts_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_contexts_proto_rawDesc = "" +
@@ -1432,13 +1354,7 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\vTreeRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"@\n" +
 	"\fTreeResponse\x120\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"\x89\x01\n" +
-	"\vBranchEvent\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
-	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x1a\n" +
-	"\bbranches\x18\x03 \x03(\tR\bbranches\x12\x16\n" +
-	"\x06winner\x18\x04 \x01(\tR\x06winner\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch2\x9f\x05\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes2\x9f\x05\n" +
 	"\bContexts\x12G\n" +
 	"\x04Fork\x12\x1e.branchbox.shim.v1.ForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12G\n" +
 	"\x04Exec\x12\x1e.branchbox.shim.v1.ExecRequest\x1a\x1f.branchbox.shim.v1.ExecResponse\x12G\n" +
@@ -1462,7 +1378,7 @@ func file_api_shim_v1_contexts_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_contexts_proto_rawDescData
 }
 
-var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*Empty)(nil),                 // 0: branchbox.shim.v1.Empty
 	(*Limits)(nil),                // 1: branchbox.shim.v1.Limits
@@ -1482,16 +1398,15 @@ var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*AbortResponse)(nil),         // 15: branchbox.shim.v1.AbortResponse
 	(*TreeRequest)(nil),           // 16: branchbox.shim.v1.TreeRequest
 	(*TreeResponse)(nil),          // 17: branchbox.shim.v1.TreeResponse
-	(*BranchEvent)(nil),           // 18: branchbox.shim.v1.BranchEvent
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	1,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	19, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
-	19, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
+	18, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
+	18, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
 	1,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
 	3,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
-	19, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	18, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
 	3,  // 7: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
 	2,  // 8: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
@@ -1530,7 +1445,7 @@ func file_api_shim_v1_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_contexts_proto_rawDesc), len(file_api_shim_v1_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
