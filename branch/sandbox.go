@@ -279,6 +279,14 @@ func (s *SandboxClient) Exec(ctx context.Context, branch string, opts ExecOption
 		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
 	}
 	p := &Process{s: s, branch: branch, ID: opts.ID}
+	// Output nobody asked for is discarded rather than left unread, which
+	// would fail the process's writes.
+	if opts.Stdout == nil {
+		opts.Stdout = io.Discard
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
 	stdin := opts.Stdin
 	if stdin != nil && !opts.Terminal {
 		// The shim holds the stdin FIFO open until told: EOF is CloseIO.
