@@ -112,9 +112,6 @@ type bctx struct {
 	container  *runc.Container // nil for the sandbox
 	hasCommand bool
 	exited     bool
-
-	emu   sync.Mutex
-	execs map[string]process.Process
 }
 
 func newContexts(ctx context.Context, self string, publisher cshim.Publisher, task taskAPI.TTRPCTaskService) (*contexts, error) {
@@ -235,7 +232,6 @@ func (c *contexts) load(ctx context.Context, sb *sandbox) error {
 	sb.snapshot = client
 	sb.nodes = map[string]*bctx{branch.RootID: {
 		id: branch.RootID, bundle: sb.bundle, cgroup: spec.Linux.CgroupsPath, spec: spec, net: NetShared,
-		execs: map[string]process.Process{},
 	}}
 	return nil
 }
@@ -389,7 +385,6 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
 		cgroup: parent.cgroup + "/b" + info.ID,
 		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0,
-		execs: map[string]process.Process{},
 	}
 	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)
 	if err != nil {
