@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,7 +198,6 @@ func isDirPath(p string) bool {
 	return err == nil && fi.IsDir()
 }
 
-var _ = fmt.Sprintf
 
 // branchctl runs the branchctl binary against the env (address and
 // namespace from the environment, as users set them) and returns its
