@@ -198,7 +198,6 @@ func isDirPath(p string) bool {
 	return err == nil && fi.IsDir()
 }
 
-
 // branchctl runs the branchctl binary against the env (address and
 // namespace from the environment, as users set them) and returns its
 // stdout, stderr and exit code.
