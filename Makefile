@@ -11,7 +11,7 @@ BIN := $(CURDIR)/bin
 export BRANCHBOX_BIN := $(BIN)
 
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
-OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1
+OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
 .PHONY: proto all deps binaries demo test unit integration bench lint check-version clean

@@ -42,6 +42,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
@@ -90,6 +91,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 		return cshim.StopStatus{}, fmt.Errorf("find own executable: %w", err)
 	}
 	r := process.NewRunc(root, path, ns, self, false)
+	stopBranches(ctx, r, path, id)
 	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
 		log.G(ctx).WithError(err).Warn("failed to remove container")
 	}
@@ -145,21 +147,37 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			return &taskService{TTRPCTaskService: inner, self: self}, nil
+			cs, err := newContexts(ic.Context, self, pp.(cshim.Publisher), inner)
+			if err != nil {
+				return nil, err
+			}
+			return &taskService{TTRPCTaskService: inner, self: self, contexts: cs}, nil
 		},
 	})
 }
 
 // taskService is runc-v2's task service with the runtime options of every
-// new container set to run this binary as the runtime.
+// new container set to run this binary as the runtime, serving the branch
+// context API (shimv1.Contexts) on the same ttrpc server.
 type taskService struct {
 	taskAPI.TTRPCTaskService
-	self string
+	self     string
+	contexts *contexts
 }
 
 func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, s)
+	shimv1.RegisterContextsService(server, s.contexts)
 	return nil
+}
+
+// Delete removes a sandbox's branch contexts before the sandbox itself:
+// they live in its cgroup and bundle, and nothing of theirs may outlive it.
+func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	if r.ExecID == "" {
+		s.contexts.teardown(ctx, r.ID)
+	}
+	return s.TTRPCTaskService.Delete(ctx, r)
 }
 
 func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
@@ -194,7 +212,11 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
 	}
 	r.Options = anyOpts
-	return s.TTRPCTaskService.Create(ctx, r)
+	resp, err := s.TTRPCTaskService.Create(ctx, r)
+	if err == nil {
+		s.contexts.addSandbox(ctx, r, opts)
+	}
+	return resp, err
 }
 
 // Exec refuses a stopped container with a failed-precondition error;

@@ -1,10 +1,12 @@
 //go:build linux
 
 // Command branchbox-demo is the main job of the quick start: it starts a
-// private containerd and the branch snapshotter in a temporary directory,
-// imports a locally built image into the branch snapshotter, runs a
-// container on it that writes to its rootfs, shows where the write landed,
-// and takes everything down again.
+// private containerd, the branch snapshotter and the branch runtime in a
+// temporary directory, runs a sandbox holding a small project whose test
+// fails, forks it into four branches that each try a different fix and run
+// the test, commits the first that passes (the others are invalidated and
+// their processes killed), shows the fix live in the sandbox, prints the
+// tree and the timings, and takes everything down again.
 package main
 
 import (
@@ -23,7 +25,7 @@ import (
 )
 
 func main() {
-	bin := flag.String("bin", harness.BinDirFromEnv(), "directory with containerd, ctr, containerd-shim-runc-v2 and containerd-branch-snapshotter")
+	bin := flag.String("bin", harness.BinDirFromEnv(), "directory with containerd, ctr, containerd-branch-snapshotter, containerd-shim-branch-v1 and branchctl")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "branchbox-demo: must run as root (it starts containerd and mounts overlays)")
@@ -47,7 +49,7 @@ func run(ctx context.Context, bin string) (retErr error) {
 		return nil
 	}
 
-	fmt.Println("branchbox demo: a private containerd with the branch snapshotter")
+	fmt.Println("branchbox demo: fork a running sandbox four ways, keep the branch whose fix passes")
 	var env *harness.Env
 	if err := timed("start containerd + containerd-branch-snapshotter", func() (err error) {
 		env, err = harness.Start(ctx, harness.Config{BinDir: bin})
@@ -79,43 +81,7 @@ func run(ctx context.Context, bin string) (retErr error) {
 	}); err != nil {
 		return err
 	}
-	var out string
-	script := "echo 'hello from a container on the branch snapshotter' > /greeting && dd if=/dev/zero of=/data bs=1024 count=256 2>/dev/null && cat /greeting"
-	if err := timed("ctr run --snapshotter branch (write a file, exit)", func() (err error) {
-		out, err = env.Ctr(ctx, "run", "--snapshotter", "branch", harness.ImageRef, "demo", "sh", "-c", script)
-		return err
-	}); err != nil {
-		return err
-	}
-	fmt.Printf("  container said: %s\n", strings.TrimSpace(out))
-
-	uppers, _ := filepath.Glob(filepath.Join(env.SnapshotterRoot, "snapshots", "*", "fs", "greeting"))
-	for _, u := range uppers {
-		rel, _ := filepath.Rel(env.Dir, u)
-		fmt.Printf("  the write landed in the container's upper layer: $STATE/%s\n", rel)
-	}
-	if out, err := env.Ctr(ctx, "snapshots", "--snapshotter", "branch", "usage", "demo"); err == nil {
-		fmt.Printf("  ctr snapshots --snapshotter branch usage demo:\n%s", indent(out))
-	}
-	if out, err := env.Ctr(ctx, "snapshots", "--snapshotter", "branch", "tree"); err == nil {
-		fmt.Printf("  ctr snapshots --snapshotter branch tree:\n%s", indent(out))
-	}
-
-	if err := timed("remove container and image", func() error {
-		if _, err := env.Ctr(ctx, "containers", "delete", "demo"); err != nil {
-			return err
-		}
-		_, err := env.Ctr(ctx, "images", "rm", "--sync", harness.ImageRef)
-		return err
-	}); err != nil {
-		return err
-	}
-	left, _ := filepath.Glob(filepath.Join(env.SnapshotterRoot, "snapshots", "*"))
-	fmt.Printf("  snapshot directories left after removal: %d\n", len(left))
-	if len(left) != 0 {
-		return fmt.Errorf("snapshot directories left behind: %v", left)
-	}
-	return nil
+	return timed("total: sandbox, fork, explore, commit, tree", func() error { return runSandbox(ctx, env, timed) })
 }
 
 func indent(s string) string {

@@ -1,0 +1,407 @@
+//go:build linux
+
+package branch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	containersapi "github.com/containerd/containerd/api/services/containers/v1"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+)
+
+// RuntimeName is the containerd runtime a sandbox must run on.
+const RuntimeName = "io.containerd.branch.v1"
+
+// criSandboxAnnotation groups a pod's containers into one shim.
+const criSandboxAnnotation = "io.kubernetes.cri.sandbox-id"
+
+// SandboxClient drives the branch contexts of one sandbox (a container on
+// the runtime io.containerd.branch.v1) through its shim.
+type SandboxClient struct {
+	ID        string
+	Namespace string
+	conn      *ttrpc.Client
+	api       shimv1.ContextsService
+}
+
+// NewSandboxClient finds the shim serving container id in a containerd
+// namespace, as containerd does (the shim's socket address is derived from
+// containerd's address, the namespace and the id), after checking through
+// containerd's API that the container runs on the branch runtime.
+func NewSandboxClient(ctx context.Context, address, namespace, id string) (*SandboxClient, error) {
+	if id == "" {
+		return nil, fmt.Errorf("no sandbox named: give a container id: %w", errdefs.ErrInvalidArgument)
+	}
+	if namespace == "" {
+		namespace = namespaces.Default
+	}
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	gc, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
+	}
+	defer gc.Close()
+	resp, err := containersapi.NewContainersClient(gc).Get(ctx, &containersapi.GetContainerRequest{ID: id})
+	if err != nil {
+		err = errgrpc.ToNative(err)
+		switch {
+		case errdefs.IsNotFound(err):
+			return nil, fmt.Errorf("no container %q in namespace %q of containerd at %s (list them with: ctr -n %s containers ls): %w", id, namespace, address, namespace, err)
+		case errdefs.IsUnavailable(err) || strings.Contains(err.Error(), "connect"):
+			return nil, fmt.Errorf("containerd at %s does not answer (is it running? set --address or CONTAINERD_ADDRESS): %w", address, err)
+		}
+		return nil, fmt.Errorf("look up container %s: %w", id, err)
+	}
+	c := resp.Container
+	if c.Runtime == nil || c.Runtime.Name != RuntimeName {
+		rt := "none"
+		if c.Runtime != nil {
+			rt = c.Runtime.Name
+		}
+		return nil, fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch): %w", id, rt, RuntimeName, RuntimeName, errdefs.ErrFailedPrecondition)
+	}
+	group := id
+	if c.Spec != nil {
+		var spec struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if json.Unmarshal(c.Spec.Value, &spec) == nil && spec.Annotations[criSandboxAnnotation] != "" {
+			group = spec.Annotations[criSandboxAnnotation]
+		}
+	}
+	sock, err := cshim.SocketAddress(ctx, address, group, false)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := net.DialTimeout("unix", strings.TrimPrefix(sock, "unix://"), 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("container %s has no running shim at %s (start its task: ctr -n %s tasks start %s): %w", id, sock, namespace, id, errdefs.ErrFailedPrecondition)
+	}
+	tc := ttrpc.NewClient(conn)
+	return &SandboxClient{ID: id, Namespace: namespace, conn: tc, api: shimv1.NewContextsClient(tc)}, nil
+}
+
+// Close closes the connection to the shim.
+func (s *SandboxClient) Close() error { return s.conn.Close() }
+
+func (s *SandboxClient) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, s.Namespace)
+}
+
+// ForkOptions says how to fork.
+type ForkOptions struct {
+	// Parent is the context to fork: "" for the sandbox, or a branch id.
+	Parent string
+	Count  int
+	// Seal is "ro" (default: the parent's rootfs turns read-only) or
+	// "freeze" (its processes are frozen as well).
+	Seal string
+	// Net is "shared" (default: the parent's network namespace) or
+	// "isolated" (a new one with only loopback).
+	Net string
+	// Limits; zero means the parent's.
+	Memory int64
+	CPUs   float64
+	Pids   int64
+	// Args, if set, run as each branch's init instead of a waiting init.
+	Args []string
+}
+
+// ContextInfo is one context of a sandbox: the sandbox itself (ID "0") or
+// a branch.
+type ContextInfo struct {
+	ID          string    `json:"id"`
+	Parent      string    `json:"parent,omitempty"`
+	State       State     `json:"state"`
+	Epoch       uint64    `json:"epoch"`
+	ForkEpoch   uint64    `json:"forkEpoch"`
+	Created     time.Time `json:"created"`
+	Ended       time.Time `json:"ended,omitempty"`
+	Winner      string    `json:"winner,omitempty"`
+	WinnerEpoch uint64    `json:"winnerEpoch,omitempty"`
+	UpperSize   int64     `json:"upperSize"`
+	UpperInodes int64     `json:"upperInodes"`
+	Sealed      bool      `json:"sealed"`
+	Seal        string    `json:"seal,omitempty"`
+	Children    []string  `json:"children,omitempty"`
+	InitPid     int       `json:"initPid,omitempty"`
+	Pids        []int     `json:"pids,omitempty"`
+	// Status: "waiting" (its init holds it), "running" (a command runs as
+	// its init), "exited", "frozen"; empty for ended contexts.
+	Status     string  `json:"status,omitempty"`
+	ExitStatus int     `json:"exitStatus,omitempty"`
+	OOMKilled  bool    `json:"oomKilled,omitempty"`
+	Net        string  `json:"net,omitempty"`
+	Memory     int64   `json:"memory,omitempty"`
+	CPUs       float64 `json:"cpus,omitempty"`
+	PidsLimit  int64   `json:"pidsLimit,omitempty"`
+	Cgroup     string  `json:"cgroup,omitempty"`
+}
+
+func contextFromProto(c *shimv1.Context) ContextInfo {
+	if c == nil {
+		return ContextInfo{}
+	}
+	i := ContextInfo{
+		ID: c.Id, Parent: c.Parent, State: State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
+		Winner: c.Winner, WinnerEpoch: c.WinnerEpoch, UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
+		Sealed: c.Sealed, Seal: c.Seal, Children: c.Children, InitPid: int(c.InitPid), Status: c.Status,
+		ExitStatus: int(c.ExitStatus), OOMKilled: c.OomKilled, Net: c.Net, Cgroup: c.Cgroup,
+	}
+	for _, p := range c.Pids {
+		i.Pids = append(i.Pids, int(p))
+	}
+	if c.Created != nil {
+		i.Created = c.Created.AsTime()
+	}
+	if c.Ended != nil {
+		i.Ended = c.Ended.AsTime()
+	}
+	if l := c.Limits; l != nil {
+		i.Memory, i.CPUs, i.PidsLimit = l.Memory, l.Cpus, l.Pids
+	}
+	return i
+}
+
+// Fork makes opts.Count branch contexts of opts.Parent, each with its own
+// copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
+func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+	if opts.Count < 1 {
+		return nil, fmt.Errorf("fork: count must be at least 1, got %d: %w", opts.Count, errdefs.ErrInvalidArgument)
+	}
+	resp, err := s.api.Fork(s.ctx(ctx), &shimv1.ForkRequest{
+		Sandbox: s.ID, Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
+		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
+	})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	out := make([]ContextInfo, len(resp.Branches))
+	for i, b := range resp.Branches {
+		out[i] = contextFromProto(b)
+	}
+	return out, nil
+}
+
+// SandboxCommitResult is the parent after a commit, and the branches the
+// commit invalidated (their processes killed, their layers discarded).
+type SandboxCommitResult struct {
+	Parent      ContextInfo `json:"parent"`
+	Invalidated []string    `json:"invalidated"`
+}
+
+// Commit makes a leaf branch's changes its parent's, visible at once to the
+// parent's running processes. The first commit into a parent wins; a loser
+// gets a *StaleError naming the winner.
+func (s *SandboxClient) Commit(ctx context.Context, branch string) (SandboxCommitResult, error) {
+	resp, err := s.api.Commit(s.ctx(ctx), &shimv1.CommitRequest{Sandbox: s.ID, Branch: branch})
+	if err != nil {
+		return SandboxCommitResult{}, fromTTRPC(err)
+	}
+	return SandboxCommitResult{Parent: contextFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+}
+
+// Abort kills and discards a branch and its descendants.
+func (s *SandboxClient) Abort(ctx context.Context, branch string) ([]string, error) {
+	resp, err := s.api.Abort(s.ctx(ctx), &shimv1.AbortRequest{Sandbox: s.ID, Branch: branch})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	return resp.Aborted, nil
+}
+
+// Tree lists every context of the sandbox, ended ones included.
+func (s *SandboxClient) Tree(ctx context.Context) ([]ContextInfo, error) {
+	resp, err := s.api.Tree(s.ctx(ctx), &shimv1.TreeRequest{Sandbox: s.ID})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	out := make([]ContextInfo, len(resp.Nodes))
+	for i, n := range resp.Nodes {
+		out[i] = contextFromProto(n)
+	}
+	return out, nil
+}
+
+// ExecOptions describes a process to run in a branch.
+type ExecOptions struct {
+	Args []string
+	Env  []string
+	Cwd  string
+	// Terminal gives the process a pty; Stdout then carries its output and
+	// Stderr is unused.
+	Terminal bool
+	Stdin    io.Reader
+	Stdout   io.Writer
+	Stderr   io.Writer
+	// ID names the process; a unique one is made if empty.
+	ID string
+}
+
+// Process is a process started in a branch.
+type Process struct {
+	s      *SandboxClient
+	branch string
+	ID     string
+	Pid    int
+	io     cio.IO
+	once   sync.Once
+}
+
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	Code      int       `json:"exitCode"`
+	ExitedAt  time.Time `json:"exitedAt"`
+	OOMKilled bool      `json:"oomKilled"`
+}
+
+// Exec starts a process in a branch, its stdio connected through FIFOs as
+// containerd's own clients do.
+func (s *SandboxClient) Exec(ctx context.Context, branch string, opts ExecOptions) (*Process, error) {
+	if opts.ID == "" {
+		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
+	}
+	p := &Process{s: s, branch: branch, ID: opts.ID}
+	// Output nobody asked for is discarded rather than left unread, which
+	// would fail the process's writes.
+	if opts.Stdout == nil {
+		opts.Stdout = io.Discard
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
+	stdin := opts.Stdin
+	if stdin != nil && !opts.Terminal {
+		// The shim holds the stdin FIFO open until told: EOF is CloseIO.
+		stdin = &stdinCloser{r: stdin, closer: func() { _ = p.CloseIO(context.WithoutCancel(ctx)) }}
+	}
+	copts := []cio.Opt{cio.WithStreams(stdin, opts.Stdout, opts.Stderr)}
+	if opts.Terminal {
+		copts = append(copts, cio.WithTerminal)
+	}
+	pio, err := cio.NewCreator(copts...)(opts.ID)
+	if err != nil {
+		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branch, err)
+	}
+	p.io = pio
+	cfg := pio.Config()
+	resp, err := s.api.Exec(s.ctx(ctx), &shimv1.ExecRequest{
+		Sandbox: s.ID, Branch: branch, ExecId: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd,
+		Terminal: cfg.Terminal, Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr,
+	})
+	if err != nil {
+		pio.Cancel()
+		pio.Close()
+		return nil, fromTTRPC(err)
+	}
+	p.Pid = int(resp.Pid)
+	return p, nil
+}
+
+// Wait waits for the process to exit and its output to drain.
+func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
+	resp, err := p.s.api.Wait(p.s.ctx(ctx), &shimv1.WaitRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
+	p.once.Do(func() {
+		if err != nil {
+			p.io.Cancel()
+		}
+		p.io.Wait()
+		p.io.Close()
+	})
+	if err != nil {
+		return ExitStatus{}, fromTTRPC(err)
+	}
+	st := ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled}
+	if resp.ExitedAt != nil {
+		st.ExitedAt = resp.ExitedAt.AsTime()
+	}
+	return st, nil
+}
+
+// Resize sets the size of the process's terminal.
+func (p *Process) Resize(ctx context.Context, width, height uint32) error {
+	_, err := p.s.api.ResizePty(p.s.ctx(ctx), &shimv1.ResizePtyRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Width: width, Height: height})
+	return fromTTRPC(err)
+}
+
+// CloseIO closes the process's standard input.
+func (p *Process) CloseIO(ctx context.Context) error {
+	_, err := p.s.api.CloseIO(p.s.ctx(ctx), &shimv1.CloseIORequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
+	return fromTTRPC(err)
+}
+
+// Kill sends a signal to the process.
+func (p *Process) Kill(ctx context.Context, sig uint32) error {
+	_, err := p.s.api.Kill(p.s.ctx(ctx), &shimv1.KillRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Signal: sig})
+	return fromTTRPC(err)
+}
+
+// Run starts a process in a branch and waits for it.
+func (s *SandboxClient) Run(ctx context.Context, branch string, opts ExecOptions) (ExitStatus, error) {
+	p, err := s.Exec(ctx, branch, opts)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return p.Wait(ctx)
+}
+
+type stdinCloser struct {
+	r      io.Reader
+	closer func()
+	once   sync.Once
+}
+
+func (s *stdinCloser) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if errors.Is(err, io.EOF) {
+		s.once.Do(s.closer)
+	}
+	return n, err
+}
+
+// fromTTRPC restores errdefs kinds and stale errors; the shim sends them as
+// the snapshotter does.
+func fromTTRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fromGRPC(err)
+}
+
+// Output is a buffer safe for a process's stdout and stderr together:
+// containerd's stdio copies them in two goroutines.
+type Output struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.b = append(o.b, p...)
+	return len(p), nil
+}
+
+// String returns what was written so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return string(o.b)
+}

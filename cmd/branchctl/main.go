@@ -1,0 +1,530 @@
+//go:build linux
+
+// Command branchctl forks a running sandbox (a container on the runtime
+// io.containerd.branch.v1 and the snapshotter branch) into branch contexts,
+// runs commands in them, and commits or aborts them. It is a thin layer over
+// the Go client in package branch (branch.NewSandboxClient).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/console"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+const usage = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
+
+Branch contexts of a live sandbox (a container run with
+--runtime io.containerd.branch.v1 --snapshotter branch):
+
+  fork SANDBOX[/BRANCH] -n N [--seal ro|freeze] [--net shared|isolated]
+       [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
+                                  make N branches, each with a running init
+                                  (or CMD as its init)
+  exec [-t] SANDBOX/BRANCH -- CMD...
+                                  run CMD in a branch (stdio, exit code)
+  commit SANDBOX/BRANCH           make a branch's changes its parent's;
+                                  the first commit wins, siblings go
+  abort SANDBOX/BRANCH            kill and discard a branch
+  tree SANDBOX                    every context: state, epoch, processes,
+                                  upper size, age
+
+Every command takes --json. --address and --namespace default to
+$CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
+/run/containerd/containerd.sock and "default".
+`
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+type globals struct {
+	address, namespace string
+	json               bool
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	addr := os.Getenv("CONTAINERD_ADDRESS")
+	if addr == "" {
+		addr = "/run/containerd/containerd.sock"
+	}
+	ns := os.Getenv("CONTAINERD_NAMESPACE")
+	if ns == "" {
+		ns = "default"
+	}
+	fs.StringVar(&g.address, "address", addr, "containerd's socket")
+	fs.StringVar(&g.address, "a", addr, "containerd's socket (short)")
+	fs.StringVar(&g.namespace, "namespace", ns, "containerd namespace")
+	fs.StringVar(&g.namespace, "n", ns, "containerd namespace (short; not in fork, where -n is the count)")
+	fs.BoolVar(&g.json, "json", false, "print JSON")
+}
+
+// parse parses flags anywhere before "--" (Go's flag package stops at the
+// first positional argument) and returns the positional arguments and the
+// command after "--".
+func parse(fs *flag.FlagSet, args []string) (pos, cmd []string, err error) {
+	var flags []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			cmd = args[i+1:]
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // flag.Parse reports it
+		}
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, nil, err
+	}
+	return pos, cmd, nil
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var g globals
+	top := flag.NewFlagSet("branchctl", flag.ContinueOnError)
+	top.SetOutput(stderr)
+	top.Usage = func() { fmt.Fprint(stderr, usage) }
+	g.register(top)
+	// Global flags come before the command.
+	i := 0
+	for i < len(args) && strings.HasPrefix(args[i], "-") {
+		i++
+		if !strings.Contains(args[i-1], "=") && args[i-1] != "--json" && i < len(args) {
+			i++
+		}
+	}
+	if err := top.Parse(args[:i]); err != nil {
+		return 2
+	}
+	if i >= len(args) {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	name, rest := args[i], args[i+1:]
+	var err error
+	code := 0
+	switch name {
+	case "fork":
+		err = cmdFork(ctx, g, rest, stdout)
+	case "exec":
+		code, err = cmdExec(ctx, g, rest, stdin, stdout, stderr)
+	case "commit":
+		err = cmdCommit(ctx, g, rest, stdout)
+	case "abort":
+		err = cmdAbort(ctx, g, rest, stdout)
+	case "tree":
+		err = cmdTree(ctx, g, rest, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "branchctl: unknown command %q\n\n%s", name, usage)
+		return 2
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "branchctl %s: %v\n", name, err)
+		if hint := hintFor(err); hint != "" {
+			fmt.Fprintf(stderr, "hint: %s\n", hint)
+		}
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// hintFor says what to do about an error, where its kind tells.
+func hintFor(err error) string {
+	var se *branch.StaleError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("branch %s lost to branch %s; fork again from the parent to keep exploring", se.Branch, se.Winner)
+	case errdefs.IsNotFound(err):
+		return "see what exists with `branchctl tree SANDBOX`"
+	case errdefs.IsInvalidArgument(err):
+		return "see `branchctl help`"
+	}
+	return ""
+}
+
+// splitRef splits SANDBOX/BRANCH.
+func splitRef(s string, needBranch bool) (string, string, error) {
+	sb, b, _ := strings.Cut(s, "/")
+	if sb == "" {
+		return "", "", fmt.Errorf("no sandbox named in %q: %w", s, errdefs.ErrInvalidArgument)
+	}
+	if needBranch && b == "" {
+		return "", "", fmt.Errorf("%q names no branch: write SANDBOX/BRANCH (branch ids are in `branchctl tree %s`): %w", s, sb, errdefs.ErrInvalidArgument)
+	}
+	return sb, b, nil
+}
+
+func oneArg(pos []string, what string) (string, error) {
+	if len(pos) != 1 {
+		return "", fmt.Errorf("want exactly one %s, got %d arguments %v: %w", what, len(pos), pos, errdefs.ErrInvalidArgument)
+	}
+	return pos[0], nil
+}
+
+func dial(ctx context.Context, g globals, sandbox string) (*branch.SandboxClient, error) {
+	return branch.NewSandboxClient(ctx, g.address, g.namespace, sandbox)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
+	var n int
+	var opts branch.ForkOptions
+	var memory string
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	fs.IntVar(&n, "n", 1, "number of branches")
+	fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)")
+	fs.StringVar(&opts.Net, "net", "shared", "network: shared (the parent's namespace) or isolated (loopback only)")
+	fs.StringVar(&memory, "memory", "", "memory limit per branch (bytes, or with k, m, g); default the parent's")
+	fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch; default the parent's")
+	fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch; default the parent's")
+	pos, cmd, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	ref, err := oneArg(pos, "SANDBOX or SANDBOX/BRANCH to fork")
+	if err != nil {
+		return err
+	}
+	sb, parent, err := splitRef(ref, false)
+	if err != nil {
+		return err
+	}
+	if opts.Memory, err = parseBytes(memory); err != nil {
+		return err
+	}
+	opts.Parent, opts.Count, opts.Args = parent, n, cmd
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	start := time.Now()
+	kids, err := c.Fork(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, kids)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BRANCH\tPARENT\tINIT PID\tSTATUS\tNET")
+	for _, k := range kids {
+		fmt.Fprintf(tw, "%s/%s\t%s\t%d\t%s\t%s\n", sb, k.ID, k.Parent, k.InitPid, k.Status, k.Net)
+	}
+	fmt.Fprintf(tw, "forked %d in %s\n", len(kids), time.Since(start).Round(time.Microsecond))
+	return tw.Flush()
+}
+
+func parseBytes(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	switch strings.ToLower(s[len(s)-1:]) {
+	case "k":
+		mult = 1 << 10
+	case "m":
+		mult = 1 << 20
+	case "g":
+		mult = 1 << 30
+	}
+	if mult > 1 {
+		s = s[:len(s)-1]
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("--memory %q: want a positive number of bytes, optionally with k, m or g: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return v * mult, nil
+}
+
+func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	var tty bool
+	var env multi
+	var cwd string
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print the exit status as JSON on stderr")
+	fs.BoolVar(&tty, "t", false, "allocate a terminal")
+	fs.BoolVar(&tty, "tty", false, "allocate a terminal")
+	fs.Var(&env, "env", "add an environment variable (K=V), repeatable")
+	fs.StringVar(&cwd, "cwd", "", "working directory")
+	pos, cmd, err := parse(fs, args)
+	if err != nil {
+		return 2, err
+	}
+	ref, err := oneArg(pos, "SANDBOX/BRANCH")
+	if err != nil {
+		return 2, err
+	}
+	if len(cmd) == 0 {
+		return 2, fmt.Errorf("no command: write `branchctl exec %s -- CMD...`: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	sb, b, err := splitRef(ref, true)
+	if err != nil {
+		return 2, err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return 1, err
+	}
+	defer c.Close()
+	opts := branch.ExecOptions{Args: cmd, Env: env, Cwd: cwd, Stdin: stdin, Stdout: stdout, Stderr: stderr}
+	var con console.Console
+	if tty {
+		opts.Terminal = true
+		if cur, err := console.ConsoleFromFile(os.Stdin); err == nil {
+			con = cur
+			if err := con.SetRaw(); err != nil {
+				return 1, fmt.Errorf("set terminal raw: %w", err)
+			}
+			defer func() { _ = con.Reset() }()
+		}
+	}
+	p, err := c.Exec(ctx, b, opts)
+	if err != nil {
+		return 1, err
+	}
+	if con != nil {
+		resize := func() {
+			if ws, err := con.Size(); err == nil {
+				_ = p.Resize(ctx, uint32(ws.Width), uint32(ws.Height))
+			}
+		}
+		resize()
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, unix.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				resize()
+			}
+		}()
+	}
+	st, err := p.Wait(ctx)
+	if err != nil {
+		return 1, err
+	}
+	if g.json {
+		_ = printJSON(stderr, st)
+	}
+	if st.OOMKilled {
+		fmt.Fprintf(stderr, "branchctl exec: %v was killed by the OOM killer: branch %s ran out of memory (fork with a larger --memory)\n", cmd, ref)
+	}
+	return st.Code, nil
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func refCmd(g *globals, name string, args []string) (string, string, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return "", "", err
+	}
+	ref, err := oneArg(pos, "SANDBOX/BRANCH")
+	if err != nil {
+		return "", "", err
+	}
+	return splitRef(ref, name != "tree")
+}
+
+func cmdCommit(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	sb, b, err := refCmd(&g, "commit", args)
+	if err != nil {
+		return err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	start := time.Now()
+	res, err := c.Commit(ctx, b)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, res)
+	}
+	fmt.Fprintf(stdout, "committed %s/%s into %s (epoch %d) in %s", sb, b, nodeName(res.Parent.ID), res.Parent.Epoch, time.Since(start).Round(time.Microsecond))
+	if len(res.Invalidated) > 0 {
+		fmt.Fprintf(stdout, "; invalidated %s", strings.Join(res.Invalidated, ", "))
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+func nodeName(id string) string {
+	if id == "" || id == branch.RootID {
+		return "the sandbox"
+	}
+	return "branch " + id
+}
+
+func cmdAbort(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	sb, b, err := refCmd(&g, "abort", args)
+	if err != nil {
+		return err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ids, err := c.Abort(ctx, b)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string][]string{"aborted": ids})
+	}
+	fmt.Fprintf(stdout, "aborted %s\n", strings.Join(ids, ", "))
+	return nil
+}
+
+func cmdTree(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	sb, _, err := refCmd(&g, "tree", args)
+	if err != nil {
+		return err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	nodes, err := c.Tree(ctx)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, nodes)
+	}
+	return PrintTree(stdout, sb, nodes, time.Now())
+}
+
+// PrintTree prints a sandbox's contexts as an indented tree, live ones
+// first under their parents, then the ended ones.
+func PrintTree(w io.Writer, sandbox string, nodes []branch.ContextInfo, now time.Time) error {
+	kids := map[string][]branch.ContextInfo{}
+	var ended []branch.ContextInfo
+	byID := map[string]bool{}
+	for _, n := range nodes {
+		byID[n.ID] = true
+	}
+	for _, n := range nodes {
+		switch {
+		case n.ID == branch.RootID:
+		case n.State == branch.Live || n.State == branch.Committing:
+			kids[n.Parent] = append(kids[n.Parent], n)
+		default:
+			ended = append(ended, n)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tPROCS\tUPPER\tAGE")
+	var walk func(id, indent string)
+	walk = func(id, indent string) {
+		list := kids[id]
+		sort.Slice(list, func(i, j int) bool { return numLess(list[i].ID, list[j].ID) })
+		for _, n := range list {
+			fmt.Fprintf(tw, "%s└─ %s\t%s\t%d\t%s\t%d\t%s\t%s\n", indent, n.ID, n.State, n.Epoch, n.Status, len(n.Pids), size(n.UpperSize), age(n, now))
+			walk(n.ID, indent+"   ")
+		}
+	}
+	for _, n := range nodes {
+		if n.ID == branch.RootID {
+			fmt.Fprintf(tw, "%s (0)\t%s\t%d\t%s\t%d\t%s\t%s\n", sandbox, n.State, n.Epoch, n.Status, len(n.Pids), size(n.UpperSize), age(n, now))
+		}
+	}
+	walk(branch.RootID, "")
+	sort.Slice(ended, func(i, j int) bool { return numLess(ended[i].ID, ended[j].ID) })
+	for _, n := range ended {
+		what := string(n.State)
+		if n.State == branch.Stale {
+			what = fmt.Sprintf("stale (branch %s won)", n.Winner)
+		}
+		fmt.Fprintf(tw, "   %s (ended)\t%s\t%d\t\t\t\t%s\n", n.ID, what, n.Epoch, age(n, now))
+	}
+	return tw.Flush()
+}
+
+func numLess(a, b string) bool {
+	x, _ := strconv.Atoi(a)
+	y, _ := strconv.Atoi(b)
+	return x < y
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fM", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fK", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+func age(n branch.ContextInfo, now time.Time) string {
+	if n.Created.IsZero() {
+		return ""
+	}
+	return now.Sub(n.Created).Round(time.Millisecond).String()
+}

@@ -1,0 +1,419 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+// benchSandbox runs a sandbox on the branch runtime and snapshotter whose
+// rootfs holds 10,000 more files (the size the fork targets are set for),
+// and returns a branch context client and its rootfs upper directory.
+func benchSandbox(b *testing.B, ctx context.Context, env *harness.Env, id string) (*branch.SandboxClient, string) {
+	b.Helper()
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", harness.ImageRef, id,
+		"sh", "-c", "mkdir -p /tree && cd /tree && seq 1 10000 | xargs touch && touch /ready && exec sleep 100000"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { benchRemoveCtr(env, id) })
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "ready", id, "test", "-e", "/ready"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("bench sandbox did not get ready")
+		}
+	}
+	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sc.Close() })
+	upper, err := env.RootfsUpperdir(id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return sc, upper
+}
+
+func benchRemoveCtr(env *harness.Env, id string) {
+	ctx := context.Background()
+	_, _ = env.Ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
+	for i := 0; i < 100; i++ {
+		if _, err := env.Ctr(ctx, "tasks", "delete", id); err == nil || strings.Contains(err.Error(), "not found") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, _ = env.Ctr(ctx, "containers", "delete", id)
+}
+
+// copyFork is the baseline "fork by copy": a new overlayfs snapshot of the
+// image, the sandbox's upper layer copied into it (cp -a), and a new
+// container started on it with runc-v2.
+type copyFork struct {
+	c     containerd.Container
+	task  containerd.Task
+	upper string
+}
+
+func startCopy(b *testing.B, ctx context.Context, client *containerd.Client, sandboxUpper, id string) copyFork {
+	b.Helper()
+	img, err := client.GetImage(ctx, harness.ImageRef)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := client.NewContainer(ctx, id, containerd.WithSnapshotter("overlayfs"), containerd.WithNewSnapshot(id, img),
+		containerd.WithRuntime("io.containerd.runc.v2", nil),
+		containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sleep", "100000")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms, err := client.SnapshotService("overlayfs").Mounts(ctx, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	upper := ""
+	for _, o := range ms[0].Options {
+		if u, ok := strings.CutPrefix(o, "upperdir="); ok {
+			upper = u
+		}
+	}
+	if out, err := exec.Command("cp", "-a", sandboxUpper+"/.", upper+"/").CombinedOutput(); err != nil {
+		b.Fatalf("cp: %v %s", err, out)
+	}
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return copyFork{c: c, task: task, upper: upper}
+}
+
+func (f copyFork) remove(b *testing.B, ctx context.Context) {
+	benchRemove(b, ctx, f.c, f.task)
+}
+
+func abortAll(b *testing.B, ctx context.Context, sc *branch.SandboxClient, kids []branch.ContextInfo) {
+	b.Helper()
+	for _, k := range kids {
+		if _, err := sc.Abort(ctx, k.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkContextFork: fork of n branches of a running 10,000-file
+// sandbox, each with its init running, against fork by copy.
+func BenchmarkContextFork(b *testing.B) {
+	ctx, env, client, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "bfork")
+	for _, n := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("n=%d/impl=branch", n), func(b *testing.B) {
+			for b.Loop() {
+				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				abortAll(b, ctx, sc, kids)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+		})
+		if n > 8 {
+			continue // 64 copies of 10,000 files per iteration is minutes
+		}
+		b.Run(fmt.Sprintf("n=%d/impl=copy", n), func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				var fs []copyFork
+				for j := 0; j < n; j++ {
+					fs = append(fs, startCopy(b, ctx, client, upper, fmt.Sprintf("cp-%d-%d-%d", n, i, j)))
+				}
+				i++
+				b.StopTimer()
+				for _, f := range fs {
+					f.remove(b, ctx)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+		})
+	}
+}
+
+// BenchmarkContextExec: exec of `true` in a branch to its exit status,
+// against the same in a runc-v2 container.
+func BenchmarkContextExec(b *testing.B) {
+	ctx, env, client, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "bexec")
+	b.Run("impl=branch", func(b *testing.B) {
+		k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer abortAll(b, ctx, sc, k)
+		for b.Loop() {
+			if st, err := sc.Run(ctx, k[0].ID, branch.ExecOptions{Args: []string{"true"}}); err != nil || st.Code != 0 {
+				b.Fatal(st, err)
+			}
+		}
+	})
+	b.Run("impl=copy", func(b *testing.B) {
+		f := startCopy(b, ctx, client, upper, "cp-exec")
+		defer f.remove(b, ctx)
+		spec, err := f.task.Spec(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ps := *spec.Process
+		ps.Args = []string{"true"}
+		i := 0
+		for b.Loop() {
+			p, err := f.task.Exec(ctx, fmt.Sprintf("e%d", i), &ps, cio.NullIO)
+			i++
+			if err != nil {
+				b.Fatal(err)
+			}
+			ch, err := p.Wait(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := p.Start(ctx); err != nil {
+				b.Fatal(err)
+			}
+			<-ch
+			if _, err := p.Delete(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkContextCommit: commit of a 1 KB change end to end (the winner's
+// processes killed, its changes applied through the sandbox's live mount);
+// fork by copy "commits" by copying its upper layer back into the
+// sandbox's and removing the copy.
+func BenchmarkContextCommit(b *testing.B) {
+	ctx, env, client, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "bcommit")
+	b.Run("impl=branch", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if st, err := sc.Run(ctx, k[0].ID, branch.ExecOptions{Args: []string{"sh", "-c", "head -c 1024 /dev/urandom > /change"}}); err != nil || st.Code != 0 {
+				b.Fatal(st, err)
+			}
+			b.StartTimer()
+			if _, err := sc.Commit(ctx, k[0].ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("impl=copy", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			b.StopTimer()
+			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-commit-%d", i))
+			i++
+			if err := os.WriteFile(filepath.Join(f.upper, "change"), make([]byte, 1024), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if out, err := exec.Command("cp", "-a", f.upper+"/.", upper+"/").CombinedOutput(); err != nil {
+				b.Fatalf("cp back: %v %s", err, out)
+			}
+			f.remove(b, ctx)
+		}
+	})
+}
+
+// BenchmarkContextAbort: abort of a branch with its init running, against
+// removing a copy.
+func BenchmarkContextAbort(b *testing.B) {
+	ctx, env, client, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "babort")
+	b.Run("impl=branch", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			abortAll(b, ctx, sc, k)
+		}
+	})
+	b.Run("impl=copy", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			b.StopTimer()
+			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-abort-%d", i))
+			i++
+			b.StartTimer()
+			f.remove(b, ctx)
+		}
+	})
+}
+
+const readSize = 256 << 20
+
+// readAll reads a file sequentially in 1 MiB reads.
+func readAll(b *testing.B, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		m, err := f.Read(buf)
+		n += int64(m)
+		if err != nil {
+			break
+		}
+	}
+	if n != readSize {
+		b.Fatalf("read %d bytes of %s, want %d", n, path, readSize)
+	}
+}
+
+// BenchmarkContextRead: sequential read of a 256 MiB file (page cache warm)
+// through a branch's overlay mount against the same file read on the host
+// filesystem (the sandbox's upper directory, where it lives). The branch's
+// mount is read from the host at its mount point: the same superblock the
+// branch's processes read, without an exec in the timing.
+func BenchmarkContextRead(b *testing.B) {
+	ctx, env, _, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "bread")
+	if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "mk", "bread", "dd", "if=/dev/zero", "of=/big", "bs=1M", fmt.Sprintf("count=%d", readSize>>20)); err != nil {
+		b.Fatal(err)
+	}
+	k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer abortAll(b, ctx, sc, k)
+	inBranch := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "bread", "branches", k[0].ID, "rootfs", "big")
+	for _, tc := range []struct{ impl, path string }{{"branch", inBranch}, {"host", filepath.Join(upper, "big")}} {
+		b.Run("impl="+tc.impl, func(b *testing.B) {
+			readAll(b, tc.path) // warm
+			b.SetBytes(readSize)
+			for b.Loop() {
+				readAll(b, tc.path)
+			}
+		})
+	}
+}
+
+// cachedBytes is how much of a file is in the page cache (mincore).
+func cachedBytes(b *testing.B, path string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	if fi.Size() == 0 {
+		return 0
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	page := os.Getpagesize()
+	vec := make([]byte, (len(data)+page-1)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&data[0])), uintptr(len(data)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		b.Fatal(errno)
+	}
+	var n int64
+	for _, v := range vec {
+		if v&1 != 0 {
+			n += int64(page)
+		}
+	}
+	return n
+}
+
+// evict drops a file's pages from the page cache (only this file's: the
+// machine is shared, so no drop_caches).
+func evict(b *testing.B, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
+// BenchmarkContextPageCache: page-cache growth when 16 branches read the
+// same 100 MiB file, against one branch reading it: overlayfs serves every
+// branch from the one lower inode, so the cache holds it once. Reported as
+// cached-bytes (the file's resident pages after the reads, by mincore,
+// over every inode a branch could have read through) per run.
+func BenchmarkContextPageCache(b *testing.B) {
+	ctx, env, _, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sc, upper := benchSandbox(b, ctx, env, "bcache")
+	if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "mk", "bcache", "dd", "if=/dev/urandom", "of=/shared", "bs=1M", "count=100"); err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(upper, "shared")
+	for _, n := range []int{16, 1} {
+		impl := "branch"
+		if n == 1 {
+			impl = "one"
+		}
+		b.Run("impl="+impl, func(b *testing.B) {
+			var cached int64
+			for b.Loop() {
+				b.StopTimer()
+				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+				if err != nil {
+					b.Fatal(err)
+				}
+				evict(b, file)
+				b.StartTimer()
+				for _, k := range kids {
+					if st, err := sc.Run(ctx, k.ID, branch.ExecOptions{Args: []string{"cat", "/shared"}}); err != nil || st.Code != 0 {
+						b.Fatal(st, err)
+					}
+				}
+				b.StopTimer()
+				cached += cachedBytes(b, file)
+				abortAll(b, ctx, sc, kids)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cached)/float64(b.N), "cached-bytes")
+		})
+	}
+}

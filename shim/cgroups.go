@@ -1,0 +1,341 @@
+//go:build linux
+
+package shim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/cgroups"
+	"golang.org/x/sys/unix"
+)
+
+// sealLeaf is the child cgroup a context's own processes are moved into
+// to freeze them (--seal freeze): freezing the context's cgroup itself
+// would freeze its branches too, since they are nested below it.
+const sealLeaf = ".sealed"
+
+// cgroupMount is one mounted cgroup hierarchy.
+type cgroupMount struct {
+	dir     string
+	v2      bool
+	freezer bool
+	memory  bool
+}
+
+// cgroupMounts lists the host's cgroup hierarchies (v1 controllers and the
+// unified v2 tree), read afresh: hierarchies are not mutable state of ours.
+func cgroupMounts() ([]cgroupMount, error) {
+	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		return nil, fmt.Errorf("read cgroup mounts: %w", err)
+	}
+	seen := map[string]bool{}
+	var out []cgroupMount
+	for _, m := range infos {
+		if seen[m.Mountpoint] || m.Root != "/" {
+			continue
+		}
+		seen[m.Mountpoint] = true
+		opts := "," + m.VFSOptions + ","
+		out = append(out, cgroupMount{
+			dir:     m.Mountpoint,
+			v2:      m.FSType == "cgroup2",
+			freezer: strings.Contains(opts, ",freezer,"),
+			memory:  strings.Contains(opts, ",memory,"),
+		})
+	}
+	return out, nil
+}
+
+// cgroupDirs returns the directories of a cgroup path on every hierarchy
+// where it exists.
+func cgroupDirs(path string) ([]cgroupMount, error) {
+	ms, err := cgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []cgroupMount
+	for _, m := range ms {
+		d := filepath.Join(m.dir, path)
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			m.dir = d
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// subdirs lists dir and every cgroup below it, parents first.
+func subdirs(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+func readPids(file string) []int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// cgroupPids lists the processes of a cgroup path, on every hierarchy;
+// with recursive, those of its descendants too.
+func cgroupPids(path string, recursive bool) ([]int, error) {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range dirs {
+		list := []string{d.dir, filepath.Join(d.dir, sealLeaf)}
+		if recursive {
+			list = subdirs(d.dir)
+		}
+		for _, dir := range list {
+			for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+				if !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	return pids, nil
+}
+
+// thaw thaws a cgroup and every cgroup below it: on cgroup v1 a frozen
+// task ignores SIGKILL until thawed, and a child frozen by itself stays
+// frozen when its parent thaws.
+func thaw(dirs []cgroupMount) {
+	for _, d := range dirs {
+		for _, dir := range subdirs(d.dir) {
+			switch {
+			case d.freezer:
+				_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+			case d.v2:
+				_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+			}
+		}
+	}
+}
+
+// killCgroup SIGKILLs every process in a cgroup path and below it, on every
+// hierarchy, until none is left. Processes are found by the kernel's
+// accounting, so a process cannot escape by forking, double-forking,
+// changing session or entering a nested PID namespace.
+func killCgroup(ctx context.Context, path string) error {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return err
+	}
+	if len(dirs) == 0 {
+		return nil
+	}
+	thaw(dirs)
+	for _, d := range dirs {
+		if d.v2 {
+			// cgroup.kill (Linux 5.14) kills the whole subtree atomically.
+			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
+		}
+	}
+	delay := 200 * time.Microsecond
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		pids, err := cgroupPids(path, true)
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v still in cgroup %s after 10s of SIGKILL: %w", pids, path, errdefs.ErrUnavailable)
+		}
+		for _, pid := range pids {
+			if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+				log.G(ctx).WithError(err).WithField("pid", pid).Warn("kill branch process")
+			}
+		}
+		time.Sleep(delay)
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// removeCgroup removes a cgroup path and its descendants on every
+// hierarchy, deepest first. Its processes must be gone.
+func removeCgroup(path string) error {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range dirs {
+		list := subdirs(d.dir)
+		for i := len(list) - 1; i >= 0; i-- {
+			var lastErr error
+			for try := 0; try < 50; try++ {
+				// An exiting task can keep a cgroup busy for a moment.
+				if lastErr = unix.Rmdir(list[i]); lastErr == nil || errors.Is(lastErr, unix.ENOENT) {
+					lastErr = nil
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if lastErr != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", list[i], lastErr))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// freezeOwn freezes the processes that are directly in a cgroup path (not
+// its children's, which are branches) by moving them into a child leaf and
+// freezing that.
+func freezeOwn(ctx context.Context, path string) error {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return err
+	}
+	v2 := cgroups.IsCgroup2UnifiedMode()
+	for _, d := range dirs {
+		if !(d.freezer || (v2 && d.v2)) {
+			continue
+		}
+		leaf := filepath.Join(d.dir, sealLeaf)
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("freeze %s: make leaf cgroup: %w", path, err)
+		}
+		if d.freezer {
+			// A v1 freezer cgroup starts thawed; freeze it first so moved
+			// processes stop the moment they arrive.
+			if err := os.WriteFile(filepath.Join(leaf, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+				return fmt.Errorf("freeze %s: %w", path, err)
+			}
+		} else if err := os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("1"), 0); err != nil {
+			return fmt.Errorf("freeze %s: %w", path, err)
+		}
+		// Repeat: a process can fork while the others are being moved.
+		for i := 0; i < 100; i++ {
+			pids := readPids(filepath.Join(d.dir, "cgroup.procs"))
+			if len(pids) == 0 {
+				break
+			}
+			for _, pid := range pids {
+				if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+					log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process to seal cgroup")
+				}
+			}
+		}
+		if d.freezer {
+			if err := waitFrozen(filepath.Join(leaf, "freezer.state")); err != nil {
+				return fmt.Errorf("freeze %s: %w", path, err)
+			}
+		}
+	}
+	return nil
+}
+
+func waitFrozen(state string) error {
+	for i := 0; i < 1000; i++ {
+		b, err := os.ReadFile(state)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) == "FROZEN" {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("%s not FROZEN after 1s: %w", state, errdefs.ErrUnavailable)
+}
+
+// thawOwn undoes freezeOwn: the processes go back to the context's cgroup.
+func thawOwn(ctx context.Context, path string) error {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range dirs {
+		leaf := filepath.Join(d.dir, sealLeaf)
+		if _, err := os.Stat(leaf); err != nil {
+			continue
+		}
+		if d.freezer {
+			_ = os.WriteFile(filepath.Join(leaf, "freezer.state"), []byte("THAWED"), 0)
+		} else if d.v2 {
+			_ = os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("0"), 0)
+		}
+		for _, pid := range readPids(filepath.Join(leaf, "cgroup.procs")) {
+			if err := os.WriteFile(filepath.Join(d.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
+			}
+		}
+		if err := unix.Rmdir(leaf); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove seal cgroup %s: %w", leaf, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// oomKills is how many processes the kernel's OOM killer killed in a
+// cgroup path (memory.oom_control on v1, memory.events on v2).
+func oomKills(path string) uint64 {
+	dirs, err := cgroupDirs(path)
+	if err != nil {
+		return 0
+	}
+	for _, d := range dirs {
+		file := ""
+		switch {
+		case d.memory:
+			file = filepath.Join(d.dir, "memory.oom_control")
+		case d.v2:
+			file = filepath.Join(d.dir, "memory.events")
+		default:
+			continue
+		}
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				f.Close()
+				return n
+			}
+		}
+		f.Close()
+	}
+	return 0
+}

@@ -1,0 +1,978 @@
+//go:build linux
+
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/console"
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/stdio"
+	"github.com/containerd/containerd/v2/pkg/sys/reaper"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	runcC "github.com/containerd/go-runc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter"
+)
+
+// Event topics published to containerd's event service.
+const (
+	TopicFork       = "/branch/fork"
+	TopicCommit     = "/branch/commit"
+	TopicAbort      = "/branch/abort"
+	TopicInvalidate = "/branch/invalidate"
+)
+
+// branchesDir is where, inside the sandbox's bundle, each branch context
+// has its own bundle (config.json, rootfs mount point, pid files).
+const branchesDir = "branches"
+
+// RuntimeID is the runtime container id of branch b of sandbox id.
+func RuntimeID(sandbox, b string) string { return sandbox + ".b" + b }
+
+// contexts serves the branch context API of every sandbox this shim runs.
+type contexts struct {
+	ctx       context.Context
+	self      string
+	publisher cshim.Publisher
+	task      taskAPI.TTRPCTaskService
+	platform  stdio.Platform
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+
+	// Exits of our processes come from the shim's one reaper: pid to
+	// process, and exits no process claimed yet (a short process can exit
+	// before its pid is registered).
+	pidMu   sync.Mutex
+	pids    map[int]process.Process
+	pending map[int]pendingExit
+}
+
+type pendingExit struct {
+	e  runcC.Exit
+	at time.Time
+}
+
+// sandbox is a container this shim created, and its branch contexts.
+type sandbox struct {
+	id, ns, bundle string
+	upper          string
+	opts           *options.Options
+
+	// mu serializes fork, commit and abort on one sandbox: a commit checks
+	// and kills before the snapshotter decides, and must not interleave.
+	mu       sync.Mutex
+	nodes    map[string]*bctx // branch contexts by id, and "0"
+	snapshot *branch.Client
+}
+
+// bctx is one context: the sandbox itself ("0") or a branch.
+type bctx struct {
+	id, parent string
+	runtimeID  string
+	bundle     string
+	cgroup     string
+	spec       *specs.Spec
+	net        string
+	seal       string // how this context is sealed while it has children
+	frozen     bool
+	container  *runc.Container // nil for the sandbox
+	hasCommand bool
+	exited     bool
+}
+
+func newContexts(ctx context.Context, self string, publisher cshim.Publisher, task taskAPI.TTRPCTaskService) (*contexts, error) {
+	platform, err := runc.NewPlatform()
+	if err != nil {
+		return nil, fmt.Errorf("branch contexts: console platform: %w", err)
+	}
+	c := &contexts{
+		ctx: ctx, self: self, publisher: publisher, task: task, platform: platform,
+		sandboxes: map[string]*sandbox{},
+		pids:      map[int]process.Process{},
+		pending:   map[int]pendingExit{},
+	}
+	ec := reaper.Default.Subscribe()
+	go c.reap(ec)
+	return c, nil
+}
+
+func (c *contexts) reap(ec chan runcC.Exit) {
+	for e := range ec {
+		c.pidMu.Lock()
+		p, ok := c.pids[e.Pid]
+		if ok {
+			delete(c.pids, e.Pid)
+		} else {
+			now := time.Now()
+			c.pending[e.Pid] = pendingExit{e: e, at: now}
+			if len(c.pending) > 512 {
+				for pid, pe := range c.pending {
+					if now.Sub(pe.at) > 30*time.Second {
+						delete(c.pending, pid)
+					}
+				}
+			}
+		}
+		c.pidMu.Unlock()
+		if ok {
+			p.SetExited(e.Status)
+		}
+	}
+}
+
+// watch routes p's exit to it; started is when p was started, so that an
+// exit of an earlier process with the same pid is not taken for p's.
+func (c *contexts) watch(p process.Process, started time.Time) {
+	pid := p.Pid()
+	if pid <= 0 {
+		return
+	}
+	c.pidMu.Lock()
+	if pe, ok := c.pending[pid]; ok && !pe.at.Before(started) {
+		delete(c.pending, pid)
+		c.pidMu.Unlock()
+		p.SetExited(pe.e.Status)
+		return
+	}
+	c.pids[pid] = p
+	c.pidMu.Unlock()
+}
+
+// addSandbox records a container as it is created; its rootfs mounts name
+// its snapshot.
+func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, opts *options.Options) {
+	ns, _ := namespaces.Namespace(ctx)
+	upper := ""
+	for _, m := range r.Rootfs {
+		for _, o := range m.Options {
+			if u, ok := strings.CutPrefix(o, "upperdir="); ok {
+				upper = u
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts}
+}
+
+func (c *contexts) sandbox(id string) (*sandbox, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sb, ok := c.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s is not a container of this shim: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// load prepares a sandbox for branching (under sb.mu): the snapshotter
+// connection and the root context.
+func (c *contexts) load(ctx context.Context, sb *sandbox) error {
+	if sb.nodes != nil {
+		return nil
+	}
+	if sb.upper == "" {
+		return fmt.Errorf("sandbox %s: its rootfs is not an overlay with an upper directory; run it with --snapshotter branch: %w", sb.id, errdefs.ErrFailedPrecondition)
+	}
+	root, err := snapshotter.RootOfUpper(sb.upper)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: rootfs not from the branch snapshotter (run it with --snapshotter branch): %w", sb.id, err)
+	}
+	addr, err := os.ReadFile(filepath.Join(root, "address"))
+	if err != nil {
+		return fmt.Errorf("sandbox %s: find the branch snapshotter's socket in %s/address: %v: %w", sb.id, root, err, errdefs.ErrUnavailable)
+	}
+	client, err := branch.Dial(strings.TrimSpace(string(addr)))
+	if err != nil {
+		return err
+	}
+	spec, err := readSpec(sb.bundle)
+	if err != nil {
+		client.Close()
+		return err
+	}
+	if err := checkCgroupPath(spec.Linux.CgroupsPath); err != nil {
+		client.Close()
+		return err
+	}
+	sb.snapshot = client
+	sb.nodes = map[string]*bctx{branch.RootID: {
+		id: branch.RootID, bundle: sb.bundle, cgroup: spec.Linux.CgroupsPath, spec: spec, net: NetShared,
+	}}
+	return nil
+}
+
+func (sb *sandbox) root() branch.Root { return branch.Root{Upperdir: sb.upper} }
+
+func (sb *sandbox) ref(id string) branch.Ref {
+	if id == branch.RootID {
+		id = ""
+	}
+	return branch.Ref{Root: sb.root(), Branch: id}
+}
+
+// initPid is the pid of a context's init on the host.
+func (c *contexts) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, error) {
+	if n.container == nil {
+		st, err := c.task.State(ctx, &taskAPI.StateRequest{ID: sb.id})
+		if err != nil {
+			return 0, errgrpc.ToNative(err)
+		}
+		if st.Status != tasktypes.Status_RUNNING && st.Status != tasktypes.Status_PAUSED {
+			return 0, fmt.Errorf("sandbox %s is %s, not running: start its task first: %w", sb.id, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition)
+		}
+		return int(st.Pid), nil
+	}
+	pid := n.container.Pid()
+	if n.exited || pid <= 0 {
+		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
+	}
+	return pid, nil
+}
+
+func withNS(ctx context.Context, sb *sandbox) context.Context {
+	return namespaces.WithNamespace(ctx, sb.ns)
+}
+
+// Fork makes branch contexts, each with its init running (waiting, or the
+// given command), and seals the parent.
+func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.ForkResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if req.Count < 1 || req.Count > 1024 {
+		return nil, fmt.Errorf("fork: count must be 1 to 1024, got %d: %w", req.Count, errdefs.ErrInvalidArgument)
+	}
+	switch req.Seal {
+	case "":
+		req.Seal = SealReadOnly
+	case SealReadOnly, SealFreeze:
+	default:
+		return nil, fmt.Errorf("fork: seal %q: want %q or %q: %w", req.Seal, SealReadOnly, SealFreeze, errdefs.ErrInvalidArgument)
+	}
+	switch req.Net {
+	case "":
+		req.Net = NetShared
+	case NetShared, NetIsolated:
+	default:
+		return nil, fmt.Errorf("fork: net %q: want %q or %q: %w", req.Net, NetShared, NetIsolated, errdefs.ErrInvalidArgument)
+	}
+	if l := req.Limits; l != nil && (l.Memory < 0 || l.Cpus < 0 || l.Pids < 0) {
+		return nil, fmt.Errorf("fork: limits must not be negative: %w", errdefs.ErrInvalidArgument)
+	}
+	sb, err := c.sandbox(req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil {
+		return nil, err
+	}
+	parentID := req.Parent
+	if parentID == "" {
+		parentID = branch.RootID
+	}
+	parent, ok := sb.nodes[parentID]
+	if !ok {
+		// Let the snapshotter say what became of it (stale, committed...).
+		if _, err := sb.snapshot.Mounts(ctx, sb.ref(parentID)); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("branch %s of %s has no running context: %w", parentID, sb.id, errdefs.ErrNotFound)
+	}
+	pid, err := c.initPid(ctx, sb, parent)
+	if err != nil {
+		return nil, err
+	}
+	netns := ""
+	if req.Net == NetShared {
+		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
+	}
+	infos, err := sb.snapshot.Fork(ctx, sb.ref(parentID), int(req.Count))
+	if err != nil {
+		return nil, err
+	}
+	made := make([]*bctx, len(infos))
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		for i, info := range infos {
+			if made[i] != nil {
+				c.destroy(ctx, sb, made[i])
+			}
+			if _, err := sb.snapshot.Abort(ctx, sb.ref(info.ID)); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", info.ID).Warn("abort branch of a failed fork")
+			}
+		}
+		c.unsealIfIdle(ctx, sb, parent)
+	}()
+	errs := make([]error, len(infos))
+	var wg sync.WaitGroup
+	// Two at a time: each start re-executes this binary twice, and more
+	// in parallel only queue on the CPUs.
+	sem := make(chan struct{}, 2)
+	for i, info := range infos {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("fork %s of %s: %w", parentID, sb.id, err)
+	}
+	if req.Seal == SealFreeze && !parent.frozen {
+		if err := freezeOwn(ctx, parent.cgroup); err != nil {
+			return nil, err
+		}
+		parent.frozen = true
+	}
+	parent.seal = req.Seal
+	resp := &shimv1.ForkResponse{}
+	ids := make([]string, len(made))
+	for i, n := range made {
+		sb.nodes[n.id] = n
+		ids[i] = n.id
+		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i]))
+	}
+	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: ids})
+	return resp, nil
+}
+
+// start creates one branch context: its bundle, its rootfs mount and its
+// init, through the same runtime path as any container of this shim.
+func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest) (_ *bctx, retErr error) {
+	n := &bctx{
+		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
+		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
+		cgroup: parent.cgroup + "/b" + info.ID,
+		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0,
+	}
+	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)
+	if err != nil {
+		return nil, err
+	}
+	n.spec = spec
+	if err := os.MkdirAll(n.bundle, 0o700); err != nil {
+		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(n.bundle)
+		}
+	}()
+	if err := writeSpec(n.bundle, spec); err != nil {
+		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
+	}
+	opts := &options.Options{BinaryName: c.self, Root: DefaultRoot}
+	if sb.opts != nil && sb.opts.Root != "" {
+		opts.Root = sb.opts.Root
+	}
+	anyOpts, err := typeurl.MarshalAnyToProto(opts)
+	if err != nil {
+		return nil, err
+	}
+	var rootfs []*types.Mount
+	for _, m := range info.Mounts {
+		rootfs = append(rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	cr := &taskAPI.CreateTaskRequest{ID: n.runtimeID, Bundle: n.bundle, Rootfs: rootfs, Options: anyOpts}
+	if n.hasCommand {
+		// The command's output is kept with the branch (init.log).
+		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
+		cr.Stderr = cr.Stdout
+	}
+	started := time.Now()
+	container, err := runc.NewContainer(ctx, c.platform, cr)
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: create its init: %w", info.ID, errgrpc.ToNative(err))
+	}
+	n.container = container
+	init, _ := container.Process("")
+	c.watch(init, started)
+	if n.hasCommand {
+		if _, err := container.Start(ctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
+			c.destroy(ctx, sb, n)
+			return nil, fmt.Errorf("branch %s: start %v: %w", info.ID, req.Args, errgrpc.ToNative(err))
+		}
+		go func() {
+			_ = init.Wait(context.WithoutCancel(ctx))
+			sb.mu.Lock()
+			n.exited = true
+			sb.mu.Unlock()
+		}()
+	}
+	return n, nil
+}
+
+// destroy kills every process of a context (and of any context nested in
+// it), then removes its init, its rootfs mount, cgroup and bundle.
+func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
+	c.destroyAll(ctx, sb, []*bctx{n})
+}
+
+// destroyAll destroys contexts together: their processes are all killed
+// first, so that none of them runs on while another is taken down.
+func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) {
+	var wg sync.WaitGroup
+	for _, n := range ns {
+		if n.container == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := killCgroup(ctx, n.cgroup); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
+			}
+		}()
+	}
+	wg.Wait()
+	for _, n := range ns {
+		if n.container == nil {
+			continue
+		}
+		c.remove(ctx, sb, n)
+	}
+}
+
+// remove takes down a context whose processes are dead. The runtime state
+// is destroyed in process (libcontainer needs no child process for a
+// stopped container), which spares a run of the runtime binary per branch.
+func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
+	container := n.container
+	n.container = nil
+	init, _ := container.Process("")
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if init != nil {
+		if err := init.Wait(wctx); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
+		}
+	}
+	root := DefaultRoot
+	if sb.opts != nil && sb.opts.Root != "" {
+		root = sb.opts.Root
+	}
+	if lc, err := libcontainer.Load(filepath.Join(root, sb.ns), n.runtimeID); err == nil {
+		if err := lc.Destroy(); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("destroy branch runtime state")
+		}
+	} else if !errors.Is(err, libcontainer.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("load branch runtime state")
+	}
+	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+	}
+	if err := removeCgroup(n.cgroup); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
+	}
+	// What is left (stdio copiers, exec'd process records, the bundle)
+	// holds nothing of the branch's and goes in the background.
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		for _, p := range container.ExecdProcesses() {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := p.Wait(wctx); err == nil {
+				_ = p.Delete(ctx)
+			}
+			cancel()
+		}
+		if init != nil {
+			_ = init.Delete(ctx) // the runtime says "does not exist"; this closes its stdio
+		}
+		if err := os.RemoveAll(n.bundle); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
+		}
+	}()
+}
+
+// unsealIfIdle thaws a context frozen for its children when it has none.
+func (c *contexts) unsealIfIdle(ctx context.Context, sb *sandbox, n *bctx) {
+	for _, o := range sb.nodes {
+		if o.parent == n.id && o.id != branch.RootID {
+			return
+		}
+	}
+	if n.frozen {
+		if err := thawOwn(ctx, n.cgroup); err != nil {
+			log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw sealed context")
+		}
+		n.frozen = false
+	}
+	n.seal = SealReadOnly
+}
+
+// descendants lists id's descendants among the running contexts, deepest
+// first.
+func (sb *sandbox) descendants(id string) []*bctx {
+	var out []*bctx
+	for _, n := range sb.nodes {
+		if n.parent == id && n.id != branch.RootID {
+			out = append(out, sb.descendants(n.id)...)
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Commit kills the winner's processes and unmounts its rootfs, lets the
+// snapshotter apply its changes through the parent's live mount (first
+// commit wins), then kills and removes every invalidated branch.
+func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *shimv1.CommitResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	defer sb.mu.Unlock()
+	if kids := sb.descendants(n.id); len(kids) > 0 {
+		return nil, fmt.Errorf("commit %s/%s: it has live branches (%s); commit or abort them first: %w", sb.id, n.id, ids(kids), errdefs.ErrFailedPrecondition)
+	}
+	c.destroy(ctx, sb, n)
+	delete(sb.nodes, n.id)
+	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
+	if err != nil {
+		return nil, fmt.Errorf("commit %s/%s (its processes were killed): %w", sb.id, n.id, err)
+	}
+	var losers []*bctx
+	for _, id := range res.Invalidated {
+		if o, ok := sb.nodes[id]; ok {
+			losers = append(losers, o)
+			delete(sb.nodes, id)
+		}
+	}
+	c.destroyAll(ctx, sb, losers)
+	if p, ok := sb.nodes[n.parent]; ok {
+		c.unsealIfIdle(ctx, sb, p)
+	}
+	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
+	if len(res.Invalidated) > 0 {
+		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
+	}
+	parent := res.Parent
+	resp := &shimv1.CommitResponse{Invalidated: res.Invalidated}
+	if p, ok := sb.nodes[n.parent]; ok {
+		resp.Parent = c.describe(sb, p, &parent)
+	}
+	return resp, nil
+}
+
+// Abort kills and discards a branch and its descendants.
+func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shimv1.AbortResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	defer sb.mu.Unlock()
+	gone := append(sb.descendants(n.id), n)
+	for _, d := range gone {
+		delete(sb.nodes, d.id)
+	}
+	c.destroyAll(ctx, sb, gone)
+	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
+	if err != nil {
+		return nil, fmt.Errorf("abort %s/%s (its processes were killed): %w", sb.id, n.id, err)
+	}
+	if p, ok := sb.nodes[n.parent]; ok {
+		c.unsealIfIdle(ctx, sb, p)
+	}
+	c.publish(ctx, TopicAbort, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: aborted})
+	return &shimv1.AbortResponse{Aborted: aborted}, nil
+}
+
+// branchFor finds a running branch context; with lock, it returns with the
+// sandbox locked. A branch that is not running gets the snapshotter's word
+// on what became of it (stale, naming the winner; committed; aborted).
+func (c *contexts) branchFor(ctx context.Context, sandboxID, id string, lock bool) (*sandbox, *bctx, error) {
+	if id == "" || id == branch.RootID {
+		return nil, nil, fmt.Errorf("name a branch of sandbox %s (SANDBOX/BRANCH), not the sandbox itself: %w", sandboxID, errdefs.ErrInvalidArgument)
+	}
+	sb, err := c.sandbox(sandboxID)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb.mu.Lock()
+	if err := c.load(withNS(ctx, sb), sb); err != nil {
+		sb.mu.Unlock()
+		return nil, nil, err
+	}
+	n, ok := sb.nodes[id]
+	if !ok {
+		_, err := sb.snapshot.Mounts(withNS(ctx, sb), sb.ref(id))
+		sb.mu.Unlock()
+		if err == nil {
+			err = fmt.Errorf("branch %s of %s has no running context (made outside this shim?): %w", id, sandboxID, errdefs.ErrNotFound)
+		}
+		return nil, nil, err
+	}
+	if !lock {
+		sb.mu.Unlock()
+	}
+	return sb, n, nil
+}
+
+// Exec starts a process in a branch context.
+func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.ExecResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if len(req.Args) == 0 {
+		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.ExecId == "" {
+		return nil, fmt.Errorf("exec: no exec id given: %w", errdefs.ErrInvalidArgument)
+	}
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	if n.exited {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	ps := *n.spec.Process
+	ps.Args = req.Args
+	ps.Env = append(append([]string{}, ps.Env...), req.Env...)
+	if req.Cwd != "" {
+		ps.Cwd = req.Cwd
+	}
+	ps.Terminal = req.Terminal
+	b, err := json.Marshal(&ps)
+	if err != nil {
+		sb.mu.Unlock()
+		return nil, err
+	}
+	container := n.container
+	// The sandbox stays unlocked while the process starts: a commit waits
+	// only for the bookkeeping, and kills what it finds in the cgroup.
+	ok, cancel := container.ReserveProcess(req.ExecId)
+	sb.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("exec id %s already used in %s/%s: %w", req.ExecId, sb.id, n.id, errdefs.ErrAlreadyExists)
+	}
+	p, err := container.Exec(ctx, &taskAPI.ExecProcessRequest{
+		ID: n.runtimeID, ExecID: req.ExecId, Terminal: req.Terminal,
+		Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr,
+		Spec: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/Process", Value: b},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("exec in %s/%s: %w", sb.id, n.id, errgrpc.ToNative(err))
+	}
+	cancel()
+	started := time.Now()
+	if err := p.Start(ctx); err != nil {
+		container.ProcessRemove(req.ExecId)
+		return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, errgrpc.ToNative(err))
+	}
+	c.watch(p, started)
+	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
+}
+
+// proc finds an exec'd process ("" is the branch's init).
+func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string) (*bctx, *runc.Container, process.Process, error) {
+	sb, n, err := c.branchFor(ctx, sandboxID, id, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	container := n.container
+	sb.mu.Unlock()
+	if container == nil {
+		return nil, nil, nil, fmt.Errorf("branch %s of %s is gone: %w", id, sandboxID, errdefs.ErrNotFound)
+	}
+	p, err := container.Process(execID)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("process %q of %s/%s: %w", execID, sandboxID, id, errdefs.ErrNotFound)
+	}
+	return n, container, p, nil
+}
+
+// Wait waits for an exec'd process to exit and reports whether the kernel's
+// OOM killer ended it.
+func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.WaitResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	n, container, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Wait(ctx); err != nil {
+		return nil, err
+	}
+	status := p.ExitStatus()
+	resp := &shimv1.WaitResponse{ExitStatus: uint32(status), ExitedAt: timestamppb.New(p.ExitedAt())}
+	// SIGKILL with OOM kills counted in the branch's memory cgroup.
+	resp.OomKilled = status == 128+int(unix.SIGKILL) && oomKills(n.cgroup) > 0
+	if req.ExecId != "" {
+		_ = p.Delete(ctx)
+		container.ProcessRemove(req.ExecId)
+	}
+	return resp, nil
+}
+
+func (c *contexts) ResizePty(ctx context.Context, req *shimv1.ResizePtyRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Resize(console.WinSize{Width: uint16(req.Width), Height: uint16(req.Height)}); err != nil {
+		return nil, err
+	}
+	return &shimv1.Empty{}, nil
+}
+
+func (c *contexts) CloseIO(ctx context.Context, req *shimv1.CloseIORequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	if stdin := p.Stdin(); stdin != nil {
+		if err := stdin.Close(); err != nil {
+			return nil, fmt.Errorf("close stdin: %w", err)
+		}
+	}
+	return &shimv1.Empty{}, nil
+}
+
+func (c *contexts) Kill(ctx context.Context, req *shimv1.KillRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Kill(ctx, req.Signal, false); err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	return &shimv1.Empty{}, nil
+}
+
+// Tree lists every context of a sandbox: the snapshotter's tree (states,
+// epochs, upper sizes, ended branches) with what this shim runs.
+func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1.TreeResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, err := c.sandbox(req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil {
+		return nil, err
+	}
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return nil, err
+	}
+	resp := &shimv1.TreeResponse{}
+	for i := range infos {
+		n := sb.nodes[infos[i].ID]
+		if n == nil {
+			n = &bctx{id: infos[i].ID, parent: infos[i].Parent}
+		}
+		resp.Nodes = append(resp.Nodes, c.describe(sb, n, &infos[i]))
+	}
+	if root := sb.nodes[branch.RootID]; root != nil {
+		if pid, err := c.initPid(ctx, sb, root); err == nil {
+			for _, d := range resp.Nodes {
+				if d.Id == branch.RootID {
+					d.InitPid, d.Status = uint32(pid), "running"
+				}
+			}
+		}
+	}
+	return resp, nil
+}
+
+// describe is a context as the API reports it.
+func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Context {
+	d := &shimv1.Context{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup}
+	if info != nil {
+		d.Parent = info.Parent
+		d.State = string(info.State)
+		d.Epoch, d.ForkEpoch = info.Epoch, info.ForkEpoch
+		d.Winner, d.WinnerEpoch = info.Winner, info.WinnerEpoch
+		d.UpperSize, d.UpperInodes = info.UpperSize, info.UpperInodes
+		d.Sealed, d.Children = info.Sealed, info.Children
+		if !info.Created.IsZero() {
+			d.Created = timestamppb.New(info.Created)
+		}
+		if !info.Ended.IsZero() {
+			d.Ended = timestamppb.New(info.Ended)
+		}
+	}
+	if n.spec != nil {
+		d.Limits = limitsOf(n.spec)
+	}
+	if n.cgroup != "" && (n.container != nil || n.id == branch.RootID) {
+		pids, _ := cgroupPids(n.cgroup, false)
+		sort.Ints(pids)
+		for _, p := range pids {
+			d.Pids = append(d.Pids, uint32(p))
+		}
+		d.OomKilled = oomKills(n.cgroup) > 0
+	}
+	if n.container != nil {
+		d.InitPid = uint32(n.container.Pid())
+		switch {
+		case n.exited:
+			d.Status = "exited"
+			if p, err := n.container.Process(""); err == nil {
+				d.ExitStatus = int32(p.ExitStatus())
+			}
+		case n.hasCommand:
+			d.Status = "running"
+		default:
+			d.Status = "waiting"
+		}
+	}
+	if n.frozen {
+		d.Status = "frozen"
+	}
+	return d
+}
+
+// teardown removes every branch context of a sandbox whose task is being
+// deleted, and unseals its rootfs, so that nothing outlives it.
+func (c *contexts) teardown(ctx context.Context, id string) {
+	c.mu.Lock()
+	sb, ok := c.sandboxes[id]
+	delete(c.sandboxes, id)
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.nodes == nil {
+		return
+	}
+	for _, d := range sb.descendants(branch.RootID) {
+		c.destroy(ctx, sb, d)
+		delete(sb.nodes, d.id)
+		if d.parent == branch.RootID {
+			if _, err := sb.snapshot.Abort(ctx, sb.ref(d.id)); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of deleted sandbox")
+			}
+		}
+	}
+	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
+		_ = thawOwn(ctx, root.cgroup)
+	}
+	sb.snapshot.Close()
+}
+
+// branchEvent is what a fork, commit, abort or invalidation publishes.
+type branchEvent struct {
+	Sandbox, Parent string
+	Branches        []string
+	Winner          string
+	Epoch           uint64
+}
+
+// publish sends a branch event to containerd's event service. It travels
+// as containerd's own ContainerUpdate type (the sandbox's id, and labels
+// branchbox.parent, .branches, .winner, .epoch) on a /branch/ topic, so
+// that `ctr events` and every containerd client can decode it; a type of
+// our own would be skipped by clients that do not link it.
+func (c *contexts) publish(ctx context.Context, topic string, ev *branchEvent) {
+	if c.publisher == nil {
+		return
+	}
+	labels := map[string]string{
+		"branchbox.parent":   ev.Parent,
+		"branchbox.branches": strings.Join(ev.Branches, ","),
+	}
+	if ev.Winner != "" {
+		labels["branchbox.winner"] = ev.Winner
+		labels["branchbox.epoch"] = strconv.FormatUint(ev.Epoch, 10)
+	}
+	if err := c.publisher.Publish(ctx, topic, &eventstypes.ContainerUpdate{ID: ev.Sandbox, Labels: labels}); err != nil {
+		log.G(ctx).WithError(err).WithField("topic", topic).Warn("publish branch event")
+	}
+}
+
+func ids(ns []*bctx) string {
+	var s []string
+	for _, n := range ns {
+		s = append(s, n.id)
+	}
+	sort.Slice(s, func(i, j int) bool { a, _ := strconv.Atoi(s[i]); b, _ := strconv.Atoi(s[j]); return a < b })
+	return strings.Join(s, ", ")
+}
+
+// toTTRPC carries errdefs kinds, and a stale branch's winner, over ttrpc.
+func toTTRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *branch.StaleError
+	if errors.As(err, &se) {
+		st, derr := status.New(codes.Aborted, err.Error()).WithDetails(&branchv1.StaleDetail{
+			Branch: se.Branch, Winner: se.Winner, WinnerEpoch: se.WinnerEpoch,
+		})
+		if derr == nil {
+			return st.Err()
+		}
+	}
+	return errgrpc.ToGRPC(err)
+}
+
+// stopBranches is the cleanup of a sandbox whose shim died: it force
+// deletes every branch context's runtime container (killing its processes
+// through its cgroup) and detaches its rootfs mount. It needs nothing from
+// the dead shim: the branches are found in the bundle.
+func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
+	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
+	for _, e := range entries {
+		if err := r.Delete(ctx, RuntimeID(id, e.Name()), &runcC.DeleteOpts{Force: true}); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("delete branch container")
+		}
+		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("unmount branch rootfs")
+		}
+	}
+}

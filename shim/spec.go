@@ -1,0 +1,144 @@
+//go:build linux
+
+package shim
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+)
+
+// Network modes of a branch context.
+const (
+	NetShared   = "shared"
+	NetIsolated = "isolated"
+)
+
+// Seal modes of a context with children.
+const (
+	SealReadOnly = "ro"
+	SealFreeze   = "freeze"
+)
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read spec of %s: %w", bundle, err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("decode spec of %s: %v: %w", bundle, err, errdefs.ErrInvalidArgument)
+	}
+	return &s, nil
+}
+
+func writeSpec(bundle string, s *specs.Spec) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
+}
+
+// branchSpec derives a branch context's spec from its parent's: the same
+// process, mounts, capabilities and limits, but its own rootfs (the
+// branch's overlay, mounted at <bundle>/rootfs), its own PID and mount
+// namespaces, a cgroup nested under the parent's, and the parent's network
+// namespace (or a new loopback-only one).
+func branchSpec(parent *specs.Spec, cgroupPath string, netns string, req *shimv1.ForkRequest) (*specs.Spec, error) {
+	b, err := json.Marshal(parent)
+	if err != nil {
+		return nil, err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	if s.Linux == nil || s.Process == nil {
+		return nil, fmt.Errorf("sandbox spec has no linux section or process: %w", errdefs.ErrInvalidArgument)
+	}
+	readonly := s.Root != nil && s.Root.Readonly
+	s.Root = &specs.Root{Path: "rootfs", Readonly: readonly}
+	s.Hooks = nil // the sandbox's hooks (networking and the like) ran for it already
+	s.Annotations = nil
+	s.Process.Terminal = false
+	s.Process.ConsoleSize = nil
+	if len(req.Args) > 0 {
+		s.Process.Args = req.Args
+	}
+	s.Linux.CgroupsPath = cgroupPath
+	var ns []specs.LinuxNamespace
+	for _, n := range s.Linux.Namespaces {
+		switch n.Type {
+		case specs.PIDNamespace, specs.MountNamespace, specs.NetworkNamespace:
+			continue
+		}
+		ns = append(ns, n)
+	}
+	ns = append(ns, specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.MountNamespace})
+	// A new network namespace gets only loopback (libcontainer brings it up).
+	ns = append(ns, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns})
+	s.Linux.Namespaces = ns
+	if l := req.Limits; l != nil {
+		if s.Linux.Resources == nil {
+			s.Linux.Resources = &specs.LinuxResources{}
+		}
+		r := s.Linux.Resources
+		if l.Memory > 0 {
+			if r.Memory == nil {
+				r.Memory = &specs.LinuxMemory{}
+			}
+			m := l.Memory
+			r.Memory.Limit = &m
+			r.Memory.Swap = nil
+		}
+		if l.Cpus > 0 {
+			if r.CPU == nil {
+				r.CPU = &specs.LinuxCPU{}
+			}
+			period := uint64(100000)
+			quota := int64(l.Cpus * float64(period))
+			r.CPU.Period, r.CPU.Quota = &period, &quota
+		}
+		if l.Pids > 0 {
+			p := l.Pids
+			r.Pids = &specs.LinuxPids{Limit: &p}
+		}
+	}
+	return &s, nil
+}
+
+// limitsOf reads the limits a spec sets, for reporting.
+func limitsOf(s *specs.Spec) *shimv1.Limits {
+	l := &shimv1.Limits{}
+	if s == nil || s.Linux == nil || s.Linux.Resources == nil {
+		return l
+	}
+	r := s.Linux.Resources
+	if r.Memory != nil && r.Memory.Limit != nil {
+		l.Memory = *r.Memory.Limit
+	}
+	if r.CPU != nil && r.CPU.Quota != nil && r.CPU.Period != nil && *r.CPU.Period > 0 && *r.CPU.Quota > 0 {
+		l.Cpus = float64(*r.CPU.Quota) / float64(*r.CPU.Period)
+	}
+	if r.Pids != nil && r.Pids.Limit != nil {
+		l.Pids = *r.Pids.Limit
+	}
+	return l
+}
+
+// checkCgroupPath refuses cgroup paths a branch cannot nest under: systemd
+// slices ("slice:prefix:name") name units, not directories.
+func checkCgroupPath(p string) error {
+	if p == "" || strings.Contains(p, ":") || !strings.HasPrefix(p, "/") {
+		return fmt.Errorf("sandbox cgroup path %q is not a cgroupfs path; branch contexts nest their cgroups under the sandbox's and need the cgroupfs driver (SystemdCgroup = false): %w", p, errdefs.ErrNotImplemented)
+	}
+	return nil
+}
