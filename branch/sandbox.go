@@ -127,22 +127,16 @@ type ForkOptions struct {
 // ContextInfo is one context of a sandbox: the sandbox itself (ID "0") or
 // a branch.
 type ContextInfo struct {
-	ID          string    `json:"id"`
-	Parent      string    `json:"parent,omitempty"`
-	State       State     `json:"state"`
-	Epoch       uint64    `json:"epoch"`
-	ForkEpoch   uint64    `json:"forkEpoch"`
-	Created     time.Time `json:"created"`
-	Ended       time.Time `json:"ended,omitempty"`
-	Winner      string    `json:"winner,omitempty"`
-	WinnerEpoch uint64    `json:"winnerEpoch,omitempty"`
-	UpperSize   int64     `json:"upperSize"`
-	UpperInodes int64     `json:"upperInodes"`
-	Sealed      bool      `json:"sealed"`
-	Seal        string    `json:"seal,omitempty"`
-	Children    []string  `json:"children,omitempty"`
-	InitPid     int       `json:"initPid,omitempty"`
-	Pids        []int     `json:"pids,omitempty"`
+	// Node carries the tree's view: id, parent, state, epochs, times and,
+	// for a stale branch, the winner.
+	Node
+	UpperSize   int64    `json:"upperSize"`
+	UpperInodes int64    `json:"upperInodes"`
+	Sealed      bool     `json:"sealed"`
+	Seal        string   `json:"seal,omitempty"`
+	Children    []string `json:"children,omitempty"`
+	InitPid     int      `json:"initPid,omitempty"`
+	Pids        []int    `json:"pids,omitempty"`
 	// Status: "waiting" (its init holds it), "running" (a command runs as
 	// its init), "exited", "frozen"; empty for ended contexts.
 	Status     string  `json:"status,omitempty"`
@@ -160,8 +154,11 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 		return ContextInfo{}
 	}
 	i := ContextInfo{
-		ID: c.Id, Parent: c.Parent, State: State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
-		Winner: c.Winner, WinnerEpoch: c.WinnerEpoch, UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
+		Node: Node{
+			ID: c.Id, Parent: c.Parent, State: State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
+			Winner: c.Winner, WinnerEpoch: c.WinnerEpoch,
+		},
+		UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
 		Sealed: c.Sealed, Seal: c.Seal, Children: c.Children, InitPid: int(c.InitPid), Status: c.Status,
 		ExitStatus: int(c.ExitStatus), OOMKilled: c.OomKilled, Net: c.Net, Cgroup: c.Cgroup,
 	}
