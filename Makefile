@@ -17,7 +17,7 @@ CRI_BINS := $(BIN)/crictl
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean containerd-config
+.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean containerd-config install
 
 all: binaries
 
@@ -83,6 +83,24 @@ bench: binaries
 
 clean:
 	rm -rf $(BIN)
+
+# Node install (docs/node-setup.md): the two binaries, the snapshotter's
+# systemd unit (pointing at BINDIR), a containerd.service drop-in ordering
+# containerd after it, and the containerd configuration to merge.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DATADIR ?= $(PREFIX)/share/branchbox
+
+install: $(OUR_BINS)
+	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
+	install -D -m 0755 $(BIN)/containerd-shim-branch-v1 $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1
+	install -d $(DESTDIR)$(UNITDIR)/containerd.service.d
+	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
+	install -m 0644 hack/systemd/containerd-branchbox.conf $(DESTDIR)$(UNITDIR)/containerd.service.d/10-branchbox.conf
+	install -D -m 0644 docs/containerd-config.toml $(DESTDIR)$(DATADIR)/containerd-config.toml
+	install -D -m 0644 docs/runtimeclass.yaml $(DESTDIR)$(DATADIR)/runtimeclass.yaml
 
 proto:
 	@hack/proto.sh
