@@ -59,6 +59,30 @@ func main() {
 }
 `
 
+// criPodIP is the address the test CNI plugin gives every pod.
+const criPodIP = "10.88.0.2"
+
+// cniPlugin is a CNI plugin for the tests (Debian's plugins all reach the
+// host): it gives the pod's network namespace an eth0, up, with criPodIP,
+// that is one end of a veth pair whose other end stays in the pod too
+// (these VMs have no dummy device); it touches nothing of the host.
+const cniPlugin = `#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+/bin/cat > /dev/null
+case "$CNI_COMMAND" in
+ADD)
+	nsenter --net="$CNI_NETNS" ip link add "$CNI_IFNAME" type veth peer name bbx-peer &&
+	nsenter --net="$CNI_NETNS" ip link set bbx-peer up &&
+	nsenter --net="$CNI_NETNS" ip addr add ` + criPodIP + `/24 dev "$CNI_IFNAME" &&
+	nsenter --net="$CNI_NETNS" ip link set "$CNI_IFNAME" up || exit 1
+	printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%s","sandbox":"%s"}],"ips":[{"address":"` + criPodIP + `/24","interface":0}]}' "$CNI_IFNAME" "$CNI_NETNS"
+	;;
+VERSION)
+	printf '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}'
+	;;
+esac
+`
+
 // criTest is a private containerd with its CRI plugin on, the branch
 // runtime handler configured as docs/containerd-config.toml has it, and
 // the test images imported into the CRI namespace.
@@ -88,7 +112,19 @@ func criEnv(t *testing.T) *criTest {
 	if err := harness.WriteBusyboxImageFile(appArchive); err != nil {
 		t.Fatal(err)
 	}
-	ctx, env := startEnvWith(t, harness.Config{CRI: &harness.CRIConfig{SandboxImage: criPauseImage}})
+	cniConf, cniBin := filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin")
+	for _, d := range []string{cniConf, cniBin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cniBin, "bbx-dummy"), []byte(cniPlugin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cniConf, "10-bbx.conflist"), []byte(`{"cniVersion":"1.0.0","name":"bbx","plugins":[{"type":"bbx-dummy"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, env := startEnvWith(t, harness.Config{CRI: &harness.CRIConfig{SandboxImage: criPauseImage, CNIConfDir: cniConf, CNIBinDir: cniBin}})
 	client, err := containerd.New(env.Address)
 	if err != nil {
 		t.Fatal(err)

@@ -18,14 +18,15 @@ var criHandlers = []struct{ handler, runtime, shim string }{
 }
 
 // TestCRIPodSharesNamespaces runs the same pod on the branch and runc
-// handlers at once (host network, pod IPC, pod PID namespace; containers
-// a and b share the pod's PID namespace, c asks for its own) and checks
+// handlers at once (a pod network from the test CNI plugin, pod IPC, pod
+// PID namespace; containers a and b share the pod's PID namespace, c asks
+// for its own) and checks
 // from the host, in /proc/<pid>/ns, that each container shares exactly
 // what it does under runc-v2; and that, as with runc-v2, one shim process
 // serves each whole pod and is the parent of all its containers.
 func TestCRIPodSharesNamespaces(t *testing.T) {
 	c := criEnv(t)
-	podNSOpts := podNS{network: nsNode, pid: nsPod, ipc: nsPod}
+	podNSOpts := podNS{network: nsPod, pid: nsPod, ipc: nsPod}
 	nsKinds := []string{"net", "ipc", "pid", "uts", "mnt"}
 	hostNS := map[string]string{}
 	for _, k := range nsKinds {
@@ -44,6 +45,9 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 	for _, h := range criHandlers {
 		id, cfg := c.runPod("share-"+h.handler, h.handler, podNSOpts)
 		p := &pod{id: id, pids: map[string]int{"sandbox": c.pidOf("inspectp", id)}}
+		if ip := field(c.inspect("inspectp", id), "status", "network", "ip"); ip != criPodIP {
+			t.Errorf("%s: pod IP %v, want %s from the CNI plugin", h.handler, ip, criPodIP)
+		}
 		for _, name := range []string{"a", "b", "c"} {
 			ns := podNSOpts
 			if name == "c" {
@@ -69,6 +73,11 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 			if strings.TrimRight(init, "\x00\n") != want {
 				t.Errorf("%s: PID 1 seen from container %s is %q, want %q", h.handler, name, init, want)
 			}
+			// The pod's network: the interface the CNI plugin made.
+			addr, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "ip", "-o", "-4", "addr", "show", "eth0")
+			if err != nil || !strings.Contains(addr, criPodIP+"/24") {
+				t.Errorf("%s: container %s sees no pod network: %q, %v", h.handler, name, addr, err)
+			}
 		}
 		pods[h.handler] = p
 	}
@@ -93,10 +102,10 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 		}
 	}
 	want := map[string]map[string]string{
-		"sandbox": {"net": "host", "ipc": "own", "pid": "own", "uts": "host", "mnt": "own"},
-		"a":       {"net": "host", "ipc": "pod", "pid": "pod", "uts": "host", "mnt": "own"},
-		"b":       {"net": "host", "ipc": "pod", "pid": "pod", "uts": "host", "mnt": "own"},
-		"c":       {"net": "host", "ipc": "pod", "pid": "own", "uts": "host", "mnt": "own"},
+		"sandbox": {"net": "own", "ipc": "own", "pid": "own", "uts": "own", "mnt": "own"},
+		"a":       {"net": "pod", "ipc": "pod", "pid": "pod", "uts": "pod", "mnt": "own"},
+		"b":       {"net": "pod", "ipc": "pod", "pid": "pod", "uts": "pod", "mnt": "own"},
+		"c":       {"net": "pod", "ipc": "pod", "pid": "own", "uts": "pod", "mnt": "own"},
 	}
 	got := map[string]map[string]map[string]string{}
 	for _, h := range criHandlers {
@@ -116,7 +125,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 		}
 	}
 	// The two pods share nothing of their own with each other.
-	for _, k := range []string{"ipc", "pid", "mnt"} {
+	for _, k := range []string{"net", "ipc", "pid", "uts", "mnt"} {
 		b, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pods["branch"].pids["sandbox"], k))
 		r, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pods["runc"].pids["sandbox"], k))
 		if b == r {

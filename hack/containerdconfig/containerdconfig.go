@@ -41,6 +41,9 @@ type Options struct {
 	// CNIConfDir and CNIBinDir are where the CRI plugin looks for CNI
 	// configurations and plugins.
 	CNIConfDir, CNIBinDir string
+	// CNIInternalLoopback has the CRI plugin bring pods' loopback up
+	// itself, so CNIBinDir needs no loopback plugin.
+	CNIInternalLoopback bool
 	// NetNSUnderState puts the network namespaces the CRI plugin makes
 	// under State rather than /var/run/netns.
 	NetNSUnderState bool
@@ -115,7 +118,7 @@ func Render(o Options) string {
 	if o.SandboxImage != "" {
 		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
 	}
-	if o.CNIConfDir != "" || o.CNIBinDir != "" || o.NetNSUnderState || o.RestrictOOMScoreAdj {
+	if o.CNIConfDir != "" || o.CNIBinDir != "" || o.CNIInternalLoopback || o.NetNSUnderState || o.RestrictOOMScoreAdj {
 		p("\n[plugins.\"io.containerd.cri.v1.runtime\"]\n")
 		if o.NetNSUnderState {
 			p("  netns_mounts_under_state_dir = true\n")
@@ -123,8 +126,11 @@ func Render(o Options) string {
 		if o.RestrictOOMScoreAdj {
 			p("  restrict_oom_score_adj = true\n")
 		}
-		if o.CNIConfDir != "" || o.CNIBinDir != "" {
+		if o.CNIConfDir != "" || o.CNIBinDir != "" || o.CNIInternalLoopback {
 			p("\n[plugins.\"io.containerd.cri.v1.runtime\".cni]\n")
+			if o.CNIInternalLoopback {
+				p("  use_internal_loopback = true\n")
+			}
 			if o.CNIConfDir != "" {
 				p("  conf_dir = %q\n", o.CNIConfDir)
 			}

@@ -28,7 +28,7 @@ type CRIConfig struct {
 	// CRINamespace before running a pod, as no registry is reachable.
 	SandboxImage string
 	// CNIConfDir and CNIBinDir default to empty directories under the
-	// env: no pod network, so pods use the host's.
+	// env: no pod network, so pods can only use the host's.
 	CNIConfDir, CNIBinDir string
 }
 
@@ -55,6 +55,8 @@ func (e *Env) criContainerdConfig() (string, error) {
 		SandboxImage:    c.SandboxImage,
 		CNIConfDir:      c.CNIConfDir,
 		CNIBinDir:       c.CNIBinDir,
+		// Tests bring their own CNI plugins; loopback needs none.
+		CNIInternalLoopback: true,
 		// Keeps pod network namespaces under the env, which Stop removes.
 		NetNSUnderState: true,
 		// Root on these VMs lacks CAP_SYS_RESOURCE, so no runtime can
