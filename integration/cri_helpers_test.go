@@ -134,7 +134,13 @@ func criEnv(t *testing.T) *criTest {
 		if out, err := env.Crictl(context.Background(), "rmp", "--all", "--force"); err != nil {
 			t.Errorf("remove pods: %v\n%s", err, out)
 		}
-		waitUntil(t, "shims to exit after the pods were removed", 15*time.Second, func() bool { return len(c.shims()) == 0 })
+		// Not waitUntil: a cleanup must go on to the checks below.
+		for deadline := time.Now().Add(15 * time.Second); len(c.shims()) != 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("shims still running after the pods were removed: %v", c.shims())
+				break
+			}
+		}
 		client.Close()
 		killLeftovers(t, env.Namespace)
 		for _, id := range c.ids {
