@@ -10,11 +10,16 @@ import (
 	"time"
 )
 
+// criHandler is a runtime handler, the runtime it names and its shim.
+type criHandler struct{ handler, runtime, shim string }
+
 // criHandlers are the runtime handlers compared side by side: ours, and
 // containerd's default runc-v2 with Debian's runc.
-var criHandlers = []struct{ handler, runtime, shim string }{
-	{"branch", branchRuntime, "containerd-shim-branch-v1"},
-	{"runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"},
+func criHandlers() []criHandler {
+	return []criHandler{
+		{"branch", branchRuntime, "containerd-shim-branch-v1"},
+		{"runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"},
+	}
 }
 
 // TestCRIPodSharesNamespaces runs the same pod on the branch and runc
@@ -26,6 +31,7 @@ var criHandlers = []struct{ handler, runtime, shim string }{
 // serves each whole pod and is the parent of all its containers.
 func TestCRIPodSharesNamespaces(t *testing.T) {
 	c := criEnv(t)
+	handlers := criHandlers()
 	podNSOpts := podNS{network: nsPod, pid: nsPod, ipc: nsPod}
 	nsKinds := []string{"net", "ipc", "pid", "uts", "mnt"}
 	hostNS := map[string]string{}
@@ -42,7 +48,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 		pids map[string]int // sandbox, a, b, c
 	}
 	pods := map[string]*pod{}
-	for _, h := range criHandlers {
+	for _, h := range handlers {
 		id, cfg := c.runPod("share-"+h.handler, h.handler, podNSOpts)
 		p := &pod{id: id, pids: map[string]int{"sandbox": c.pidOf("inspectp", id)}}
 		if ip := field(c.inspect("inspectp", id), "status", "network", "ip"); ip != criPodIP {
@@ -108,7 +114,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 		"c":       {"net": "pod", "ipc": "pod", "pid": "own", "uts": "pod", "mnt": "own"},
 	}
 	got := map[string]map[string]map[string]string{}
-	for _, h := range criHandlers {
+	for _, h := range handlers {
 		got[h.handler] = map[string]map[string]string{}
 		for who := range want {
 			got[h.handler][who] = map[string]string{}
@@ -136,10 +142,10 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 	// One shim per pod, grouped by sandbox id (runc-v2's manager does it
 	// and ours is that manager), parent of the pod's every container.
 	shims := c.shims()
-	if len(shims) != len(criHandlers) {
+	if len(shims) != len(handlers) {
 		t.Errorf("shims running: %v; want one per pod", shims)
 	}
-	for _, h := range criHandlers {
+	for _, h := range handlers {
 		var shim int
 		for pid, bin := range shims {
 			if bin == h.shim {
