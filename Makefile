@@ -5,16 +5,19 @@
 # Keep in step with go.mod (checked by `make check-version`).
 CONTAINERD_VERSION := v2.2.1
 STATICCHECK_VERSION := v0.8.2
+# crictl, the CRI client the CRI tests drive containerd with.
+CRICTL_VERSION := v1.37.0
 
 GO ?= go
 BIN := $(CURDIR)/bin
 export BRANCHBOX_BIN := $(BIN)
 
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
+CRI_BINS := $(BIN)/crictl
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean
+.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean containerd-config install
 
 all: binaries
 
@@ -33,6 +36,14 @@ $(BIN)/.containerd-$(CONTAINERD_VERSION):
 
 $(CONTAINERD_BINS): $(BIN)/.containerd-$(CONTAINERD_VERSION) ;
 
+$(BIN)/.crictl-$(CRICTL_VERSION):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
+	@rm -f $(BIN)/.crictl-*
+	@touch $@
+
+$(CRI_BINS): $(BIN)/.crictl-$(CRICTL_VERSION) ;
+
 # Our own binaries are always rebuilt; go's cache makes that cheap.
 $(OUR_BINS) $(DEMO): FORCE
 	@mkdir -p $(BIN)
@@ -43,7 +54,7 @@ $(BIN)/containerd-shim-branch-v1: BUILD_TAGS := -tags seccomp
 
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(OUR_BINS)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(OUR_BINS)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.
@@ -73,5 +84,29 @@ bench: binaries
 clean:
 	rm -rf $(BIN)
 
+# Node install (docs/node-setup.md): the two binaries, the snapshotter's
+# systemd unit (pointing at BINDIR), a containerd.service drop-in ordering
+# containerd after it, and the containerd configuration to merge.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DATADIR ?= $(PREFIX)/share/branchbox
+
+install: $(OUR_BINS)
+	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
+	install -D -m 0755 $(BIN)/containerd-shim-branch-v1 $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1
+	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
+	install -d $(DESTDIR)$(UNITDIR)/containerd.service.d
+	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
+	install -m 0644 hack/systemd/containerd-branchbox.conf $(DESTDIR)$(UNITDIR)/containerd.service.d/10-branchbox.conf
+	install -D -m 0644 docs/containerd-config.toml $(DESTDIR)$(DATADIR)/containerd-config.toml
+	install -D -m 0644 docs/runtimeclass.yaml $(DESTDIR)$(DATADIR)/runtimeclass.yaml
+
 proto:
 	@hack/proto.sh
+
+# docs/containerd-config.toml is generated (hack/containerdconfig); a unit
+# test fails when it is stale.
+containerd-config:
+	$(GO) run ./hack/gen-containerd-config --platform linux/amd64 > docs/containerd-config.toml

@@ -2,9 +2,10 @@
 # Installs the Debian packages the tests and the demo need, if missing:
 # busybox-static (the test image is built from it) and runc (the baseline
 # runtime containerd-shim-runc-v2 drives) and libseccomp-dev (seccomp in
-# containerd-shim-branch-v1, built with cgo).
+# containerd-shim-branch-v1, built with cgo) and systemd (systemd-analyze
+# checks the installed units) and iproute2 (the CRI tests' CNI plugin).
 set -euo pipefail
-pkgs=(busybox-static runc libseccomp-dev)
+pkgs=(busybox-static runc libseccomp-dev systemd iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

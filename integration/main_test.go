@@ -24,9 +24,16 @@ func requireRoot(t testing.TB) {
 // registers their teardown, which also checks that nothing leaked.
 func startEnv(t testing.TB) (context.Context, *harness.Env) {
 	t.Helper()
+	return startEnvWith(t, harness.Config{})
+}
+
+// startEnvWith is startEnv with a harness configuration (the CRI tests
+// turn the CRI plugins on with it).
+func startEnvWith(t testing.TB, cfg harness.Config) (context.Context, *harness.Env) {
+	t.Helper()
 	requireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	env, err := harness.Start(ctx, harness.Config{})
+	env, err := harness.Start(ctx, cfg)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

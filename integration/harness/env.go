@@ -39,6 +39,7 @@ type Env struct {
 
 	containerd  *proc
 	snapshotter *proc
+	cri         *CRIConfig
 }
 
 // Config says where the binaries are and where to put the state.
@@ -48,6 +49,9 @@ type Config struct {
 	BinDir string
 	// Dir is the state directory; a new temporary one if empty.
 	Dir string
+	// CRI, if set, runs containerd with its CRI plugins on (see cri.go);
+	// otherwise they are off.
+	CRI *CRIConfig
 }
 
 // BinDirFromEnv returns $BRANCHBOX_BIN, or bin/ at the module root found
@@ -95,6 +99,7 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 		SnapshotterAddress: filepath.Join(dir, "snapshotter.sock"),
 		ContainerdRoot:     filepath.Join(dir, "root"),
 		ContainerdState:    filepath.Join(dir, "state"),
+		cri:                cfg.CRI,
 	}
 	defer func() {
 		if retErr != nil {
@@ -164,7 +169,14 @@ func (e *Env) StopSnapshotter(sig syscall.Signal) error {
 
 func (e *Env) startContainerd(ctx context.Context) error {
 	config := filepath.Join(e.Dir, "containerd.toml")
-	if err := os.WriteFile(config, []byte(ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress)), 0o600); err != nil {
+	text := ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress)
+	if e.cri != nil {
+		var err error
+		if text, err = e.criContainerdConfig(); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(config, []byte(text), 0o600); err != nil {
 		return err
 	}
 	cmd, err := e.spawn("containerd", nil, filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", "debug")

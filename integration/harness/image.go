@@ -36,16 +36,29 @@ func WriteBusyboxImage(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	layerDigest := digest.FromBytes(layer)
+	return WriteImage(w, ImageRef, ocispec.ImageConfig{
+		Env:        []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin"},
+		Cmd:        []string{"/bin/sh"},
+		WorkingDir: "/",
+	}, layer)
+}
 
+// BusyboxLayer is the layer of the busybox test image (an uncompressed tar).
+func BusyboxLayer() ([]byte, error) { return busyboxLayer() }
+
+// WriteImage writes an OCI image archive named ref (its tag, after the last
+// colon, is also the OCI ref name) with the given config and uncompressed
+// tar layers, bottom first.
+func WriteImage(w io.Writer, ref string, config ocispec.ImageConfig, layers ...[]byte) error {
 	cfg := ocispec.Image{
 		Platform: ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH},
-		Config: ocispec.ImageConfig{
-			Env:        []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin"},
-			Cmd:        []string{"/bin/sh"},
-			WorkingDir: "/",
-		},
-		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layerDigest}},
+		Config:   config,
+		RootFS:   ocispec.RootFS{Type: "layers"},
+	}
+	var layerDescs []ocispec.Descriptor
+	for _, l := range layers {
+		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, digest.FromBytes(l))
+		layerDescs = append(layerDescs, descriptor(ocispec.MediaTypeImageLayer, l))
 	}
 	cfgBlob, err := json.Marshal(cfg)
 	if err != nil {
@@ -55,7 +68,7 @@ func WriteBusyboxImage(w io.Writer) error {
 		Versioned: specs.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
 		Config:    descriptor(ocispec.MediaTypeImageConfig, cfgBlob),
-		Layers:    []ocispec.Descriptor{descriptor(ocispec.MediaTypeImageLayer, layer)},
+		Layers:    layerDescs,
 	}
 	manifestBlob, err := json.Marshal(manifest)
 	if err != nil {
@@ -64,8 +77,8 @@ func WriteBusyboxImage(w io.Writer) error {
 	md := descriptor(ocispec.MediaTypeImageManifest, manifestBlob)
 	md.Platform = &cfg.Platform
 	md.Annotations = map[string]string{
-		"io.containerd.image.name": ImageRef,
-		ocispec.AnnotationRefName:  "test",
+		"io.containerd.image.name": ref,
+		ocispec.AnnotationRefName:  ref[strings.LastIndexByte(ref, ':')+1:],
 	}
 	index := ocispec.Index{
 		Versioned: specs.Versioned{SchemaVersion: 2},
@@ -85,21 +98,53 @@ func WriteBusyboxImage(w io.Writer) error {
 	}{
 		{ocispec.ImageLayoutFile, layout},
 		{"index.json", indexBlob},
-		{blobPath(layer), layer},
-		{blobPath(cfgBlob), cfgBlob},
-		{blobPath(manifestBlob), manifestBlob},
 	}
+	for _, l := range layers {
+		files = append(files, struct {
+			name string
+			data []byte
+		}{blobPath(l), l})
+	}
+	files = append(files, []struct {
+		name string
+		data []byte
+	}{{blobPath(cfgBlob), cfgBlob}, {blobPath(manifestBlob), manifestBlob}}...)
 	for _, dir := range []string{"blobs/", "blobs/sha256/"} {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, ModTime: epoch}); err != nil {
 			return err
 		}
 	}
+	seen := map[string]bool{}
 	for _, f := range files {
+		if seen[f.name] { // two identical layers are one blob
+			continue
+		}
+		seen[f.name] = true
 		if err := writeFile(tw, f.name, 0o644, f.data); err != nil {
 			return err
 		}
 	}
 	return tw.Close()
+}
+
+// FileLayer returns a layer (an uncompressed tar) holding one executable
+// file at name, with its parent directories.
+func FileLayer(name string, mode int64, data []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	parts := strings.Split(strings.Trim(name, "/"), "/")
+	for i := 1; i < len(parts); i++ {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.Join(parts[:i], "/") + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeFile(tw, strings.Join(parts, "/"), mode, data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // WriteBusyboxImageFile writes the archive to path.
