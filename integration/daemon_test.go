@@ -152,6 +152,47 @@ func TestDaemonCrashRecovery(t *testing.T) {
 	}
 }
 
+// TestDaemonReaper: orphaned branch state that appears while the daemon
+// serves (here planted by hand) is removed on the reaper's timer, and the
+// log says what went.
+func TestDaemonReaper(t *testing.T) {
+	ctx, env := startEnv(t)
+	if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.StartSnapshotterWith(ctx, []string{"--reap-interval", "100ms"}); err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(env.SnapshotterRoot, "branches", "31337")
+	if err := os.MkdirAll(filepath.Join(orphan, "1", "fs", "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(orphan); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("orphaned branch state not reaped within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(env.Log("snapshotter"), "reaped orphaned snapshot state") {
+		if time.Now().After(deadline) {
+			t.Fatalf("reaper did not report what it removed:\n%s", env.Log("snapshotter"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(env.Log("snapshotter"), orphan) {
+		t.Fatalf("report does not name %s", orphan)
+	}
+	cmd := exec.Command(filepath.Join(env.BinDir, "containerd-branch-snapshotter"), "--reap-interval", "-1s")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "negative") {
+		t.Fatalf("negative interval accepted: %v %s", err, out)
+	}
+}
+
 // TestBadInputOverGRPC: error kinds and messages survive the wire, so
 // containerd and its users see the same errdefs kinds the snapshotter made.
 func TestBadInputOverGRPC(t *testing.T) {

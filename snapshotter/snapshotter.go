@@ -343,6 +343,15 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 // Cleanup removes every snapshot directory the metadata does not know:
 // leftovers of removals and of snapshots half created before a crash.
 func (s *Snapshotter) Cleanup(ctx context.Context) error {
+	_, err := s.Reap(ctx)
+	return err
+}
+
+// Reap removes every snapshot directory and branch layer that no metadata
+// owns — what a crash, a failed removal, or a sandbox that went without
+// its branches left — and returns what it removed. The daemon runs it at
+// start and on a timer; containerd calls it (as Cleanup) after collecting.
+func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 	var removals []string
 	// A write transaction keeps creators out while the directory is scanned,
 	// so an in-flight "new-" directory is never mistaken for an orphan.
@@ -351,10 +360,13 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("cleanup: %w", err)
+		return nil, fmt.Errorf("cleanup: %w", err)
 	}
-	s.removeAll(ctx, removals)
-	return nil
+	removed := s.removeAll(ctx, removals)
+	if len(removed) > 0 {
+		log.G(ctx).WithField("removed", removed).Info("reaped orphaned snapshot state")
+	}
+	return removed, nil
 }
 
 // Close releases the metadata store and the lock on root.
@@ -364,14 +376,17 @@ func (s *Snapshotter) Close() error {
 	return err
 }
 
-func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) {
+// removeAll removes dirs and returns those it removed.
+func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) []string {
+	var removed []string
 	for _, dir := range dirs {
 		if err := os.RemoveAll(dir); err != nil {
 			log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove snapshot directory; Cleanup will retry")
 			continue
 		}
-		log.G(ctx).WithField("path", dir).Debug("removed snapshot directory")
+		removed = append(removed, dir)
 	}
+	return removed
 }
 
 // orphanDirectories lists the snapshot directories and branch layers that

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"time"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -45,6 +46,7 @@ func main() {
 		root     = flag.String("root", defaultRoot, "directory holding snapshots and metadata")
 		address  = flag.String("address", defaultAddress, "unix socket to serve the snapshots API on")
 		logLevel = flag.String("log-level", "info", "log level: trace, debug, info, warn, error")
+		reap     = flag.Duration("reap-interval", 5*time.Minute, "how often to remove orphaned snapshot and branch state (0: only at start)")
 	)
 	flag.Parse()
 	if flag.NArg() != 0 {
@@ -57,14 +59,18 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
-	if err := run(ctx, *root, *address); err != nil {
+	if *reap < 0 {
+		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: --reap-interval %s is negative\n", *reap)
+		os.Exit(2)
+	}
+	if err := run(ctx, *root, *address, *reap); err != nil {
 		log.G(ctx).WithError(err).Error("containerd-branch-snapshotter failed")
 		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, root, address string) error {
+func run(ctx context.Context, root, address string, reapInterval time.Duration) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return fmt.Errorf("--root: %w", err)
@@ -114,6 +120,30 @@ func run(ctx context.Context, root, address string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.G(ctx).WithFields(log.Fields{"root": root, "address": address}).Info("serving branch snapshotter")
+
+	if reapInterval > 0 {
+		// Orphans can appear while serving too: a sandbox removed while
+		// its shim was dead, a removal that failed half way. The reaper
+		// is waited for before the snapshotter closes.
+		var reaper sync.WaitGroup
+		defer reaper.Wait()
+		reaper.Add(1)
+		go func() {
+			defer reaper.Done()
+			t := time.NewTicker(reapInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if _, err := sn.Reap(ctx); err != nil {
+						log.G(ctx).WithError(err).Warn("reap orphaned state")
+					}
+				}
+			}
+		}()
+	}
 
 	select {
 	case err := <-errc:

@@ -121,11 +121,16 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 // waits for its socket. extraEnv is added to its environment (tests arm
 // fault points that way).
 func (e *Env) StartSnapshotter(ctx context.Context, extraEnv ...string) error {
+	return e.StartSnapshotterWith(ctx, nil, extraEnv...)
+}
+
+// StartSnapshotterWith is StartSnapshotter with extra daemon flags.
+func (e *Env) StartSnapshotterWith(ctx context.Context, flags []string, extraEnv ...string) error {
 	if e.snapshotter != nil {
 		return errors.New("snapshotter already running")
 	}
-	cmd, err := e.spawn("snapshotter", extraEnv, filepath.Join(e.BinDir, "containerd-branch-snapshotter"),
-		"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", "debug")
+	args := append([]string{"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", "debug"}, flags...)
+	cmd, err := e.spawn("snapshotter", extraEnv, filepath.Join(e.BinDir, "containerd-branch-snapshotter"), args...)
 	if err != nil {
 		return err
 	}
