@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/typeurl/v2"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/integration/harness"
@@ -63,6 +68,46 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		}
 	}
 
+	// Watch for what the CRI plugin would take as the container ending.
+	evctx, stopEvents := context.WithCancel(namespaces.WithNamespace(c.ctx, harness.CRINamespace))
+	defer stopEvents()
+	events, evErrs := c.client.EventService().Subscribe(evctx, `topic=="/tasks/exit"`, `topic=="/tasks/delete"`, `topic=="/tasks/oom"`)
+	var exits []string
+	evDone := make(chan struct{})
+	go func() {
+		defer close(evDone)
+		for {
+			select {
+			case e := <-events:
+				v, err := typeurl.UnmarshalAny(e.Event)
+				if err != nil {
+					continue
+				}
+				switch ev := v.(type) {
+				case *eventstypes.TaskExit:
+					// An exec's exit (ID is the exec's) is the CRI's exec
+					// machinery's business; the container's own init
+					// exiting (ID is the container's) would end it.
+					if ev.ContainerID == ctr && ev.ID == ctr {
+						exits = append(exits, fmt.Sprintf("%s exit pid %d status %d", e.Topic, ev.Pid, ev.ExitStatus))
+					}
+				case *eventstypes.TaskDelete:
+					if ev.ContainerID == ctr {
+						exits = append(exits, e.Topic)
+					}
+				case *eventstypes.TaskOOM:
+					if ev.ContainerID == ctr {
+						exits = append(exits, e.Topic)
+					}
+				}
+			case <-evErrs:
+				return
+			case <-evctx.Done():
+				return
+			}
+		}
+	}()
+
 	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
@@ -105,9 +150,14 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		t.Fatalf("container not writable after its branches ended: %v", err)
 	}
 	same("at the end")
+	stopEvents()
+	<-evDone
+	if len(exits) > 0 {
+		t.Fatalf("containerd published task events for the container while its branches came and went: %v", exits)
+	}
 
 	// Deleting the pod with live branches leaves nothing behind.
-	live, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 2, Args: []string{"sh", "-c", "exec sleep 1000"}})
+	live, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 8, Args: []string{"sh", "-c", "exec sleep 1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
