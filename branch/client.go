@@ -2,6 +2,7 @@ package branch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -117,6 +118,26 @@ func (c *Client) Mounts(ctx context.Context, ref Ref) ([]mount.Mount, error) {
 		return nil, fromGRPC(err)
 	}
 	return mountsFromProto(resp.Mounts), nil
+}
+
+// ToGRPC converts an error for a gRPC or ttrpc reply: errdefs kinds become
+// status codes, and a *StaleError also carries its winner and epoch as
+// status details, so that clients get a *StaleError back, not only text.
+// Servers of the branch APIs (snapshotter, shim) answer with it.
+func ToGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *StaleError
+	if errors.As(err, &se) {
+		st, derr := status.New(codes.Aborted, err.Error()).WithDetails(&branchv1.StaleDetail{
+			Branch: se.Branch, Winner: se.Winner, WinnerEpoch: se.WinnerEpoch,
+		})
+		if derr == nil {
+			return st.Err()
+		}
+	}
+	return errgrpc.ToGRPC(err)
 }
 
 // fromGRPC restores errdefs kinds, and a *StaleError from its details.

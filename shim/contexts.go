@@ -36,12 +36,9 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter"
@@ -945,21 +942,7 @@ func ids(ns []*bctx) string {
 }
 
 // toTTRPC carries errdefs kinds, and a stale branch's winner, over ttrpc.
-func toTTRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	var se *branch.StaleError
-	if errors.As(err, &se) {
-		st, derr := status.New(codes.Aborted, err.Error()).WithDetails(&branchv1.StaleDetail{
-			Branch: se.Branch, Winner: se.Winner, WinnerEpoch: se.WinnerEpoch,
-		})
-		if derr == nil {
-			return st.Err()
-		}
-	}
-	return errgrpc.ToGRPC(err)
-}
+func toTTRPC(err error) error { return branch.ToGRPC(err) }
 
 // stopBranches is the cleanup of a sandbox whose shim died: it force
 // deletes every branch context's runtime container (killing its processes

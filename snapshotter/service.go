@@ -4,12 +4,8 @@ package snapshotter
 
 import (
 	"context"
-	"errors"
 
 	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/errdefs/pkg/errgrpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
@@ -30,7 +26,7 @@ func NewBranchService(s *Snapshotter) branchv1.BranchesServer {
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
 	kids, err := b.s.Fork(ctx, contextFromProto(req.GetParent()), int(req.GetCount()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	resp := &branchv1.ForkResponse{}
 	for _, k := range kids {
@@ -42,7 +38,7 @@ func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*b
 func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest) (*branchv1.CommitResponse, error) {
 	res, err := b.s.CommitBranch(ctx, contextFromProto(req.GetBranch()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.CommitResponse{Parent: infoToProto(res.Parent), Invalidated: res.Plan.Invalidated}, nil
 }
@@ -50,7 +46,7 @@ func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest)
 func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
 	gone, err := b.s.Abort(ctx, contextFromProto(req.GetBranch()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.AbortResponse{Aborted: gone}, nil
 }
@@ -58,7 +54,7 @@ func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (
 func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*branchv1.TreeResponse, error) {
 	t, err := b.s.Tree(ctx, rootFromProto(req.GetRoot()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	resp := &branchv1.TreeResponse{Root: t.Root}
 	for _, n := range t.Nodes {
@@ -70,24 +66,9 @@ func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*b
 func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest) (*branchv1.MountsResponse, error) {
 	m, err := b.s.BranchMounts(ctx, contextFromProto(req.GetContext()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.MountsResponse{Mounts: mountsToProto(m)}, nil
-}
-
-// toGRPC carries a stale error's winner and epoch as status details, so
-// clients get a StaleError back rather than only its text.
-func toGRPC(err error) error {
-	var se *branch.StaleError
-	if errors.As(err, &se) {
-		st, derr := status.New(codes.Aborted, err.Error()).WithDetails(&branchv1.StaleDetail{
-			Branch: se.Branch, Winner: se.Winner, WinnerEpoch: se.WinnerEpoch,
-		})
-		if derr == nil {
-			return st.Err()
-		}
-	}
-	return errgrpc.ToGRPC(err)
 }
 
 func rootFromProto(r *branchv1.Root) Root {

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +23,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/hack/containerdconfig"
 )
 
 // Env is a running private containerd with the branch snapshotter.
@@ -192,35 +193,18 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	return e.waitSocket(ctx, cmd, "containerd", e.Address)
 }
 
-// ContainerdConfig returns a containerd 2.x configuration with the branch
-// snapshotter as a proxy plugin and the CRI plugin off. The transfer
-// service unpacks only for the snapshotters its unpack_config names, so
-// `ctr images import --snapshotter branch` needs branch listed there.
+// ContainerdConfig returns the configuration of a private containerd with
+// the branch snapshotter: the node configuration of the docs (the same
+// generator), with private paths and the CRI plugins off.
 func ContainerdConfig(root, state, address, snapshotterAddress string) string {
-	platform := "linux/" + runtime.GOARCH
-	return fmt.Sprintf(`version = 3
-root = %q
-state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"]
-
-[grpc]
-  address = %q
-
-[ttrpc]
-  address = %q
-
-[proxy_plugins.branch]
-  type = "snapshot"
-  address = %q
-
-[[plugins."io.containerd.transfer.v1.local".unpack_config]]
-  platform = %q
-  snapshotter = "overlayfs"
-
-[[plugins."io.containerd.transfer.v1.local".unpack_config]]
-  platform = %q
-  snapshotter = "branch"
-`, root, state, address, address+".ttrpc", snapshotterAddress, platform, platform)
+	return containerdconfig.Render(containerdconfig.Options{
+		SnapshotterAddress: snapshotterAddress,
+		Root:               root,
+		State:              state,
+		Address:            address,
+		DisabledPlugins: []string{"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images",
+			"io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"},
+	})
 }
 
 // spawn starts a daemon in its own process group with its output in a log
