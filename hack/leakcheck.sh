@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Fails if the tests left overlay mounts or project daemons behind.
+# Fails if the tests left overlay mounts or project daemons behind. Daemons
+# count when they run from this checkout's bin/ (other checkouts on the same
+# machine may be testing at the same time); overlay mounts are machine-wide.
 set -u
+bin=${BRANCHBOX_BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 leaks=0
 m=$(findmnt -rn -t overlay -o TARGET | grep -v '^/$' || true)
 if [ -n "$m" ]; then echo "leaked overlay mounts:"; echo "$m"; leaks=1; fi
-p=$(ps -eo pid=,args= | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|bin/containerd --config' | grep -v grep || true)
+p=$(ps -eo pid=,args= | awk -v bin="$bin/" 'index($2, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc' || true)
 if [ -n "$p" ]; then echo "leaked daemons:"; echo "$p"; leaks=1; fi
 exit $leaks
