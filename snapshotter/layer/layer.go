@@ -140,14 +140,20 @@ func (d *differ) dir(fd int, rel string, underAdded bool, depth int) error {
 		added := false
 		if !underAdded {
 			old, ok := d.prev[p]
+			opaque := false
+			if isDir && !ok {
+				opaque, _ = isOpaque(fd, name)
+			}
 			switch {
+			case !ok && isDir && !opaque:
+				// A new directory merged with whatever lies below it
+				// (copied up to hold a change): only its own entries
+				// changed, each listed on its own, so a rollback rewrites
+				// them rather than the whole directory.
+				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
 			case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
 				added = true
-				opaque := ok
-				if isDir && !opaque {
-					opaque, _ = isOpaque(fd, name)
-				}
-				d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && opaque})
+				d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
 			case old.Ctime == 0 || old.Ctime != st.Ctim.Nano():
 				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
 			}
@@ -313,7 +319,7 @@ func Write(ctx context.Context, src Source, changes []Change, dst string) (Stats
 		return Stats{}, fmt.Errorf("open %s: %w", src.Root, err)
 	}
 	defer unix.Close(sfd)
-	w := &writer{ctx: ctx, src: sfd, dst: dst, links: map[[2]uint64]string{}, made: map[string]bool{"": true}}
+	w := &writer{ctx: ctx, src: sfd, dst: dst, links: map[[2]uint64]string{}, made: map[string]bool{"": true}, whole: map[string]bool{}}
 	// The root's own attributes: a merged view shows the top layer's.
 	var rst unix.Stat_t
 	if err := unix.Fstat(sfd, &rst); err != nil {
@@ -352,6 +358,7 @@ type writer struct {
 	dst   string
 	links map[[2]uint64]string
 	made  map[string]bool
+	whole map[string]bool // paths written with everything below them
 	dirs  []dirTimes
 	stats Stats
 }
@@ -360,6 +367,13 @@ func (w *writer) change(c Change, merged bool) error {
 	dir := parent(c.Path)
 	name := c.Path[len(dir):]
 	name = strings.TrimPrefix(name, "/")
+	// Below a path already written whole (or as a whiteout): covered.
+	for a := dir; a != ""; a = parent(a) {
+		if w.whole[a] {
+			return nil
+		}
+	}
+	w.whole[c.Path] = true
 	if err := w.ensureDir(dir); err != nil {
 		return err
 	}
@@ -390,6 +404,7 @@ func (w *writer) change(c Change, merged bool) error {
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		if c.Kind == Modified {
+			delete(w.whole, c.Path)
 			if w.made[c.Path] {
 				return nil
 			}
@@ -645,7 +660,7 @@ func (w *writer) meta(dirfd int, name, out string, st *unix.Stat_t, opaque bool)
 }
 
 func whiteout(path string) error {
-	if err := unix.Mknod(path, unix.S_IFCHR|0o000, 0); err != nil {
+	if err := unix.Mknod(path, unix.S_IFCHR, 0); err != nil {
 		return fmt.Errorf("make whiteout %s: %w", path, err)
 	}
 	return nil
