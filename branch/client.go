@@ -59,10 +59,17 @@ type Info struct {
 
 // Fork makes n children of ref over its current state.
 func (c *Client) Fork(ctx context.Context, ref Ref, n int) ([]Info, error) {
+	return c.ForkFrom(ctx, ref, n, "")
+}
+
+// ForkFrom makes n children of ref over its checkpoint named from (its
+// current state if from is ""). Committing one of them replaces ref's state
+// with the child's.
+func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string) ([]Info, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("fork: n must be at least 1, got %d: %w", n, errdefs.ErrInvalidArgument)
 	}
-	resp, err := c.api.Fork(ctx, &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n)})
+	resp, err := c.api.Fork(ctx, &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n), FromCheckpoint: from})
 	if err != nil {
 		return nil, fromGRPC(err)
 	}
@@ -175,7 +182,7 @@ func infoFromProto(b *branchv1.Branch) Info {
 	i := Info{
 		Node: Node{
 			ID: b.Id, Parent: b.Parent, State: StateFromProto(b.State), Epoch: b.Epoch, ForkEpoch: b.ForkEpoch,
-			Winner: b.Winner, WinnerEpoch: b.WinnerEpoch,
+			Winner: b.Winner, WinnerEpoch: b.WinnerEpoch, FromCheckpoint: b.FromCheckpoint,
 		},
 		Sealed: b.Sealed, Children: b.Children, UpperSize: b.UpperSize, UpperInodes: b.UpperInodes,
 		Mounts: mountsFromProto(b.Mounts),

@@ -122,6 +122,9 @@ type ForkOptions struct {
 	Pids   int64
 	// Args, if set, run as each branch's init instead of a waiting init.
 	Args []string
+	// From names a checkpoint of Parent to fork from instead of its current
+	// state; committing such a branch replaces Parent's state with its own.
+	From string
 }
 
 // ContextInfo is one context of a sandbox: the sandbox itself (ID "0") or
@@ -186,6 +189,7 @@ func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextIn
 	resp, err := s.api.Fork(s.ctx(ctx), &shimv1.ForkRequest{
 		Sandbox: s.ID, Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
+		FromCheckpoint: opts.From,
 	})
 	if err != nil {
 		return nil, fromTTRPC(err)

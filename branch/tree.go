@@ -60,6 +60,12 @@ type Node struct {
 	// writable again when its last child ends (and not otherwise: a
 	// read-only rootfs stays read-only).
 	SealedByUs bool `json:"sealedByUs,omitempty"`
+	// FromCheckpoint names the checkpoint of its parent this branch was
+	// forked from ("" for a fork over the parent's current state), and
+	// CheckpointLayers that checkpoint's layers, newest first: its lowers
+	// in place of the parent's own upper.
+	FromCheckpoint   string   `json:"fromCheckpoint,omitempty"`
+	CheckpointLayers []uint64 `json:"checkpointLayers,omitempty"`
 }
 
 // Tree is the branch tree of one sandbox root. Nodes holds the contexts

@@ -319,7 +319,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
-	infos, err := sb.snapshot.Fork(ctx, sb.ref(parentID), int(req.Count))
+	infos, err := sb.snapshot.ForkFrom(ctx, sb.ref(parentID), int(req.Count), req.FromCheckpoint)
 	if err != nil {
 		return nil, err
 	}

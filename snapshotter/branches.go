@@ -216,6 +216,9 @@ func storeTree(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	if err := trees.Put([]byte(rootID), v); err != nil {
 		return err
 	}
+	if err := pruneCheckpoints(tx, rootID, t); err != nil {
+		return err
+	}
 	endedNodes := t.TakeEnded()
 	if len(endedNodes) == 0 {
 		return nil
@@ -282,6 +285,9 @@ func tombstones(tx *bolt.Tx, rootID string) ([]branch.Node, error) {
 }
 
 func deleteTree(tx *bolt.Tx, rootID string) error {
+	if err := deleteCheckpoints(tx, rootID); err != nil {
+		return err
+	}
 	if trees := nestedBucket(tx, bucketBranchbox, bucketTrees); trees != nil {
 		if err := trees.Delete([]byte(rootID)); err != nil {
 			return err
@@ -430,13 +436,7 @@ func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, reado
 		}
 		return m
 	}
-	lowers := make([]string, 0, t.Depth(id)+len(r.snap.ParentIDs))
-	for _, a := range t.Ancestors(id) {
-		lowers = append(lowers, s.contextUpper(r.id(), a))
-	}
-	for _, p := range r.snap.ParentIDs {
-		lowers = append(lowers, s.upperPath(p))
-	}
+	lowers := s.lowerDirs(r, t, id)
 	dir := s.branchDir(r.id(), id)
 	options := []string{
 		"workdir=" + filepath.Join(dir, "work"),
@@ -452,7 +452,14 @@ func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, reado
 
 // Fork makes count children of the context c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
-func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) (_ []BranchInfo, retErr error) {
+func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) ([]BranchInfo, error) {
+	return s.ForkFrom(ctx, c, count, "")
+}
+
+// ForkFrom is Fork; with a checkpoint named (one of c's own), the children
+// start from that checkpoint's state instead of c's current one, and
+// committing one replaces c's state with the child's.
+func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string) (_ []BranchInfo, retErr error) {
 	if count < 1 || count > 1024 {
 		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
 	}
@@ -502,6 +509,23 @@ func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) (_ []Branc
 		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
 			return err
 		}
+		if from != "" {
+			d, err := loadCheckpoints(tx, r.id())
+			if err != nil {
+				return err
+			}
+			ck := d.Checkpoints[from]
+			if ck == nil {
+				return fmt.Errorf("no checkpoint named %q in %s: %w", from, r.key, errdefs.ErrNotFound)
+			}
+			if ck.Context != parent {
+				return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", from, ck.Context, parent, errdefs.ErrInvalidArgument)
+			}
+			for _, id := range kids {
+				tree.Nodes[id].FromCheckpoint = from
+				tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
+			}
+		}
 		uid, gid, err := ownerOf(parentUpper)
 		if err != nil {
 			return err
@@ -511,6 +535,16 @@ func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) (_ []Branc
 			created = append(created, dir)
 			if err := makeBranchDir(dir, uid, gid); err != nil {
 				return err
+			}
+		}
+		if from != "" {
+			// The root of the merged view shows the upper's own root: give
+			// it the checkpoint's.
+			top := filepath.Join(s.checkpointDir(r.id(), tree.Nodes[kids[0]].CheckpointLayers[0]), "fs")
+			for _, id := range kids {
+				if err := copyDirAttrs(top, s.contextUpper(r.id(), id)); err != nil {
+					return err
+				}
 			}
 		}
 		s.fault(FaultForkDirs)
@@ -677,10 +711,13 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 					return fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
+			if err := s.rollbackForCommit(ctx, r, tree, n, live.target); err != nil {
+				return err
+			}
 			if err := applyLayer(ctx, upper, live.target, resume); err != nil {
 				return fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
-		} else if err := s.applyThroughTempMount(ctx, r, tree, n.Parent, upper, resume); err != nil {
+		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume); err != nil {
 			return err
 		}
 		s.fault(FaultCommitApplied)
@@ -696,12 +733,16 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		if p := t.Nodes[n.Parent]; p != nil && !t.Sealed(p.ID) {
 			p.SealedByUs = false
 		}
-		return storeTree(tx, r.id(), t)
+		if err := storeTree(tx, r.id(), t); err != nil {
+			return err
+		}
+		return setHead(tx, r.id(), n.Parent, n.FromCheckpoint)
 	})
 	if err != nil {
 		return err
 	}
 	s.fault(FaultCommitFinished)
+	s.removeCheckpointOrphans(ctx, r.id())
 	// Detached above (or before a crash, or never mounted): only files left.
 	if err := os.RemoveAll(s.branchDir(r.id(), id)); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", id).Warn("remove committed layer; Cleanup will retry")
@@ -711,7 +752,8 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, id, upper string, resume bool) (retErr error) {
+func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool) (retErr error) {
+	id := n.Parent
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {
 		return err
@@ -727,6 +769,9 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 		}
 		os.Remove(target)
 	}()
+	if err := s.rollbackForCommit(ctx, r, tree, n, target); err != nil {
+		return err
+	}
 	if err := applyLayer(ctx, upper, target, resume); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
@@ -787,6 +832,7 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	for _, g := range gone {
 		s.removeBranchLayer(ctx, mounts, r.id(), g)
 	}
+	s.removeCheckpointOrphans(ctx, r.id())
 	s.fault(FaultAbortRemoved)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "aborted": gone}).Info("aborted")
 	return gone, nil

@@ -24,7 +24,7 @@ func NewBranchService(s *Snapshotter) branchv1.BranchesServer {
 }
 
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
-	kids, err := b.s.Fork(ctx, contextFromProto(req.GetParent()), int(req.GetCount()))
+	kids, err := b.s.ForkFrom(ctx, contextFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint())
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -101,6 +101,8 @@ func infoToProto(i BranchInfo) *branchv1.Branch {
 		Sealed:      i.Sealed,
 		Children:    i.Children,
 		Mounts:      mountsToProto(i.Mounts),
+
+		FromCheckpoint: i.FromCheckpoint,
 	}
 	if !i.Created.IsZero() {
 		b.Created = timestamppb.New(i.Created)
@@ -109,4 +111,46 @@ func infoToProto(i BranchInfo) *branchv1.Branch {
 		b.Ended = timestamppb.New(i.Ended)
 	}
 	return b
+}
+
+func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.CheckpointRequest) (*branchv1.CheckpointResponse, error) {
+	c, err := b.s.Checkpoint(ctx, contextFromProto(req.GetContext()), req.GetName())
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.CheckpointResponse{Checkpoint: checkpointToProto(c)}, nil
+}
+
+func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListCheckpointsRequest) (*branchv1.ListCheckpointsResponse, error) {
+	list, err := b.s.Checkpoints(ctx, rootFromProto(req.GetRoot()))
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	resp := &branchv1.ListCheckpointsResponse{}
+	for _, c := range list {
+		resp.Checkpoints = append(resp.Checkpoints, checkpointToProto(c))
+	}
+	return resp, nil
+}
+
+func (b *branchService) DeleteCheckpoint(ctx context.Context, req *branchv1.DeleteCheckpointRequest) (*branchv1.DeleteCheckpointResponse, error) {
+	if err := b.s.DeleteCheckpoint(ctx, rootFromProto(req.GetRoot()), req.GetName()); err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.DeleteCheckpointResponse{}, nil
+}
+
+func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequest) (*branchv1.RollbackResponse, error) {
+	if err := b.s.Rollback(ctx, contextFromProto(req.GetContext()), req.GetName()); err != nil {
+		return nil, toGRPC(err)
+	}
+	return &branchv1.RollbackResponse{}, nil
+}
+
+func checkpointToProto(c CheckpointInfo) *branchv1.Checkpoint {
+	return &branchv1.Checkpoint{
+		Name: c.Name, Context: c.Context, Parent: c.Parent, Created: timestamppb.New(c.Created),
+		Size: c.Size, Entries: c.Entries, Depth: uint32(c.Depth), Head: c.Head,
+		Children: c.Children, Branches: c.Branches,
+	}
 }

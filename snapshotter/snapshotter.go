@@ -119,11 +119,17 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	if err := s.cleanTempMounts(ctx); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
+	if err := s.removeCheckpointTemps(ctx); err != nil {
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
 	if err := s.Cleanup(ctx); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.recoverBranches(ctx); err != nil {
 		return nil, fmt.Errorf("recover branches in %s: %w", root, err)
+	}
+	if err := s.recoverCheckpoints(ctx); err != nil {
+		return nil, fmt.Errorf("recover rollbacks in %s: %w", root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
@@ -412,6 +418,11 @@ func (s *Snapshotter) orphanDirectories(ctx context.Context, tx *bolt.Tx) ([]str
 	if err != nil {
 		return nil, err
 	}
+	ckOrphans, err := s.orphanCheckpointDirectories(tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	branchOrphans = append(branchOrphans, ckOrphans...)
 	return append(orphans, branchOrphans...), nil
 }
 

@@ -33,10 +33,11 @@ const usage = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
 Branch contexts of a live sandbox (a container run with
 --runtime io.containerd.branch.v1 --snapshotter branch):
 
-  fork SANDBOX[/BRANCH] -n N [--seal ro|freeze] [--net shared|isolated]
-       [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
+  fork SANDBOX[/BRANCH] -n N [--from CHECKPOINT] [--seal ro|freeze]
+       [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
                                   make N branches, each with a running init
-                                  (or CMD as its init)
+                                  (or CMD as its init); --from: starting
+                                  from a checkpoint of that context
   exec [-t] SANDBOX/BRANCH -- CMD...
                                   run CMD in a branch (stdio, exit code)
   commit SANDBOX/BRANCH           make a branch's changes its parent's;
@@ -44,6 +45,14 @@ Branch contexts of a live sandbox (a container run with
   abort SANDBOX/BRANCH            kill and discard a branch
   tree SANDBOX                    every context: state, epoch, processes,
                                   upper size, age
+  checkpoint SANDBOX[/BRANCH] NAME
+                                  record the context's rootfs as NAME (cost:
+                                  what changed since its last checkpoint)
+  checkpoint ls SANDBOX           every checkpoint: context, base, size, age
+  checkpoint rm SANDBOX NAME      delete one (not while a checkpoint or a
+                                  branch is built on it)
+  rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
+                                  under its running processes
 
 Every command takes --json. --address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
@@ -148,6 +157,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdAbort(ctx, g, rest, stdout)
 	case "tree":
 		err = cmdTree(ctx, g, rest, stdout)
+	case "checkpoint":
+		err = cmdCheckpoint(ctx, g, rest, stdout)
+	case "rollback":
+		err = cmdRollback(ctx, g, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -227,6 +240,7 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	fs.StringVar(&memory, "memory", "", "memory limit per branch (bytes, or with k, m, g); default the parent's")
 	fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch; default the parent's")
 	fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch; default the parent's")
+	fs.StringVar(&opts.From, "from", "", "fork from this checkpoint of the context instead of its current state")
 	pos, cmd, err := parse(fs, args)
 	if err != nil {
 		return err

@@ -300,9 +300,11 @@ type Branch struct {
 	Sealed      bool     `protobuf:"varint,12,opt,name=sealed,proto3" json:"sealed,omitempty"`
 	Children    []string `protobuf:"bytes,13,rep,name=children,proto3" json:"children,omitempty"`
 	// How to mount the context (live contexts; read-only while sealed).
-	Mounts        []*Mount `protobuf:"bytes,14,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mounts []*Mount `protobuf:"bytes,14,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// The checkpoint of its parent it was forked from, if any.
+	FromCheckpoint string `protobuf:"bytes,15,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Branch) Reset() {
@@ -433,12 +435,21 @@ func (x *Branch) GetMounts() []*Mount {
 	return nil
 }
 
+func (x *Branch) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
+}
+
 type ForkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Parent        *Context               `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
-	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Parent *Context               `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	Count  uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Fork from this checkpoint of the parent instead of its current state.
+	FromCheckpoint string `protobuf:"bytes,3,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ForkRequest) Reset() {
@@ -483,6 +494,13 @@ func (x *ForkRequest) GetCount() uint32 {
 		return x.Count
 	}
 	return 0
+}
+
+func (x *ForkRequest) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
 }
 
 type ForkResponse struct {
@@ -960,6 +978,486 @@ func (x *StaleDetail) GetWinnerEpoch() uint64 {
 	return 0
 }
 
+type Checkpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The context it is a state of.
+	Context string `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
+	// The checkpoint this one holds the changes since ("" for a full one).
+	Parent  string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	Created *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	// Bytes and entries of its own layer.
+	Size    int64  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	Entries int64  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
+	Depth   uint32 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
+	// The context's next checkpoint builds on this one.
+	Head          bool     `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
+	Children      []string `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
+	Branches      []string `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Checkpoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetHead() bool {
+	if x != nil {
+		return x.Head
+	}
+	return false
+}
+
+func (x *Checkpoint) GetChildren() []string {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetBranches() []string {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
+}
+
+type CheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CheckpointRequest) GetContext() *Context {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *CheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointResponse) Reset() {
+	*x = CheckpointResponse{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointResponse) ProtoMessage() {}
+
+func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type ListCheckpointsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Root          *Root                  `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsRequest) Reset() {
+	*x = ListCheckpointsRequest{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsRequest) ProtoMessage() {}
+
+func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListCheckpointsRequest) GetRoot() *Root {
+	if x != nil {
+		return x.Root
+	}
+	return nil
+}
+
+type ListCheckpointsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsResponse) Reset() {
+	*x = ListCheckpointsResponse{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsResponse) ProtoMessage() {}
+
+func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+type DeleteCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Root          *Root                  `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointRequest) Reset() {
+	*x = DeleteCheckpointRequest{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointRequest) ProtoMessage() {}
+
+func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteCheckpointRequest) GetRoot() *Root {
+	if x != nil {
+		return x.Root
+	}
+	return nil
+}
+
+func (x *DeleteCheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointResponse) Reset() {
+	*x = DeleteCheckpointResponse{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointResponse) ProtoMessage() {}
+
+func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
+}
+
+type RollbackRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackRequest) Reset() {
+	*x = RollbackRequest{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackRequest) ProtoMessage() {}
+
+func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
+func (*RollbackRequest) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RollbackRequest) GetContext() *Context {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+func (x *RollbackRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RollbackResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackResponse) Reset() {
+	*x = RollbackResponse{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackResponse) ProtoMessage() {}
+
+func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
+func (*RollbackResponse) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
+}
+
 var File_api_branch_v1_branch_proto protoreflect.FileDescriptor
 
 const file_api_branch_v1_branch_proto_rawDesc = "" +
@@ -975,7 +1473,7 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x05Mount\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x18\n" +
-	"\aoptions\x18\x03 \x03(\tR\aoptions\"\xe4\x03\n" +
+	"\aoptions\x18\x03 \x03(\tR\aoptions\"\x8d\x04\n" +
 	"\x06Branch\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x120\n" +
@@ -993,10 +1491,12 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\fupper_inodes\x18\v \x01(\x03R\vupperInodes\x12\x16\n" +
 	"\x06sealed\x18\f \x01(\bR\x06sealed\x12\x1a\n" +
 	"\bchildren\x18\r \x03(\tR\bchildren\x122\n" +
-	"\x06mounts\x18\x0e \x03(\v2\x1a.branchbox.branch.v1.MountR\x06mounts\"Y\n" +
+	"\x06mounts\x18\x0e \x03(\v2\x1a.branchbox.branch.v1.MountR\x06mounts\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x0f \x01(\tR\x0efromCheckpoint\"\x82\x01\n" +
 	"\vForkRequest\x124\n" +
 	"\x06parent\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\x06parent\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\rR\x05count\"G\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x03 \x01(\tR\x0efromCheckpoint\"G\n" +
 	"\fForkResponse\x127\n" +
 	"\bbranches\x18\x01 \x03(\v2\x1b.branchbox.branch.v1.BranchR\bbranches\"E\n" +
 	"\rCommitRequest\x124\n" +
@@ -1020,7 +1520,39 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\vStaleDetail\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x16\n" +
 	"\x06winner\x18\x02 \x01(\tR\x06winner\x12!\n" +
-	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch*}\n" +
+	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch\"\x98\x02\n" +
+	"\n" +
+	"Checkpoint\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\acontext\x18\x02 \x01(\tR\acontext\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\tR\x06parent\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x18\n" +
+	"\aentries\x18\x06 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05depth\x18\a \x01(\rR\x05depth\x12\x12\n" +
+	"\x04head\x18\b \x01(\bR\x04head\x12\x1a\n" +
+	"\bchildren\x18\t \x03(\tR\bchildren\x12\x1a\n" +
+	"\bbranches\x18\n" +
+	" \x03(\tR\bbranches\"_\n" +
+	"\x11CheckpointRequest\x126\n" +
+	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"U\n" +
+	"\x12CheckpointResponse\x12?\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1f.branchbox.branch.v1.CheckpointR\n" +
+	"checkpoint\"G\n" +
+	"\x16ListCheckpointsRequest\x12-\n" +
+	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\"\\\n" +
+	"\x17ListCheckpointsResponse\x12A\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1f.branchbox.branch.v1.CheckpointR\vcheckpoints\"\\\n" +
+	"\x17DeleteCheckpointRequest\x12-\n" +
+	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
+	"\x18DeleteCheckpointResponse\"]\n" +
+	"\x0fRollbackRequest\x126\n" +
+	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x12\n" +
+	"\x10RollbackResponse*}\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1028,13 +1560,18 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x10STATE_COMMITTING\x10\x02\x12\x13\n" +
 	"\x0fSTATE_COMMITTED\x10\x03\x12\x11\n" +
 	"\rSTATE_ABORTED\x10\x04\x12\x0f\n" +
-	"\vSTATE_STALE\x10\x052\x9a\x03\n" +
+	"\vSTATE_STALE\x10\x052\xb1\x06\n" +
 	"\bBranches\x12K\n" +
 	"\x04Fork\x12 .branchbox.branch.v1.ForkRequest\x1a!.branchbox.branch.v1.ForkResponse\x12Q\n" +
 	"\x06Commit\x12\".branchbox.branch.v1.CommitRequest\x1a#.branchbox.branch.v1.CommitResponse\x12N\n" +
 	"\x05Abort\x12!.branchbox.branch.v1.AbortRequest\x1a\".branchbox.branch.v1.AbortResponse\x12K\n" +
 	"\x04Tree\x12 .branchbox.branch.v1.TreeRequest\x1a!.branchbox.branch.v1.TreeResponse\x12Q\n" +
-	"\x06Mounts\x12\".branchbox.branch.v1.MountsRequest\x1a#.branchbox.branch.v1.MountsResponseB7Z5github.com/branchbox/branchbox/api/branch/v1;branchv1b\x06proto3"
+	"\x06Mounts\x12\".branchbox.branch.v1.MountsRequest\x1a#.branchbox.branch.v1.MountsResponse\x12]\n" +
+	"\n" +
+	"Checkpoint\x12&.branchbox.branch.v1.CheckpointRequest\x1a'.branchbox.branch.v1.CheckpointResponse\x12l\n" +
+	"\x0fListCheckpoints\x12+.branchbox.branch.v1.ListCheckpointsRequest\x1a,.branchbox.branch.v1.ListCheckpointsResponse\x12o\n" +
+	"\x10DeleteCheckpoint\x12,.branchbox.branch.v1.DeleteCheckpointRequest\x1a-.branchbox.branch.v1.DeleteCheckpointResponse\x12W\n" +
+	"\bRollback\x12$.branchbox.branch.v1.RollbackRequest\x1a%.branchbox.branch.v1.RollbackResponseB7Z5github.com/branchbox/branchbox/api/branch/v1;branchv1b\x06proto3"
 
 var (
 	file_api_branch_v1_branch_proto_rawDescOnce sync.Once
@@ -1049,31 +1586,40 @@ func file_api_branch_v1_branch_proto_rawDescGZIP() []byte {
 }
 
 var file_api_branch_v1_branch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_api_branch_v1_branch_proto_goTypes = []any{
-	(State)(0),                    // 0: branchbox.branch.v1.State
-	(*Root)(nil),                  // 1: branchbox.branch.v1.Root
-	(*Context)(nil),               // 2: branchbox.branch.v1.Context
-	(*Mount)(nil),                 // 3: branchbox.branch.v1.Mount
-	(*Branch)(nil),                // 4: branchbox.branch.v1.Branch
-	(*ForkRequest)(nil),           // 5: branchbox.branch.v1.ForkRequest
-	(*ForkResponse)(nil),          // 6: branchbox.branch.v1.ForkResponse
-	(*CommitRequest)(nil),         // 7: branchbox.branch.v1.CommitRequest
-	(*CommitResponse)(nil),        // 8: branchbox.branch.v1.CommitResponse
-	(*AbortRequest)(nil),          // 9: branchbox.branch.v1.AbortRequest
-	(*AbortResponse)(nil),         // 10: branchbox.branch.v1.AbortResponse
-	(*TreeRequest)(nil),           // 11: branchbox.branch.v1.TreeRequest
-	(*TreeResponse)(nil),          // 12: branchbox.branch.v1.TreeResponse
-	(*MountsRequest)(nil),         // 13: branchbox.branch.v1.MountsRequest
-	(*MountsResponse)(nil),        // 14: branchbox.branch.v1.MountsResponse
-	(*StaleDetail)(nil),           // 15: branchbox.branch.v1.StaleDetail
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(State)(0),                       // 0: branchbox.branch.v1.State
+	(*Root)(nil),                     // 1: branchbox.branch.v1.Root
+	(*Context)(nil),                  // 2: branchbox.branch.v1.Context
+	(*Mount)(nil),                    // 3: branchbox.branch.v1.Mount
+	(*Branch)(nil),                   // 4: branchbox.branch.v1.Branch
+	(*ForkRequest)(nil),              // 5: branchbox.branch.v1.ForkRequest
+	(*ForkResponse)(nil),             // 6: branchbox.branch.v1.ForkResponse
+	(*CommitRequest)(nil),            // 7: branchbox.branch.v1.CommitRequest
+	(*CommitResponse)(nil),           // 8: branchbox.branch.v1.CommitResponse
+	(*AbortRequest)(nil),             // 9: branchbox.branch.v1.AbortRequest
+	(*AbortResponse)(nil),            // 10: branchbox.branch.v1.AbortResponse
+	(*TreeRequest)(nil),              // 11: branchbox.branch.v1.TreeRequest
+	(*TreeResponse)(nil),             // 12: branchbox.branch.v1.TreeResponse
+	(*MountsRequest)(nil),            // 13: branchbox.branch.v1.MountsRequest
+	(*MountsResponse)(nil),           // 14: branchbox.branch.v1.MountsResponse
+	(*StaleDetail)(nil),              // 15: branchbox.branch.v1.StaleDetail
+	(*Checkpoint)(nil),               // 16: branchbox.branch.v1.Checkpoint
+	(*CheckpointRequest)(nil),        // 17: branchbox.branch.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),       // 18: branchbox.branch.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 19: branchbox.branch.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 20: branchbox.branch.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 21: branchbox.branch.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 22: branchbox.branch.v1.DeleteCheckpointResponse
+	(*RollbackRequest)(nil),          // 23: branchbox.branch.v1.RollbackRequest
+	(*RollbackResponse)(nil),         // 24: branchbox.branch.v1.RollbackResponse
+	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
 }
 var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	1,  // 0: branchbox.branch.v1.Context.root:type_name -> branchbox.branch.v1.Root
 	0,  // 1: branchbox.branch.v1.Branch.state:type_name -> branchbox.branch.v1.State
-	16, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
-	16, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
+	25, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
+	25, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
 	3,  // 4: branchbox.branch.v1.Branch.mounts:type_name -> branchbox.branch.v1.Mount
 	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.Context
 	4,  // 6: branchbox.branch.v1.ForkResponse.branches:type_name -> branchbox.branch.v1.Branch
@@ -1084,21 +1630,36 @@ var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	4,  // 11: branchbox.branch.v1.TreeResponse.nodes:type_name -> branchbox.branch.v1.Branch
 	2,  // 12: branchbox.branch.v1.MountsRequest.context:type_name -> branchbox.branch.v1.Context
 	3,  // 13: branchbox.branch.v1.MountsResponse.mounts:type_name -> branchbox.branch.v1.Mount
-	5,  // 14: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
-	7,  // 15: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
-	9,  // 16: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
-	11, // 17: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
-	13, // 18: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
-	6,  // 19: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
-	8,  // 20: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
-	10, // 21: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
-	12, // 22: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
-	14, // 23: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
-	19, // [19:24] is the sub-list for method output_type
-	14, // [14:19] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	25, // 14: branchbox.branch.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
+	2,  // 15: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
+	16, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.branch.v1.Checkpoint
+	1,  // 17: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
+	16, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.branch.v1.Checkpoint
+	1,  // 19: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
+	2,  // 20: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
+	5,  // 21: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
+	7,  // 22: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
+	9,  // 23: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
+	11, // 24: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
+	13, // 25: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
+	17, // 26: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
+	19, // 27: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
+	21, // 28: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
+	23, // 29: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
+	6,  // 30: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
+	8,  // 31: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
+	10, // 32: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
+	12, // 33: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
+	14, // 34: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
+	18, // 35: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
+	20, // 36: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
+	22, // 37: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
+	24, // 38: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_api_branch_v1_branch_proto_init() }
@@ -1116,7 +1677,7 @@ func file_api_branch_v1_branch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_branch_v1_branch_proto_rawDesc), len(file_api_branch_v1_branch_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

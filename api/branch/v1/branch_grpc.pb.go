@@ -22,11 +22,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Branches_Fork_FullMethodName   = "/branchbox.branch.v1.Branches/Fork"
-	Branches_Commit_FullMethodName = "/branchbox.branch.v1.Branches/Commit"
-	Branches_Abort_FullMethodName  = "/branchbox.branch.v1.Branches/Abort"
-	Branches_Tree_FullMethodName   = "/branchbox.branch.v1.Branches/Tree"
-	Branches_Mounts_FullMethodName = "/branchbox.branch.v1.Branches/Mounts"
+	Branches_Fork_FullMethodName             = "/branchbox.branch.v1.Branches/Fork"
+	Branches_Commit_FullMethodName           = "/branchbox.branch.v1.Branches/Commit"
+	Branches_Abort_FullMethodName            = "/branchbox.branch.v1.Branches/Abort"
+	Branches_Tree_FullMethodName             = "/branchbox.branch.v1.Branches/Tree"
+	Branches_Mounts_FullMethodName           = "/branchbox.branch.v1.Branches/Mounts"
+	Branches_Checkpoint_FullMethodName       = "/branchbox.branch.v1.Branches/Checkpoint"
+	Branches_ListCheckpoints_FullMethodName  = "/branchbox.branch.v1.Branches/ListCheckpoints"
+	Branches_DeleteCheckpoint_FullMethodName = "/branchbox.branch.v1.Branches/DeleteCheckpoint"
+	Branches_Rollback_FullMethodName         = "/branchbox.branch.v1.Branches/Rollback"
 )
 
 // BranchesClient is the client API for Branches service.
@@ -44,6 +48,17 @@ type BranchesClient interface {
 	Tree(ctx context.Context, in *TreeRequest, opts ...grpc.CallOption) (*TreeResponse, error)
 	// Mounts returns the mounts of a context (the root or a branch).
 	Mounts(ctx context.Context, in *MountsRequest, opts ...grpc.CallOption) (*MountsResponse, error)
+	// Checkpoint records an immutable, named state of a context's rootfs, at
+	// the cost of what changed since the context's previous checkpoint.
+	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error)
+	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
+	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
+	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
+	// checkpoint or a live branch is built on it.
+	DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointRequest, opts ...grpc.CallOption) (*DeleteCheckpointResponse, error)
+	// Rollback brings a context's rootfs back to one of its checkpoints,
+	// through its live mount; refused while it has live children.
+	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*RollbackResponse, error)
 }
 
 type branchesClient struct {
@@ -104,6 +119,46 @@ func (c *branchesClient) Mounts(ctx context.Context, in *MountsRequest, opts ...
 	return out, nil
 }
 
+func (c *branchesClient) Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckpointResponse)
+	err := c.cc.Invoke(ctx, Branches_Checkpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *branchesClient) ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCheckpointsResponse)
+	err := c.cc.Invoke(ctx, Branches_ListCheckpoints_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *branchesClient) DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointRequest, opts ...grpc.CallOption) (*DeleteCheckpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteCheckpointResponse)
+	err := c.cc.Invoke(ctx, Branches_DeleteCheckpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *branchesClient) Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*RollbackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RollbackResponse)
+	err := c.cc.Invoke(ctx, Branches_Rollback_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BranchesServer is the server API for Branches service.
 // All implementations must embed UnimplementedBranchesServer
 // for forward compatibility.
@@ -119,6 +174,17 @@ type BranchesServer interface {
 	Tree(context.Context, *TreeRequest) (*TreeResponse, error)
 	// Mounts returns the mounts of a context (the root or a branch).
 	Mounts(context.Context, *MountsRequest) (*MountsResponse, error)
+	// Checkpoint records an immutable, named state of a context's rootfs, at
+	// the cost of what changed since the context's previous checkpoint.
+	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
+	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
+	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
+	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
+	// checkpoint or a live branch is built on it.
+	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*DeleteCheckpointResponse, error)
+	// Rollback brings a context's rootfs back to one of its checkpoints,
+	// through its live mount; refused while it has live children.
+	Rollback(context.Context, *RollbackRequest) (*RollbackResponse, error)
 	mustEmbedUnimplementedBranchesServer()
 }
 
@@ -143,6 +209,18 @@ func (UnimplementedBranchesServer) Tree(context.Context, *TreeRequest) (*TreeRes
 }
 func (UnimplementedBranchesServer) Mounts(context.Context, *MountsRequest) (*MountsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Mounts not implemented")
+}
+func (UnimplementedBranchesServer) Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Checkpoint not implemented")
+}
+func (UnimplementedBranchesServer) ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCheckpoints not implemented")
+}
+func (UnimplementedBranchesServer) DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*DeleteCheckpointResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteCheckpoint not implemented")
+}
+func (UnimplementedBranchesServer) Rollback(context.Context, *RollbackRequest) (*RollbackResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Rollback not implemented")
 }
 func (UnimplementedBranchesServer) mustEmbedUnimplementedBranchesServer() {}
 func (UnimplementedBranchesServer) testEmbeddedByValue()                  {}
@@ -255,6 +333,78 @@ func _Branches_Mounts_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Branches_Checkpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BranchesServer).Checkpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Branches_Checkpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BranchesServer).Checkpoint(ctx, req.(*CheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Branches_ListCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BranchesServer).ListCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Branches_ListCheckpoints_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BranchesServer).ListCheckpoints(ctx, req.(*ListCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Branches_DeleteCheckpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BranchesServer).DeleteCheckpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Branches_DeleteCheckpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BranchesServer).DeleteCheckpoint(ctx, req.(*DeleteCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Branches_Rollback_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BranchesServer).Rollback(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Branches_Rollback_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BranchesServer).Rollback(ctx, req.(*RollbackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Branches_ServiceDesc is the grpc.ServiceDesc for Branches service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -281,6 +431,22 @@ var Branches_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Mounts",
 			Handler:    _Branches_Mounts_Handler,
+		},
+		{
+			MethodName: "Checkpoint",
+			Handler:    _Branches_Checkpoint_Handler,
+		},
+		{
+			MethodName: "ListCheckpoints",
+			Handler:    _Branches_ListCheckpoints_Handler,
+		},
+		{
+			MethodName: "DeleteCheckpoint",
+			Handler:    _Branches_DeleteCheckpoint_Handler,
+		},
+		{
+			MethodName: "Rollback",
+			Handler:    _Branches_Rollback_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

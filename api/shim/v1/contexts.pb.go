@@ -137,9 +137,11 @@ type ForkRequest struct {
 	Net    string  `protobuf:"bytes,5,opt,name=net,proto3" json:"net,omitempty"`
 	Limits *Limits `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
 	// A command to run as each branch's init instead of the waiting init.
-	Args          []string `protobuf:"bytes,7,rep,name=args,proto3" json:"args,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Args []string `protobuf:"bytes,7,rep,name=args,proto3" json:"args,omitempty"`
+	// Fork from this checkpoint of the parent instead of its current state.
+	FromCheckpoint string `protobuf:"bytes,8,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ForkRequest) Reset() {
@@ -219,6 +221,13 @@ func (x *ForkRequest) GetArgs() []string {
 		return x.Args
 	}
 	return nil
+}
+
+func (x *ForkRequest) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
 }
 
 type Context struct {
@@ -1253,6 +1262,427 @@ func (x *TreeResponse) GetNodes() []*Context {
 	return nil
 }
 
+type Checkpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Context       string                 `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
+	Parent        string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	Created       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	Size          int64                  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	Entries       int64                  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
+	Depth         uint32                 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
+	Head          bool                   `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
+	Children      []string               `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
+	Branches      []string               `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Checkpoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetHead() bool {
+	if x != nil {
+		return x.Head
+	}
+	return false
+}
+
+func (x *Checkpoint) GetChildren() []string {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetBranches() []string {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
+}
+
+type CheckpointRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// "" or "0" for the sandbox itself.
+	Branch        string `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CheckpointRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointResponse) Reset() {
+	*x = CheckpointResponse{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointResponse) ProtoMessage() {}
+
+func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type ListCheckpointsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsRequest) Reset() {
+	*x = ListCheckpointsRequest{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsRequest) ProtoMessage() {}
+
+func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListCheckpointsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type ListCheckpointsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsResponse) Reset() {
+	*x = ListCheckpointsResponse{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsResponse) ProtoMessage() {}
+
+func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+type DeleteCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointRequest) Reset() {
+	*x = DeleteCheckpointRequest{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointRequest) ProtoMessage() {}
+
+func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DeleteCheckpointRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *DeleteCheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RollbackRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Branch        string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackRequest) Reset() {
+	*x = RollbackRequest{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackRequest) ProtoMessage() {}
+
+func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
+func (*RollbackRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RollbackRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *RollbackRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *RollbackRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 var File_api_shim_v1_contexts_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_contexts_proto_rawDesc = "" +
@@ -1262,7 +1692,7 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x06Limits\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x03R\x06memory\x12\x12\n" +
 	"\x04cpus\x18\x02 \x01(\x01R\x04cpus\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xc2\x01\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xeb\x01\n" +
 	"\vForkRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x14\n" +
@@ -1270,7 +1700,8 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x04seal\x18\x04 \x01(\tR\x04seal\x12\x10\n" +
 	"\x03net\x18\x05 \x01(\tR\x03net\x121\n" +
 	"\x06limits\x18\x06 \x01(\v2\x19.branchbox.shim.v1.LimitsR\x06limits\x12\x12\n" +
-	"\x04args\x18\a \x03(\tR\x04args\"\x8d\x05\n" +
+	"\x04args\x18\a \x03(\tR\x04args\x12'\n" +
+	"\x0ffrom_checkpoint\x18\b \x01(\tR\x0efromCheckpoint\"\x8d\x05\n" +
 	"\aContext\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x14\n" +
@@ -1354,7 +1785,39 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\vTreeRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"@\n" +
 	"\fTreeResponse\x120\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes2\x9f\x05\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"\x98\x02\n" +
+	"\n" +
+	"Checkpoint\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\acontext\x18\x02 \x01(\tR\acontext\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\tR\x06parent\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x18\n" +
+	"\aentries\x18\x06 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05depth\x18\a \x01(\rR\x05depth\x12\x12\n" +
+	"\x04head\x18\b \x01(\bR\x04head\x12\x1a\n" +
+	"\bchildren\x18\t \x03(\tR\bchildren\x12\x1a\n" +
+	"\bbranches\x18\n" +
+	" \x03(\tR\bbranches\"Y\n" +
+	"\x11CheckpointRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"S\n" +
+	"\x12CheckpointResponse\x12=\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1d.branchbox.shim.v1.CheckpointR\n" +
+	"checkpoint\"2\n" +
+	"\x16ListCheckpointsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"Z\n" +
+	"\x17ListCheckpointsResponse\x12?\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1d.branchbox.shim.v1.CheckpointR\vcheckpoints\"G\n" +
+	"\x17DeleteCheckpointRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"W\n" +
+	"\x0fRollbackRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name2\x88\b\n" +
 	"\bContexts\x12G\n" +
 	"\x04Fork\x12\x1e.branchbox.shim.v1.ForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12G\n" +
 	"\x04Exec\x12\x1e.branchbox.shim.v1.ExecRequest\x1a\x1f.branchbox.shim.v1.ExecResponse\x12G\n" +
@@ -1364,7 +1827,12 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x04Kill\x12\x1e.branchbox.shim.v1.KillRequest\x1a\x18.branchbox.shim.v1.Empty\x12M\n" +
 	"\x06Commit\x12 .branchbox.shim.v1.CommitRequest\x1a!.branchbox.shim.v1.CommitResponse\x12J\n" +
 	"\x05Abort\x12\x1f.branchbox.shim.v1.AbortRequest\x1a .branchbox.shim.v1.AbortResponse\x12G\n" +
-	"\x04Tree\x12\x1e.branchbox.shim.v1.TreeRequest\x1a\x1f.branchbox.shim.v1.TreeResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
+	"\x04Tree\x12\x1e.branchbox.shim.v1.TreeRequest\x1a\x1f.branchbox.shim.v1.TreeResponse\x12Y\n" +
+	"\n" +
+	"Checkpoint\x12$.branchbox.shim.v1.CheckpointRequest\x1a%.branchbox.shim.v1.CheckpointResponse\x12h\n" +
+	"\x0fListCheckpoints\x12).branchbox.shim.v1.ListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12X\n" +
+	"\x10DeleteCheckpoint\x12*.branchbox.shim.v1.DeleteCheckpointRequest\x1a\x18.branchbox.shim.v1.Empty\x12H\n" +
+	"\bRollback\x12\".branchbox.shim.v1.RollbackRequest\x1a\x18.branchbox.shim.v1.EmptyB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_contexts_proto_rawDescOnce sync.Once
@@ -1378,60 +1846,78 @@ func file_api_shim_v1_contexts_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_contexts_proto_rawDescData
 }
 
-var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_api_shim_v1_contexts_proto_goTypes = []any{
-	(*Empty)(nil),                 // 0: branchbox.shim.v1.Empty
-	(*Limits)(nil),                // 1: branchbox.shim.v1.Limits
-	(*ForkRequest)(nil),           // 2: branchbox.shim.v1.ForkRequest
-	(*Context)(nil),               // 3: branchbox.shim.v1.Context
-	(*ForkResponse)(nil),          // 4: branchbox.shim.v1.ForkResponse
-	(*ExecRequest)(nil),           // 5: branchbox.shim.v1.ExecRequest
-	(*ExecResponse)(nil),          // 6: branchbox.shim.v1.ExecResponse
-	(*WaitRequest)(nil),           // 7: branchbox.shim.v1.WaitRequest
-	(*WaitResponse)(nil),          // 8: branchbox.shim.v1.WaitResponse
-	(*ResizePtyRequest)(nil),      // 9: branchbox.shim.v1.ResizePtyRequest
-	(*CloseIORequest)(nil),        // 10: branchbox.shim.v1.CloseIORequest
-	(*KillRequest)(nil),           // 11: branchbox.shim.v1.KillRequest
-	(*CommitRequest)(nil),         // 12: branchbox.shim.v1.CommitRequest
-	(*CommitResponse)(nil),        // 13: branchbox.shim.v1.CommitResponse
-	(*AbortRequest)(nil),          // 14: branchbox.shim.v1.AbortRequest
-	(*AbortResponse)(nil),         // 15: branchbox.shim.v1.AbortResponse
-	(*TreeRequest)(nil),           // 16: branchbox.shim.v1.TreeRequest
-	(*TreeResponse)(nil),          // 17: branchbox.shim.v1.TreeResponse
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*Empty)(nil),                   // 0: branchbox.shim.v1.Empty
+	(*Limits)(nil),                  // 1: branchbox.shim.v1.Limits
+	(*ForkRequest)(nil),             // 2: branchbox.shim.v1.ForkRequest
+	(*Context)(nil),                 // 3: branchbox.shim.v1.Context
+	(*ForkResponse)(nil),            // 4: branchbox.shim.v1.ForkResponse
+	(*ExecRequest)(nil),             // 5: branchbox.shim.v1.ExecRequest
+	(*ExecResponse)(nil),            // 6: branchbox.shim.v1.ExecResponse
+	(*WaitRequest)(nil),             // 7: branchbox.shim.v1.WaitRequest
+	(*WaitResponse)(nil),            // 8: branchbox.shim.v1.WaitResponse
+	(*ResizePtyRequest)(nil),        // 9: branchbox.shim.v1.ResizePtyRequest
+	(*CloseIORequest)(nil),          // 10: branchbox.shim.v1.CloseIORequest
+	(*KillRequest)(nil),             // 11: branchbox.shim.v1.KillRequest
+	(*CommitRequest)(nil),           // 12: branchbox.shim.v1.CommitRequest
+	(*CommitResponse)(nil),          // 13: branchbox.shim.v1.CommitResponse
+	(*AbortRequest)(nil),            // 14: branchbox.shim.v1.AbortRequest
+	(*AbortResponse)(nil),           // 15: branchbox.shim.v1.AbortResponse
+	(*TreeRequest)(nil),             // 16: branchbox.shim.v1.TreeRequest
+	(*TreeResponse)(nil),            // 17: branchbox.shim.v1.TreeResponse
+	(*Checkpoint)(nil),              // 18: branchbox.shim.v1.Checkpoint
+	(*CheckpointRequest)(nil),       // 19: branchbox.shim.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),      // 20: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 21: branchbox.shim.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 22: branchbox.shim.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil), // 23: branchbox.shim.v1.DeleteCheckpointRequest
+	(*RollbackRequest)(nil),         // 24: branchbox.shim.v1.RollbackRequest
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	1,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	18, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
-	18, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
+	25, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
+	25, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
 	1,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
 	3,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
-	18, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	25, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
 	3,  // 7: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
-	2,  // 8: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
-	5,  // 9: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
-	7,  // 10: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
-	9,  // 11: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
-	10, // 12: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
-	11, // 13: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
-	12, // 14: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
-	14, // 15: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
-	16, // 16: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
-	4,  // 17: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	6,  // 18: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	8,  // 19: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	0,  // 20: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
-	0,  // 21: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
-	0,  // 22: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
-	13, // 23: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	15, // 24: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	17, // 25: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	17, // [17:26] is the sub-list for method output_type
-	8,  // [8:17] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	25, // 8: branchbox.shim.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
+	18, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.shim.v1.Checkpoint
+	18, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.shim.v1.Checkpoint
+	2,  // 11: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
+	5,  // 12: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
+	7,  // 13: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
+	9,  // 14: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
+	10, // 15: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
+	11, // 16: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
+	12, // 17: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
+	14, // 18: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
+	16, // 19: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
+	19, // 20: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
+	21, // 21: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
+	23, // 22: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
+	24, // 23: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
+	4,  // 24: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	6,  // 25: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	8,  // 26: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	0,  // 27: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
+	0,  // 28: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
+	0,  // 29: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
+	13, // 30: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	15, // 31: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	17, // 32: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	20, // 33: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	22, // 34: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	0,  // 35: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	0,  // 36: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
+	24, // [24:37] is the sub-list for method output_type
+	11, // [11:24] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_contexts_proto_init() }
@@ -1445,7 +1931,7 @@ func file_api_shim_v1_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_contexts_proto_rawDesc), len(file_api_shim_v1_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

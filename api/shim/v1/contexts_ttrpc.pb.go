@@ -17,6 +17,10 @@ type ContextsService interface {
 	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	Tree(context.Context, *TreeRequest) (*TreeResponse, error)
+	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
+	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
+	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*Empty, error)
+	Rollback(context.Context, *RollbackRequest) (*Empty, error)
 }
 
 func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
@@ -84,6 +88,34 @@ func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
 					return nil, err
 				}
 				return svc.Tree(ctx, &req)
+			},
+			"Checkpoint": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CheckpointRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Checkpoint(ctx, &req)
+			},
+			"ListCheckpoints": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListCheckpointsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListCheckpoints(ctx, &req)
+			},
+			"DeleteCheckpoint": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req DeleteCheckpointRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.DeleteCheckpoint(ctx, &req)
+			},
+			"Rollback": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RollbackRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Rollback(ctx, &req)
 			},
 		},
 	})
@@ -166,6 +198,38 @@ func (c *contextsClient) Abort(ctx context.Context, req *AbortRequest) (*AbortRe
 func (c *contextsClient) Tree(ctx context.Context, req *TreeRequest) (*TreeResponse, error) {
 	var resp TreeResponse
 	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Tree", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) Checkpoint(ctx context.Context, req *CheckpointRequest) (*CheckpointResponse, error) {
+	var resp CheckpointResponse
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Checkpoint", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) ListCheckpoints(ctx context.Context, req *ListCheckpointsRequest) (*ListCheckpointsResponse, error) {
+	var resp ListCheckpointsResponse
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "ListCheckpoints", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) DeleteCheckpoint(ctx context.Context, req *DeleteCheckpointRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "DeleteCheckpoint", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) Rollback(ctx context.Context, req *RollbackRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Rollback", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

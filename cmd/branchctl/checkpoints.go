@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// cmdCheckpoint: checkpoint SANDBOX[/BRANCH] NAME | checkpoint ls SANDBOX |
+// checkpoint rm SANDBOX NAME.
+func cmdCheckpoint(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("checkpoint", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return fmt.Errorf("want SANDBOX[/BRANCH] NAME, ls SANDBOX or rm SANDBOX NAME: %w", errdefs.ErrInvalidArgument)
+	}
+	switch pos[0] {
+	case "ls", "list":
+		if len(pos) != 2 {
+			return fmt.Errorf("want checkpoint ls SANDBOX: %w", errdefs.ErrInvalidArgument)
+		}
+		return checkpointList(ctx, g, pos[1], stdout)
+	case "rm", "delete":
+		if len(pos) != 3 {
+			return fmt.Errorf("want checkpoint rm SANDBOX NAME: %w", errdefs.ErrInvalidArgument)
+		}
+		c, err := dial(ctx, g, pos[1])
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.DeleteCheckpoint(ctx, pos[2]); err != nil {
+			return err
+		}
+		if g.json {
+			return printJSON(stdout, map[string]string{"deleted": pos[2]})
+		}
+		fmt.Fprintf(stdout, "deleted checkpoint %s\n", pos[2])
+		return nil
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want checkpoint SANDBOX[/BRANCH] NAME, got %v: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	sb, b, err := splitRef(pos[0], false)
+	if err != nil {
+		return err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	start := time.Now()
+	ck, err := c.Checkpoint(ctx, b, pos[1])
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, ck)
+	}
+	base := "full"
+	if ck.Parent != "" {
+		base = "changes since " + ck.Parent
+	}
+	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries, in %s\n", ck.Name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, time.Since(start).Round(time.Microsecond))
+	return nil
+}
+
+func ctxName(sb, id string) string {
+	if id == "" || id == branch.RootID {
+		return sb
+	}
+	return sb + "/" + id
+}
+
+func checkpointList(ctx context.Context, g globals, sb string, stdout io.Writer) error {
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	list, err := c.Checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		if list == nil {
+			list = []branch.Checkpoint{}
+		}
+		return printJSON(stdout, list)
+	}
+	return PrintCheckpoints(stdout, sb, list, time.Now())
+}
+
+// PrintCheckpoints prints checkpoints as a table, oldest first.
+func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCONTEXT\tBASE\tSIZE\tENTRIES\tAGE\tBUILT ON IT")
+	for _, ck := range list {
+		base := ck.Parent
+		if base == "" {
+			base = "(full)"
+		}
+		name := ck.Name
+		if ck.Head {
+			name += " *"
+		}
+		var on []string
+		on = append(on, ck.Children...)
+		for _, b := range ck.Branches {
+			on = append(on, "branch "+b)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
+	}
+	return tw.Flush()
+}
+
+func cmdRollback(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("rollback", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want rollback SANDBOX[/BRANCH] NAME, got %v: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	sb, b, err := splitRef(pos[0], false)
+	if err != nil {
+		return err
+	}
+	c, err := dial(ctx, g, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	start := time.Now()
+	if err := c.Rollback(ctx, b, pos[1]); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	if g.json {
+		return printJSON(stdout, map[string]any{"context": ctxName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
+	}
+	fmt.Fprintf(stdout, "rolled %s back to %s in %s\n", ctxName(sb, b), pos[1], took.Round(time.Microsecond))
+	return nil
+}
