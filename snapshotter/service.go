@@ -116,7 +116,7 @@ func infoToProto(i BranchInfo) *branchv1.Branch {
 func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.CheckpointRequest) (*branchv1.CheckpointResponse, error) {
 	c, err := b.s.Checkpoint(ctx, contextFromProto(req.GetContext()), req.GetName())
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.CheckpointResponse{Checkpoint: checkpointToProto(c)}, nil
 }
@@ -124,7 +124,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListCheckpointsRequest) (*branchv1.ListCheckpointsResponse, error) {
 	list, err := b.s.Checkpoints(ctx, rootFromProto(req.GetRoot()))
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	resp := &branchv1.ListCheckpointsResponse{}
 	for _, c := range list {
@@ -135,14 +135,14 @@ func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListC
 
 func (b *branchService) DeleteCheckpoint(ctx context.Context, req *branchv1.DeleteCheckpointRequest) (*branchv1.DeleteCheckpointResponse, error) {
 	if err := b.s.DeleteCheckpoint(ctx, rootFromProto(req.GetRoot()), req.GetName()); err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.DeleteCheckpointResponse{}, nil
 }
 
 func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequest) (*branchv1.RollbackResponse, error) {
 	if err := b.s.Rollback(ctx, contextFromProto(req.GetContext()), req.GetName()); err != nil {
-		return nil, toGRPC(err)
+		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.RollbackResponse{}, nil
 }
