@@ -24,12 +24,18 @@ type benchShared struct {
 	env    *harness.Env
 	client *containerd.Client
 	err    error
+	// Fixtures of the checkpoint benchmarks, and what undoes them.
+	diff     map[string]*diffFixture
+	cleanups []func()
 }
 
 var bench benchShared
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	for i := len(bench.cleanups) - 1; i >= 0; i-- {
+		bench.cleanups[i]()
+	}
 	if bench.client != nil {
 		bench.client.Close()
 	}
