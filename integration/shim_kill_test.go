@@ -193,6 +193,9 @@ func TestShimDeath(t *testing.T) {
 			if len(shims) != 1 {
 				t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
 			}
+			// A shim killed by SIGKILL cannot remove its sockets.
+			sockets := env.ShimSockets(shims[0])
+			t.Cleanup(func() { removeFiles(sockets) })
 			if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -252,6 +255,8 @@ func TestShimDeath(t *testing.T) {
 		if len(shims) != 1 {
 			t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
 		}
+		sockets := env.ShimSockets(shims[0])
+		t.Cleanup(func() { removeFiles(sockets) })
 		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -350,4 +355,11 @@ func TestShimSharedPIDNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertContainerGone(t, env, "pidns-owner", ownerProcs)
+}
+
+// removeFiles removes the given files, ignoring those already gone.
+func removeFiles(paths []string) {
+	for _, p := range paths {
+		_ = os.Remove(p)
+	}
 }

@@ -45,6 +45,22 @@ func TestContainerOnBranchSnapshotter(t *testing.T) {
 		t.Fatalf("container did not see its own file: %q %v", got, err)
 	}
 
+	// The harness can name the running shim's socket (it removes the
+	// sockets of shims it has to kill).
+	shims := env.ShimPids()
+	if len(shims) != 1 {
+		t.Fatalf("want one shim, have %v", shims)
+	}
+	found := false
+	for _, s := range env.ShimSockets(shims[0]) {
+		if fi, err := os.Stat(s); err == nil && fi.Mode().Type() == os.ModeSocket {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("none of %v is the running shim's socket", env.ShimSockets(shims[0]))
+	}
+
 	// The file is in the container's upper layer in the snapshotter's root.
 	uppers, _ := filepath.Glob(filepath.Join(env.SnapshotterRoot, "snapshots", "*", "fs", "hello.txt"))
 	if len(uppers) != 1 {

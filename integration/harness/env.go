@@ -8,6 +8,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -282,18 +283,34 @@ func (e *Env) Stop(ctx context.Context) error {
 		e.containerd = nil
 	}
 	// Shims of this containerd carry its address on their command line;
-	// they and their containers are ours, identified by pid.
+	// they and their containers are ours, identified by pid. A killed shim
+	// cannot remove its socket: that goes too.
 	for _, pid := range e.ShimPids() {
 		log.G(ctx).WithField("pid", pid).Warn("killing shim left by containerd")
+		sockets := e.ShimSockets(pid)
 		killTree(pid)
+		for _, s := range sockets {
+			_ = os.Remove(s)
+		}
 	}
 	if err := e.StopSnapshotter(syscall.SIGTERM); err != nil {
 		errs = append(errs, fmt.Errorf("stop snapshotter: %w", err))
 	}
 	// runc puts containers in /<namespace>/<id> and never removes the
-	// namespace level; the namespace is this env's alone.
+	// namespace level; the namespace is this env's alone. Likewise the
+	// runtimes' per-namespace state directories (removed only if empty:
+	// anything inside would be a leak for the tests to report).
 	if err := removeCgroups(e.Namespace); err != nil {
 		errs = append(errs, err)
+	}
+	namespaces := []string{e.Namespace}
+	if e.cri != nil {
+		namespaces = append(namespaces, CRINamespace)
+	}
+	for _, root := range []string{"/run/containerd/branch", "/run/containerd/runc"} {
+		for _, ns := range namespaces {
+			_ = os.Remove(filepath.Join(root, ns))
+		}
 	}
 	if e.Dir == "" || e.Dir == "/" {
 		return errors.Join(append(errs, fmt.Errorf("refusing to clean up state directory %q", e.Dir))...)
@@ -362,6 +379,36 @@ func removeCgroups(namespace string) error {
 func isDir(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.IsDir()
+}
+
+// ShimSockets returns the sockets a shim process of this env serves on,
+// worked out as containerd's shim package names them: a hash of
+// containerd's address, the namespace and the id (plus the debug variant),
+// under /run/containerd/s.
+func (e *Env) ShimSockets(pid int) []string {
+	address := e.Address
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	args := strings.Split(string(b), "\x00")
+	var ns, id string
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "-namespace":
+			ns = args[i+1]
+		case "-id":
+			id = args[i+1]
+		}
+	}
+	if ns == "" || id == "" {
+		return nil
+	}
+	var out []string
+	for _, p := range []string{filepath.Join(address, ns, id), filepath.Join(address, ns, id, "debug")} {
+		out = append(out, fmt.Sprintf("/run/containerd/s/%x", sha256.Sum256([]byte(p))))
+	}
+	return out
 }
 
 // ShimPids lists the shim processes serving this env's containerd.
