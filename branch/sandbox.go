@@ -336,6 +336,16 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	return st, nil
 }
 
+// Close releases the process's stdio (its FIFOs) without waiting for it:
+// for a process the caller will not wait for, such as one that a commit or
+// an abort kills with its branch. After Wait it does nothing.
+func (p *Process) Close() {
+	p.once.Do(func() {
+		p.io.Cancel()
+		p.io.Close()
+	})
+}
+
 // Resize sets the size of the process's terminal.
 func (p *Process) Resize(ctx context.Context, width, height uint32) error {
 	_, err := p.s.api.ResizePty(p.s.ctx(ctx), &shimv1.ResizePtyRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Width: width, Height: height})

@@ -41,9 +41,12 @@ func sandboxInitPid(t *testing.T, ctx context.Context, sc *branch.SandboxClient)
 // filled the branch's pids limit and its nested PID namespace exists.
 func startAdversarialIn(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, k branch.ContextInfo) []hostProc {
 	t.Helper()
-	if _, err := sc.Exec(ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", adversarial}}); err != nil {
+	p, err := sc.Exec(ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", adversarial}})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// Killed with its branch, never waited for: release its stdio.
+	t.Cleanup(p.Close)
 	var procs []hostProc
 	initNS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", k.InitPid))
 	defer func() {
@@ -115,6 +118,7 @@ func TestContextsSiblingIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(victim.Close)
 	victimStart, _ := procStart(victim.Pid)
 	// b sees its init and itself only (sh, ls, wc).
 	out := mustRun(t, ctx, sc, b.ID, "sh", "-c", "ls -d /proc/[0-9]* | wc -l")
