@@ -119,30 +119,40 @@ type sandboxFixture struct {
 	root Context
 }
 
+// mountedSandbox makes a snapshotter in dir with a root snapshot "sandbox"
+// over a base of files, mounted at dir/mnt; add registers the cleanups.
+func mountedSandbox(b *testing.B, ctx context.Context, dir string, files int, add func(func())) (*Snapshotter, string, error) {
+	s, err := New(ctx, filepath.Join(dir, "root"))
+	if err != nil {
+		return nil, "", err
+	}
+	add(func() { s.Close() })
+	base := benchBase(b, ctx, s, files)
+	m, err := s.Prepare(ctx, "sandbox", base)
+	if err != nil {
+		return nil, "", err
+	}
+	target := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		return nil, "", err
+	}
+	if err := mount.All(m, target); err != nil {
+		return nil, "", err
+	}
+	add(func() { mount.UnmountAll(target, unix.MNT_DETACH) })
+	return s, target, nil
+}
+
 // benchSandbox is a mounted root snapshot over a base of files, as a
 // running container's rootfs would be.
 func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, Context) {
 	b.Helper()
 	requireRoot(b)
 	v := benchFixtures.get(b, fmt.Sprintf("sandbox-%d", files), func(dir string, add func(func())) (any, error) {
-		s, err := New(ctx, filepath.Join(dir, "root"))
+		s, _, err := mountedSandbox(b, ctx, dir, files, add)
 		if err != nil {
 			return nil, err
 		}
-		add(func() { s.Close() })
-		base := benchBase(b, ctx, s, files)
-		m, err := s.Prepare(ctx, "sandbox", base)
-		if err != nil {
-			return nil, err
-		}
-		target := filepath.Join(dir, "mnt")
-		if err := os.Mkdir(target, 0o700); err != nil {
-			return nil, err
-		}
-		if err := mount.All(m, target); err != nil {
-			return nil, err
-		}
-		add(func() { mount.UnmountAll(target, unix.MNT_DETACH) })
 		return sandboxFixture{s: s, root: Context{Root: Root{Key: "sandbox"}}}, nil
 	}).(sandboxFixture)
 	return v.s, v.root

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,24 +32,10 @@ func ckptSandbox(b *testing.B, ctx context.Context, files, size int) ckptFixture
 	b.Helper()
 	requireRoot(b)
 	return benchFixtures.get(b, fmt.Sprintf("ckpt-%d-%d", files, size), func(dir string, add func(func())) (any, error) {
-		s, err := New(ctx, filepath.Join(dir, "root"))
+		s, live, err := mountedSandbox(b, ctx, dir, files, add)
 		if err != nil {
 			return nil, err
 		}
-		add(func() { s.Close() })
-		base := benchBase(b, ctx, s, files)
-		m, err := s.Prepare(ctx, "sandbox", base)
-		if err != nil {
-			return nil, err
-		}
-		live := filepath.Join(dir, "mnt")
-		if err := os.Mkdir(live, 0o700); err != nil {
-			return nil, err
-		}
-		if err := mount.All(m, live); err != nil {
-			return nil, err
-		}
-		add(func() { mount.UnmountAll(live, unix.MNT_DETACH) })
 		writeChangeByte(b, live, size, 1)
 		root := Context{Root: Root{Key: "sandbox"}}
 		if _, err := s.Checkpoint(ctx, root, "base"); err != nil {
