@@ -143,27 +143,6 @@ type rootSnap struct {
 
 func (r rootSnap) id() string { return r.snap.ID }
 
-// withTx runs fn in a metadata transaction that also gives it the bolt
-// transaction, for the branch trees.
-func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
-	ctx, t, err := s.ms.TransactionContext(ctx, writable)
-	if err != nil {
-		return err
-	}
-	tx, ok := t.(*bolt.Tx)
-	if !ok {
-		t.Rollback()
-		return fmt.Errorf("metadata transaction is %T, not a bolt transaction: %w", t, errdefs.ErrInternal)
-	}
-	if err := fn(ctx, tx); err != nil || !writable {
-		if rerr := t.Rollback(); rerr != nil {
-			log.G(ctx).WithError(rerr).Warn("rollback metadata transaction")
-		}
-		return err
-	}
-	return t.Commit()
-}
-
 // loadTree reads the tree of a root snapshot, nil if it has none. Its
 // tombstones are read through tx, so the tree must not be asked about
 // ended nodes after tx ends.
@@ -562,7 +541,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	s.fault(FaultForkCommitted)
 
 	if tree.Nodes[parent].SealedByUs && !live.readonly {
-		if err := remount(live.target, true); err != nil {
+		if err := remountLive(live, true); err != nil {
 			// Undo: the children never existed for anyone.
 			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
 				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
@@ -658,16 +637,26 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
 	}
-	s.fault(FaultCommitDecided)
-	// The losers go first: their processes must not keep writing into
-	// layers that are about to be discarded.
-	if len(plan.Invalidated) > 0 {
-		mounts := overlayMountsOrNone(ctx)
-		for _, l := range plan.Invalidated {
-			s.removeBranchLayer(ctx, mounts, r.id(), l)
+	// The decision must outlive a power loss before the parent changes, so
+	// that a half-applied commit is completed rather than left (branchdb.go).
+	if !resume {
+		if err := s.bdb.Sync(); err != nil {
+			return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
 		}
 	}
-	if err := s.finishCommit(ctx, r, plan.Winner, resume); err != nil {
+	s.fault(FaultCommitDecided)
+	// Read once: the losers' entries are the only ones that go stale, and
+	// nothing below asks about them again.
+	mounts, err := readOverlayMounts()
+	if err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
+	}
+	// The losers go first: their processes must not keep writing into
+	// layers that are about to be discarded.
+	for _, l := range plan.Invalidated {
+		s.removeBranchLayer(ctx, mounts, r.id(), l)
+	}
+	if err := s.finishCommit(ctx, r, plan.Winner, resume, mounts); err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
@@ -682,7 +671,9 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 // the commit. It is idempotent: applying an upper layer to a tree that
 // already shows it changes nothing, so recovery may run it again. resume
 // says an earlier attempt may have been cut short, leaving temporaries.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool) error {
+//
+// mounts is the overlay mount table, or nil to read it here.
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable) error {
 	var tree *branch.Tree
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		tree, err = loadTree(tx, r.id())
@@ -699,15 +690,17 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	// A commit with the winner's own layer gone already finished applying.
 	if _, err := os.Lstat(upper); err == nil {
 		// Unmount the winner wherever the host sees it, then apply.
-		mounts, err := readOverlayMounts()
-		if err != nil {
-			return err
+		if mounts == nil {
+			var err error
+			if mounts, err = readOverlayMounts(); err != nil {
+				return err
+			}
 		}
 		mounts.detach(ctx, upper)
 		live := mounts.live(parentUpper)
 		if live.target != "" {
 			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
-				if err := remount(live.target, false); err != nil {
+				if err := remountLive(live, false); err != nil {
 					return fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
@@ -1005,7 +998,7 @@ func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper st
 	if live.target == "" || live.readonly == sealed {
 		return nil
 	}
-	if err := remount(live.target, sealed); err != nil {
+	if err := remountLive(live, sealed); err != nil {
 		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"mount": live.target, "sealed": sealed}).Debug("seal changed")
@@ -1051,7 +1044,7 @@ func (s *Snapshotter) recoverBranches(ctx context.Context) error {
 		}
 		for _, id := range t.Committing() {
 			log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
-			if err := s.finishCommit(ctx, r, id, true); err != nil {
+			if err := s.finishCommit(ctx, r, id, true, nil); err != nil {
 				return fmt.Errorf("complete commit of branch %s of %q: %w", id, t.Root, err)
 			}
 		}

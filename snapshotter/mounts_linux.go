@@ -89,8 +89,14 @@ func remount(target string, readonly bool) error {
 	if err != nil || len(infos) == 0 {
 		return fmt.Errorf("find mount %s: %v: %w", target, err, errdefs.ErrNotFound)
 	}
+	return remountLive(liveMountInfo{target: target, options: infos[0].Options}, readonly)
+}
+
+// remountLive is remount for a mount already read from the mount table.
+func remountLive(live liveMountInfo, readonly bool) error {
+	target := live.target
 	flags := uintptr(unix.MS_REMOUNT)
-	for _, o := range strings.Split(infos[0].Options, ",") {
+	for _, o := range strings.Split(live.options, ",") {
 		switch o {
 		case "nosuid":
 			flags |= unix.MS_NOSUID

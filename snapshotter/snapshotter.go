@@ -6,6 +6,7 @@
 //
 //	<root>/lock             held (flock) by the one process that owns root
 //	<root>/metadata.db      core/snapshots/storage metadata
+//	<root>/branches.db      branch trees and checkpoint records (branchdb.go)
 //	<root>/snapshots/<id>/fs    upper (or only) layer of snapshot <id>
 //	<root>/snapshots/<id>/work  overlay workdir of an active snapshot
 //	<root>/snapshots/new-*      half-created snapshot, removed on recovery
@@ -13,6 +14,7 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -36,6 +38,7 @@ import (
 type Snapshotter struct {
 	root      string
 	ms        *storage.MetaStore
+	bdb       *bolt.DB
 	lock      *rootLock
 	options   []string
 	locks     rootLocks
@@ -108,12 +111,21 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		options = append(options, "index=off")
 	}
 
-	s := &Snapshotter{root: root, ms: ms, lock: lock, options: options, faultHook: c.fault}
+	bdb, err := openBranchDB(ctx, root)
+	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	s := &Snapshotter{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
 	defer func() {
 		if retErr != nil {
 			ms.Close()
+			bdb.Close()
 		}
 	}()
+	if err := s.migrate(ctx); err != nil {
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
 	// Orphans first, so recovery only sees layers that a tree owns; then
 	// again, for what recovery let go.
 	if err := s.cleanTempMounts(ctx); err != nil {
@@ -283,7 +295,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := validateOpts("commit", opts); err != nil {
 		return err
 	}
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	err := s.withMetaTx(ctx, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
@@ -317,7 +329,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	var removals []string
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	err := s.withMetaTx(ctx, func(ctx context.Context, tx *bolt.Tx) error {
 		id, _, err := storage.Remove(ctx, key)
 		if err != nil {
 			if errdefs.IsFailedPrecondition(err) {
@@ -361,7 +373,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 	var removals []string
 	// A write transaction keeps creators out while the directory is scanned,
 	// so an in-flight "new-" directory is never mistaken for an orphan.
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+	err := s.withMetaTx(ctx, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		removals, err = s.orphanDirectories(ctx, tx)
 		return err
 	})
@@ -375,11 +387,30 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 	return removed, nil
 }
 
-// Close releases the metadata store and the lock on root.
+// Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
-	err := s.ms.Close()
+	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
 	return err
+}
+
+// migrate moves branch metadata an earlier version kept in metadata.db.
+func (s *Snapshotter) migrate(ctx context.Context) error {
+	_, t, err := s.ms.TransactionContext(ctx, true)
+	if err != nil {
+		return err
+	}
+	tx, ok := t.(*bolt.Tx)
+	if !ok {
+		t.Rollback()
+		return fmt.Errorf("metadata transaction is %T, not a bolt transaction: %w", t, errdefs.ErrInternal)
+	}
+	moved, err := migrateBranchBuckets(ctx, tx, s.bdb)
+	if err != nil || !moved {
+		t.Rollback()
+		return err
+	}
+	return t.Commit()
 }
 
 // removeAll removes dirs and returns those it removed.
