@@ -737,9 +737,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	s.fault(FaultCommitFinished)
 	s.removeCheckpointOrphans(ctx, r.id())
 	// Detached above (or before a crash, or never mounted): only files left.
-	if err := os.RemoveAll(s.branchDir(r.id(), id)); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", id).Warn("remove committed layer; Cleanup will retry")
-	}
+	s.discard(ctx, s.branchDir(r.id(), id))
 	return nil
 }
 
@@ -978,9 +976,7 @@ func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tre
 func (s *Snapshotter) removeBranchLayer(ctx context.Context, mounts mountTable, rootID, id string) {
 	dir := s.branchDir(rootID, id)
 	mounts.detach(ctx, filepath.Join(dir, "fs"))
-	if err := os.RemoveAll(dir); err != nil {
-		log.G(ctx).WithError(err).WithField("path", dir).Warn("remove branch layer; Cleanup will retry")
-	}
+	s.discard(ctx, dir)
 }
 
 // overlayMountsOrNone reads the overlay mounts; on failure it logs and

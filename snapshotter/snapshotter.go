@@ -10,6 +10,7 @@
 //	<root>/snapshots/<id>/fs    upper (or only) layer of snapshot <id>
 //	<root>/snapshots/<id>/work  overlay workdir of an active snapshot
 //	<root>/snapshots/new-*      half-created snapshot, removed on recovery
+//	<root>/trash/*              discarded layers being removed (trash.go)
 package snapshotter
 
 import (
@@ -20,6 +21,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -43,6 +46,8 @@ type Snapshotter struct {
 	options   []string
 	locks     rootLocks
 	faultHook func(point string)
+	trashSeq  atomic.Uint64
+	trashWG   sync.WaitGroup // background removals of discarded layers
 }
 
 var (
@@ -128,6 +133,9 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	}
 	// Orphans first, so recovery only sees layers that a tree owns; then
 	// again, for what recovery let go.
+	if err := s.emptyTrash(ctx); err != nil {
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
 	if err := s.cleanTempMounts(ctx); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
@@ -389,6 +397,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
+	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
 	return err
