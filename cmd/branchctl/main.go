@@ -53,6 +53,10 @@ Branch contexts of a live sandbox (a container run with
                                   branch is built on it)
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
+  self fork|exec|commit|abort|tree|checkpoint|rollback ...
+                                  from inside a sandbox: the same on its own
+                                  context, through /run/branchbox/branch.sock
+                                  (see branchctl self help)
 
 Every command takes --json. --address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
@@ -161,6 +165,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCheckpoint(ctx, g, rest, stdout)
 	case "rollback":
 		err = cmdRollback(ctx, g, rest, stdout)
+	case "self":
+		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
