@@ -133,7 +133,8 @@ func (c *contexts) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	l, err := listenIn(dir, SelfSocketName)
+	uid, gid := socketOwner(spec)
+	l, err := listenIn(dir, SelfSocketName, uid, gid)
 	if err != nil {
 		return fmt.Errorf("context %s/%s: listen on its branch socket: %w", sandboxID, id, err)
 	}
@@ -178,7 +179,7 @@ func (c *contexts) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup
 
 // listenIn listens on dir/name. The path is taken through a descriptor of
 // dir, since a bundle's path can be longer than a socket address may be.
-func listenIn(dir, name string) (*net.UnixListener, error) {
+func listenIn(dir, name string, uid, gid int) (*net.UnixListener, error) {
 	d, err := os.Open(dir)
 	if err != nil {
 		return nil, err
@@ -191,12 +192,42 @@ func listenIn(dir, name string) (*net.UnixListener, error) {
 	// The file is removed with its directory (closeSelf): the name above
 	// means nothing once d is closed.
 	l.SetUnlinkOnClose(false)
-	// Any user of the context may connect: the boundary is the context.
-	if err := os.Chmod(filepath.Join(dir, name), 0o666); err != nil {
+	// Only the context's own user (and its root) may connect: what the
+	// socket runs, it runs as that user, so another user of the context
+	// must not be able to use it to act as that one.
+	p := filepath.Join(dir, name)
+	if err := os.Chown(p, uid, gid); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
 		l.Close()
 		return nil, err
 	}
 	return l, nil
+}
+
+// socketOwner is the context's process user as the host sees it (through
+// the spec's user namespace mappings, if any).
+func socketOwner(spec *specs.Spec) (int, int) {
+	var uid, gid uint32
+	if spec.Process != nil {
+		uid, gid = spec.Process.User.UID, spec.Process.User.GID
+	}
+	if spec.Linux != nil {
+		uid = mapID(uid, spec.Linux.UIDMappings)
+		gid = mapID(gid, spec.Linux.GIDMappings)
+	}
+	return int(uid), int(gid)
+}
+
+func mapID(id uint32, m []specs.LinuxIDMapping) uint32 {
+	for _, r := range m {
+		if id >= r.ContainerID && id-r.ContainerID < r.Size {
+			return r.HostID + id - r.ContainerID
+		}
+	}
+	return id
 }
 
 // closeSelf stops serving a context's socket, removes it, and drops the
