@@ -356,3 +356,72 @@ func TestInsock(t *testing.T) {
 		t.Fatalf("socket dirs left after the sandbox's delete: %v", d)
 	}
 }
+
+// TestCRIInsockAnnotation checks what the CRI passes through (the runtime
+// handler's pod_annotations and container_annotations, as the documented
+// configuration sets them): io.branchbox.socket on a pod gives its
+// containers the socket, on a container gives that container the socket;
+// a pod's pause container and a container without it get none.
+func TestCRIInsockAnnotation(t *testing.T) {
+	c := criEnv(t)
+	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
+	runPod := func(name string, annotations map[string]string) (string, string) {
+		cfg := c.writeJSON(name+"-pod.json", map[string]any{
+			"metadata":      map[string]any{"name": name, "namespace": "default", "uid": name + "-uid", "attempt": 0},
+			"annotations":   annotations,
+			"log_directory": filepath.Join(c.dir, "logs", name),
+			"linux": map[string]any{
+				"cgroup_parent":    "/" + c.env.Namespace,
+				"security_context": map[string]any{"namespace_options": ns.options()},
+			},
+		})
+		out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := lastLine(out)
+		c.ids = append(c.ids, id)
+		return id, cfg
+	}
+	start := func(pod, podCfg, name string, annotations map[string]string) string {
+		cfg := c.writeJSON(name+"-container.json", map[string]any{
+			"metadata":    map[string]any{"name": name, "attempt": 0},
+			"image":       map[string]any{"image": criAppImage},
+			"command":     []string{"sleep", "1000"},
+			"annotations": annotations,
+			"log_path":    name + ".log",
+			"linux":       map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
+		})
+		out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := lastLine(out)
+		c.ids = append(c.ids, id)
+		if _, err := c.env.Crictl(c.ctx, "start", id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	on := map[string]string{"io.branchbox.socket": "true"}
+	podOn, podOnCfg := runPod("sock-pod", on)
+	podOff, podOffCfg := runPod("plain-pod", nil)
+	viaPod := start(podOn, podOnCfg, "via-pod", nil)
+	viaCtr := start(podOff, podOffCfg, "via-container", on)
+	none := start(podOff, podOffCfg, "none", nil)
+	for id, want := range map[string]string{viaPod: "branch.sock", viaCtr: "branch.sock", none: ""} {
+		out, _ := c.env.Crictl(c.ctx, "exec", "-s", id, "ls", "/run/branchbox")
+		if strings.TrimSpace(out) != want {
+			t.Errorf("container %s: /run/branchbox holds %q, want %q", id, out, want)
+		}
+	}
+	for _, pod := range []string{podOn, podOff} {
+		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", harness.CRINamespace, pod)
+		if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
+			t.Fatalf("pause container's bundle: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(bundle, "selfsock")); err == nil {
+			t.Errorf("pause container of pod %s has a branch socket", pod)
+		}
+	}
+}
