@@ -72,11 +72,7 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	out := make([]ContextInfo, len(resp.Branches))
-	for i, b := range resp.Branches {
-		out[i] = contextFromProto(b)
-	}
-	return out, nil
+	return contextsFromProto(resp.Branches), nil
 }
 
 // SelfResult is how a process started through the socket ended, and the
@@ -164,11 +160,7 @@ func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
 	if err != nil {
 		return "", nil, fromTTRPC(err)
 	}
-	out := make([]ContextInfo, len(resp.Nodes))
-	for i, n := range resp.Nodes {
-		out[i] = contextFromProto(n)
-	}
-	return resp.Self, out, nil
+	return resp.Self, contextsFromProto(resp.Nodes), nil
 }
 
 // Checkpoint records the state of branch ("" for the caller's context).

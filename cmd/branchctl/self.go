@@ -57,14 +57,8 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 		memory string
 	)
 	if name == "fork" {
-		fs.IntVar(&opts.Count, "n", 1, "number of branches")
+		forkFlags(fs, &opts, &memory)
 		fs.StringVar(&opts.Parent, "parent", "", "fork this descendant instead of this context")
-		fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro or freeze")
-		fs.StringVar(&opts.Net, "net", "shared", "network: shared or isolated")
-		fs.StringVar(&memory, "memory", "", "memory limit per branch")
-		fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch")
-		fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch")
-		fs.StringVar(&opts.From, "from", "", "fork from this checkpoint")
 	}
 	pos, cmd, err := parse(fs, rest)
 	if err != nil {
