@@ -52,6 +52,10 @@ $(OUR_BINS) $(DEMO): FORCE
 # The shim runs seccomp profiles through libseccomp (cgo; libseccomp-dev).
 $(BIN)/containerd-shim-branch-v1: BUILD_TAGS := -tags seccomp
 
+# branchctl is static, so that it can be copied into an image and used from
+# inside a sandbox (branchctl self, through the branch socket).
+$(BIN)/branchctl: export CGO_ENABLED := 0
+
 FORCE:
 
 binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(OUR_BINS)

@@ -180,6 +180,14 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 	return i
 }
 
+func contextsFromProto(list []*shimv1.Context) []ContextInfo {
+	out := make([]ContextInfo, len(list))
+	for i, c := range list {
+		out[i] = contextFromProto(c)
+	}
+	return out
+}
+
 // Fork makes opts.Count branch contexts of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
 func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
@@ -194,11 +202,7 @@ func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextIn
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	out := make([]ContextInfo, len(resp.Branches))
-	for i, b := range resp.Branches {
-		out[i] = contextFromProto(b)
-	}
-	return out, nil
+	return contextsFromProto(resp.Branches), nil
 }
 
 // SandboxCommitResult is the parent after a commit, and the branches the
@@ -234,11 +238,7 @@ func (s *SandboxClient) Tree(ctx context.Context) ([]ContextInfo, error) {
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	out := make([]ContextInfo, len(resp.Nodes))
-	for i, n := range resp.Nodes {
-		out[i] = contextFromProto(n)
-	}
-	return out, nil
+	return contextsFromProto(resp.Nodes), nil
 }
 
 // ExecOptions describes a process to run in a branch.

@@ -76,6 +76,8 @@ type contexts struct {
 	pidMu   sync.Mutex
 	pids    map[int]process.Process
 	pending map[int]pendingExit
+
+	insock selfSocks // the branch sockets inside sandboxes (insock.go)
 }
 
 type pendingExit struct {
@@ -393,9 +395,13 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	}
 	defer func() {
 		if retErr != nil {
+			c.closeSelf(sb.id, n.id)
 			_ = os.RemoveAll(n.bundle)
 		}
 	}()
+	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
+		return nil, err
+	}
 	if err := writeSpec(n.bundle, spec); err != nil {
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
 	}
@@ -475,6 +481,7 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) {
 // is destroyed in process (libcontainer needs no child process for a
 // stopped container), which spares a run of the runtime binary per branch.
 func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
+	c.closeSelf(sb.id, n.id)
 	container := n.container
 	n.container = nil
 	init, _ := container.Process("")
@@ -874,6 +881,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 // teardown removes every branch context of a sandbox whose task is being
 // deleted, and unseals its rootfs, so that nothing outlives it.
 func (c *contexts) teardown(ctx context.Context, id string) {
+	defer c.closeSelfAll(id)
 	c.mu.Lock()
 	sb, ok := c.sandboxes[id]
 	delete(c.sandboxes, id)

@@ -212,9 +212,14 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
 	}
 	r.Options = anyOpts
+	if err := s.contexts.listenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
+	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
 		s.contexts.addSandbox(ctx, r, opts)
+	} else {
+		s.contexts.closeSelfAll(r.ID)
 	}
 	return resp, err
 }

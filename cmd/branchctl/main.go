@@ -53,6 +53,10 @@ Branch contexts of a live sandbox (a container run with
                                   branch is built on it)
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
+  self fork|exec|commit|abort|tree|checkpoint|rollback ...
+                                  from inside a sandbox: the same on its own
+                                  context, through /run/branchbox/branch.sock
+                                  (see branchctl self help)
 
 Every command takes --json. --address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
@@ -161,6 +165,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCheckpoint(ctx, g, rest, stdout)
 	case "rollback":
 		err = cmdRollback(ctx, g, rest, stdout)
+	case "self":
+		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -228,19 +234,12 @@ func printJSON(w io.Writer, v any) error {
 
 func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
-	var n int
 	var opts branch.ForkOptions
 	var memory string
 	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
 	fs.BoolVar(&g.json, "json", g.json, "print JSON")
-	fs.IntVar(&n, "n", 1, "number of branches")
-	fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)")
-	fs.StringVar(&opts.Net, "net", "shared", "network: shared (the parent's namespace) or isolated (loopback only)")
-	fs.StringVar(&memory, "memory", "", "memory limit per branch (bytes, or with k, m, g); default the parent's")
-	fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch; default the parent's")
-	fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch; default the parent's")
-	fs.StringVar(&opts.From, "from", "", "fork from this checkpoint of the context instead of its current state")
+	forkFlags(fs, &opts, &memory)
 	pos, cmd, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -256,7 +255,7 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if opts.Memory, err = parseBytes(memory); err != nil {
 		return err
 	}
-	opts.Parent, opts.Count, opts.Args = parent, n, cmd
+	opts.Parent, opts.Args = parent, cmd
 	c, err := dial(ctx, g, sb)
 	if err != nil {
 		return err
@@ -277,6 +276,17 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	}
 	fmt.Fprintf(tw, "forked %d in %s\n", len(kids), time.Since(start).Round(time.Microsecond))
 	return tw.Flush()
+}
+
+// forkFlags registers the options of a fork (fork, self fork).
+func forkFlags(fs *flag.FlagSet, opts *branch.ForkOptions, memory *string) {
+	fs.IntVar(&opts.Count, "n", 1, "number of branches")
+	fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)")
+	fs.StringVar(&opts.Net, "net", "shared", "network: shared (the parent's namespace) or isolated (loopback only)")
+	fs.StringVar(memory, "memory", "", "memory limit per branch (bytes, or with k, m, g); default the parent's")
+	fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch; default the parent's")
+	fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch; default the parent's")
+	fs.StringVar(&opts.From, "from", "", "fork from this checkpoint of the context instead of its current state")
 }
 
 func parseBytes(s string) (int64, error) {

@@ -109,6 +109,11 @@ func Render(o Options) string {
   runtime_type = "io.containerd.branch.v1"
   snapshotter = "branch"
   sandboxer = "podsandbox"
+  # The CRI plugin passes only the annotations listed here into a container's
+  # OCI spec: io.branchbox.socket = "true" on a pod (every container in it) or
+  # on one container gives its processes the branch socket.
+  pod_annotations = ["io.branchbox.socket"]
+  container_annotations = ["io.branchbox.socket"]
 
 # Images pulled for the handler (kubelet's RuntimeClassInImageCriApi) are
 # unpacked straight into the branch snapshotter.

@@ -1,0 +1,194 @@
+//go:build linux
+
+package branch
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+)
+
+// SelfSocket is where a process inside a sandbox run with the annotation
+// io.branchbox.socket=true finds its own context's branch socket.
+const SelfSocket = "/run/branchbox/branch.sock"
+
+// SelfSocketEnv names another socket path for DialSelf (tests, tools that
+// run a context's socket elsewhere).
+const SelfSocketEnv = "BRANCHBOX_SOCKET"
+
+// SelfClient drives the caller's own branch context from inside a sandbox:
+// fork it, run in and wait for what it forked, commit or abort itself or
+// its descendants. Its socket reaches only its own context and the
+// contexts forked from it.
+type SelfClient struct {
+	conn *ttrpc.Client
+	api  shimv1.SelfService
+}
+
+// DialSelf connects to the branch socket at path; "" means $BRANCHBOX_SOCKET,
+// or else SelfSocket.
+func DialSelf(ctx context.Context, path string) (*SelfClient, error) {
+	if path == "" {
+		path = os.Getenv(SelfSocketEnv)
+	}
+	if path == "" {
+		path = SelfSocket
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "unix", path)
+	if err != nil {
+		if _, serr := os.Stat(path); serr != nil {
+			return nil, fmt.Errorf("no branch socket at %s: run the sandbox with the annotation io.branchbox.socket=true (and runtime io.containerd.branch.v1, snapshotter branch): %w", path, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("connect to the branch socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
+	}
+	tc := ttrpc.NewClient(conn)
+	return &SelfClient{conn: tc, api: shimv1.NewSelfClient(tc)}, nil
+}
+
+// Close closes the connection.
+func (s *SelfClient) Close() error { return s.conn.Close() }
+
+// Fork makes opts.Count children of opts.Parent ("" for the caller's own
+// context, else a descendant of it).
+func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+	if opts.Count < 1 {
+		return nil, fmt.Errorf("fork: count must be at least 1, got %d: %w", opts.Count, errdefs.ErrInvalidArgument)
+	}
+	resp, err := s.api.Fork(ctx, &shimv1.SelfForkRequest{
+		Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
+		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
+		FromCheckpoint: opts.From,
+	})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	return contextsFromProto(resp.Branches), nil
+}
+
+// SelfResult is how a process started through the socket ended, and the
+// end of its output (the last 1 MiB of each stream).
+type SelfResult struct {
+	ExitStatus
+	Stdout    []byte `json:"stdout"`
+	Stderr    []byte `json:"stderr"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+// SelfExecOptions describes a process to start in a descendant.
+type SelfExecOptions struct {
+	Args []string
+	Env  []string
+	Cwd  string
+}
+
+// Exec starts a process in branch (a descendant of the caller's context, or
+// "" for the caller's own branch) and returns its id for Wait. It has no
+// standard input; the shim keeps its output for Wait.
+func (s *SelfClient) Exec(ctx context.Context, branch string, opts SelfExecOptions) (string, error) {
+	resp, err := s.api.Exec(ctx, &shimv1.SelfExecRequest{Branch: branch, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd})
+	if err != nil {
+		return "", fromTTRPC(err)
+	}
+	return resp.ExecId, nil
+}
+
+// Wait waits for a process started by Exec.
+func (s *SelfClient) Wait(ctx context.Context, branch, execID string) (SelfResult, error) {
+	resp, err := s.api.Wait(ctx, &shimv1.SelfWaitRequest{Branch: branch, ExecId: execID})
+	if err != nil {
+		return SelfResult{}, fromTTRPC(err)
+	}
+	r := SelfResult{ExitStatus: ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled},
+		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated}
+	if resp.ExitedAt != nil {
+		r.ExitedAt = resp.ExitedAt.AsTime()
+	}
+	return r, nil
+}
+
+// Run starts a process in branch and waits for it.
+func (s *SelfClient) Run(ctx context.Context, branch string, opts SelfExecOptions) (SelfResult, error) {
+	id, err := s.Exec(ctx, branch, opts)
+	if err != nil {
+		return SelfResult{}, err
+	}
+	return s.Wait(ctx, branch, id)
+}
+
+// Kill signals a process started by Exec.
+func (s *SelfClient) Kill(ctx context.Context, branch, execID string, sig uint32) error {
+	_, err := s.api.Kill(ctx, &shimv1.SelfKillRequest{Branch: branch, ExecId: execID, Signal: sig})
+	return fromTTRPC(err)
+}
+
+// Commit makes a leaf's changes its parent's (first commit wins). With
+// branch "" it commits the caller's own context: that kills every process
+// of the context, the caller included, so like exec(2) it returns only on
+// failure (the parent sees the outcome: the changes, and the tree).
+func (s *SelfClient) Commit(ctx context.Context, branch string) (SandboxCommitResult, error) {
+	resp, err := s.api.Commit(ctx, &shimv1.SelfCommitRequest{Branch: branch})
+	if err != nil {
+		return SandboxCommitResult{}, fromTTRPC(err)
+	}
+	return SandboxCommitResult{Parent: contextFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+}
+
+// Abort kills and discards branch and its descendants; with "" the
+// caller's own context, which like Commit returns only on failure.
+func (s *SelfClient) Abort(ctx context.Context, branch string) ([]string, error) {
+	resp, err := s.api.Abort(ctx, &shimv1.SelfAbortRequest{Branch: branch})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	return resp.Aborted, nil
+}
+
+// Tree returns the caller's context id and that context with its
+// descendants (ended ones too). Host pids and cgroup paths are left out.
+func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
+	resp, err := s.api.Tree(ctx, &shimv1.SelfTreeRequest{})
+	if err != nil {
+		return "", nil, fromTTRPC(err)
+	}
+	return resp.Self, contextsFromProto(resp.Nodes), nil
+}
+
+// Checkpoint records the state of branch ("" for the caller's context).
+func (s *SelfClient) Checkpoint(ctx context.Context, branch, name string) (Checkpoint, error) {
+	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branch, Name: name})
+	if err != nil {
+		return Checkpoint{}, fromTTRPC(err)
+	}
+	return checkpointFromShim(resp.Checkpoint), nil
+}
+
+// Checkpoints lists the checkpoints of the caller's context and its
+// descendants.
+func (s *SelfClient) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
+	resp, err := s.api.ListCheckpoints(ctx, &shimv1.SelfListCheckpointsRequest{})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	out := make([]Checkpoint, len(resp.Checkpoints))
+	for i, c := range resp.Checkpoints {
+		out[i] = checkpointFromShim(c)
+	}
+	return out, nil
+}
+
+// Rollback brings branch ("" for the caller's context) back to a checkpoint
+// of its own.
+func (s *SelfClient) Rollback(ctx context.Context, branch, name string) error {
+	_, err := s.api.Rollback(ctx, &shimv1.SelfRollbackRequest{Branch: branch, Name: name})
+	return fromTTRPC(err)
+}

@@ -1,0 +1,239 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+const selfUsage = `usage: branchctl self COMMAND ... (from inside a sandbox run with the
+annotation io.branchbox.socket=true; the socket is /run/branchbox/branch.sock)
+
+  fork -n N [--parent ID] [--from CHECKPOINT] [--seal ro|freeze]
+       [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
+                          fork this context (or a descendant) into N branches
+  exec ID -- CMD...       run CMD in descendant ID, print its output, exit
+                          with its status
+  commit [ID]             commit descendant ID into its parent; without ID,
+                          this context into its parent: on success every
+                          process of this context is killed, this one too,
+                          and nothing is printed
+  abort [ID]              discard descendant ID (without ID: this context)
+  tree                    this context and its descendants
+  checkpoint [--branch ID] NAME
+  checkpoint ls
+  rollback [--branch ID] NAME
+
+Every command takes --json and --socket PATH (default $BRANCHBOX_SOCKET, then
+/run/branchbox/branch.sock). IDs are branch ids as fork and tree print them;
+only this context and what was forked from it can be named.
+`
+
+func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Writer) (int, error) {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, selfUsage)
+		return 0, nil
+	}
+	name, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("self "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var socket, ref string
+	fs.StringVar(&socket, "socket", "", "the branch socket")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	fs.StringVar(&ref, "branch", "", "the context (default: this one)")
+	var (
+		opts   branch.ForkOptions
+		memory string
+	)
+	if name == "fork" {
+		forkFlags(fs, &opts, &memory)
+		fs.StringVar(&opts.Parent, "parent", "", "fork this descendant instead of this context")
+	}
+	pos, cmd, err := parse(fs, rest)
+	if err != nil {
+		return 2, err
+	}
+	c, err := branch.DialSelf(ctx, socket)
+	if err != nil {
+		return 1, err
+	}
+	defer c.Close()
+	optional := func() (string, error) {
+		switch len(pos) {
+		case 0:
+			return "", nil
+		case 1:
+			return pos[0], nil
+		}
+		return "", fmt.Errorf("want at most one branch id, got %v: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	switch name {
+	case "fork":
+		if opts.Memory, err = parseBytes(memory); err != nil {
+			return 2, err
+		}
+		opts.Args = cmd
+		kids, err := c.Fork(ctx, opts)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, printJSON(stdout, kids)
+		}
+		for _, k := range kids {
+			fmt.Fprintln(stdout, k.ID)
+		}
+		return 0, nil
+	case "exec":
+		id, err := oneArg(pos, "branch id")
+		if err != nil {
+			return 2, err
+		}
+		if len(cmd) == 0 {
+			return 2, fmt.Errorf("no command: write `branchctl self exec %s -- CMD...`: %w", id, errdefs.ErrInvalidArgument)
+		}
+		res, err := c.Run(ctx, id, branch.SelfExecOptions{Args: cmd})
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return res.Code, printJSON(stdout, res)
+		}
+		_, _ = stdout.Write(res.Stdout)
+		_, _ = stderr.Write(res.Stderr)
+		if res.Truncated {
+			fmt.Fprintln(stderr, "branchctl self exec: output truncated to its last 1 MiB per stream")
+		}
+		return res.Code, nil
+	case "commit":
+		id, err := optional()
+		if err != nil {
+			return 2, err
+		}
+		res, err := c.Commit(ctx, id)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, printJSON(stdout, res)
+		}
+		fmt.Fprintf(stdout, "committed %s into %s (epoch %d)", id, nodeName(res.Parent.ID), res.Parent.Epoch)
+		if len(res.Invalidated) > 0 {
+			fmt.Fprintf(stdout, "; invalidated %s", strings.Join(res.Invalidated, ", "))
+		}
+		fmt.Fprintln(stdout)
+		return 0, nil
+	case "abort":
+		id, err := optional()
+		if err != nil {
+			return 2, err
+		}
+		ids, err := c.Abort(ctx, id)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, printJSON(stdout, map[string][]string{"aborted": ids})
+		}
+		fmt.Fprintf(stdout, "aborted %s\n", strings.Join(ids, ", "))
+		return 0, nil
+	case "tree":
+		self, nodes, err := c.Tree(ctx)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, printJSON(stdout, map[string]any{"self": self, "contexts": nodes})
+		}
+		return 0, printSelfTree(stdout, self, nodes, time.Now())
+	case "checkpoint":
+		if len(pos) == 1 && pos[0] == "ls" {
+			list, err := c.Checkpoints(ctx)
+			if err != nil {
+				return 1, err
+			}
+			if g.json {
+				return 0, printJSON(stdout, list)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tCONTEXT\tSIZE")
+			for _, ck := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Context, size(ck.Size))
+			}
+			return 0, tw.Flush()
+		}
+		nm, err := oneArg(pos, "checkpoint name")
+		if err != nil {
+			return 2, err
+		}
+		ck, err := c.Checkpoint(ctx, ref, nm)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, printJSON(stdout, ck)
+		}
+		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Context), size(ck.Size))
+		return 0, nil
+	case "rollback":
+		nm, err := oneArg(pos, "checkpoint name")
+		if err != nil {
+			return 2, err
+		}
+		if err := c.Rollback(ctx, ref, nm); err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(stdout, "rolled back to %s\n", nm)
+		return 0, nil
+	}
+	return 2, fmt.Errorf("unknown command %q (see `branchctl self help`): %w", name, errdefs.ErrInvalidArgument)
+}
+
+// printSelfTree prints the caller's context and its live descendants as a
+// tree, then the ended ones.
+func printSelfTree(w io.Writer, self string, nodes []branch.ContextInfo, now time.Time) error {
+	kids := map[string][]branch.ContextInfo{}
+	var ended []branch.ContextInfo
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tUPPER\tAGE")
+	for _, n := range nodes {
+		switch {
+		case n.ID == self:
+			fmt.Fprintf(tw, "%s (self)\t%s\t%d\t%s\t%s\t%s\n", n.ID, n.State, n.Epoch, n.Status, size(n.UpperSize), age(n, now))
+		case n.State == branch.Live || n.State == branch.Committing:
+			kids[n.Parent] = append(kids[n.Parent], n)
+		default:
+			ended = append(ended, n)
+		}
+	}
+	var walk func(id, indent string)
+	walk = func(id, indent string) {
+		list := kids[id]
+		sort.Slice(list, func(i, j int) bool { return numLess(list[i].ID, list[j].ID) })
+		for _, n := range list {
+			fmt.Fprintf(tw, "%s└─ %s\t%s\t%d\t%s\t%s\t%s\n", indent, n.ID, n.State, n.Epoch, n.Status, size(n.UpperSize), age(n, now))
+			walk(n.ID, indent+"   ")
+		}
+	}
+	walk(self, "")
+	sort.Slice(ended, func(i, j int) bool { return numLess(ended[i].ID, ended[j].ID) })
+	for _, n := range ended {
+		what := string(n.State)
+		if n.State == branch.Stale {
+			what = fmt.Sprintf("stale (branch %s won)", n.Winner)
+		}
+		fmt.Fprintf(tw, "   %s (ended)\t%s\t%d\t\t\t%s\n", n.ID, what, n.Epoch, age(n, now))
+	}
+	return tw.Flush()
+}
