@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // branchDBName is the file, in the snapshotter's root, that holds the branch
@@ -44,7 +45,7 @@ func openBranchDB(ctx context.Context, root string) (*bolt.DB, error) {
 	if err == nil {
 		return db, nil
 	}
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another process holds it: %w", path, errdefs.ErrUnavailable)
 	}
 	aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
