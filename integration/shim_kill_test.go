@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +33,13 @@ while :; do sleep 1; done`
 
 const adversarialPidsLimit = 48
 
+// adversarialWithExec is adversarial whose fork bomb waits for /bomb, which
+// an exec'd process makes: once the bomb holds the pids limit, an exec
+// (whose runtime helpers count against the limit too) could not start.
+var adversarialWithExec = strings.Replace(adversarial,
+	"(trap '' TERM INT HUP; while :; do sleep 1000 & done)",
+	"while [ ! -e /bomb ]; do sleep 0.05; done\n(trap '' TERM INT HUP; while :; do sleep 1000 & done)", 1)
+
 // startAdversarial starts the adversarial container with the branch runtime
 // and waits until, seen from the host, the fork bomb has filled the pids
 // limit and the nested PID namespace exists. It returns the task and the
@@ -47,7 +55,7 @@ func startAdversarial(t *testing.T, ctx context.Context, env *harness.Env, clien
 		containerd.WithNewSnapshot(id, img),
 		containerd.WithRuntime(branchRuntime, nil),
 		containerd.WithNewSpec(oci.WithImageConfig(img),
-			oci.WithProcessArgs("sh", "-c", adversarial),
+			oci.WithProcessArgs("sh", "-c", adversarialWithExec),
 			oci.WithPidsLimit(adversarialPidsLimit),
 			oci.WithAddedCapabilities([]string{"CAP_SYS_ADMIN"})))
 	if err != nil {
@@ -58,6 +66,18 @@ func startAdversarial(t *testing.T, ctx context.Context, env *harness.Env, clien
 		t.Fatal(err)
 	}
 	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// An exec'd process too; it lets the fork bomb go.
+	spec, err := task.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pspec := *spec.Process
+	pspec.Args = []string{"sh", "-c", "touch /bomb; exec sleep 1000"}
+	if proc, err := task.Exec(ctx, "ex", &pspec, cio.NullIO); err != nil {
+		t.Fatal(err)
+	} else if err := proc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	initPid := int(task.Pid())
@@ -108,18 +128,6 @@ func TestShimKillGuarantees(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "adv-" + tc.name
 			task, procs := startAdversarial(t, ctx, env, client, id, tc.snapshotter)
-			// An exec'd process too.
-			spec, err := task.Spec(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pspec := *spec.Process
-			pspec.Args = []string{"sleep", "1000"}
-			if proc, err := task.Exec(ctx, "ex", &pspec, cio.NullIO); err != nil {
-				t.Fatal(err)
-			} else if err := proc.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
 			if tc.pause {
 				if err := task.Pause(ctx); err != nil {
 					t.Fatal(err)
