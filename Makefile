@@ -91,7 +91,7 @@ bench: binaries
 clean:
 	rm -rf $(BIN)
 
-# Node install (docs/node-setup.md): the two binaries, the snapshotter's
+# Node install (docs/node-setup.md): the binaries, the snapshotter's
 # systemd unit (pointing at BINDIR), a containerd.service drop-in ordering
 # containerd after it, and the containerd configuration to merge.
 PREFIX ?= /usr/local
@@ -99,9 +99,10 @@ BINDIR ?= $(PREFIX)/bin
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 DATADIR ?= $(PREFIX)/share/branchbox
 
-install: $(OUR_BINS)
+install: $(OUR_BINS) $(SHIM_RUNTIME)
 	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1 $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1
+	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-runtime $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-runtime
 	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
 	install -d $(DESTDIR)$(UNITDIR)/containerd.service.d
 	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
