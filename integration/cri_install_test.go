@@ -21,6 +21,7 @@ func makeInstall(t *testing.T, vars ...string) {
 	args := []string{"-C", filepath.Dir(bin), "BIN=" + bin,
 		"-o", filepath.Join(bin, "containerd-branch-snapshotter"),
 		"-o", filepath.Join(bin, "containerd-shim-branch-v1"),
+		"-o", filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
 		"-o", filepath.Join(bin, "branchctl"), "install"}
 	out, err := exec.Command("make", append(args, vars...)...).CombinedOutput()
 	if err != nil {
@@ -39,6 +40,7 @@ func TestMakeInstall(t *testing.T) {
 	want := map[string]string{ // installed path -> what it is a copy of ("" if rendered)
 		"/usr/local/bin/containerd-branch-snapshotter":                         filepath.Join(bin, "containerd-branch-snapshotter"),
 		"/usr/local/bin/containerd-shim-branch-v1":                             filepath.Join(bin, "containerd-shim-branch-v1"),
+		"/usr/local/bin/containerd-shim-branch-v1-runtime":                     filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
 		"/usr/local/bin/branchctl":                                             filepath.Join(bin, "branchctl"),
 		"/usr/local/lib/systemd/system/containerd-branch-snapshotter.service":  "",
 		"/usr/local/lib/systemd/system/containerd.service.d/10-branchbox.conf": filepath.Join(filepath.Dir(bin), "hack", "systemd", "containerd-branchbox.conf"),

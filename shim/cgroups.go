@@ -66,6 +66,12 @@ func cgroupDirs(path string) ([]cgroupMount, error) {
 	if err != nil {
 		return nil, err
 	}
+	return dirsIn(ms, path), nil
+}
+
+// dirsIn is cgroupDirs on hierarchies already listed, so that one teardown
+// reads the mount table once rather than at every step.
+func dirsIn(ms []cgroupMount, path string) []cgroupMount {
 	var out []cgroupMount
 	for _, m := range ms {
 		d := filepath.Join(m.dir, path)
@@ -74,7 +80,7 @@ func cgroupDirs(path string) ([]cgroupMount, error) {
 			out = append(out, m)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // subdirs lists dir and every cgroup below it, parents first.
@@ -145,15 +151,28 @@ func thaw(dirs []cgroupMount) {
 	}
 }
 
-// killCgroup SIGKILLs every process in a cgroup path and below it, on every
-// hierarchy, until none is left. Processes are found by the kernel's
-// accounting, so a process cannot escape by forking, double-forking,
-// changing session or entering a nested PID namespace.
-func killCgroup(ctx context.Context, path string) error {
-	dirs, err := cgroupDirs(path)
-	if err != nil {
-		return err
+// subtreePids lists the processes in dirs and every cgroup below them.
+func subtreePids(dirs []cgroupMount) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range dirs {
+		for _, dir := range subdirs(d.dir) {
+			for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+				if !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+		}
 	}
+	return pids
+}
+
+// killDirs SIGKILLs every process in a cgroup (its directories on every
+// hierarchy, dirs) and below it, until none is left. Processes are found by
+// the kernel's accounting, so a process cannot escape by forking,
+// double-forking, changing session or entering a nested PID namespace.
+func killDirs(ctx context.Context, path string, dirs []cgroupMount) error {
 	if len(dirs) == 0 {
 		return nil
 	}
@@ -164,14 +183,20 @@ func killCgroup(ctx context.Context, path string) error {
 			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
 		}
 	}
-	delay := 200 * time.Microsecond
+	// Every process is in every hierarchy, so one hierarchy is watched
+	// while they die, and all of them are checked before returning. The
+	// poll starts short: a killed branch is usually gone within a
+	// millisecond, and a long first sleep would be most of a commit.
+	watch := dirs[:1]
+	delay := 50 * time.Microsecond
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		pids, err := cgroupPids(path, true)
-		if err != nil {
-			return err
-		}
+		pids := subtreePids(watch)
 		if len(pids) == 0 {
-			return nil
+			if len(watch) == len(dirs) {
+				return nil
+			}
+			watch = dirs
+			continue
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("processes %v still in cgroup %s after 10s of SIGKILL: %w", pids, path, errdefs.ErrUnavailable)
@@ -182,19 +207,15 @@ func killCgroup(ctx context.Context, path string) error {
 			}
 		}
 		time.Sleep(delay)
-		if delay < 20*time.Millisecond {
+		if delay < 10*time.Millisecond {
 			delay *= 2
 		}
 	}
 }
 
-// removeCgroup removes a cgroup path and its descendants on every
-// hierarchy, deepest first. Its processes must be gone.
-func removeCgroup(path string) error {
-	dirs, err := cgroupDirs(path)
-	if err != nil {
-		return err
-	}
+// removeDirs removes a cgroup (its directories on every hierarchy) and its
+// descendants, deepest first. Its processes must be gone.
+func removeDirs(dirs []cgroupMount) error {
 	var errs []error
 	for _, d := range dirs {
 		list := subdirs(d.dir)

@@ -56,6 +56,21 @@ const (
 // has its own bundle (config.json, rootfs mount point, pid files).
 const branchesDir = "branches"
 
+// RuntimeBinary is the name of the runtime-only build of this binary
+// (cmd/containerd-shim-branch-v1/runtime), looked for beside the shim.
+const RuntimeBinary = "containerd-shim-branch-v1-runtime"
+
+// branchRuntime is the binary that runs branch contexts: the runtime-only
+// build beside the shim if there is one, for it starts in about half the
+// time, and this binary (which is a runtime too) otherwise.
+func branchRuntime(self string) string {
+	p := filepath.Join(filepath.Dir(self), RuntimeBinary)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return p
+	}
+	return self
+}
+
 // RuntimeID is the runtime container id of branch b of sandbox id.
 func RuntimeID(sandbox, b string) string { return sandbox + ".b" + b }
 
@@ -63,12 +78,17 @@ func RuntimeID(sandbox, b string) string { return sandbox + ".b" + b }
 type contexts struct {
 	ctx       context.Context
 	self      string
+	runtime   string // the binary branch containers are run with
 	publisher cshim.Publisher
 	task      taskAPI.TTRPCTaskService
 	platform  stdio.Platform
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+
+	// events go to containerd in the order they happen, from one
+	// goroutine, so that a reply does not wait for the event service.
+	events chan queuedEvent
 
 	// Exits of our processes come from the shim's one reaper: pid to
 	// process, and exits no process claimed yet (a short process can exit
@@ -78,6 +98,12 @@ type contexts struct {
 	pending map[int]pendingExit
 
 	insock selfSocks // the branch sockets inside sandboxes (insock.go)
+}
+
+type queuedEvent struct {
+	ctx   context.Context
+	topic string
+	ev    *eventstypes.ContainerUpdate
 }
 
 type pendingExit struct {
@@ -119,14 +145,30 @@ func newContexts(ctx context.Context, self string, publisher cshim.Publisher, ta
 		return nil, fmt.Errorf("branch contexts: console platform: %w", err)
 	}
 	c := &contexts{
-		ctx: ctx, self: self, publisher: publisher, task: task, platform: platform,
+		ctx: ctx, self: self, runtime: branchRuntime(self), publisher: publisher, task: task, platform: platform,
 		sandboxes: map[string]*sandbox{},
 		pids:      map[int]process.Process{},
 		pending:   map[int]pendingExit{},
+		events:    make(chan queuedEvent, 1024),
 	}
 	ec := reaper.Default.Subscribe()
 	go c.reap(ec)
+	go c.forward()
 	return c, nil
+}
+
+// forward publishes queued events in order until the shim's context ends.
+func (c *contexts) forward() {
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case q := <-c.events:
+			if err := c.publisher.Publish(q.ctx, q.topic, q.ev); err != nil {
+				log.G(q.ctx).WithError(err).WithField("topic", q.topic).Warn("publish branch event")
+			}
+		}
+	}
 }
 
 func (c *contexts) reap(ec chan runcC.Exit) {
@@ -405,7 +447,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	if err := writeSpec(n.bundle, spec); err != nil {
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
 	}
-	opts := &options.Options{BinaryName: c.self, Root: DefaultRoot}
+	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
 	if sb.opts != nil && sb.opts.Root != "" {
 		opts.Root = sb.opts.Root
 	}
@@ -449,49 +491,79 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 // destroy kills every process of a context (and of any context nested in
 // it), then removes its init, its rootfs mount, cgroup and bundle.
 func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
-	c.destroyAll(ctx, sb, []*bctx{n})
+	c.destroyAll(ctx, sb, []*bctx{n})()
 }
 
 // destroyAll destroys contexts together: their processes are all killed
-// first, so that none of them runs on while another is taken down.
-func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) {
-	var wg sync.WaitGroup
+// first, so that none of them runs on while another is taken down, then
+// their rootfs mounts are detached. It returns once that is done, which is
+// all the snapshotter needs before it commits or discards their layers;
+// the rest (runtime state, cgroups) goes on meanwhile, and the returned
+// wait blocks until it is done. Callers reply only after wait.
+func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait func()) {
+	// The mount table is read once for the whole teardown.
+	ms, err := cgroupMounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
+	}
+	var live []*bctx
 	for _, n := range ns {
-		if n.container == nil {
-			continue
+		if n.container != nil {
+			live = append(live, n)
 		}
+	}
+	dirs := make([][]cgroupMount, len(live))
+	var wg sync.WaitGroup
+	for i, n := range live {
+		dirs[i] = dirsIn(ms, n.cgroup)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := killCgroup(ctx, n.cgroup); err != nil {
+			if err := killDirs(ctx, n.cgroup, dirs[i]); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
 			}
 		}()
 	}
 	wg.Wait()
-	for _, n := range ns {
-		if n.container == nil {
-			continue
-		}
-		c.remove(ctx, sb, n)
+	containers := make([]*runc.Container, len(live))
+	for i, n := range live {
+		containers[i] = c.detach(ctx, n)
 	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i, n := range live {
+			c.release(ctx, sb, n, containers[i], dirs[i])
+		}
+	}()
+	return func() { <-done }
 }
 
-// remove takes down a context whose processes are dead. The runtime state
-// is destroyed in process (libcontainer needs no child process for a
-// stopped container), which spares a run of the runtime binary per branch.
-func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
-	c.closeSelf(sb.id, n.id)
+// detach takes a context whose processes are dead off its init and rootfs:
+// it waits for the init's exit (from the shim's reaper) and unmounts the
+// rootfs, after which the branch's layers are the snapshotter's alone.
+func (c *contexts) detach(ctx context.Context, n *bctx) *runc.Container {
 	container := n.container
 	n.container = nil
-	init, _ := container.Process("")
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if init != nil {
+	if init, err := container.Process(""); err == nil {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := init.Wait(wctx); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
 		}
+		cancel()
 	}
+	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+	}
+	return container
+}
+
+// release removes a detached context's runtime state and cgroups. The
+// runtime state is destroyed in process (libcontainer needs no child
+// process for a stopped container), which spares a run of the runtime
+// binary per branch.
+func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, container *runc.Container, cgroupDirs []cgroupMount) {
+	c.closeSelf(sb.id, n.id)
 	root := DefaultRoot
 	if sb.opts != nil && sb.opts.Root != "" {
 		root = sb.opts.Root
@@ -503,10 +575,7 @@ func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
 	} else if !errors.Is(err, libcontainer.ErrNotExist) {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("load branch runtime state")
 	}
-	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
-	}
-	if err := removeCgroup(n.cgroup); err != nil {
+	if err := removeDirs(cgroupDirs); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 	}
 	// What is left (stdio copiers, exec'd process records, the bundle)
@@ -520,7 +589,7 @@ func (c *contexts) remove(ctx context.Context, sb *sandbox, n *bctx) {
 			}
 			cancel()
 		}
-		if init != nil {
+		if init, err := container.Process(""); err == nil {
 			_ = init.Delete(ctx) // the runtime says "does not exist"; this closes its stdio
 		}
 		if err := os.RemoveAll(n.bundle); err != nil {
@@ -572,9 +641,12 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	if kids := sb.descendants(n.id); len(kids) > 0 {
 		return nil, fmt.Errorf("commit %s/%s: it has live branches (%s); commit or abort them first: %w", sb.id, n.id, ids(kids), errdefs.ErrFailedPrecondition)
 	}
-	c.destroy(ctx, sb, n)
+	// The snapshotter applies the winner's layer while its runtime state
+	// and cgroups are removed.
+	wait := c.destroyAll(ctx, sb, []*bctx{n})
 	delete(sb.nodes, n.id)
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
+	wait()
 	if err != nil {
 		return nil, fmt.Errorf("commit %s/%s (its processes were killed): %w", sb.id, n.id, err)
 	}
@@ -585,10 +657,11 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 			delete(sb.nodes, id)
 		}
 	}
-	c.destroyAll(ctx, sb, losers)
+	waitLosers := c.destroyAll(ctx, sb, losers)
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
+	waitLosers()
 	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
 	if len(res.Invalidated) > 0 {
 		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
@@ -614,8 +687,9 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 	for _, d := range gone {
 		delete(sb.nodes, d.id)
 	}
-	c.destroyAll(ctx, sb, gone)
+	wait := c.destroyAll(ctx, sb, gone)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
+	wait()
 	if err != nil {
 		return nil, fmt.Errorf("abort %s/%s (its processes were killed): %w", sb.id, n.id, err)
 	}
@@ -918,7 +992,7 @@ type branchEvent struct {
 	Epoch           uint64
 }
 
-// publish sends a branch event to containerd's event service. It travels
+// publish queues a branch event for containerd's event service. It travels
 // as containerd's own ContainerUpdate type (the sandbox's id, and labels
 // branchbox.parent, .branches, .winner, .epoch) on a /branch/ topic, so
 // that `ctr events` and every containerd client can decode it; a type of
@@ -935,9 +1009,8 @@ func (c *contexts) publish(ctx context.Context, topic string, ev *branchEvent) {
 		labels["branchbox.winner"] = ev.Winner
 		labels["branchbox.epoch"] = strconv.FormatUint(ev.Epoch, 10)
 	}
-	if err := c.publisher.Publish(ctx, topic, &eventstypes.ContainerUpdate{ID: ev.Sandbox, Labels: labels}); err != nil {
-		log.G(ctx).WithError(err).WithField("topic", topic).Warn("publish branch event")
-	}
+	// The request's context ends with the reply; the event goes after it.
+	c.events <- queuedEvent{ctx: context.WithoutCancel(ctx), topic: topic, ev: &eventstypes.ContainerUpdate{ID: ev.Sandbox, Labels: labels}}
 }
 
 func ids(ns []*bctx) string {
