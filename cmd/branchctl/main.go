@@ -28,7 +28,7 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-const usage = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
+const usageHead = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
 
 Branch contexts of a live sandbox (a container run with
 --runtime io.containerd.branch.v1 --snapshotter branch):
@@ -54,6 +54,11 @@ Branch contexts of a live sandbox (a container run with
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
 
+`
+
+const usage = usageHead + patternsUsage + usageTail
+
+const usageTail = `
 Every command takes --json. --address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
 /run/containerd/containerd.sock and "default".
@@ -161,6 +166,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCheckpoint(ctx, g, rest, stdout)
 	case "rollback":
 		err = cmdRollback(ctx, g, rest, stdout)
+	case "speculate":
+		code, err = cmdSpeculate(ctx, g, rest, stdout)
+	case "best-of-n":
+		code, err = cmdBestOfN(ctx, g, rest, stdout)
+	case "tournament":
+		code, err = cmdTournament(ctx, g, rest, stdout)
+	case "reflexion":
+		code, err = cmdReflexion(ctx, g, rest, stdout)
+	case "beam", "tree-search":
+		code, err = cmdSearch(ctx, g, name, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
