@@ -177,10 +177,11 @@ type engine struct {
 	s    Brancher
 	opts Options
 	// ctx is the caller's; octx adds the overall timeout.
-	ctx     context.Context
-	octx    context.Context
-	res     *Result
-	started time.Time
+	ctx      context.Context
+	octx     context.Context
+	deadline time.Time // of the overall timeout
+	res      *Result
+	started  time.Time
 
 	mu       sync.Mutex
 	attempts []*AttemptResult
@@ -208,7 +209,8 @@ func newEngine(ctx context.Context, s Brancher, pattern, parent string, opts Opt
 	cancel := func() {}
 	e.octx = ctx
 	if opts.Timeout > 0 {
-		e.octx, cancel = context.WithTimeout(ctx, opts.Timeout)
+		e.deadline = e.started.Add(opts.Timeout)
+		e.octx, cancel = context.WithDeadline(ctx, e.deadline)
 	}
 	return e, cancel, nil
 }
@@ -362,7 +364,7 @@ func (e *engine) finish() *Result {
 // exec runs a command in an attempt's branch within its deadline and the
 // overall timeout. It returns the command's stdout (its last stdoutCap
 // bytes).
-func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (string, ExitStatus, context.Context, error) {
+func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (string, ExitStatus, error) {
 	ctx := e.octx
 	if !a.deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -381,7 +383,7 @@ func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (
 		opts.Stdin = strings.NewReader(string(stdin))
 	}
 	st, err := e.s.Run(ctx, a.Branch, opts)
-	return stdout.String(), st, ctx, withCombined(combined.String(), err)
+	return stdout.String(), st, withCombined(combined.String(), err)
 }
 
 type combinedErr struct {
@@ -406,17 +408,17 @@ func combinedOf(err error) (string, error) {
 
 // stopped records why a command in a branch did not finish and aborts
 // the branch (unless it already lost to a sibling's commit).
-func (e *engine) stopped(a *AttemptResult, bctx context.Context, err error) {
+func (e *engine) stopped(a *AttemptResult, err error) {
 	var se *StaleError
 	switch {
 	case e.ctx.Err() != nil:
 		a.Outcome, a.Error = OutcomeAborted, "the caller's context ended: "+e.ctx.Err().Error()
-	case e.octx.Err() != nil:
+	case e.overallExpired():
 		a.Outcome, a.Error = OutcomeTimeout, fmt.Sprintf("the overall timeout (%s) expired", e.opts.Timeout)
 		e.mu.Lock()
 		e.res.TimedOut = true
 		e.mu.Unlock()
-	case bctx != nil && errors.Is(bctx.Err(), context.DeadlineExceeded):
+	case a.expired():
 		a.Outcome, a.Error = OutcomeTimeout, fmt.Sprintf("the branch timeout (%s) expired", e.opts.BranchTimeout)
 	case errors.As(err, &se):
 		a.Outcome, a.Error = OutcomeLost, err.Error()
@@ -428,6 +430,17 @@ func (e *engine) stopped(a *AttemptResult, bctx context.Context, err error) {
 			a.Error += "; " + aerr.Error()
 		}
 	}
+}
+
+// The shim ends a call at the deadline it was given, which may come back
+// before the local context's own timer has fired: so deadlines are judged
+// by the clock.
+func (e *engine) overallExpired() bool {
+	return e.octx.Err() != nil || (!e.deadline.IsZero() && !time.Now().Before(e.deadline))
+}
+
+func (a *AttemptResult) expired() bool {
+	return !a.deadline.IsZero() && !time.Now().Before(a.deadline)
 }
 
 // failed records an attempt that ran but cannot win, and aborts it.
@@ -444,11 +457,11 @@ func (e *engine) failed(a *AttemptResult, why string) {
 func (e *engine) runAttempt(a *AttemptResult, c Command, env []string, scorer *Scorer) bool {
 	start := time.Now()
 	defer func() { a.Duration = time.Since(start) }()
-	stdout, st, bctx, err := e.exec(a, c, env, nil)
+	stdout, st, err := e.exec(a, c, env, nil)
 	combined, err := combinedOf(err)
 	a.stdout, a.combined, a.Output = stdout, combined, tail(combined, outputTail)
 	if err != nil {
-		e.stopped(a, bctx, err)
+		e.stopped(a, err)
 		return false
 	}
 	a.ExitCode = st.Code
@@ -467,10 +480,10 @@ func (e *engine) runAttempt(a *AttemptResult, c Command, env []string, scorer *S
 	switch {
 	case len(scorer.Args) > 0:
 		var sst ExitStatus
-		out, sst, bctx, err = e.exec(a, Command{Args: scorer.Args}, env, nil)
+		out, sst, err = e.exec(a, Command{Args: scorer.Args}, env, nil)
 		scombined, err := combinedOf(err)
 		if err != nil {
-			e.stopped(a, bctx, err)
+			e.stopped(a, err)
 			return false
 		}
 		if sst.Code != 0 {
@@ -479,10 +492,10 @@ func (e *engine) runAttempt(a *AttemptResult, c Command, env []string, scorer *S
 		}
 	case scorer.File != "":
 		var sst ExitStatus
-		out, sst, bctx, err = e.exec(a, Command{Args: []string{"cat", scorer.File}}, nil, nil)
+		out, sst, err = e.exec(a, Command{Args: []string{"cat", scorer.File}}, nil, nil)
 		scombined, err := combinedOf(err)
 		if err != nil {
-			e.stopped(a, bctx, err)
+			e.stopped(a, err)
 			return false
 		}
 		if sst.Code != 0 {
@@ -592,13 +605,11 @@ func Speculate(ctx context.Context, s Brancher, parent string, attempts []Comman
 			decide.Lock()
 			defer decide.Unlock()
 			switch {
-			case won && a.Outcome != OutcomeLost:
-				// Killed or invalidated by the winner's commit, whatever
-				// it reported.
+			case won && (ok || killedByCommit(a)):
 				a.Outcome, a.Error = OutcomeLost, ""
 			case !ok:
 			case e.ctx.Err() != nil:
-				e.stopped(a, nil, e.ctx.Err())
+				e.stopped(a, e.ctx.Err())
 			default:
 				if err := e.commit(a.Branch); err != nil {
 					var se *StaleError
@@ -624,6 +635,13 @@ func Speculate(ctx context.Context, s Brancher, parent string, attempts []Comman
 		return res, err
 	}
 	return res, errors.Join(errs...)
+}
+
+// killedByCommit tells whether an attempt that ended while a sibling
+// committed was ended by that commit (SIGKILL, or its branch gone under
+// it) rather than failing by itself.
+func killedByCommit(a *AttemptResult) bool {
+	return a.Outcome == OutcomeLost || a.ExitCode == 128+9 || (a.Outcome == OutcomeFailed && a.ExitCode == -1)
 }
 
 // BestOfN runs cmd in n branches of parent concurrently (BRANCH_INDEX=i in

@@ -4,7 +4,6 @@ package branch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -71,11 +70,11 @@ func Tournament(ctx context.Context, s Brancher, parent string, n int, cmd Comma
 		if !e.runAttempt(a, cmd, []string{indexEnv(i)}, nil) || judge.File == "" {
 			return
 		}
-		out, st, bctx, err := e.exec(a, Command{Args: []string{"cat", judge.File}}, nil, nil)
+		out, st, err := e.exec(a, Command{Args: []string{"cat", judge.File}}, nil, nil)
 		combined, err := combinedOf(err)
 		switch {
 		case err != nil:
-			e.stopped(a, bctx, err)
+			e.stopped(a, err)
 		case st.Code != 0:
 			e.failed(a, fmt.Sprintf("candidate file %s could not be read: %s", judge.File, tail(combined, 200)))
 		default:
@@ -141,14 +140,14 @@ func (e *engine) match(round int, a, b *AttemptResult, judge Judge, jb **Attempt
 	m = Match{Round: round, A: a.Index, B: b.Index, Winner: a.Index}
 	start := time.Now()
 	defer func() { m.Duration = time.Since(start) }()
-	if e.octx.Err() != nil {
+	if e.overallExpired() {
 		e.markTimedOut()
 		return m, true, nil
 	}
 	if *jb == nil {
 		kids, err := e.fork(e.res.Parent, 1, 0, judge.Args, false)
 		if err != nil {
-			if e.octx.Err() != nil {
+			if e.overallExpired() {
 				e.markTimedOut()
 				return m, true, nil
 			}
@@ -161,12 +160,12 @@ func (e *engine) match(round int, a, b *AttemptResult, judge Judge, jb **Attempt
 	if e.opts.BranchTimeout > 0 {
 		j.deadline = time.Now().Add(e.opts.BranchTimeout)
 	}
-	fail := func(bctx context.Context, err error) (Match, bool, error) {
+	fail := func(err error) (Match, bool, error) {
 		switch {
-		case e.octx.Err() != nil:
+		case e.overallExpired():
 			e.markTimedOut()
 			return m, true, nil
-		case bctx != nil && errors.Is(bctx.Err(), context.DeadlineExceeded):
+		case j.expired():
 			m.Error = fmt.Sprintf("the judge timed out (branch timeout %s)", e.opts.BranchTimeout)
 			_ = e.abort(j.Branch)
 			*jb = nil
@@ -176,25 +175,25 @@ func (e *engine) match(round int, a, b *AttemptResult, judge Judge, jb **Attempt
 		return m, false, nil
 	}
 	for _, c := range []*AttemptResult{a, b} {
-		_, st, bctx, err := e.exec(j, Command{Args: writeFileArgs(candidatePath(c.Index))}, nil, []byte(c.stdout))
+		_, st, err := e.exec(j, Command{Args: writeFileArgs(candidatePath(c.Index))}, nil, []byte(c.stdout))
 		if _, err = combinedOf(err); err == nil && st.Code != 0 {
 			err = fmt.Errorf("writing candidate %d into the judge's branch exited with status %d", c.Index, st.Code)
 		}
 		if err != nil {
-			return fail(bctx, err)
+			return fail(err)
 		}
 	}
 	env := []string{
 		EnvJudgeA + "=" + candidatePath(a.Index), EnvJudgeB + "=" + candidatePath(b.Index),
 		EnvJudgeAIndex + "=" + strconv.Itoa(a.Index), EnvJudgeBIndex + "=" + strconv.Itoa(b.Index),
 	}
-	out, st, bctx, err := e.exec(j, Command{Args: judge.Args}, env, nil)
+	out, st, err := e.exec(j, Command{Args: judge.Args}, env, nil)
 	combined, err := combinedOf(err)
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("the judge exited with status %d: %s", st.Code, tail(combined, 200))
 	}
 	if err != nil {
-		return fail(bctx, err)
+		return fail(err)
 	}
 	verdict := strings.TrimSpace(out)
 	if i := strings.LastIndexByte(verdict, '\n'); i >= 0 {
@@ -244,13 +243,13 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 	defer cancel()
 	var prev *AttemptResult
 	for k := 0; k < maxAttempts; k++ {
-		if e.octx.Err() != nil {
+		if e.overallExpired() {
 			e.markTimedOut()
 			break
 		}
 		kids, err := e.fork(e.res.Parent, 1, 1, cmd.Args, true)
 		if err != nil {
-			if e.octx.Err() != nil && e.ctx.Err() == nil {
+			if e.overallExpired() && e.ctx.Err() == nil {
 				e.markTimedOut()
 				break
 			}
@@ -259,9 +258,9 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 		a := kids[0]
 		env := []string{indexEnv(k)}
 		if prev != nil {
-			_, st, bctx, err := e.exec(a, Command{Args: writeFileArgs(FeedbackPath)}, nil, []byte(prev.combined))
+			_, st, err := e.exec(a, Command{Args: writeFileArgs(FeedbackPath)}, nil, []byte(prev.combined))
 			if _, err = combinedOf(err); err != nil {
-				e.stopped(a, bctx, err)
+				e.stopped(a, err)
 				break
 			}
 			if st.Code != 0 {
@@ -277,9 +276,9 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 		if e.runAttempt(a, cmd, env, nil) {
 			if prev != nil {
 				// The feedback is the pattern's, not the attempt's work.
-				_, st, bctx, err := e.exec(a, Command{Args: []string{"rm", "-f", FeedbackPath}}, nil, nil)
+				_, st, err := e.exec(a, Command{Args: []string{"rm", "-f", FeedbackPath}}, nil, nil)
 				if _, err = combinedOf(err); err != nil {
-					e.stopped(a, bctx, err)
+					e.stopped(a, err)
 					break
 				}
 				if st.Code != 0 {
@@ -288,7 +287,7 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 				}
 			}
 			if e.ctx.Err() != nil {
-				e.stopped(a, nil, e.ctx.Err())
+				e.stopped(a, e.ctx.Err())
 				break
 			}
 			if err := e.commit(a.Branch); err != nil {
@@ -299,7 +298,7 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 			e.res.Winner, e.res.Committed = a.Index, a.Branch
 			break
 		}
-		if a.Outcome == OutcomeAborted || e.octx.Err() != nil {
+		if a.Outcome == OutcomeAborted || e.overallExpired() {
 			break
 		}
 		prev = a

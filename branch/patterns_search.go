@@ -99,7 +99,7 @@ func BeamSearch(ctx context.Context, s Brancher, parent string, step Command, sc
 	}
 	defer cancel()
 	frontier := []*AttemptResult{nil}
-	for d := 1; d <= so.Depth && e.octx.Err() == nil; d++ {
+	for d := 1; d <= so.Depth && !e.overallExpired(); d++ {
 		level, err := e.expand(frontier, d, so.Width, step, &score)
 		if err != nil {
 			return e.finish(), err
@@ -128,12 +128,15 @@ func BeamSearch(ctx context.Context, s Brancher, parent string, step Command, sc
 				_ = e.abort(f.Branch)
 			}
 		}
+		reached := so.reached(keep[0])
+		// The next level forks in fork order, not score order.
+		sort.Slice(keep, func(i, j int) bool { return keep[i].Index < keep[j].Index })
 		frontier = keep
-		if so.reached(keep[0]) {
+		if reached {
 			break
 		}
 	}
-	if e.octx.Err() != nil {
+	if e.overallExpired() {
 		e.markTimedOut()
 	}
 	var cands []*AttemptResult
@@ -168,7 +171,7 @@ func TreeSearch(ctx context.Context, s Brancher, parent string, step Command, sc
 	}
 	defer cancel()
 	var from *AttemptResult
-	for n := 0; n < so.Budget && e.octx.Err() == nil; n++ {
+	for n := 0; n < so.Budget && !e.overallExpired(); n++ {
 		depth := 1
 		if from != nil {
 			depth = from.Depth + 1
@@ -193,7 +196,7 @@ func TreeSearch(ctx context.Context, s Brancher, parent string, step Command, sc
 			break
 		}
 	}
-	if e.octx.Err() != nil {
+	if e.overallExpired() {
 		e.markTimedOut()
 	}
 	return e.finishSearch(ctx, best(e.liveScored()))
