@@ -222,6 +222,14 @@ func checkCommand(pattern, what string, c Command) error {
 	return nil
 }
 
+// checkN checks the n attempts of cmd of best-of-n and tournament.
+func checkN(pattern string, n int, cmd Command) error {
+	if n < 1 {
+		return fmt.Errorf("%s: n must be at least 1, got %d: %w", pattern, n, errdefs.ErrInvalidArgument)
+	}
+	return checkCommand(pattern, "the attempt", cmd)
+}
+
 // fork makes n branches of parent and an attempt for each; with record
 // false (a judge's branch) the attempt is not listed in the result.
 func (e *engine) fork(parent string, n, depth int, args []string, record bool) ([]*AttemptResult, error) {
@@ -476,30 +484,15 @@ func (e *engine) runAttempt(a *AttemptResult, c Command, env []string, scorer *S
 	if scorer == nil {
 		return true
 	}
+	var ok bool
 	out := stdout
 	switch {
 	case len(scorer.Args) > 0:
-		var sst ExitStatus
-		out, sst, err = e.exec(a, Command{Args: scorer.Args}, env, nil)
-		scombined, err := combinedOf(err)
-		if err != nil {
-			e.stopped(a, err)
-			return false
-		}
-		if sst.Code != 0 {
-			e.failed(a, fmt.Sprintf("score command exited with status %d: %s", sst.Code, tail(scombined, 200)))
+		if out, ok = e.helper(a, scorer.Args, env, "the score command"); !ok {
 			return false
 		}
 	case scorer.File != "":
-		var sst ExitStatus
-		out, sst, err = e.exec(a, Command{Args: []string{"cat", scorer.File}}, nil, nil)
-		scombined, err := combinedOf(err)
-		if err != nil {
-			e.stopped(a, err)
-			return false
-		}
-		if sst.Code != 0 {
-			e.failed(a, fmt.Sprintf("score file %s could not be read: %s", scorer.File, tail(scombined, 200)))
+		if out, ok = e.helper(a, []string{"cat", scorer.File}, nil, "reading the score file "+scorer.File); !ok {
 			return false
 		}
 	}
@@ -510,6 +503,22 @@ func (e *engine) runAttempt(a *AttemptResult, c Command, env []string, scorer *S
 	}
 	a.Score = &v
 	return true
+}
+
+// helper runs a command of the pattern's own (scoring, reading a file) in
+// a's branch and returns its stdout; if it fails, a fails and is aborted.
+func (e *engine) helper(a *AttemptResult, args, env []string, what string) (string, bool) {
+	out, st, err := e.exec(a, Command{Args: args}, env, nil)
+	combined, err := combinedOf(err)
+	if err != nil {
+		e.stopped(a, err)
+		return "", false
+	}
+	if st.Code != 0 {
+		e.failed(a, fmt.Sprintf("%s exited with status %d: %s", what, st.Code, tail(combined, 200)))
+		return "", false
+	}
+	return out, true
 }
 
 // Scorer says how an attempt is scored; higher is better.
@@ -650,10 +659,7 @@ func killedByCommit(a *AttemptResult) bool {
 // attempts are aborted and never committed.
 func BestOfN(ctx context.Context, s Brancher, parent string, n int, cmd Command, score Scorer, opts Options) (*Result, error) {
 	const pattern = "best-of-n"
-	if n < 1 {
-		return nil, fmt.Errorf("%s: n must be at least 1, got %d: %w", pattern, n, errdefs.ErrInvalidArgument)
-	}
-	if err := checkCommand(pattern, "the attempt", cmd); err != nil {
+	if err := checkN(pattern, n, cmd); err != nil {
 		return nil, err
 	}
 	if err := score.check(pattern); err != nil {

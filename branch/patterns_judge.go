@@ -48,10 +48,7 @@ func candidatePath(i int) string { return "/.branchbox-candidate-" + strconv.Ito
 // committed.
 func Tournament(ctx context.Context, s Brancher, parent string, n int, cmd Command, judge Judge, opts Options) (*Result, error) {
 	const pattern = "tournament"
-	if n < 1 {
-		return nil, fmt.Errorf("%s: n must be at least 1, got %d: %w", pattern, n, errdefs.ErrInvalidArgument)
-	}
-	if err := checkCommand(pattern, "the attempt", cmd); err != nil {
+	if err := checkN(pattern, n, cmd); err != nil {
 		return nil, err
 	}
 	if err := checkCommand(pattern, "the judge", Command{Args: judge.Args}); err != nil {
@@ -70,14 +67,7 @@ func Tournament(ctx context.Context, s Brancher, parent string, n int, cmd Comma
 		if !e.runAttempt(a, cmd, []string{indexEnv(i)}, nil) || judge.File == "" {
 			return
 		}
-		out, st, err := e.exec(a, Command{Args: []string{"cat", judge.File}}, nil, nil)
-		combined, err := combinedOf(err)
-		switch {
-		case err != nil:
-			e.stopped(a, err)
-		case st.Code != 0:
-			e.failed(a, fmt.Sprintf("candidate file %s could not be read: %s", judge.File, tail(combined, 200)))
-		default:
+		if out, ok := e.helper(a, []string{"cat", judge.File}, nil, "reading the candidate file "+judge.File); ok {
 			a.stdout = out
 		}
 	})

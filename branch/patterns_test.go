@@ -167,7 +167,7 @@ func TestBestOfNScoreFileAndStdout(t *testing.T) {
 	})
 	r := must(t)(BestOfN(context.Background(), f, "", 4, sh("work"), Scorer{File: "/score"}, Options{}))
 	wantOutcomes(t, r, OutcomeLost, OutcomeFailed, OutcomeCommitted, OutcomeFailed)
-	if !strings.Contains(r.Attempts[1].Error, "not a finite number") || !strings.Contains(r.Attempts[3].Error, "could not be read") {
+	if !strings.Contains(r.Attempts[1].Error, "not a finite number") || !strings.Contains(r.Attempts[3].Error, "reading the score file /score exited with status 1") {
 		t.Fatalf("unscorable attempts: %+v", r.Attempts)
 	}
 	if got := f.rootFiles()["/out"]; got != "2" {
