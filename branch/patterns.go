@@ -222,12 +222,35 @@ func checkCommand(pattern, what string, c Command) error {
 	return nil
 }
 
-// checkN checks the n attempts of cmd of best-of-n and tournament.
-func checkN(pattern string, n int, cmd Command) error {
+// startN checks the arguments of best-of-n and tournament (more is their
+// own check) and starts the engine.
+func startN(ctx context.Context, s Brancher, pattern, parent string, n int, cmd Command, opts Options, more error) (*engine, context.CancelFunc, error) {
 	if n < 1 {
-		return fmt.Errorf("%s: n must be at least 1, got %d: %w", pattern, n, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("%s: n must be at least 1, got %d: %w", pattern, n, errdefs.ErrInvalidArgument)
 	}
-	return checkCommand(pattern, "the attempt", cmd)
+	if err := checkCommand(pattern, "the attempt", cmd); err != nil {
+		return nil, nil, err
+	}
+	if more != nil {
+		return nil, nil, more
+	}
+	return newEngine(ctx, s, pattern, parent, opts)
+}
+
+// runN forks n attempts of cmd and runs them concurrently (BRANCH_INDEX=i),
+// scoring each that succeeds if scorer is given, then calling then, if
+// given, on each still in the running.
+func (e *engine) runN(n int, cmd Command, scorer *Scorer, then func(a *AttemptResult)) ([]*AttemptResult, error) {
+	kids, err := e.fork(e.res.Parent, n, 1, cmd.Args, true)
+	if err != nil {
+		return nil, err
+	}
+	e.runAll(kids, func(i int, a *AttemptResult) {
+		if e.runAttempt(a, cmd, []string{indexEnv(i)}, scorer) && then != nil {
+			then(a)
+		}
+	})
+	return kids, nil
 }
 
 // fork makes n branches of parent and an attempt for each; with record
@@ -658,25 +681,15 @@ func killedByCommit(a *AttemptResult) bool {
 // score (ties: the lowest index). Failed, timed-out and unscorable
 // attempts are aborted and never committed.
 func BestOfN(ctx context.Context, s Brancher, parent string, n int, cmd Command, score Scorer, opts Options) (*Result, error) {
-	const pattern = "best-of-n"
-	if err := checkN(pattern, n, cmd); err != nil {
-		return nil, err
-	}
-	if err := score.check(pattern); err != nil {
-		return nil, err
-	}
-	e, cancel, err := newEngine(ctx, s, pattern, parent, opts)
+	e, cancel, err := startN(ctx, s, "best-of-n", parent, n, cmd, opts, score.check("best-of-n"))
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	kids, err := e.fork(e.res.Parent, n, 1, cmd.Args, true)
+	kids, err := e.runN(n, cmd, &score, nil)
 	if err != nil {
 		return e.finish(), err
 	}
-	e.runAll(kids, func(i int, a *AttemptResult) {
-		e.runAttempt(a, cmd, []string{indexEnv(i)}, &score)
-	})
 	if err := e.ctx.Err(); err != nil {
 		return e.finish(), err
 	}

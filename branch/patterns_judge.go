@@ -48,29 +48,23 @@ func candidatePath(i int) string { return "/.branchbox-candidate-" + strconv.Ito
 // committed.
 func Tournament(ctx context.Context, s Brancher, parent string, n int, cmd Command, judge Judge, opts Options) (*Result, error) {
 	const pattern = "tournament"
-	if err := checkN(pattern, n, cmd); err != nil {
-		return nil, err
-	}
-	if err := checkCommand(pattern, "the judge", Command{Args: judge.Args}); err != nil {
-		return nil, err
-	}
-	e, cancel, err := newEngine(ctx, s, pattern, parent, opts)
+	e, cancel, err := startN(ctx, s, pattern, parent, n, cmd, opts, checkCommand(pattern, "the judge", Command{Args: judge.Args}))
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	kids, err := e.fork(e.res.Parent, n, 1, cmd.Args, true)
+	var then func(a *AttemptResult)
+	if judge.File != "" {
+		then = func(a *AttemptResult) {
+			if out, ok := e.helper(a, []string{"cat", judge.File}, nil, "reading the candidate file "+judge.File); ok {
+				a.stdout = out
+			}
+		}
+	}
+	kids, err := e.runN(n, cmd, nil, then)
 	if err != nil {
 		return e.finish(), err
 	}
-	e.runAll(kids, func(i int, a *AttemptResult) {
-		if !e.runAttempt(a, cmd, []string{indexEnv(i)}, nil) || judge.File == "" {
-			return
-		}
-		if out, ok := e.helper(a, []string{"cat", judge.File}, nil, "reading the candidate file "+judge.File); ok {
-			a.stdout = out
-		}
-	})
 	if err := e.ctx.Err(); err != nil {
 		return e.finish(), err
 	}
