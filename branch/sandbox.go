@@ -289,9 +289,16 @@ func (s *SandboxClient) Exec(ctx context.Context, branch string, opts ExecOption
 		opts.Stderr = io.Discard
 	}
 	stdin := opts.Stdin
+	started := make(chan struct{})
+	defer close(started)
 	if stdin != nil && !opts.Terminal {
-		// The shim holds the stdin FIFO open until told: EOF is CloseIO.
-		stdin = &stdinCloser{r: stdin, closer: func() { _ = p.CloseIO(context.WithoutCancel(ctx)) }}
+		// The shim holds the stdin FIFO open until told: EOF is CloseIO,
+		// sent once the process exists (a short or empty input reaches
+		// EOF before the Exec call returns, and an early CloseIO is lost).
+		stdin = &stdinCloser{r: stdin, closer: func() {
+			<-started
+			_ = p.CloseIO(context.WithoutCancel(ctx))
+		}}
 	}
 	copts := []cio.Opt{cio.WithStreams(stdin, opts.Stdout, opts.Stderr)}
 	if opts.Terminal {

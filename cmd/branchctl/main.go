@@ -28,7 +28,7 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-const usage = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
+const usageHead = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
 
 Branch contexts of a live sandbox (a container run with
 --runtime io.containerd.branch.v1 --snapshotter branch):
@@ -58,6 +58,11 @@ Branch contexts of a live sandbox (a container run with
                                   context, through /run/branchbox/branch.sock
                                   (see branchctl self help)
 
+`
+
+const usage = usageHead + patternsUsage + usageTail
+
+const usageTail = `
 Every command takes --json. --address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
 /run/containerd/containerd.sock and "default".
@@ -167,6 +172,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdRollback(ctx, g, rest, stdout)
 	case "self":
 		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
+	case "speculate":
+		code, err = cmdSpeculate(ctx, g, rest, stdout)
+	case "best-of-n":
+		code, err = cmdBestOfN(ctx, g, rest, stdout)
+	case "tournament":
+		code, err = cmdTournament(ctx, g, rest, stdout)
+	case "reflexion":
+		code, err = cmdReflexion(ctx, g, rest, stdout)
+	case "beam", "tree-search":
+		code, err = cmdSearch(ctx, g, name, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
