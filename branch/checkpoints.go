@@ -16,7 +16,7 @@ type Checkpoint struct {
 	// Context is the id of the context it is a state of ("0": the root).
 	Context string `json:"context"`
 	// Parent is the checkpoint whose state this one's layer holds the
-	// changes since ("" for a full one).
+	// changes since ("" for a full one, "(deleted)" once that was deleted).
 	Parent  string    `json:"parent,omitempty"`
 	Created time.Time `json:"created"`
 	// Size and Entries are what its own layer holds.
@@ -25,8 +25,8 @@ type Checkpoint struct {
 	Depth   int   `json:"depth"`
 	// Head: the context's next checkpoint builds on this one.
 	Head bool `json:"head"`
-	// Children (checkpoints) and Branches (live branches forked from it)
-	// keep it from being deleted.
+	// Children are the checkpoints built on it; Branches the live branches
+	// forked from it, which keep it from being deleted.
 	Children []string `json:"children,omitempty"`
 	Branches []string `json:"branches,omitempty"`
 }
@@ -91,7 +91,8 @@ func (c *Client) Checkpoints(ctx context.Context, root Root) ([]Checkpoint, erro
 }
 
 // DeleteCheckpoint removes checkpoint name of root; refused (errdefs
-// FailedPrecondition) while a checkpoint or a live branch is built on it.
+// FailedPrecondition) while a live branch is forked from it. Checkpoints
+// built on it keep its layer; they list their parent as "(deleted)".
 func (c *Client) DeleteCheckpoint(ctx context.Context, root Root, name string) error {
 	if _, err := c.api.DeleteCheckpoint(ctx, &branchv1.DeleteCheckpointRequest{Root: rootToProto(root), Name: name}); err != nil {
 		return fromGRPC(err)

@@ -18,8 +18,9 @@ import (
 // container, restarts it, and checks each operation is wholly there or
 // wholly absent: a checkpoint killed before its record is gone with its
 // layer; one killed after is complete; a rollback killed after its decision
-// is completed on restart, seen by the running container; nothing is left
-// in the temporary places.
+// is completed on restart, seen by the running container; a delete killed
+// after its record leaves layers start-up removes; nothing is left in the
+// temporary places.
 func TestCheckpointCrashSafety(t *testing.T) {
 	ctx, env, c, root := sandboxEnv(t)
 	crashAt := func(point string, op func(c *branch.Client) error) {
@@ -109,4 +110,17 @@ func TestCheckpointCrashSafety(t *testing.T) {
 	if out := sh("cat /state; test -e /extra || echo no-extra"); out != "one\nno-extra\n" {
 		t.Fatalf("rollback to one after the crashes: %q", out)
 	}
+
+	// Deleting one, which two builds on, keeps its layer; deleting two then
+	// leaves both layers to the crash, which start-up removes.
+	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branch.Client) error { return c.DeleteCheckpoint(ctx, root, "one") })
+	if n := names(); len(n) != 1 || !n["two"] {
+		t.Fatalf("delete killed after its record: checkpoints %v, want two", n)
+	}
+	leftovers(2)
+	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branch.Client) error { return c.DeleteCheckpoint(ctx, root, "two") })
+	if n := names(); len(n) != 0 {
+		t.Fatalf("delete killed after its record: checkpoints %v, want none", n)
+	}
+	leftovers(0)
 }

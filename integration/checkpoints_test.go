@@ -15,7 +15,8 @@ import (
 // TestCheckpointsEndToEnd drives checkpoints of a running sandbox through
 // branchctl: checkpoint, list, rollback under the sandbox's running process
 // (which sees the old state at once), fork from a checkpoint and commit
-// the branch, and delete refused while a branch is built on it.
+// the branch, delete refused while a branch is built on it, and delete of
+// a checkpoint another builds on.
 func TestCheckpointsEndToEnd(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
 	ctl := func(args ...string) string {
@@ -84,8 +85,19 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 	if out := sh("cat /state; test -e /work || echo no-work; test -e /bin/true && echo has-true"); out != "branch\nno-work\nhas-true\n" {
 		t.Fatalf("sandbox after committing the branch from first: %q", out)
 	}
+	// second holds its changes since first: deleting first keeps its layer
+	// for second, whose rollback is still exact, and frees the name.
+	ctl("checkpoint", "rm", "sb", "first")
+	if out := ctl("checkpoint", "ls", "sb"); strings.Contains(out, "first") || !strings.Contains(out, "(deleted)") {
+		t.Fatalf("checkpoint ls after deleting first:\n%s", out)
+	}
+	ctl("rollback", "sb", "second")
+	if out := sh("cat /state /work/a/f; test -e /bin/true || echo no-true"); out != "after\nx\nno-true\n" {
+		t.Fatalf("sandbox after rollback to second, first deleted: %q", out)
+	}
+	ctl("checkpoint", "sb", "first")
 	ctl("checkpoint", "rm", "sb", "second")
-	if out := ctl("checkpoint", "ls", "sb", "--json"); strings.Contains(out, "second") {
+	if out := ctl("checkpoint", "ls", "sb", "--json"); strings.Contains(out, "second") || !strings.Contains(out, "first") {
 		t.Fatalf("deleted checkpoint still listed: %s", out)
 	}
 }

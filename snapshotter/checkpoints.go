@@ -43,7 +43,10 @@ import (
 //
 // The records live in the metadata database, one JSON document per root
 // snapshot, so a checkpoint exists exactly when its record does: a layer
-// without one is an orphan that Cleanup removes.
+// without one is an orphan that Cleanup removes. A deleted checkpoint whose
+// layer a remaining one's chain still needs keeps its record among the
+// document's Deleted ones, out of reach by name, until the last checkpoint
+// that needs it goes.
 
 const (
 	bucketCheckpoints = "checkpoints" // root snapshot id -> JSON checkpointDoc
@@ -56,6 +59,7 @@ const (
 const (
 	FaultCheckpointWritten  = "checkpoint:layer-written"
 	FaultCheckpointRecorded = "checkpoint:recorded"
+	FaultCheckpointDeleted  = "checkpoint:deleted"
 	FaultRollbackDecided    = "rollback:decided"
 	FaultRollbackApplied    = "rollback:applied"
 	FaultRollbackFinished   = "rollback:finished"
@@ -73,9 +77,18 @@ type checkpointRecord struct {
 	Chain []uint64 `json:"chain"`
 }
 
+// deletedParent is what a checkpoint reports as its parent once that was
+// deleted: not a valid name, so never taken for a later checkpoint that
+// reuses the old one.
+const deletedParent = "(deleted)"
+
 type checkpointDoc struct {
 	Next        uint64                       `json:"next"`
 	Checkpoints map[string]*checkpointRecord `json:"checkpoints"`
+	// Deleted holds, by sequence number, the records of deleted checkpoints
+	// whose layers remaining checkpoints' chains still stack. They have no
+	// name: nothing looks them up but garbage collection and Cleanup.
+	Deleted map[uint64]*checkpointRecord `json:"deleted,omitempty"`
 	// Heads maps a context to the checkpoint it last took or rolled back
 	// to: the base of its next checkpoint.
 	Heads map[string]string `json:"heads"`
@@ -88,7 +101,8 @@ type checkpointDoc struct {
 type CheckpointInfo struct {
 	Name    string
 	Context string
-	// Parent is the checkpoint this one holds the changes since.
+	// Parent is the checkpoint this one holds the changes since;
+	// "(deleted)" once that was deleted (its layer is kept while needed).
 	Parent  string
 	Created time.Time
 	// Size and Entries are what its own layer holds (the change since
@@ -99,13 +113,13 @@ type CheckpointInfo struct {
 	// Head: the context's next checkpoint builds on this one.
 	Head bool
 	// Children are checkpoints built on this one; Branches the live branches
-	// forked from it. Either keeps it from being deleted.
+	// forked from it, which keep it from being deleted.
 	Children []string
 	Branches []string
 }
 
 func loadCheckpoints(tx *bolt.Tx, rootID string) (*checkpointDoc, error) {
-	d := &checkpointDoc{Next: 1, Checkpoints: map[string]*checkpointRecord{}, Heads: map[string]string{}, Pending: map[string]string{}}
+	d := &checkpointDoc{Next: 1, Checkpoints: map[string]*checkpointRecord{}, Deleted: map[uint64]*checkpointRecord{}, Heads: map[string]string{}, Pending: map[string]string{}}
 	b := nestedBucket(tx, bucketBranchbox, bucketCheckpoints)
 	if b == nil {
 		return d, nil
@@ -126,7 +140,35 @@ func loadCheckpoints(tx *bolt.Tx, rootID string) (*checkpointDoc, error) {
 	if d.Pending == nil {
 		d.Pending = map[string]string{}
 	}
+	if d.Deleted == nil {
+		d.Deleted = map[uint64]*checkpointRecord{}
+	}
 	return d, nil
+}
+
+// needed is the set of layers the checkpoints' chains stack.
+func (d *checkpointDoc) needed() map[uint64]bool {
+	out := map[uint64]bool{}
+	for _, c := range d.Checkpoints {
+		for _, seq := range c.Chain {
+			out[seq] = true
+		}
+	}
+	return out
+}
+
+// collect drops the deleted records no checkpoint's chain needs any more
+// and returns their sequence numbers: their layers are then orphans.
+func (d *checkpointDoc) collect() []uint64 {
+	needed := d.needed()
+	var gone []uint64
+	for seq := range d.Deleted {
+		if !needed[seq] {
+			delete(d.Deleted, seq)
+			gone = append(gone, seq)
+		}
+	}
+	return gone
 }
 
 func storeCheckpoints(tx *bolt.Tx, rootID string, d *checkpointDoc) error {
@@ -153,11 +195,12 @@ func deleteCheckpoints(tx *bolt.Tx, rootID string) error {
 }
 
 // pruneCheckpoints drops the records of checkpoints whose context no longer
-// has a layer; their directories become orphans. storeTree calls it, so a
-// context's checkpoints end in the transaction that ends it.
+// has a layer, and the deleted ones only those stacked; their directories
+// become orphans. storeTree calls it, so a context's checkpoints end in the
+// transaction that ends it.
 func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	d, err := loadCheckpoints(tx, rootID)
-	if err != nil || len(d.Checkpoints) == 0 && len(d.Heads) == 0 {
+	if err != nil || len(d.Checkpoints) == 0 && len(d.Heads) == 0 && len(d.Deleted) == 0 {
 		return err
 	}
 	changed := false
@@ -173,6 +216,9 @@ func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 			delete(d.Pending, id)
 			changed = true
 		}
+	}
+	if len(d.collect()) > 0 {
+		changed = true
 	}
 	if !changed {
 		return nil
@@ -401,15 +447,17 @@ func describeCheckpoint(t *branch.Tree, d *checkpointDoc, c *checkpointRecord) C
 	return info
 }
 
-// DeleteCheckpoint removes a checkpoint. It is refused while a checkpoint
-// or a live branch is built on it, or a rollback to it is under way.
+// DeleteCheckpoint removes a checkpoint: its name is free at once. It is
+// refused while a live branch is forked from it or a rollback to it is under
+// way. Checkpoints built on it keep its layer (their chains stack it) until
+// the last of them is deleted or ends.
 func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root Root, name string) error {
 	r, _, unlock, err := s.lockContext(ctx, Context{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
 	defer unlock()
-	var seq uint64
+	var gone []uint64
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -419,12 +467,8 @@ func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root Root, name stri
 		if c == nil {
 			return fmt.Errorf("no checkpoint named %q in %s: %w", name, r.key, errdefs.ErrNotFound)
 		}
-		info := describeCheckpoint(tree, d, c)
-		if len(info.Branches) > 0 {
+		if info := describeCheckpoint(tree, d, c); len(info.Branches) > 0 {
 			return fmt.Errorf("branches %s are built on it; commit or abort them first: %w", strings.Join(info.Branches, ", "), errdefs.ErrFailedPrecondition)
-		}
-		if len(info.Children) > 0 {
-			return fmt.Errorf("checkpoints %s hold their changes relative to it; delete those first: %w", strings.Join(info.Children, ", "), errdefs.ErrFailedPrecondition)
 		}
 		for id, p := range d.Pending {
 			if p == name {
@@ -436,15 +480,28 @@ func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root Root, name stri
 			// The context's next checkpoint is a full one.
 			delete(d.Heads, c.Context)
 		}
-		seq = c.Seq
+		for _, o := range d.Checkpoints {
+			if o.Parent == name {
+				o.Parent = deletedParent
+			}
+		}
+		// Kept nameless for now; collect drops it (and any deleted record
+		// only it needed) unless a remaining chain stacks it.
+		d.Deleted[c.Seq] = c
+		gone = d.collect()
 		return storeCheckpoints(tx, r.id(), d)
 	})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
-	if err := os.RemoveAll(s.checkpointDir(r.id(), seq)); err != nil {
-		log.G(ctx).WithError(err).WithField("checkpoint", name).Warn("remove checkpoint layer; Cleanup will retry")
+	s.fault(FaultCheckpointDeleted)
+	// A crash before this leaves orphans that start-up's Cleanup removes.
+	for _, seq := range gone {
+		if err := os.RemoveAll(s.checkpointDir(r.id(), seq)); err != nil {
+			log.G(ctx).WithError(err).WithField("checkpoint", name).Warn("remove checkpoint layer; Cleanup will retry")
+		}
 	}
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "name": name, "layers removed": len(gone)}).Info("checkpoint deleted")
 	return nil
 }
 
@@ -696,9 +753,19 @@ func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string,
 	if err != nil {
 		return nil, err
 	}
+	// Every layer a record's chain stacks is owned, deleted records' too.
 	owned := map[string]bool{}
-	for _, c := range d.Checkpoints {
+	own := func(c *checkpointRecord) {
 		owned[strconv.FormatUint(c.Seq, 10)] = true
+		for _, seq := range c.Chain {
+			owned[strconv.FormatUint(seq, 10)] = true
+		}
+	}
+	for _, c := range d.Checkpoints {
+		own(c)
+	}
+	for _, c := range d.Deleted {
+		own(c)
 	}
 	entries, err := os.ReadDir(s.checkpointBase(rootID))
 	if err != nil {

@@ -206,7 +206,6 @@ func TestCheckpointRefusals(t *testing.T) {
 	if _, err := s.Checkpoint(ctx, sb.ctx(""), "b"); err != nil {
 		t.Fatal(err)
 	}
-	check("delete a base", s.DeleteCheckpoint(ctx, sb.root, "a"), errdefs.IsFailedPrecondition, "checkpoints b hold their changes relative to it")
 
 	kids, err := s.ForkFrom(ctx, sb.ctx(""), 1, "a")
 	if err != nil {
@@ -248,6 +247,135 @@ func TestCheckpointRefusals(t *testing.T) {
 	if entries, _ := os.ReadDir(s.checkpointBase(mustRootID(t, ctx, s, sb))); len(entries) != 0 {
 		t.Fatalf("layers left after deleting every checkpoint: %v", entries)
 	}
+}
+
+// TestDeleteMiddleCheckpoint: deleting a checkpoint others build on frees
+// its name at once and keeps its layer exactly as long as a remaining
+// checkpoint's chain stacks it; rollbacks to the rest stay exact.
+func TestDeleteMiddleCheckpoint(t *testing.T) {
+	rng := seeded(t)
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	live := mountAt(t, rm)
+	rootID := mustRootID(t, ctx, s, sb)
+	want := map[string]fstree.Tree{}
+	checkpoint := func(name string) {
+		t.Helper()
+		randomChanges(t, rng, live, 20)
+		want[name] = scan(t, live)
+		if _, err := s.Checkpoint(ctx, sb.ctx(""), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rollback := func(name string) {
+		t.Helper()
+		randomChanges(t, rng, live, 20)
+		if err := s.Rollback(ctx, sb.ctx(""), name); err != nil {
+			t.Fatal(err)
+		}
+		sameTree(t, "after rollback to "+name, want[name], live)
+	}
+	list := func() map[string]CheckpointInfo {
+		t.Helper()
+		l, err := s.Checkpoints(ctx, sb.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]CheckpointInfo{}
+		for _, c := range l {
+			out[c.Name] = c
+		}
+		return out
+	}
+	layers := func(want ...uint64) {
+		t.Helper()
+		// Cleanup must not take a deleted checkpoint's layer still stacked.
+		if err := s.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		entries, err := os.ReadDir(s.checkpointBase(rootID))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		var have []string
+		for _, e := range entries {
+			have = append(have, e.Name())
+		}
+		if fmt.Sprint(have) != fmt.Sprint(want) {
+			t.Fatalf("checkpoint layers %v, want %v", have, want)
+		}
+	}
+
+	checkpoint("a") // layer 1
+	checkpoint("b") // layer 2, over a
+	checkpoint("c") // layer 3, over b
+	if err := s.DeleteCheckpoint(ctx, sb.root, "b"); err != nil {
+		t.Fatal(err)
+	}
+	l := list()
+	if _, ok := l["b"]; ok || len(l) != 2 || l["c"].Parent != deletedParent || l["c"].Depth != 3 || len(l["a"].Children) != 0 {
+		t.Fatalf("checkpoints after deleting b: %+v", l)
+	}
+	layers(1, 2, 3)
+	if err := s.Rollback(ctx, sb.ctx(""), "b"); !errdefs.IsNotFound(err) {
+		t.Fatalf("rollback to a deleted checkpoint: %v, want not found", err)
+	}
+	if _, err := s.ForkFrom(ctx, sb.ctx(""), 1, "b"); !errdefs.IsNotFound(err) {
+		t.Fatalf("fork from a deleted checkpoint: %v, want not found", err)
+	}
+	sameTree(t, "state of c", want["c"], mountCheckpoint(t, ctx, s, sb, "c"))
+	rollback("c")
+	rollback("a")
+	rollback("c")
+
+	// A live branch forked from c still keeps it.
+	kids, err := s.ForkFrom(ctx, sb.ctx(""), 1, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteCheckpoint(ctx, sb.root, "c"); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "branches 1 are built on it") {
+		t.Fatalf("delete under a branch: %v", err)
+	}
+	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The name is free: a new b, over a; c's parent is not taken for it.
+	rollback("a")
+	checkpoint("b") // layer 4, over a
+	l = list()
+	if l["b"].Parent != "a" || l["c"].Parent != deletedParent || fmt.Sprint(l["a"].Children) != "[b]" || len(l["b"].Children) != 0 {
+		t.Fatalf("checkpoints after reusing b: %+v", l)
+	}
+	rollback("c")
+	rollback("b")
+	layers(1, 2, 3, 4)
+
+	// The last checkpoint stacking the old b goes, and its layer with it.
+	if err := s.DeleteCheckpoint(ctx, sb.root, "c"); err != nil {
+		t.Fatal(err)
+	}
+	layers(1, 4)
+	// The oldest, with a checkpoint built on it: kept until that goes.
+	if err := s.DeleteCheckpoint(ctx, sb.root, "a"); err != nil {
+		t.Fatal(err)
+	}
+	layers(1, 4)
+	rollback("b")
+	if err := s.DeleteCheckpoint(ctx, sb.root, "b"); err != nil {
+		t.Fatal(err)
+	}
+	layers()
+	if l := list(); len(l) != 0 {
+		t.Fatalf("checkpoints after deleting all: %+v", l)
+	}
+	// The next checkpoint starts a new chain.
+	checkpoint("d")
+	if l := list(); l["d"].Depth != 1 || l["d"].Parent != "" {
+		t.Fatalf("first checkpoint after deleting all: %+v", l["d"])
+	}
+	rollback("d")
 }
 
 func mustRootID(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox) string {

@@ -49,8 +49,9 @@ Branch contexts of a live sandbox (a container run with
                                   record the context's rootfs as NAME (cost:
                                   what changed since its last checkpoint)
   checkpoint ls SANDBOX           every checkpoint: context, base, size, age
-  checkpoint rm SANDBOX NAME      delete one (not while a checkpoint or a
-                                  branch is built on it)
+  checkpoint rm SANDBOX NAME      delete one (not while a branch is forked
+                                  from it); checkpoints built on it keep
+                                  its layer while they need it
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
   self fork|exec|commit|abort|tree|checkpoint|rollback ...

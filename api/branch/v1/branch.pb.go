@@ -983,7 +983,8 @@ type Checkpoint struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The context it is a state of.
 	Context string `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
-	// The checkpoint this one holds the changes since ("" for a full one).
+	// The checkpoint this one holds the changes since ("" for a full one,
+	// "(deleted)" once that was deleted).
 	Parent  string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
 	Created *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
 	// Bytes and entries of its own layer.

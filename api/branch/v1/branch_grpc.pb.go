@@ -54,7 +54,7 @@ type BranchesClient interface {
 	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
 	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
-	// checkpoint or a live branch is built on it.
+	// live branch is forked from it (checkpoints built on it keep its layer).
 	DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointRequest, opts ...grpc.CallOption) (*DeleteCheckpointResponse, error)
 	// Rollback brings a context's rootfs back to one of its checkpoints,
 	// through its live mount; refused while it has live children.
@@ -180,7 +180,7 @@ type BranchesServer interface {
 	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
-	// checkpoint or a live branch is built on it.
+	// live branch is forked from it (checkpoints built on it keep its layer).
 	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*DeleteCheckpointResponse, error)
 	// Rollback brings a context's rootfs back to one of its checkpoints,
 	// through its live mount; refused while it has live children.
