@@ -24,9 +24,10 @@ import (
 // write in the page cache when it restarts (bolt's page writes are whole),
 // and a machine that loses power has lost every branch's processes anyway.
 // containerd's own snapshot metadata (metadata.db) stays fully synced, so
-// images and containers' snapshots are never at risk. The one point that
-// is synced explicitly is a commit's decision, before its apply changes the
-// parent: after a power loss a half-applied commit is completed, not left.
+// images and containers' snapshots are never at risk. The points that are
+// synced explicitly are the decisions of a commit and of a rollback, before
+// they change a context: after a power loss a half-applied one is
+// completed, not left.
 const branchDBName = "branches.db"
 
 // openBranchDB opens (creating if needed) the branch database. A file that

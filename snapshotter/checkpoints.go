@@ -542,6 +542,11 @@ func (s *Snapshotter) Rollback(ctx context.Context, c Context, name string) erro
 	if err != nil {
 		return fmt.Errorf("rollback %s to %q: %w", c, name, err)
 	}
+	// As a commit's: the decision outlives a power loss before the context
+	// changes, so a half-done rollback is completed (branchdb.go).
+	if err := s.bdb.Sync(); err != nil {
+		return fmt.Errorf("rollback %s to %q (decided; calling rollback again completes it): sync branch metadata: %w", c, name, err)
+	}
 	s.fault(FaultRollbackDecided)
 	if err := s.finishRollback(ctx, r, id, name); err != nil {
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again, or a restart, completes it): %w", c, name, err)
