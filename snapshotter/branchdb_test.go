@@ -30,24 +30,33 @@ func liveIDs(t *testing.T, ctx context.Context, sb sandbox) []string {
 	return ids
 }
 
-// TestBranchDBMigration: branch trees that an earlier version kept in
-// containerd's metadata.db are moved into branches.db at start, intact.
-func TestBranchDBMigration(t *testing.T) {
+// forkedAndClosed makes a snapshotter in a new root with a sandbox "sb"
+// forked into two branches, closes it, and returns the root, the sandbox's
+// snapshot id and the branches.
+func forkedAndClosed(t *testing.T, ctx context.Context) (root, id string, kids []BranchInfo) {
+	t.Helper()
 	requireRoot(t)
-	ctx := context.Background()
-	root := t.TempDir()
+	root = t.TempDir()
 	s, err := New(ctx, root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sb := newSandbox(t, ctx, s, "sb")
-	kids, err := s.Fork(ctx, sb.ctx(""), 2)
-	if err != nil {
+	if kids, err = s.Fork(ctx, sb.ctx(""), 2); err != nil {
 		t.Fatal(err)
 	}
+	id = s.mustID(t, ctx, "sb")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return root, id, kids
+}
+
+// TestBranchDBMigration: branch trees that an earlier version kept in
+// containerd's metadata.db are moved into branches.db at start, intact.
+func TestBranchDBMigration(t *testing.T) {
+	ctx := context.Background()
+	root, id, kids := forkedAndClosed(t, ctx)
 
 	// Put the branch buckets back where the earlier version had them.
 	bdb, err := bolt.Open(filepath.Join(root, branchDBName), 0o600, nil)
@@ -75,16 +84,16 @@ func TestBranchDBMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s, err = New(ctx, root)
+	s, err := New(ctx, root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	sb.s = s
+	sb := sandbox{s: s, key: "sb", root: Root{Key: "sb"}}
 	if got := liveIDs(t, ctx, sb); len(got) != 2 || got[0] != kids[0].ID || got[1] != kids[1].ID {
 		t.Fatalf("live branches after migration: %v, want %s and %s", got, kids[0].ID, kids[1].ID)
 	}
-	if _, err := os.Stat(s.contextUpper(s.mustID(t, ctx, "sb"), kids[0].ID)); err != nil {
+	if _, err := os.Stat(s.contextUpper(id, kids[0].ID)); err != nil {
 		t.Fatalf("layer of a migrated branch: %v", err)
 	}
 	_, tr, err := s.ms.TransactionContext(ctx, false)
@@ -105,32 +114,19 @@ func TestBranchDBMigration(t *testing.T) {
 // moved aside; the snapshotter starts with no branches, removes their
 // layers, and keeps every snapshot containerd knows.
 func TestBranchDBDamaged(t *testing.T) {
-	requireRoot(t)
 	ctx := context.Background()
-	root := t.TempDir()
-	s, err := New(ctx, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := newSandbox(t, ctx, s, "sb")
-	if _, err := s.Fork(ctx, sb.ctx(""), 2); err != nil {
-		t.Fatal(err)
-	}
-	id := s.mustID(t, ctx, "sb")
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	root, id, _ := forkedAndClosed(t, ctx)
 	garbage := []byte(strings.Repeat("not a bolt page ", 1024))
 	if err := os.WriteFile(filepath.Join(root, branchDBName), garbage, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	s, err = New(ctx, root)
+	s, err := New(ctx, root)
 	if err != nil {
 		t.Fatalf("start over a damaged branches.db: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
-	sb.s = s
+	sb := sandbox{s: s, key: "sb", root: Root{Key: "sb"}}
 	if got := liveIDs(t, ctx, sb); len(got) != 0 {
 		t.Fatalf("branches after losing branches.db: %v", got)
 	}
