@@ -161,9 +161,9 @@ func (f *fakeBox) Run(ctx context.Context, branch string, opts ExecOptions) (Exi
 	var reply fakeReply
 	args := opts.Args
 	switch {
-	case slices.Equal(args, writeFileArgs(args[len(args)-1])):
-		b, _ := io.ReadAll(opts.Stdin)
-		reply.Writes = map[string]string{args[len(args)-1]: string(b)}
+	case isWriteFile(args):
+		path, data, _ := parseWriteFileArgs(args)
+		reply.Writes = map[string]string{path: data}
 	case args[0] == "cat":
 		v, ok := files[args[1]]
 		if !ok {
@@ -234,4 +234,9 @@ func (f *fakeBox) Abort(ctx context.Context, branch string) ([]string, error) {
 		return nil, err
 	}
 	return f.end(n, Aborted, ""), nil
+}
+
+func isWriteFile(args []string) bool {
+	_, _, ok := parseWriteFileArgs(args)
+	return ok
 }

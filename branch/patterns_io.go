@@ -3,6 +3,7 @@
 package branch
 
 import (
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -53,9 +54,34 @@ func tail(s string, n int) string {
 	return s
 }
 
-// writeFileScript writes its stdin to the file named by its first
-// argument; the patterns use it to hand data (feedback, candidates) to a
-// command in a branch, where only the branch's own processes can write.
-const writeFileScript = `cat > "$0"`
+// writeFileScript writes its arguments after the first, concatenated, to
+// the file named by the first; the patterns use it to hand data (feedback,
+// candidates) to a command in a branch, where only the branch's own
+// processes can write. The data goes as arguments, not on stdin: a
+// process's stdin reaches EOF only through a CloseIO that races the
+// process's start, and a lost EOF would leave the writer waiting forever.
+const writeFileScript = `printf %s "$@" > "$0"`
 
-func writeFileArgs(path string) []string { return []string{"sh", "-c", writeFileScript, path} }
+// argChunk stays under the kernel's limit on one argument (128 KiB).
+const argChunk = 64 << 10
+
+// writeFileArgs is the command that writes data to path. NUL bytes, which
+// no argument can hold, are dropped.
+func writeFileArgs(path string, data []byte) []string {
+	args := []string{"sh", "-c", writeFileScript, path}
+	d := strings.ReplaceAll(string(data), "\x00", "")
+	for len(d) > 0 {
+		n := min(len(d), argChunk)
+		args = append(args, d[:n])
+		d = d[n:]
+	}
+	return args
+}
+
+// parseWriteFileArgs undoes writeFileArgs (for tests).
+func parseWriteFileArgs(args []string) (path, data string, ok bool) {
+	if len(args) < 4 || args[0] != "sh" || args[1] != "-c" || args[2] != writeFileScript {
+		return "", "", false
+	}
+	return args[3], strings.Join(args[4:], ""), true
+}

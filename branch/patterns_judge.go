@@ -159,7 +159,7 @@ func (e *engine) match(round int, a, b *AttemptResult, judge Judge, jb **Attempt
 		return m, false, nil
 	}
 	for _, c := range []*AttemptResult{a, b} {
-		_, st, err := e.exec(j, Command{Args: writeFileArgs(candidatePath(c.Index))}, nil, []byte(c.stdout))
+		_, st, err := e.exec(j, Command{Args: writeFileArgs(candidatePath(c.Index), []byte(c.stdout))}, nil, nil)
 		if _, err = combinedOf(err); err == nil && st.Code != 0 {
 			err = fmt.Errorf("writing candidate %d into the judge's branch exited with status %d", c.Index, st.Code)
 		}
@@ -242,7 +242,7 @@ func Reflexion(ctx context.Context, s Brancher, parent string, maxAttempts int, 
 		a := kids[0]
 		env := []string{indexEnv(k)}
 		if prev != nil {
-			_, st, err := e.exec(a, Command{Args: writeFileArgs(FeedbackPath)}, nil, []byte(prev.combined))
+			_, st, err := e.exec(a, Command{Args: writeFileArgs(FeedbackPath, []byte(prev.combined))}, nil, nil)
 			if _, err = combinedOf(err); err != nil {
 				e.stopped(a, err)
 				break
