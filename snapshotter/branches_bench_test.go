@@ -357,7 +357,7 @@ func BenchmarkAbort(b *testing.B) {
 	})
 }
 
-func upperOf(b *testing.B, m []mount.Mount) string {
+func upperOf(b testing.TB, m []mount.Mount) string {
 	b.Helper()
 	for _, o := range m[0].Options {
 		if u, ok := strings.CutPrefix(o, "upperdir="); ok {

@@ -246,7 +246,11 @@ func TestReadonlyRootStaysReadonly(t *testing.T) {
 	sb := newSandbox(t, ctx, s, "sb")
 	rm, _ := s.Mounts(ctx, sb.key)
 	p := mountAt(t, rm)
-	if err := remount(p, true); err != nil {
+	live, err := liveMount(upperOf(t, rm))
+	if err != nil || live.target == "" {
+		t.Fatalf("find the mount of %s: %v", p, err)
+	}
+	if err := remountLive(live, true); err != nil {
 		t.Fatal(err)
 	}
 	kids, err := s.Fork(ctx, sb.ctx(""), 1)

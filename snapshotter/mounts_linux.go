@@ -80,19 +80,11 @@ func hasMountOpt(opts, want string) bool {
 	return false
 }
 
-// remount makes the overlay superblock mounted at target read-only or
-// writable. Changing the superblock, not the mount, reaches every mount of
-// it at once, including the container's own root in its mount namespace.
-// The per-mount flags are passed back unchanged, since a remount resets them.
-func remount(target string, readonly bool) error {
-	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
-	if err != nil || len(infos) == 0 {
-		return fmt.Errorf("find mount %s: %v: %w", target, err, errdefs.ErrNotFound)
-	}
-	return remountLive(liveMountInfo{target: target, options: infos[0].Options}, readonly)
-}
-
-// remountLive is remount for a mount already read from the mount table.
+// remountLive makes the overlay superblock mounted at live.target
+// read-only or writable. Changing the superblock, not the mount, reaches
+// every mount of it at once, including the container's own root in its
+// mount namespace. The per-mount flags (live.options, as the mount table
+// read them) are passed back unchanged, since a remount resets them.
 func remountLive(live liveMountInfo, readonly bool) error {
 	target := live.target
 	flags := uintptr(unix.MS_REMOUNT)
