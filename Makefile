@@ -63,9 +63,16 @@ $(SHIM_RUNTIME): FORCE
 	@mkdir -p $(BIN)
 	$(GO) build -tags seccomp -o $@ ./cmd/containerd-shim-branch-v1/runtime
 
+# The branch init, static: it starts in new namespaces for every branch
+# and runs as C before the Go runtime would (see its main.go).
+SHIM_INIT := $(BIN)/containerd-shim-branch-v1-init
+$(SHIM_INIT): FORCE
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags '-extldflags "-static"' -o $@ ./cmd/containerd-shim-branch-v1/init
+
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(OUR_BINS) $(SHIM_RUNTIME)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.
@@ -103,10 +110,11 @@ BINDIR ?= $(PREFIX)/bin
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 DATADIR ?= $(PREFIX)/share/branchbox
 
-install: $(OUR_BINS) $(SHIM_RUNTIME)
+install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1 $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-runtime $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-runtime
+	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-init $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-init
 	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
 	install -d $(DESTDIR)$(UNITDIR)/containerd.service.d
 	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service

@@ -41,6 +41,7 @@ func TestMakeInstall(t *testing.T) {
 		"/usr/local/bin/containerd-branch-snapshotter":                         filepath.Join(bin, "containerd-branch-snapshotter"),
 		"/usr/local/bin/containerd-shim-branch-v1":                             filepath.Join(bin, "containerd-shim-branch-v1"),
 		"/usr/local/bin/containerd-shim-branch-v1-runtime":                     filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
+		"/usr/local/bin/containerd-shim-branch-v1-init":                        filepath.Join(bin, "containerd-shim-branch-v1-init"),
 		"/usr/local/bin/branchctl":                                             filepath.Join(bin, "branchctl"),
 		"/usr/local/lib/systemd/system/containerd-branch-snapshotter.service":  "",
 		"/usr/local/lib/systemd/system/containerd.service.d/10-branchbox.conf": filepath.Join(filepath.Dir(bin), "hack", "systemd", "containerd-branchbox.conf"),

@@ -79,6 +79,7 @@ type contexts struct {
 	ctx       context.Context
 	self      string
 	runtime   string // the binary branch containers are run with
+	init      string // the branch init, "" to run every branch with the runtime
 	publisher cshim.Publisher
 	task      taskAPI.TTRPCTaskService
 	platform  stdio.Platform
@@ -134,9 +135,30 @@ type bctx struct {
 	net        string
 	seal       string // how this context is sealed while it has children
 	frozen     bool
-	container  *runc.Container // nil for the sandbox
+	container  *runc.Container // run by the runtime; nil for the sandbox
+	fast       *fastCtx        // run by the branch init; nil for the sandbox
+	limits     *shimv1.Limits  // given at fork
 	hasCommand bool
 	exited     bool
+}
+
+// ctxProcs is what a running context's processes are kept by: the
+// runtime's container or the branch init.
+type ctxProcs interface {
+	Pid() int
+	Process(execID string) (process.Process, error)
+}
+
+// procs is the context's processes, nil for the sandbox or a context whose
+// processes are gone.
+func (n *bctx) procs() ctxProcs {
+	switch {
+	case n.fast != nil:
+		return n.fast
+	case n.container != nil:
+		return n.container
+	}
+	return nil
 }
 
 func newContexts(ctx context.Context, self string, publisher cshim.Publisher, task taskAPI.TTRPCTaskService) (*contexts, error) {
@@ -145,7 +167,7 @@ func newContexts(ctx context.Context, self string, publisher cshim.Publisher, ta
 		return nil, fmt.Errorf("branch contexts: console platform: %w", err)
 	}
 	c := &contexts{
-		ctx: ctx, self: self, runtime: branchRuntime(self), publisher: publisher, task: task, platform: platform,
+		ctx: ctx, self: self, runtime: branchRuntime(self), init: fastInit(self), publisher: publisher, task: task, platform: platform,
 		sandboxes: map[string]*sandbox{},
 		pids:      map[int]process.Process{},
 		pending:   map[int]pendingExit{},
@@ -288,7 +310,8 @@ func (sb *sandbox) ref(id string) branch.Ref {
 
 // initPid is the pid of a context's init on the host.
 func (c *contexts) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, error) {
-	if n.container == nil {
+	procs := n.procs()
+	if procs == nil {
 		st, err := c.task.State(ctx, &taskAPI.StateRequest{ID: sb.id})
 		if err != nil {
 			return 0, errgrpc.ToNative(err)
@@ -298,7 +321,7 @@ func (c *contexts) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, erro
 		}
 		return int(st.Pid), nil
 	}
-	pid := n.container.Pid()
+	pid := procs.Pid()
 	if n.exited || pid <= 0 {
 		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
 	}
@@ -425,7 +448,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
 		cgroup: parent.cgroup + "/b" + info.ID,
-		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0,
+		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0, limits: req.Limits,
 	}
 	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)
 	if err != nil {
@@ -443,6 +466,12 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	}()
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
 		return nil, err
+	}
+	if c.init != "" && fastUnsupported(spec) == "" {
+		if err := c.startWithInit(ctx, sb, n, info); err != nil {
+			return nil, err
+		}
+		return n, nil
 	}
 	if err := writeSpec(n.bundle, spec); err != nil {
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
@@ -488,6 +517,40 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	return n, nil
 }
 
+// startWithInit starts a branch context with the branch init: its rootfs
+// is mounted at <bundle>/rootfs as the runtime would, then the init builds
+// the rest.
+func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info) (retErr error) {
+	rootfs := filepath.Join(n.bundle, "rootfs")
+	if err := os.Mkdir(rootfs, 0o711); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
+	}
+	var ms []mount.Mount
+	for _, m := range info.Mounts {
+		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	if err := mount.All(ms, rootfs); err != nil {
+		return fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
+	}
+	fc, err := c.startFast(ctx, n, rootfs, filepath.Join(n.bundle, "init.log"))
+	if err != nil {
+		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")
+		}
+		return err
+	}
+	n.fast = fc
+	if n.hasCommand {
+		go func() {
+			_ = fc.init.Wait(context.WithoutCancel(ctx))
+			sb.mu.Lock()
+			n.exited = true
+			sb.mu.Unlock()
+		}()
+	}
+	return nil
+}
+
 // destroy kills every process of a context (and of any context nested in
 // it), then removes its init, its rootfs mount, cgroup and bundle.
 func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
@@ -508,7 +571,7 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 	}
 	var live []*bctx
 	for _, n := range ns {
-		if n.container != nil {
+		if n.procs() != nil {
 			live = append(live, n)
 		}
 	}
@@ -525,7 +588,7 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 		}()
 	}
 	wg.Wait()
-	containers := make([]*runc.Container, len(live))
+	containers := make([]ctxProcs, len(live))
 	for i, n := range live {
 		containers[i] = c.detach(ctx, n)
 	}
@@ -542,9 +605,9 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 // detach takes a context whose processes are dead off its init and rootfs:
 // it waits for the init's exit (from the shim's reaper) and unmounts the
 // rootfs, after which the branch's layers are the snapshotter's alone.
-func (c *contexts) detach(ctx context.Context, n *bctx) *runc.Container {
-	container := n.container
-	n.container = nil
+func (c *contexts) detach(ctx context.Context, n *bctx) ctxProcs {
+	container := n.procs()
+	n.container, n.fast = nil, nil
 	if init, err := container.Process(""); err == nil {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := init.Wait(wctx); err != nil {
@@ -562,8 +625,25 @@ func (c *contexts) detach(ctx context.Context, n *bctx) *runc.Container {
 // runtime state is destroyed in process (libcontainer needs no child
 // process for a stopped container), which spares a run of the runtime
 // binary per branch.
-func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, container *runc.Container, cgroupDirs []cgroupMount) {
+func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxProcs, cgroupDirs []cgroupMount) {
 	c.closeSelf(sb.id, n.id)
+	if fc, ok := procs.(*fastCtx); ok {
+		fc.close()
+		if err := removeDirs(cgroupDirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
+		}
+		go func() {
+			ctx := context.WithoutCancel(ctx)
+			for _, p := range fc.execd() {
+				_ = p.Delete(ctx) // its exit came with the init's
+			}
+			if err := os.RemoveAll(n.bundle); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
+			}
+		}()
+		return
+	}
+	container := procs.(*runc.Container)
 	root := DefaultRoot
 	if sb.opts != nil && sb.opts.Root != "" {
 		root = sb.opts.Root
@@ -756,6 +836,14 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 		ps.Cwd = req.Cwd
 	}
 	ps.Terminal = req.Terminal
+	if fc := n.fast; fc != nil {
+		sb.mu.Unlock()
+		p, err := fc.exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
+		if err != nil {
+			return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, err)
+		}
+		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
+	}
 	b, err := json.Marshal(&ps)
 	if err != nil {
 		sb.mu.Unlock()
@@ -789,28 +877,36 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 }
 
 // proc finds an exec'd process ("" is the branch's init).
-func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string) (*bctx, *runc.Container, process.Process, error) {
+// The returned remove forgets an exec'd process once it is waited for.
+func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string) (*bctx, func(string), process.Process, error) {
 	sb, n, err := c.branchFor(ctx, sandboxID, id, true)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	container := n.container
+	procs := n.procs()
+	var remove func(string)
+	switch {
+	case n.fast != nil:
+		remove = n.fast.remove
+	case n.container != nil:
+		remove = n.container.ProcessRemove
+	}
 	sb.mu.Unlock()
-	if container == nil {
+	if procs == nil {
 		return nil, nil, nil, fmt.Errorf("branch %s of %s is gone: %w", id, sandboxID, errdefs.ErrNotFound)
 	}
-	p, err := container.Process(execID)
+	p, err := procs.Process(execID)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("process %q of %s/%s: %w", execID, sandboxID, id, errdefs.ErrNotFound)
 	}
-	return n, container, p, nil
+	return n, remove, p, nil
 }
 
 // Wait waits for an exec'd process to exit and reports whether the kernel's
 // OOM killer ended it.
 func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.WaitResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	n, container, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
 	if err != nil {
 		return nil, err
 	}
@@ -823,7 +919,7 @@ func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1
 	resp.OomKilled = status == 128+int(unix.SIGKILL) && oomKills(n.cgroup) > 0
 	if req.ExecId != "" {
 		_ = p.Delete(ctx)
-		container.ProcessRemove(req.ExecId)
+		remove(req.ExecId)
 	}
 	return resp, nil
 }
@@ -924,7 +1020,8 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 	if n.spec != nil {
 		d.Limits = limitsOf(n.spec)
 	}
-	if n.cgroup != "" && (n.container != nil || n.id == branch.RootID) {
+	procs := n.procs()
+	if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
 		pids, _ := cgroupPids(n.cgroup, false)
 		sort.Ints(pids)
 		for _, p := range pids {
@@ -932,12 +1029,12 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 		}
 		d.OomKilled = oomKills(n.cgroup) > 0
 	}
-	if n.container != nil {
-		d.InitPid = uint32(n.container.Pid())
+	if procs != nil {
+		d.InitPid = uint32(procs.Pid())
 		switch {
 		case n.exited:
 			d.Status = "exited"
-			if p, err := n.container.Process(""); err == nil {
+			if p, err := procs.Process(""); err == nil {
 				d.ExitStatus = int32(p.ExitStatus())
 			}
 		case n.hasCommand:
@@ -1032,7 +1129,11 @@ func toTTRPC(err error) error { return branch.ToGRPC(err) }
 func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
 	for _, e := range entries {
-		if err := r.Delete(ctx, RuntimeID(id, e.Name()), &runcC.DeleteOpts{Force: true}); err != nil {
+		// Only a branch run by the runtime has its spec in its bundle;
+		// one run by the branch init ends with the shim's control socket.
+		if _, err := os.Stat(filepath.Join(bundle, branchesDir, e.Name(), "config.json")); err != nil {
+			// fall through to the unmount
+		} else if err := r.Delete(ctx, RuntimeID(id, e.Name()), &runcC.DeleteOpts{Force: true}); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("delete branch container")
 		}
 		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {

@@ -1,0 +1,826 @@
+// brinit: the init of a branch context, run by the shim in new PID and
+// mount namespaces (and whatever others the branch needs). It runs before
+// the Go runtime starts (a constructor) and never returns to it, so that a
+// branch starts without a run of the Go runtime: see main.go.
+//
+// Protocol, on a SOCK_SEQPACKET socket at fd 3 (the shim's end holds the
+// other side):
+//   shim -> init  'C' config: NUL-terminated strings, an op name and its
+//                 arguments, executed in order (see run_op); ends with the
+//                 branch ready, or 'F' and an exit.
+//   init -> shim  'R' ready, or 'F' "message".
+//   shim -> init  'E' process: the same encoding (see proc_key), with
+//                 SCM_RIGHTS stdin, stdout, stderr, reply socket (or, for a
+//                 terminal, just the reply socket).
+//   init -> shim  'S' pid-in-branch (decimal), in the order of the 'E's.
+//   init -> shim  'X' pid status (decimal; a wait(2) status) for every
+//                 process started with 'E' when it ends.
+// Each started process writes on its reply socket: 'P' with SCM_CREDENTIALS
+// (the shim reads its host pid from them), 'T' with the terminal's master
+// for a terminal, then either nothing (exec succeeded: the socket closes on
+// exec) or 'E' "message" if the exec failed.
+//
+// A command given at fork ('run' in the config) is the branch's main
+// process: when it exits, this init exits with its status, which ends every
+// process of the branch (the kernel kills a PID namespace with its init).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/openat2.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CTL 3
+#define MSGMAX (256 * 1024)
+#define MAXARGS 4096
+
+static int rootfd = -1;
+static int pivoted;
+
+// fail reports why the branch could not be set up and exits.
+static void fail(const char *fmt, ...) {
+	char msg[1100];
+	va_list ap;
+	va_start(ap, fmt);
+	msg[0] = 'F';
+	vsnprintf(msg + 1, sizeof(msg) - 1, fmt, ap);
+	va_end(ap);
+	send(CTL, msg, strlen(msg), MSG_NOSIGNAL);
+	_exit(1);
+}
+
+// proc is a process to start: the branch's command or an exec.
+struct proc {
+	char *args[MAXARGS];
+	int nargs;
+	char *env[MAXARGS];
+	int nenv;
+	char *cwd;
+	uid_t uid;
+	gid_t gid;
+	gid_t groups[256];
+	int ngroups;
+	uint64_t capb, cape, capp, capi, capa;
+	int nnp, term, umask_set;
+	mode_t umask;
+	int oom_set, oom;
+	struct {
+		int type;
+		struct rlimit lim;
+	} rlimits[32];
+	int nrlimits;
+};
+
+static int openat2_in_root(int dirfd, const char *path, int flags) {
+	struct open_how how = {.flags = flags | O_CLOEXEC, .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+	while (*path == '/')
+		path++;
+	if (*path == 0)
+		path = ".";
+	return syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+}
+
+// resolve opens path inside the root (symlinks resolved as if the root
+// were /, never out of it) as O_PATH, creating what is missing: kind 0
+// creates nothing, 1 a directory, 2 a regular file.
+static int resolve(const char *path, int kind) {
+	int fd = openat2_in_root(rootfd, path, O_PATH);
+	if (fd >= 0 || errno != ENOENT || kind == 0)
+		return fd;
+	char buf[4096];
+	if (strlen(path) >= sizeof(buf)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(buf, path);
+	int parent = openat2_in_root(rootfd, "/", O_PATH | O_DIRECTORY);
+	if (parent < 0)
+		return -1;
+	char *p = buf;
+	for (;;) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		char *end = p + strcspn(p, "/");
+		char saved = *end;
+		int last = 1;
+		for (char *q = end; *q; q++)
+			if (*q != '/')
+				last = 0;
+		*end = 0;
+		// the prefix up to this component, resolved from the root
+		fd = openat2_in_root(rootfd, buf, O_PATH);
+		if (fd < 0 && errno == ENOENT) {
+			if (last && kind == 2) {
+				int f = openat(parent, p, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+				if (f >= 0)
+					close(f);
+				else if (errno != EEXIST) {
+					close(parent);
+					return -1;
+				}
+			} else if (mkdirat(parent, p, 0755) < 0 && errno != EEXIST) {
+				close(parent);
+				return -1;
+			}
+			fd = openat2_in_root(rootfd, buf, O_PATH);
+		}
+		close(parent);
+		if (fd < 0)
+			return -1;
+		parent = fd;
+		*end = saved;
+		if (!saved)
+			break;
+		p = end + 1;
+	}
+	return parent;
+}
+
+static const char *fdpath(int fd) {
+	static char b[64];
+	snprintf(b, sizeof(b), "/proc/self/fd/%d", fd);
+	return b;
+}
+
+static unsigned long num(const char *s) { return strtoul(s, NULL, 0); }
+
+// The ops of a config. Each takes its arguments from args.
+static void op_mount(char **a) {
+	// mount SRC DST FSTYPE FLAGS DATA
+	int fd = resolve(a[1], 1);
+	if (fd < 0)
+		fail("mount %s on %s: resolve target: %s", a[2], a[1], strerror(errno));
+	unsigned long flags = num(a[3]);
+	if (mount(a[0], fdpath(fd), a[2], flags, a[4][0] ? a[4] : NULL) < 0)
+		fail("mount %s (%s) on %s: %s", a[0], a[2], a[1], strerror(errno));
+	close(fd);
+}
+
+static void remount_at(const char *dst, unsigned long flags) {
+	int fd = resolve(dst, 0);
+	if (fd < 0)
+		fail("remount %s: %s", dst, strerror(errno));
+	if (mount(NULL, fdpath(fd), NULL, flags | MS_REMOUNT, NULL) < 0)
+		fail("remount %s (flags %#lx): %s", dst, flags, strerror(errno));
+	close(fd);
+}
+
+static void op_bind(char **a) {
+	// bind SRC DST FLAGS REC: FLAGS (read-only and the like) are applied
+	// by a remount of the bind, as mount(2) ignores them on the bind.
+	struct stat st;
+	if (stat(a[0], &st) < 0)
+		fail("bind %s: %s", a[0], strerror(errno));
+	int fd = resolve(a[1], S_ISDIR(st.st_mode) ? 1 : 2);
+	if (fd < 0)
+		fail("bind %s on %s: resolve target: %s", a[0], a[1], strerror(errno));
+	unsigned long flags = num(a[2]);
+	if (mount(a[0], fdpath(fd), NULL, MS_BIND | (num(a[3]) ? MS_REC : 0), NULL) < 0)
+		fail("bind %s on %s: %s", a[0], a[1], strerror(errno));
+	close(fd);
+	if (flags & ~(MS_BIND | MS_REC))
+		remount_at(a[1], MS_BIND | (flags & ~MS_REC));
+}
+
+static void op_mknod(char **a) {
+	// mknod DST MODE MAJOR MINOR UID GID
+	int fd = resolve(a[0], 0);
+	if (fd >= 0) {
+		close(fd);
+		return; // there already
+	}
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", a[0]);
+	char *slash = strrchr(buf, '/');
+	const char *name = a[0];
+	int dir;
+	if (slash) {
+		*slash = 0;
+		name = slash + 1;
+		dir = resolve(buf[0] ? buf : "/", 1);
+	} else
+		dir = resolve("/", 0);
+	if (dir < 0)
+		fail("mknod %s: %s", a[0], strerror(errno));
+	// mknodat needs a real directory descriptor, not O_PATH.
+	int d = openat(dir, ".", O_DIRECTORY | O_CLOEXEC);
+	close(dir);
+	if (d < 0)
+		fail("mknod %s: open directory: %s", a[0], strerror(errno));
+	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
+		fail("mknod %s: %s", a[0], strerror(errno));
+	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
+		fail("chown %s: %s", a[0], strerror(errno));
+	close(d);
+}
+
+static void op_symlink(char **a) {
+	// symlink TARGET DST (an existing DST is replaced)
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", a[1]);
+	char *slash = strrchr(buf, '/');
+	const char *name = a[1];
+	int dir;
+	if (slash) {
+		*slash = 0;
+		name = slash + 1;
+		dir = resolve(buf[0] ? buf : "/", 1);
+	} else
+		dir = resolve("/", 0);
+	if (dir < 0)
+		fail("symlink %s: %s", a[1], strerror(errno));
+	int d = openat(dir, ".", O_DIRECTORY | O_CLOEXEC);
+	close(dir);
+	if (d < 0)
+		fail("symlink %s: open directory: %s", a[1], strerror(errno));
+	unlinkat(d, name, 0);
+	if (symlinkat(a[0], d, name) < 0)
+		fail("symlink %s: %s", a[1], strerror(errno));
+	close(d);
+}
+
+static void op_mask(char **a) {
+	// mask PATH: /dev/null over a file, an empty read-only tmpfs over a
+	// directory; a path that does not exist needs no mask.
+	int fd = resolve(a[0], 0);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return;
+		fail("mask %s: %s", a[0], strerror(errno));
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		fail("mask %s: %s", a[0], strerror(errno));
+	int r;
+	if (S_ISDIR(st.st_mode))
+		r = mount("tmpfs", fdpath(fd), "tmpfs", MS_RDONLY, "size=0");
+	else {
+		int null = resolve("/dev/null", 0);
+		if (null < 0)
+			fail("mask %s: /dev/null: %s", a[0], strerror(errno));
+		char src[64];
+		snprintf(src, sizeof(src), "/proc/self/fd/%d", null);
+		r = mount(src, fdpath(fd), NULL, MS_BIND, NULL);
+		close(null);
+	}
+	if (r < 0)
+		fail("mask %s: %s", a[0], strerror(errno));
+	close(fd);
+}
+
+static void op_readonly(char **a) {
+	// readonly PATH: bind over itself, read-only.
+	int fd = resolve(a[0], 0);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return;
+		fail("read-only %s: %s", a[0], strerror(errno));
+	}
+	if (mount(fdpath(fd), fdpath(fd), NULL, MS_BIND | MS_REC, NULL) < 0)
+		fail("read-only %s: bind: %s", a[0], strerror(errno));
+	close(fd);
+	remount_at(a[0], MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+}
+
+static void op_setns(char **a) {
+	// setns PATH: join a namespace (before the root changes)
+	int fd = open(a[0], O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || setns(fd, 0) < 0)
+		fail("join namespace %s: %s", a[0], strerror(errno));
+	close(fd);
+}
+
+static void op_root(char **a) {
+	// root PATH: the branch's rootfs, a mount point. Mounts below the
+	// host's / stop propagating (to and from) first.
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		fail("make mounts private: %s", strerror(errno));
+	rootfd = open(a[0], O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		fail("open rootfs %s: %s", a[0], strerror(errno));
+}
+
+static void op_pivot(char **a) {
+	(void)a;
+	if (fchdir(rootfd) < 0)
+		fail("enter rootfs: %s", strerror(errno));
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		fail("pivot_root: %s", strerror(errno));
+	if (umount2(".", MNT_DETACH) < 0)
+		fail("detach the old root: %s", strerror(errno));
+	if (chdir("/") < 0)
+		fail("chdir /: %s", strerror(errno));
+	close(rootfd);
+	rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		fail("open /: %s", strerror(errno));
+	pivoted = 1;
+}
+
+static void op_write(char **a) {
+	// write PATH VALUE (sysctls, after the pivot)
+	int fd = open(a[0], O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0 || write(fd, a[1], strlen(a[1])) < 0)
+		fail("write %s: %s", a[0], strerror(errno));
+	close(fd);
+}
+
+static void op_hostname(char **a) {
+	if (sethostname(a[0], strlen(a[0])) < 0)
+		fail("set hostname: %s", strerror(errno));
+}
+
+static void op_domainname(char **a) {
+	if (setdomainname(a[0], strlen(a[0])) < 0)
+		fail("set domain name: %s", strerror(errno));
+}
+
+static void op_lo(char **a) {
+	(void)a;
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct ifreq ifr = {0};
+	strcpy(ifr.ifr_name, "lo");
+	if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+		fail("loopback: %s", strerror(errno));
+	ifr.ifr_flags |= IFF_UP;
+	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+		fail("bring loopback up: %s", strerror(errno));
+	close(s);
+}
+
+static void op_unshare(char **a) {
+	if (unshare(num(a[0])) < 0)
+		fail("unshare %s: %s", a[0], strerror(errno));
+}
+
+static void op_rootro(char **a) {
+	(void)a;
+	if (mount(NULL, "/", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
+		fail("make the rootfs read-only: %s", strerror(errno));
+}
+
+static void op_remount(char **a) { remount_at(a[0], num(a[1])); }
+
+struct op {
+	const char *name;
+	int nargs;
+	void (*fn)(char **);
+};
+
+static const struct op ops[] = {
+    {"mount", 5, op_mount},     {"bind", 4, op_bind},         {"mknod", 6, op_mknod},
+    {"symlink", 2, op_symlink}, {"mask", 1, op_mask},         {"readonly", 1, op_readonly},
+    {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
+    {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
+    {"lo", 0, op_lo},           {"unshare", 1, op_unshare},   {"rootro", 0, op_rootro},
+    {"remount", 2, op_remount},
+};
+
+// proc_key takes one key of a process description; it returns the number
+// of arguments it used, or -1 if name is not a process key.
+static int proc_key(struct proc *p, const char *name, char **a, int avail) {
+#define NEED(n)                                                                                    \
+	if (avail < (n))                                                                           \
+		fail("%s: missing arguments", name);
+	if (!strcmp(name, "arg")) {
+		NEED(1);
+		if (p->nargs >= MAXARGS - 1)
+			fail("too many arguments");
+		p->args[p->nargs++] = a[0];
+		return 1;
+	} else if (!strcmp(name, "env")) {
+		NEED(1);
+		if (p->nenv >= MAXARGS - 1)
+			fail("too many environment variables");
+		p->env[p->nenv++] = a[0];
+		return 1;
+	} else if (!strcmp(name, "cwd")) {
+		NEED(1);
+		p->cwd = a[0];
+		return 1;
+	} else if (!strcmp(name, "user")) {
+		NEED(2);
+		p->uid = num(a[0]);
+		p->gid = num(a[1]);
+		return 2;
+	} else if (!strcmp(name, "group")) {
+		NEED(1);
+		if (p->ngroups < 256)
+			p->groups[p->ngroups++] = num(a[0]);
+		return 1;
+	} else if (!strcmp(name, "caps")) {
+		NEED(5);
+		p->capb = strtoull(a[0], NULL, 0);
+		p->cape = strtoull(a[1], NULL, 0);
+		p->capp = strtoull(a[2], NULL, 0);
+		p->capi = strtoull(a[3], NULL, 0);
+		p->capa = strtoull(a[4], NULL, 0);
+		return 5;
+	} else if (!strcmp(name, "nnp")) {
+		p->nnp = 1;
+		return 0;
+	} else if (!strcmp(name, "term")) {
+		p->term = 1;
+		return 0;
+	} else if (!strcmp(name, "umask")) {
+		NEED(1);
+		p->umask_set = 1;
+		p->umask = num(a[0]);
+		return 1;
+	} else if (!strcmp(name, "oom")) {
+		NEED(1);
+		p->oom_set = 1;
+		p->oom = atoi(a[0]);
+		return 1;
+	} else if (!strcmp(name, "rlimit")) {
+		NEED(3);
+		if (p->nrlimits < 32) {
+			p->rlimits[p->nrlimits].type = num(a[0]);
+			p->rlimits[p->nrlimits].lim.rlim_cur = strtoull(a[1], NULL, 0);
+			p->rlimits[p->nrlimits].lim.rlim_max = strtoull(a[2], NULL, 0);
+			p->nrlimits++;
+		}
+		return 3;
+	}
+	return -1;
+#undef NEED
+}
+
+static void child_fail(int reply, const char *fmt, ...) {
+	char msg[1100];
+	va_list ap;
+	va_start(ap, fmt);
+	msg[0] = 'E';
+	vsnprintf(msg + 1, sizeof(msg) - 1, fmt, ap);
+	va_end(ap);
+	send(reply, msg, strlen(msg), MSG_NOSIGNAL);
+	_exit(127);
+}
+
+static int send_fd(int sock, char tag, int fd) {
+	char c = tag;
+	struct iovec iov = {.iov_base = &c, .iov_len = 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c1 = CMSG_FIRSTHDR(&m);
+	c1->cmsg_level = SOL_SOCKET;
+	c1->cmsg_type = SCM_RIGHTS;
+	c1->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c1), &fd, sizeof(int));
+	return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
+static int send_creds(int sock) {
+	char c = 'P';
+	struct iovec iov = {.iov_base = &c, .iov_len = 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(struct ucred))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c1 = CMSG_FIRSTHDR(&m);
+	c1->cmsg_level = SOL_SOCKET;
+	c1->cmsg_type = SCM_CREDENTIALS;
+	c1->cmsg_len = CMSG_LEN(sizeof(struct ucred));
+	struct ucred cr = {.pid = getpid(), .uid = getuid(), .gid = getgid()};
+	memcpy(CMSG_DATA(c1), &cr, sizeof(cr));
+	return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
+static const char *getenv_in(struct proc *p, const char *key) {
+	size_t n = strlen(key);
+	for (int i = 0; i < p->nenv; i++)
+		if (!strncmp(p->env[i], key, n) && p->env[i][n] == '=')
+			return p->env[i] + n + 1;
+	return NULL;
+}
+
+// exec_proc is the child's half of a start: it never returns.
+static void exec_proc(struct proc *p, int fds[3], int reply) {
+	sigset_t all;
+	sigemptyset(&all);
+	for (int s = 1; s < NSIG; s++)
+		signal(s, SIG_DFL);
+	sigprocmask(SIG_SETMASK, &all, NULL);
+	if (setsid() < 0)
+		child_fail(reply, "setsid: %s", strerror(errno));
+	if (send_creds(reply) < 0)
+		child_fail(reply, "report pid: %s", strerror(errno));
+	int io[3] = {fds[0], fds[1], fds[2]};
+	if (p->term) {
+		int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (master < 0)
+			child_fail(reply, "open /dev/ptmx: %s", strerror(errno));
+		int unlock = 0;
+		char name[128];
+		if (ioctl(master, TIOCSPTLCK, &unlock) < 0 || ptsname_r(master, name, sizeof(name)) != 0)
+			child_fail(reply, "set up the terminal: %s", strerror(errno));
+		int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (slave < 0)
+			child_fail(reply, "open %s: %s", name, strerror(errno));
+		if (ioctl(slave, TIOCSCTTY, 0) < 0)
+			child_fail(reply, "make %s the controlling terminal: %s", name, strerror(errno));
+		if (send_fd(reply, 'T', master) < 0)
+			child_fail(reply, "send the terminal: %s", strerror(errno));
+		close(master);
+		io[0] = io[1] = io[2] = slave;
+	}
+	// Move the descriptors above 2 first, so dup2 cannot clobber them.
+	for (int i = 0; i < 3; i++) {
+		int d = fcntl(io[i], F_DUPFD_CLOEXEC, 10);
+		if (d < 0)
+			child_fail(reply, "stdio: %s", strerror(errno));
+		io[i] = d;
+	}
+	for (int i = 0; i < 3; i++)
+		if (dup2(io[i], i) < 0)
+			child_fail(reply, "stdio: %s", strerror(errno));
+	for (int i = 0; i < p->nrlimits; i++)
+		if (setrlimit(p->rlimits[i].type, &p->rlimits[i].lim) < 0)
+			child_fail(reply, "setrlimit %d: %s", p->rlimits[i].type, strerror(errno));
+	if (p->oom_set) {
+		char b[32];
+		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		snprintf(b, sizeof(b), "%d", p->oom);
+		if (fd < 0 || write(fd, b, strlen(b)) < 0)
+			child_fail(reply, "oom_score_adj: %s", strerror(errno));
+		close(fd);
+	}
+	if (p->umask_set)
+		umask(p->umask);
+	int last = 40;
+	while (prctl(PR_CAPBSET_READ, last + 1) >= 0)
+		last++;
+	for (int c = 0; c <= last; c++)
+		if (!(p->capb & (1ULL << c)) && prctl(PR_CAPBSET_DROP, c) < 0)
+			child_fail(reply, "drop capability %d: %s", c, strerror(errno));
+	if (prctl(PR_SET_KEEPCAPS, 1) < 0)
+		child_fail(reply, "keep capabilities: %s", strerror(errno));
+	if (setgroups(p->ngroups, p->groups) < 0)
+		child_fail(reply, "setgroups: %s", strerror(errno));
+	if (setresgid(p->gid, p->gid, p->gid) < 0)
+		child_fail(reply, "setgid %u: %s", p->gid, strerror(errno));
+	if (setresuid(p->uid, p->uid, p->uid) < 0)
+		child_fail(reply, "setuid %u: %s", p->uid, strerror(errno));
+	prctl(PR_SET_KEEPCAPS, 0);
+	struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+	struct __user_cap_data_struct d[2] = {
+	    {.effective = p->cape, .permitted = p->capp, .inheritable = p->capi},
+	    {.effective = p->cape >> 32, .permitted = p->capp >> 32, .inheritable = p->capi >> 32},
+	};
+	if (syscall(SYS_capset, &h, d) < 0)
+		child_fail(reply, "set capabilities: %s", strerror(errno));
+	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+	for (int c = 0; c <= last; c++)
+		if ((p->capa & (1ULL << c)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0)
+			child_fail(reply, "raise ambient capability %d: %s", c, strerror(errno));
+	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(reply, "no_new_privs: %s", strerror(errno));
+	if (chdir(p->cwd && p->cwd[0] ? p->cwd : "/") < 0)
+		child_fail(reply, "chdir %s: %s", p->cwd, strerror(errno));
+	p->args[p->nargs] = NULL;
+	p->env[p->nenv] = NULL;
+	if (p->nargs == 0)
+		child_fail(reply, "no command");
+	// Everything but stdio and the reply socket (close on exec) goes.
+	syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */);
+	const char *file = p->args[0];
+	if (strchr(file, '/')) {
+		execve(file, p->args, p->env);
+		child_fail(reply, "exec %s: %s", file, strerror(errno));
+	}
+	const char *path = getenv_in(p, "PATH");
+	if (!path)
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+	int err = ENOENT;
+	while (*path) {
+		const char *colon = strchrnul(path, ':');
+		char full[4096];
+		int n = (int)(colon - path);
+		snprintf(full, sizeof(full), "%.*s%s%s", n, path, n ? "/" : "", file);
+		execve(full, p->args, p->env);
+		if (errno != ENOENT && errno != ENOTDIR)
+			err = errno;
+		path = *colon ? colon + 1 : colon;
+	}
+	child_fail(reply, "exec %s: %s (looked in $PATH)", file, strerror(err));
+}
+
+// start forks a process; it returns its pid in the branch.
+static pid_t start(struct proc *p, int fds[3], int reply) {
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0)
+		exec_proc(p, fds, reply);
+	return pid;
+}
+
+// parse splits a message body into its NUL-terminated strings.
+static int parse(char *buf, size_t n, char **out, int max) {
+	int k = 0;
+	size_t i = 0;
+	while (i < n && k < max) {
+		out[k++] = buf + i;
+		char *z = memchr(buf + i, 0, n - i);
+		if (!z)
+			fail("malformed message");
+		i = (size_t)(z - buf) + 1;
+	}
+	return k;
+}
+
+static ssize_t recv_msg(char *buf, size_t size, int *fds, int *nfds) {
+	struct iovec iov = {.iov_base = buf, .iov_len = size};
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 8)];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+	ssize_t n;
+	do
+		n = recvmsg(CTL, &m, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	*nfds = 0;
+	if (n <= 0)
+		return n;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			int k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			memcpy(fds + *nfds, CMSG_DATA(c), k * sizeof(int));
+			*nfds += k;
+		}
+	if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+		fail("message truncated");
+	return n;
+}
+
+static void sendf(const char *fmt, ...) {
+	char b[128];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b, sizeof(b), fmt, ap);
+	va_end(ap);
+	send(CTL, b, strlen(b), MSG_NOSIGNAL);
+}
+
+static char msgbuf[MSGMAX];
+static char *words[MSGMAX / 2];
+static struct proc cmdproc, execproc;
+
+void brinit(void) {
+	sigset_t all;
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, NULL);
+	// Nothing in the branch may ptrace or read this privileged process.
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	// Only the control socket (and stdio) is ours; whatever else the shim
+	// had open without close-on-exec is not the branch's.
+	syscall(SYS_close_range, CTL + 1, ~0U, 0);
+	int fds[8], nfds;
+	ssize_t n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
+	if (n <= 0)
+		_exit(1);
+	if (msgbuf[0] != 'C')
+		fail("expected a config");
+	int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
+	int have_cmd = 0;
+	for (int i = 0; i < nw;) {
+		const char *name = words[i++];
+		if (!strcmp(name, "run")) {
+			have_cmd = 1;
+			continue;
+		}
+		int used = proc_key(&cmdproc, name, words + i, nw - i);
+		if (used >= 0) {
+			i += used;
+			continue;
+		}
+		const struct op *o = NULL;
+		for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
+			if (!strcmp(ops[k].name, name))
+				o = &ops[k];
+		if (!o)
+			fail("unknown op %s", name);
+		if (nw - i < o->nargs)
+			fail("op %s: missing arguments", name);
+		o->fn(words + i);
+		i += o->nargs;
+	}
+	if (!pivoted)
+		fail("config has no pivot");
+	int sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0)
+		fail("signalfd: %s", strerror(errno));
+	pid_t cmd = 0;
+	if (have_cmd) {
+		// The command's stdio came with the config: stdin, stdout, stderr.
+		if (nfds < 3)
+			fail("run: no stdio");
+		int sp[2];
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+			fail("socketpair: %s", strerror(errno));
+		cmd = start(&cmdproc, fds, sp[1]);
+		if (cmd < 0)
+			fail("fork: %s", strerror(errno));
+		close(sp[1]);
+		// The child reports its pid, then an exec error or nothing.
+		char b[1100];
+		ssize_t k;
+		while ((k = recv(sp[0], b, sizeof(b) - 1, 0)) > 0)
+			if (b[0] == 'E') {
+				b[k] = 0;
+				fail("%s", b + 1);
+			}
+		close(sp[0]);
+		for (int i = 0; i < 3; i++)
+			close(fds[i]);
+	}
+	sendf("R%d", (int)cmd);
+	struct pollfd pf[2] = {{.fd = CTL, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+	for (;;) {
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			_exit(1);
+		}
+		if (pf[1].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) > 0)
+				;
+			int st;
+			pid_t pid;
+			while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+				if (pid == cmd) {
+					if (WIFSIGNALED(st))
+						_exit(128 + WTERMSIG(st));
+					_exit(WEXITSTATUS(st));
+				}
+				sendf("X%d %d", (int)pid, st);
+			}
+		}
+		if (pf[0].revents) {
+			n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
+			if (n <= 0)
+				_exit(0); // the shim is gone: so is the branch
+			if (msgbuf[0] != 'E' || nfds < 1) {
+				for (int i = 0; i < nfds; i++)
+					close(fds[i]);
+				sendf("S-1 bad request");
+				continue;
+			}
+			memset(&execproc, 0, sizeof(execproc));
+			nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
+			int bad = 0;
+			for (int i = 0; i < nw;) {
+				int used = proc_key(&execproc, words[i], words + i + 1, nw - i - 1);
+				if (used < 0) {
+					bad = 1;
+					break;
+				}
+				i += 1 + used;
+			}
+			int reply = fds[nfds - 1];
+			int io[3] = {-1, -1, -1};
+			if (!execproc.term) {
+				if (nfds < 4)
+					bad = 1;
+				else
+					io[0] = fds[0], io[1] = fds[1], io[2] = fds[2];
+			}
+			pid_t pid = bad ? -1 : start(&execproc, io, reply);
+			for (int i = 0; i < nfds; i++)
+				close(fds[i]);
+			if (pid < 0)
+				sendf("S-1 %s", bad ? "bad request" : strerror(errno));
+			else
+				sendf("S%d", (int)pid);
+		}
+	}
+}
