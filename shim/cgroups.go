@@ -116,6 +116,11 @@ func cgroupPids(path string, recursive bool) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	return pidsIn(dirs, recursive), nil
+}
+
+// pidsIn is cgroupPids on a cgroup's directories already found.
+func pidsIn(dirs []cgroupMount, recursive bool) []int {
 	seen := map[int]bool{}
 	var pids []int
 	for _, d := range dirs {
@@ -132,7 +137,7 @@ func cgroupPids(path string, recursive bool) ([]int, error) {
 			}
 		}
 	}
-	return pids, nil
+	return pids
 }
 
 // thaw thaws a cgroup and every cgroup below it: on cgroup v1 a frozen
@@ -334,6 +339,11 @@ func oomKills(path string) uint64 {
 	if err != nil {
 		return 0
 	}
+	return oomKillsIn(dirs)
+}
+
+// oomKillsIn is oomKills on a cgroup's directories already found.
+func oomKillsIn(dirs []cgroupMount) uint64 {
 	for _, d := range dirs {
 		file := ""
 		switch {

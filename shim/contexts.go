@@ -99,6 +99,23 @@ type contexts struct {
 	pending map[int]pendingExit
 
 	insock selfSocks // the branch sockets inside sandboxes (insock.go)
+
+	// The host's cgroup hierarchies, read once: they are mounted at boot,
+	// and reading the mount table at every fork, commit and listing
+	// costs more than the rest of a listing.
+	hierOnce sync.Once
+	hierList []cgroupMount
+}
+
+// hier is the host's cgroup hierarchies.
+func (c *contexts) hier() ([]cgroupMount, error) {
+	c.hierOnce.Do(func() {
+		c.hierList, _ = cgroupMounts()
+	})
+	if len(c.hierList) == 0 {
+		return cgroupMounts()
+	}
+	return c.hierList, nil
 }
 
 type queuedEvent struct {
@@ -407,9 +424,14 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}()
 	errs := make([]error, len(infos))
 	var wg sync.WaitGroup
-	// Two at a time: each start re-executes this binary twice, and more
-	// in parallel only queue on the CPUs.
-	sem := make(chan struct{}, 2)
+	// Two at a time with the runtime (each start runs a Go binary twice,
+	// and more in parallel only queue on the CPUs); four with the branch
+	// init, whose starts mostly wait (cgroup moves, mounts).
+	par := 2
+	if c.init != "" {
+		par = 4
+	}
+	sem := make(chan struct{}, par)
 	for i, info := range infos {
 		wg.Add(1)
 		go func() {
@@ -564,8 +586,7 @@ func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
 // the rest (runtime state, cgroups) goes on meanwhile, and the returned
 // wait blocks until it is done. Callers reply only after wait.
 func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait func()) {
-	// The mount table is read once for the whole teardown.
-	ms, err := cgroupMounts()
+	ms, err := c.hier()
 	if err != nil {
 		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
 	}
@@ -615,6 +636,14 @@ func (c *contexts) detach(ctx context.Context, n *bctx) ctxProcs {
 		}
 		cancel()
 	}
+	if _, ok := container.(*fastCtx); ok {
+		// Its host mount has nothing below it (the init mounted the rest
+		// in the branch's own namespace, gone with it), and the
+		// snapshotter detaches it as it commits or discards the layer:
+		// an unmount here would pay the same RCU grace period twice.
+		// release unmounts whatever is left.
+		return container
+	}
 	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
 	}
@@ -634,6 +663,10 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 		}
 		go func() {
 			ctx := context.WithoutCancel(ctx)
+			// Normally detached by the snapshotter already (EINVAL).
+			if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+			}
 			for _, p := range fc.execd() {
 				_ = p.Delete(ctx) // its exit came with the init's
 			}
@@ -1022,12 +1055,15 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 	}
 	procs := n.procs()
 	if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
-		pids, _ := cgroupPids(n.cgroup, false)
-		sort.Ints(pids)
-		for _, p := range pids {
-			d.Pids = append(d.Pids, uint32(p))
+		if ms, err := c.hier(); err == nil {
+			dirs := dirsIn(ms, n.cgroup)
+			pids := pidsIn(dirs, false)
+			sort.Ints(pids)
+			for _, p := range pids {
+				d.Pids = append(d.Pids, uint32(p))
+			}
+			d.OomKilled = oomKillsIn(dirs) > 0
 		}
-		d.OomKilled = oomKills(n.cgroup) > 0
 	}
 	if procs != nil {
 		d.InitPid = uint32(procs.Pid())

@@ -190,7 +190,7 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*
 		case configs.NEWCGROUP:
 			if n.Path == "" {
 				// After the shim put the init in its cgroup.
-				w.op("unshare", strconv.Itoa(unix.CLONE_NEWCGROUP))
+				w.op("cgroupns")
 				continue
 			}
 			joins = append(joins, n.Path)
@@ -467,9 +467,6 @@ func (c *contexts) startFast(ctx context.Context, n *bctx, rootfs string, cmdLog
 			cancel()
 		}
 	}()
-	if err := cgm.Apply(pid); err != nil {
-		return nil, fmt.Errorf("branch %s: put its init in cgroup %s: %w", n.id, n.cgroup, err)
-	}
 	msg := append([]byte{'C'}, plan.conf.Bytes()...)
 	var oob []byte
 	if len(stdioFiles) > 0 {
@@ -478,25 +475,44 @@ func (c *contexts) startFast(ctx context.Context, n *bctx, rootfs string, cmdLog
 	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
 		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", n.id, err)
 	}
-	buf := make([]byte, 2048)
+	// The init builds the root meanwhile.
+	if err := cgm.Apply(pid); err != nil {
+		return nil, fmt.Errorf("branch %s: put its init in cgroup %s: %w", n.id, n.cgroup, err)
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = ctl.SetReadDeadline(dl)
 	} else {
 		_ = ctl.SetReadDeadline(time.Now().Add(time.Minute))
 	}
-	k, err := ctl.Read(buf)
-	_ = ctl.SetReadDeadline(time.Time{})
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("branch %s: its init ended before it was ready (%v): %w", n.id, err, errdefs.ErrUnknown)
-	case k > 0 && buf[0] == 'F':
-		return nil, fmt.Errorf("branch %s: set up: %s: %w", n.id, buf[1:k], errdefs.ErrFailedPrecondition)
-	case k == 0 || buf[0] != 'R':
-		return nil, fmt.Errorf("branch %s: unexpected reply from its init %q: %w", n.id, buf[:k], errdefs.ErrUnknown)
+	if err := initReply(ctl, 'R'); err != nil {
+		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
+	if _, err := ctl.Write([]byte{'G'}); err != nil {
+		return nil, fmt.Errorf("branch %s: start its init: %w", n.id, err)
+	}
+	if err := initReply(ctl, 'O'); err != nil {
+		return nil, fmt.Errorf("branch %s: %w", n.id, err)
+	}
+	_ = ctl.SetReadDeadline(time.Time{})
 	fc := &fastCtx{init: init, ctl: ctl, cfg: plan.cfg, byID: map[string]*fastProc{}, byPid: map[int]*fastProc{}}
 	go fc.read(context.WithoutCancel(ctx))
 	return fc, nil
+}
+
+// initReply reads the init's next word, which must be want (or say why
+// not).
+func initReply(ctl *net.UnixConn, want byte) error {
+	buf := make([]byte, 2048)
+	k, err := ctl.Read(buf)
+	switch {
+	case err != nil:
+		return fmt.Errorf("its init ended before it was ready (%v): %w", err, errdefs.ErrUnknown)
+	case k > 0 && buf[0] == 'F':
+		return fmt.Errorf("set up: %s: %w", buf[1:k], errdefs.ErrFailedPrecondition)
+	case k == 0 || buf[0] != want:
+		return fmt.Errorf("unexpected reply from its init %q: %w", buf[:k], errdefs.ErrUnknown)
+	}
+	return nil
 }
 
 // read takes the init's reports: pids of started processes and exits.

@@ -8,7 +8,11 @@
 //   shim -> init  'C' config: NUL-terminated strings, an op name and its
 //                 arguments, executed in order (see run_op); ends with the
 //                 branch ready, or 'F' and an exit.
-//   init -> shim  'R' ready, or 'F' "message".
+//   init -> shim  'R' root built, or 'F' "message".
+//   shim -> init  'G' go: the init is in the branch's cgroup now (the shim
+//                 moves it there while the root is built, as a cgroup v1
+//                 move waits for RCU grace periods).
+//   init -> shim  'O' pid-of-command (0 for none), or 'F' "message".
 //   shim -> init  'E' process: the same encoding (see proc_key), with
 //                 SCM_RIGHTS stdin, stdout, stderr, reply socket (or, for a
 //                 terminal, just the reply socket).
@@ -57,6 +61,7 @@
 
 static int rootfd = -1;
 static int pivoted;
+static int want_cgroupns;
 
 // fail reports why the branch could not be set up and exits.
 static void fail(const char *fmt, ...) {
@@ -371,9 +376,9 @@ static void op_lo(char **a) {
 	close(s);
 }
 
-static void op_unshare(char **a) {
-	if (unshare(num(a[0])) < 0)
-		fail("unshare %s: %s", a[0], strerror(errno));
+static void op_cgroupns(char **a) {
+	(void)a;
+	want_cgroupns = 1; // once in the branch's cgroup
 }
 
 static void op_rootro(char **a) {
@@ -395,7 +400,7 @@ static const struct op ops[] = {
     {"symlink", 2, op_symlink}, {"mask", 1, op_mask},         {"readonly", 1, op_readonly},
     {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
-    {"lo", 0, op_lo},           {"unshare", 1, op_unshare},   {"rootro", 0, op_rootro},
+    {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount},
 };
 
@@ -738,6 +743,17 @@ void brinit(void) {
 	int sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (sfd < 0)
 		fail("signalfd: %s", strerror(errno));
+	sendf("R");
+	int gfds[8], ngfds;
+	n = recv_msg(msgbuf, sizeof(msgbuf), gfds, &ngfds);
+	if (n <= 0)
+		_exit(1);
+	for (int i = 0; i < ngfds; i++)
+		close(gfds[i]);
+	if (msgbuf[0] != 'G')
+		fail("expected go");
+	if (want_cgroupns && unshare(CLONE_NEWCGROUP) < 0)
+		fail("new cgroup namespace: %s", strerror(errno));
 	pid_t cmd = 0;
 	if (have_cmd) {
 		// The command's stdio came with the config: stdin, stdout, stderr.
@@ -762,7 +778,7 @@ void brinit(void) {
 		for (int i = 0; i < 3; i++)
 			close(fds[i]);
 	}
-	sendf("R%d", (int)cmd);
+	sendf("O%d", (int)cmd);
 	struct pollfd pf[2] = {{.fd = CTL, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
 	for (;;) {
 		if (poll(pf, 2, -1) < 0) {
