@@ -157,10 +157,53 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config) error {
 	if cfg.OomScoreAdj != nil {
 		w.op("oom", strconv.Itoa(*cfg.OomScoreAdj))
 	}
-	for _, r := range cfg.Rlimits {
-		w.op("rlimit", strconv.Itoa(r.Type), strconv.FormatUint(r.Soft, 10), strconv.FormatUint(r.Hard, 10))
+	for _, r := range p.Rlimits {
+		t, ok := rlimitNumber(r.Type)
+		if !ok {
+			return fmt.Errorf("unknown rlimit %q: %w", r.Type, errdefs.ErrInvalidArgument)
+		}
+		w.op("rlimit", strconv.Itoa(t), strconv.FormatUint(r.Soft, 10), strconv.FormatUint(r.Hard, 10))
 	}
 	return nil
+}
+
+// rlimitNumber is the kernel's number of an OCI rlimit name.
+func rlimitNumber(name string) (int, bool) {
+	switch name {
+	case "RLIMIT_CPU":
+		return unix.RLIMIT_CPU, true
+	case "RLIMIT_FSIZE":
+		return unix.RLIMIT_FSIZE, true
+	case "RLIMIT_DATA":
+		return unix.RLIMIT_DATA, true
+	case "RLIMIT_STACK":
+		return unix.RLIMIT_STACK, true
+	case "RLIMIT_CORE":
+		return unix.RLIMIT_CORE, true
+	case "RLIMIT_RSS":
+		return unix.RLIMIT_RSS, true
+	case "RLIMIT_NPROC":
+		return unix.RLIMIT_NPROC, true
+	case "RLIMIT_NOFILE":
+		return unix.RLIMIT_NOFILE, true
+	case "RLIMIT_MEMLOCK":
+		return unix.RLIMIT_MEMLOCK, true
+	case "RLIMIT_AS":
+		return unix.RLIMIT_AS, true
+	case "RLIMIT_LOCKS":
+		return 10, true
+	case "RLIMIT_SIGPENDING":
+		return 11, true
+	case "RLIMIT_MSGQUEUE":
+		return 12, true
+	case "RLIMIT_NICE":
+		return 13, true
+	case "RLIMIT_RTPRIO":
+		return 14, true
+	case "RLIMIT_RTTIME":
+		return 15, true
+	}
+	return 0, false
 }
 
 // fastPlan is what the init is told to build, and how it is cloned.

@@ -705,6 +705,7 @@ void brinit(void) {
 	sigprocmask(SIG_BLOCK, &all, NULL);
 	// Nothing in the branch may ptrace or read this privileged process.
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
 	// Only the control socket (and stdio) is ours; whatever else the shim
 	// had open without close-on-exec is not the branch's.
 	syscall(SYS_close_range, CTL + 1, ~0U, 0);

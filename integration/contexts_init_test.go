@@ -1,0 +1,104 @@
+//go:build linux
+
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// confinement is what a process reports of its confinement: capability
+// sets, no_new_privs, seccomp mode, open-file limit and host name.
+const confinement = `grep -E '^(NoNewPrivs|Seccomp|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/self/status | tr -d '\t '; ulimit -n; hostname`
+
+// TestContextsBranchInit checks a branch started by the branch init
+// (containerd-shim-branch-v1-init) against the sandbox it came from and
+// against what runc would have built: the same confinement as a process
+// exec'd into the sandbox, its own PID namespace with the init as PID 1,
+// its own /dev/pts, /dev/shm and cgroup, the spec's masked and read-only
+// paths, and a bind mount of the spec.
+func TestContextsBranchInit(t *testing.T) {
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "f"), []byte("bound\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, env, sc := sandboxCtxEnv(t, "--cap-drop", "CAP_NET_RAW", "--hostname", "hb",
+		"--mount", "type=bind,src="+host+",dst=/mnt,options=rbind:ro")
+	want, err := execIn(ctx, env, "sb", "sh", "-c", confinement)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(want, "\n1024\nhb\n") || strings.Contains(want, "CapBnd:000001ffffffffff") {
+		t.Fatalf("the sandbox's confinement is not what it was run with:\n%s", want)
+	}
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	a, b := kids[0], kids[1]
+	if got := mustRun(t, ctx, sc, a.ID, "sh", "-c", confinement); got != want {
+		t.Errorf("a branch's process:\n%s\nwant as in the sandbox:\n%s", got, want)
+	}
+	// PID 1 is the init; the branch sees its own processes only.
+	if got := mustRun(t, ctx, sc, a.ID, "sh", "-c", "cat /proc/1/comm; ls /proc | grep -c '^[0-9]'"); got != "brinit\n4\n" {
+		t.Errorf("branch's /proc/1/comm and process count: %q; want brinit, 4 (the init, sh, ls, grep)", got)
+	}
+	// Its own terminal devices and shared memory: what one branch makes
+	// there, a sibling does not see.
+	mustRun(t, ctx, sc, a.ID, "sh", "-c", "echo x > /dev/shm/a-only")
+	if out, code := run(t, ctx, sc, b.ID, "ls", "/dev/shm/a-only"); code == 0 {
+		t.Errorf("a sibling sees /dev/shm/a-only: %q", out)
+	}
+	if got := mustRun(t, ctx, sc, a.ID, "ls", "/dev/pts"); strings.TrimSpace(got) != "ptmx" {
+		t.Errorf("a branch's /dev/pts: %q; want a new instance (ptmx only)", got)
+	}
+	// The spec's masks, read-only paths and bind mount.
+	for _, c := range []struct{ cmd, want string }{
+		{"wc -c < /proc/keys", "0\n"},
+		{"(echo 1 > /proc/sys/kernel/domainname) 2>/dev/null && echo writable || echo ro", "ro\n"},
+		{"cat /mnt/f; touch /mnt/g 2>/dev/null && echo writable || echo ro", "bound\nro\n"},
+		{"cat /proc/self/cgroup | grep -c '/b" + a.ID + "$'", ""},
+		{"test -c /dev/null && test -L /dev/ptmx && test -L /dev/fd && echo devices", "devices\n"},
+	} {
+		got := mustRun(t, ctx, sc, a.ID, "sh", "-c", c.cmd)
+		if c.want == "" {
+			if got == "0\n" {
+				t.Errorf("%s: %q; want the branch's own cgroup", c.cmd, got)
+			}
+			continue
+		}
+		if got != c.want {
+			t.Errorf("%s: %q, want %q", c.cmd, got, c.want)
+		}
+	}
+	// An exec that cannot start says why.
+	if _, _, err := runErr(ctx, sc, a.ID, "/no/such/binary"); err == nil || !strings.Contains(err.Error(), "/no/such/binary") {
+		t.Errorf("exec of a missing binary: %v; want an error naming it", err)
+	}
+	if _, err := sc.Commit(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertBranchGone(t, env, a, nil)
+	assertBranchGone(t, env, b, nil)
+}
+
+// TestContextsRuntimeFallback: a sandbox whose spec the branch init does
+// not handle (here seccomp) has its branches run by the runtime, which
+// carries the filter over, and the cycle works the same.
+func TestContextsRuntimeFallback(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t, "--seccomp")
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep '^Seccomp:' /proc/self/status | tr -d '\t '; cat /proc/1/comm"); strings.HasPrefix(got, "Seccomp:2\nbrinit") || !strings.HasPrefix(got, "Seccomp:2\n") {
+		t.Fatalf("a branch of a seccomp sandbox: %q; want the filter on, from the runtime", got)
+	}
+	mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "echo fallback > /state")
+	if _, err := sc.Commit(ctx, kids[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "fallback\n" {
+		t.Fatalf("sandbox after commit: %q %v", out, err)
+	}
+	assertBranchGone(t, env, kids[0], nil)
+	assertBranchGone(t, env, kids[1], nil)
+}
