@@ -140,6 +140,7 @@ type sandbox struct {
 	mu       sync.Mutex
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branch.Client
+	pool     *initPool // inits started ahead of forks of the root, or nil
 }
 
 // bctx is one context: the sandbox itself ("0") or a branch.
@@ -445,6 +446,12 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: %w", parentID, sb.id, err)
 	}
+	if c.init != "" && parentID == branch.RootID && req.Net == NetShared && fastUnsupported(made[0].spec) == "" {
+		if sb.pool == nil {
+			sb.pool = newInitPool(c, parent.cgroup, cloneFlags(made[0].spec))
+		}
+		sb.pool.fill(ctx, int(req.Count))
+	}
 	if req.Seal == SealFreeze && !parent.frozen {
 		if err := freezeOwn(ctx, parent.cgroup); err != nil {
 			return nil, err
@@ -477,7 +484,18 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		return nil, err
 	}
 	n.spec = spec
+	fast := c.init != "" && fastUnsupported(spec) == ""
+	var warm *spawned
+	if fast && sb.pool != nil && parent.id == branch.RootID {
+		if warm = sb.pool.take(cloneFlags(spec)); warm != nil && !warm.rename(n.cgroup) {
+			n.cgroup = warm.cgroup
+			spec.Linux.CgroupsPath = warm.cgroup
+		}
+	}
 	if err := os.MkdirAll(n.bundle, 0o700); err != nil {
+		if warm != nil {
+			warm.discard(ctx)
+		}
 		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
 	}
 	defer func() {
@@ -487,10 +505,13 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		}
 	}()
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
+		if warm != nil {
+			warm.discard(ctx)
+		}
 		return nil, err
 	}
-	if c.init != "" && fastUnsupported(spec) == "" {
-		if err := c.startWithInit(ctx, sb, n, info); err != nil {
+	if fast {
+		if err := c.startWithInit(ctx, sb, n, info, warm); err != nil {
 			return nil, err
 		}
 		return n, nil
@@ -542,19 +563,45 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 // startWithInit starts a branch context with the branch init: its rootfs
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
 // the rest.
-func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info) (retErr error) {
-	rootfs := filepath.Join(n.bundle, "rootfs")
-	if err := os.Mkdir(rootfs, 0o711); err != nil && !os.IsExist(err) {
-		return fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
+func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, warm *spawned) (retErr error) {
+	// Without an init started ahead, one is started while the rootfs is
+	// mounted.
+	type spawnResult struct {
+		s   *spawned
+		err error
 	}
+	spawnDone := make(chan spawnResult, 1)
+	if warm != nil {
+		spawnDone <- spawnResult{s: warm}
+	} else {
+		go func() {
+			s, err := c.spawn(ctx, n.cgroup, cloneFlags(n.spec))
+			spawnDone <- spawnResult{s, err}
+		}()
+	}
+	rootfs := filepath.Join(n.bundle, "rootfs")
 	var ms []mount.Mount
 	for _, m := range info.Mounts {
 		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
-	if err := mount.All(ms, rootfs); err != nil {
-		return fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
+	err := os.Mkdir(rootfs, 0o711)
+	if err != nil && !os.IsExist(err) {
+		err = fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
+	} else if err = mount.All(ms, rootfs); err != nil {
+		err = fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
 	}
-	fc, err := c.startFast(ctx, n, rootfs, filepath.Join(n.bundle, "init.log"))
+	sr := <-spawnDone
+	if err != nil || sr.err != nil {
+		if sr.s != nil {
+			sr.s.discard(ctx)
+		}
+		if err == nil {
+			_ = unix.Unmount(rootfs, unix.MNT_DETACH)
+			err = fmt.Errorf("branch %s: %w", n.id, sr.err)
+		}
+		return err
+	}
+	fc, err := c.configure(ctx, n, sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
 	if err != nil {
 		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
 			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")
@@ -1101,6 +1148,9 @@ func (c *contexts) teardown(ctx context.Context, id string) {
 	defer sb.mu.Unlock()
 	if sb.nodes == nil {
 		return
+	}
+	if sb.pool != nil {
+		sb.pool.close(ctx)
 	}
 	for _, d := range sb.descendants(branch.RootID) {
 		c.destroy(ctx, sb, d)

@@ -206,6 +206,28 @@ func rlimitNumber(name string) (int, bool) {
 	return 0, false
 }
 
+// cloneFlags are the namespaces a branch init is cloned into: new PID and
+// mount namespaces, and the spec's new IPC, UTS and network namespaces (a
+// cgroup namespace is made once the init is in its cgroup; namespaces with
+// a path are joined).
+func cloneFlags(spec *specs.Spec) uintptr {
+	f := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS)
+	for _, n := range spec.Linux.Namespaces {
+		if n.Path != "" {
+			continue
+		}
+		switch n.Type {
+		case specs.IPCNamespace:
+			f |= unix.CLONE_NEWIPC
+		case specs.UTSNamespace:
+			f |= unix.CLONE_NEWUTS
+		case specs.NetworkNamespace:
+			f |= unix.CLONE_NEWNET
+		}
+	}
+	return f
+}
+
 // fastPlan is what the init is told to build, and how it is cloned.
 type fastPlan struct {
 	cfg        *configs.Config
@@ -223,9 +245,9 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*
 	if err != nil {
 		return nil, fmt.Errorf("convert the branch spec: %w", err)
 	}
-	p := &fastPlan{cfg: cfg, cloneFlags: unix.CLONE_NEWPID | unix.CLONE_NEWNS}
+	p := &fastPlan{cfg: cfg, cloneFlags: cloneFlags(spec)}
 	w := &p.conf
-	newUTS, newNet := false, false
+	newUTS, newNet := p.cloneFlags&unix.CLONE_NEWUTS != 0, p.cloneFlags&unix.CLONE_NEWNET != 0
 	var joins []string
 	for _, n := range cfg.Namespaces {
 		switch n.Type {
@@ -240,11 +262,7 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*
 		case configs.NEWIPC, configs.NEWUTS, configs.NEWNET:
 			if n.Path != "" {
 				joins = append(joins, n.Path)
-				continue
 			}
-			p.cloneFlags |= uintptr(n.Syscall())
-			newUTS = newUTS || n.Type == configs.NEWUTS
-			newNet = newNet || n.Type == configs.NEWNET
 		default:
 			return nil, fmt.Errorf("namespace %s: %w", n.Type, errdefs.ErrNotImplemented)
 		}
@@ -421,33 +439,145 @@ type fastCtx struct {
 	closed  bool
 }
 
-// startFast starts a branch's init: cgroup, then the init in new
-// namespaces, then its instructions; it returns once the branch's root is
-// built (and its command started) or the init said why not.
-func (c *contexts) startFast(ctx context.Context, n *bctx, rootfs string, cmdLog string) (_ *fastCtx, retErr error) {
-	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: n.cgroup, Resources: &cgroups.Resources{}})
+// spawned is a branch init started in new namespaces and being moved into
+// its cgroup, waiting for its instructions.
+type spawned struct {
+	init   *fastProc
+	ctl    *net.UnixConn
+	cgroup string            // its cgroup path
+	paths  map[string]string // its cgroup's directories, by controller
+	flags  uintptr           // the namespaces it was cloned with
+	joined chan error        // the move into the cgroup, once done
+}
+
+// spawn makes a cgroup and starts an init in new namespaces (flags); the
+// init is moved into the cgroup in the background, as a cgroup v1 move
+// waits for RCU grace periods, while the init can already build a root.
+func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *spawned, retErr error) {
+	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
 	if err != nil {
-		return nil, fmt.Errorf("branch %s: cgroup: %w", n.id, err)
+		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
 	}
 	// The new cgroup (devices included) starts with what its parent
-	// allows, and its parent's limits bound it: only limits given for the
-	// branch are written.
+	// allows, and its parent's limits bound it.
 	if err := cgm.Apply(-1); err != nil {
-		return nil, fmt.Errorf("branch %s: make cgroup %s: %w", n.id, n.cgroup, err)
+		return nil, fmt.Errorf("make cgroup %s: %w", cgroupPath, err)
 	}
 	defer func() {
 		if retErr != nil {
 			_ = cgm.Destroy()
 		}
 	}()
-	if err := setLimits(cgm.GetPaths(), n.limits); err != nil {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "branch-ctl"), os.NewFile(uintptr(fds[1]), "branch-ctl-init")
+	defer theirs.Close()
+	conn, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return nil, err
+	}
+	ctl := conn.(*net.UnixConn)
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		ctl.Close()
+		return nil, err
+	}
+	defer null.Close()
+	started := time.Now()
+	pid, err := syscall.ForkExec(c.init, []string{"brinit"}, &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   []string{},
+		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
+		Sys:   &syscall.SysProcAttr{Cloneflags: flags},
+	})
+	if err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("start the branch init: %w", err)
+	}
+	init := newFastProc("", nil)
+	init.pid = pid
+	c.watch(init, started)
+	s := &spawned{init: init, ctl: ctl, cgroup: cgroupPath, paths: cgm.GetPaths(), flags: flags, joined: make(chan error, 1)}
+	go func() {
+		if err := cgm.Apply(pid); err != nil {
+			s.joined <- fmt.Errorf("put the branch init in cgroup %s: %w", cgroupPath, err)
+			return
+		}
+		s.joined <- nil
+	}()
+	return s, nil
+}
+
+// discard kills an init that will not be a branch's and removes its
+// cgroup.
+func (s *spawned) discard(ctx context.Context) {
+	_ = s.init.Kill(ctx, uint32(unix.SIGKILL), false)
+	s.ctl.Close()
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	_ = s.init.Wait(wctx)
+	cancel()
+	<-s.joined // the move must not recreate what is removed
+	if err := cgroups.RemovePaths(s.paths); err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", s.cgroup).Warn("remove the cgroup of a discarded branch init")
+	}
+}
+
+// rename gives a spawned init's cgroup the path a branch's would have, so
+// that a pre-started init looks like any other branch's (cgroup v1 renames
+// a cgroup; v2 does not, and there it keeps the name it was started with).
+func (s *spawned) rename(to string) bool {
+	moved := map[string]string{}
+	for ctrl, dir := range s.paths {
+		nd := filepath.Join(filepath.Dir(dir), filepath.Base(to))
+		if _, done := moved[dir]; done {
+			continue
+		}
+		if err := os.Rename(dir, nd); err != nil {
+			for from, nd := range moved {
+				_ = os.Rename(nd, from)
+			}
+			return false
+		}
+		moved[dir] = nd
+		_ = ctrl
+	}
+	for ctrl, dir := range s.paths {
+		s.paths[ctrl] = moved[dir]
+	}
+	s.cgroup = to
+	return true
+}
+
+// configure has a spawned init build a branch's root and start its
+// command; it returns once the branch is ready or the init said why not.
+func (c *contexts) configure(ctx context.Context, n *bctx, s *spawned, rootfs string, cmdLog string) (_ *fastCtx, retErr error) {
+	defer func() {
+		if retErr != nil {
+			s.discard(ctx)
+		}
+	}()
+	if err := setLimits(s.paths, n.limits); err != nil {
 		return nil, fmt.Errorf("branch %s: set limits: %w", n.id, err)
 	}
-	plan, err := planFast(n.spec, rootfs, cgm.GetPaths())
+	plan, err := planFast(n.spec, rootfs, s.paths)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
-	var stdioFiles []*os.File
+	if plan.cloneFlags != s.flags {
+		return nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", n.id, s.flags, plan.cloneFlags, errdefs.ErrInternal)
+	}
+	// The init attaches a clone of the shim's rootfs mount: it may have
+	// been started (its mount namespace copied) before the rootfs was
+	// mounted.
+	rootMnt, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: clone its rootfs mount: %w", n.id, err)
+	}
+	defer unix.Close(rootMnt)
+	oob := unix.UnixRights(rootMnt)
 	if n.hasCommand {
 		if err := writeProc(&plan.conf, n.spec.Process, plan.cfg); err != nil {
 			return nil, err
@@ -463,65 +593,19 @@ func (c *contexts) startFast(ctx context.Context, n *bctx, rootfs string, cmdLog
 			return nil, fmt.Errorf("branch %s: command log: %w", n.id, err)
 		}
 		defer out.Close()
-		stdioFiles = []*os.File{null, out, out}
+		oob = unix.UnixRights(rootMnt, int(null.Fd()), int(out.Fd()), int(out.Fd()))
 	}
-
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: control socket: %w", n.id, err)
-	}
-	mine, theirs := os.NewFile(uintptr(fds[0]), "branch-ctl"), os.NewFile(uintptr(fds[1]), "branch-ctl-init")
-	defer theirs.Close()
-	conn, err := net.FileConn(mine)
-	mine.Close()
-	if err != nil {
-		theirs.Close()
-		return nil, err
-	}
-	ctl := conn.(*net.UnixConn)
-	defer func() {
-		if retErr != nil {
-			ctl.Close()
-		}
-	}()
-	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer null.Close()
-	started := time.Now()
-	pid, err := syscall.ForkExec(c.init, []string{"brinit"}, &syscall.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
-		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
-		Sys:   &syscall.SysProcAttr{Cloneflags: plan.cloneFlags},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: start its init: %w", n.id, err)
-	}
-	init := newFastProc("", nil)
-	init.pid = pid
-	c.watch(init, started)
-	defer func() {
-		if retErr != nil {
-			_ = unix.Kill(pid, unix.SIGKILL)
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			_ = init.Wait(wctx)
-			cancel()
-		}
-	}()
+	ctl := s.ctl
 	msg := append([]byte{'C'}, plan.conf.Bytes()...)
-	var oob []byte
-	if len(stdioFiles) > 0 {
-		oob = unix.UnixRights(int(stdioFiles[0].Fd()), int(stdioFiles[1].Fd()), int(stdioFiles[2].Fd()))
-	}
 	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
 		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", n.id, err)
 	}
-	// The init builds the root meanwhile.
-	if err := cgm.Apply(pid); err != nil {
-		return nil, fmt.Errorf("branch %s: put its init in cgroup %s: %w", n.id, n.cgroup, err)
+	// The init builds the root while it is moved into its cgroup.
+	if err := <-s.joined; err != nil {
+		s.joined <- err
+		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
+	s.joined <- nil
 	if dl, ok := ctx.Deadline(); ok {
 		_ = ctl.SetReadDeadline(dl)
 	} else {
@@ -537,7 +621,7 @@ func (c *contexts) startFast(ctx context.Context, n *bctx, rootfs string, cmdLog
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	_ = ctl.SetReadDeadline(time.Time{})
-	fc := &fastCtx{init: init, ctl: ctl, cfg: plan.cfg, byID: map[string]*fastProc{}, byPid: map[int]*fastProc{}}
+	fc := &fastCtx{init: s.init, ctl: ctl, cfg: plan.cfg, byID: map[string]*fastProc{}, byPid: map[int]*fastProc{}}
 	go fc.read(context.WithoutCancel(ctx))
 	return fc, nil
 }

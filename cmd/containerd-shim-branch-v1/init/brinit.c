@@ -318,11 +318,21 @@ static void op_setns(char **a) {
 	close(fd);
 }
 
+static int cfg_fds[8], cfg_nfds;
+
 static void op_root(char **a) {
-	// root PATH: the branch's rootfs, a mount point. Mounts below the
+	// root PATH: the branch's rootfs, whose mount (a clone of the shim's)
+	// is the config's first descriptor, attached at PATH: this init may
+	// have been started before the shim mounted it. Mounts below the
 	// host's / stop propagating (to and from) first.
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		fail("make mounts private: %s", strerror(errno));
+	if (cfg_nfds < 1)
+		fail("root: no rootfs mount");
+	if (syscall(SYS_move_mount, cfg_fds[0], "", AT_FDCWD, a[0], 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */) < 0)
+		fail("attach rootfs at %s: %s", a[0], strerror(errno));
+	close(cfg_fds[0]);
+	cfg_fds[0] = -1;
 	rootfd = open(a[0], O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
 		fail("open rootfs %s: %s", a[0], strerror(errno));
@@ -709,8 +719,9 @@ void brinit(void) {
 	// Only the control socket (and stdio) is ours; whatever else the shim
 	// had open without close-on-exec is not the branch's.
 	syscall(SYS_close_range, CTL + 1, ~0U, 0);
-	int fds[8], nfds;
+	int *fds = cfg_fds, nfds;
 	ssize_t n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
+	cfg_nfds = nfds;
 	if (n <= 0)
 		_exit(1);
 	if (msgbuf[0] != 'C')
@@ -757,9 +768,11 @@ void brinit(void) {
 		fail("new cgroup namespace: %s", strerror(errno));
 	pid_t cmd = 0;
 	if (have_cmd) {
-		// The command's stdio came with the config: stdin, stdout, stderr.
-		if (nfds < 3)
+		// The command's stdio came with the config, after the rootfs:
+		// stdin, stdout, stderr.
+		if (nfds < 4)
 			fail("run: no stdio");
+		fds = cfg_fds + 1;
 		int sp[2];
 		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
 			fail("socketpair: %s", strerror(errno));
@@ -780,6 +793,7 @@ void brinit(void) {
 			close(fds[i]);
 	}
 	sendf("O%d", (int)cmd);
+	fds = cfg_fds;
 	struct pollfd pf[2] = {{.fd = CTL, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
 	for (;;) {
 		if (poll(pf, 2, -1) < 0) {

@@ -1,0 +1,121 @@
+//go:build linux
+
+package shim
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"sync"
+
+	"github.com/containerd/log"
+)
+
+// maxWarm bounds the inits kept started for one sandbox.
+const maxWarm = 16
+
+// poolPrefix names the cgroups of inits started ahead of a fork; a branch
+// that takes one renames it to its own name.
+const poolPrefix = "bbx-pool-"
+
+// initPool keeps branch inits started ahead of the forks of a sandbox's
+// root: in the namespaces a branch of it gets and in a cgroup under the
+// sandbox's, waiting for their instructions. A fork takes them, so that a
+// branch starts with only its root to build: starting a process in new
+// namespaces and moving it into a cgroup on every v1 hierarchy (which
+// waits for RCU grace periods) are done between forks. Each waiting init
+// is one small process in the sandbox's cgroup (counted by its pids
+// limit), and the pool holds as many as the largest fork asked for, up to
+// maxWarm.
+type initPool struct {
+	c      *contexts
+	parent string  // the sandbox's cgroup
+	flags  uintptr // the namespaces its inits are cloned with
+
+	mu      sync.Mutex
+	ready   []*spawned
+	want    int
+	next    int
+	filling bool
+	closed  bool
+	filler  sync.WaitGroup
+}
+
+func newInitPool(c *contexts, parentCgroup string, flags uintptr) *initPool {
+	return &initPool{c: c, parent: parentCgroup, flags: flags}
+}
+
+// take returns a started init for a branch cloned with flags, or nil.
+func (p *initPool) take(flags uintptr) *spawned {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || flags != p.flags || len(p.ready) == 0 {
+		return nil
+	}
+	s := p.ready[0]
+	p.ready = p.ready[1:]
+	return s
+}
+
+// fill asks for at least n inits and starts what is missing in the
+// background.
+func (p *initPool) fill(ctx context.Context, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > maxWarm {
+		n = maxWarm
+	}
+	if n > p.want {
+		p.want = n
+	}
+	if p.filling || p.closed || len(p.ready) >= p.want {
+		return
+	}
+	p.filling = true
+	p.filler.Add(1)
+	go p.run(context.WithoutCancel(ctx))
+}
+
+func (p *initPool) run(ctx context.Context) {
+	defer p.filler.Done()
+	for {
+		p.mu.Lock()
+		if p.closed || len(p.ready) >= p.want {
+			p.filling = false
+			p.mu.Unlock()
+			return
+		}
+		p.next++
+		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
+		p.mu.Unlock()
+		s, err := p.c.spawn(ctx, cg, p.flags)
+		p.mu.Lock()
+		if err != nil || p.closed {
+			p.filling = false
+			p.mu.Unlock()
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("start a branch init ahead of a fork")
+			} else {
+				s.discard(ctx)
+			}
+			return
+		}
+		p.ready = append(p.ready, s)
+		p.mu.Unlock()
+	}
+}
+
+// close ends the pool and every init waiting in it.
+func (p *initPool) close(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.filler.Wait() // what it starts now, it discards
+	p.mu.Lock()
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	for _, s := range ready {
+		s.discard(ctx)
+	}
+}
