@@ -109,17 +109,8 @@ func readPids(file string) []int {
 	return pids
 }
 
-// cgroupPids lists the processes of a cgroup path, on every hierarchy;
-// with recursive, those of its descendants too.
-func cgroupPids(path string, recursive bool) ([]int, error) {
-	dirs, err := cgroupDirs(path)
-	if err != nil {
-		return nil, err
-	}
-	return pidsIn(dirs, recursive), nil
-}
-
-// pidsIn is cgroupPids on a cgroup's directories already found.
+// pidsIn lists the processes of a cgroup (its directories on every
+// hierarchy); with recursive, those of its descendants too.
 func pidsIn(dirs []cgroupMount, recursive bool) []int {
 	seen := map[int]bool{}
 	var pids []int

@@ -141,6 +141,34 @@ type sandbox struct {
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branch.Client
 	pool     *initPool // inits started ahead of forks of the root, or nil
+
+	// Processes exec'd into branches that ended since (killed with them),
+	// kept until waited for: a Wait that reaches the shim after the
+	// commit that killed its branch still gets the exit status.
+	endedMu sync.Mutex
+	ended   map[string]process.Process // by branch/exec id
+}
+
+// maxEnded bounds the processes of ended branches kept for Wait.
+const maxEnded = 1024
+
+func (sb *sandbox) keepEnded(branchID string, ps []process.Process) {
+	sb.endedMu.Lock()
+	defer sb.endedMu.Unlock()
+	if sb.ended == nil || len(sb.ended)+len(ps) > maxEnded {
+		sb.ended = map[string]process.Process{}
+	}
+	for _, p := range ps {
+		sb.ended[branchID+"/"+p.ID()] = p
+	}
+}
+
+func (sb *sandbox) takeEnded(branchID, execID string) process.Process {
+	sb.endedMu.Lock()
+	defer sb.endedMu.Unlock()
+	p := sb.ended[branchID+"/"+execID]
+	delete(sb.ended, branchID+"/"+execID)
+	return p
 }
 
 // bctx is one context: the sandbox itself ("0") or a branch.
@@ -658,6 +686,12 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 	wg.Wait()
 	containers := make([]ctxProcs, len(live))
 	for i, n := range live {
+		switch {
+		case n.fast != nil:
+			sb.keepEnded(n.id, n.fast.execd())
+		case n.container != nil:
+			sb.keepEnded(n.id, n.container.ExecdProcesses())
+		}
 		containers[i] = c.detach(ctx, n)
 	}
 	done := make(chan struct{})
@@ -988,6 +1022,15 @@ func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1
 	defer func() { retErr = toTTRPC(retErr) }()
 	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
 	if err != nil {
+		if sb, serr := c.sandbox(req.Sandbox); serr == nil && req.ExecId != "" {
+			if p := sb.takeEnded(req.Branch, req.ExecId); p != nil {
+				// Its branch ended (and killed it) before this Wait came.
+				if err := p.Wait(ctx); err != nil {
+					return nil, err
+				}
+				return &shimv1.WaitResponse{ExitStatus: uint32(p.ExitStatus()), ExitedAt: timestamppb.New(p.ExitedAt())}, nil
+			}
+		}
 		return nil, err
 	}
 	if err := p.Wait(ctx); err != nil {

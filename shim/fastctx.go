@@ -25,9 +25,9 @@ import (
 	"github.com/containerd/log"
 	"github.com/moby/sys/capability"
 	"github.com/opencontainers/cgroups"
+	devconfig "github.com/opencontainers/cgroups/devices/config"
 	cgmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer/configs"
-	"github.com/opencontainers/runc/libcontainer/devices"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -290,11 +290,11 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*
 		for _, d := range cfg.Devices {
 			mode := uint32(d.FileMode.Perm())
 			switch d.Type {
-			case devices.CharDevice:
+			case devconfig.CharDevice:
 				mode |= unix.S_IFCHR
-			case devices.BlockDevice:
+			case devconfig.BlockDevice:
 				mode |= unix.S_IFBLK
-			case devices.FifoDevice:
+			case devconfig.FifoDevice:
 				mode |= unix.S_IFIFO
 			default:
 				continue
