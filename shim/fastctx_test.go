@@ -1,0 +1,165 @@
+//go:build linux
+
+package shim
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+)
+
+// defaultBranchSpec is a branch spec derived from containerd's default
+// spec, as ctr run makes it, with a bind mount.
+func defaultBranchSpec(t *testing.T, netns string) *specs.Spec {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	gen, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "sb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := *gen
+	s.Mounts = append(s.Mounts,
+		specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
+		specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: "/etc/hosts", Options: []string{"rbind", "ro"}})
+	s.Linux.CgroupsPath = "/test/sb"
+	b, err := branchSpec(&s, "/test/sb/b1", netns, &shimv1.ForkRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ops splits an init config into its ops (name and arguments).
+func ops(t *testing.T, conf []byte) [][]string {
+	t.Helper()
+	arity := map[string]int{"mount": 5, "bind": 4, "mknod": 6, "symlink": 2, "mask": 1, "readonly": 1, "setns": 1,
+		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2}
+	words := strings.Split(strings.TrimSuffix(string(conf), "\x00"), "\x00")
+	var out [][]string
+	for i := 0; i < len(words); {
+		n, ok := arity[words[i]]
+		if !ok || i+1+n > len(words) {
+			t.Fatalf("op %q at word %d: unknown or short", words[i], i)
+		}
+		out = append(out, words[i:i+1+n])
+		i += 1 + n
+	}
+	return out
+}
+
+func TestPlanFast(t *testing.T) {
+	spec := defaultBranchSpec(t, "/proc/42/ns/net")
+	if r := fastUnsupported(spec); r != "" {
+		t.Fatalf("containerd's default spec needs the runtime: %s", r)
+	}
+	paths := map[string]string{"memory": "/sys/fs/cgroup/memory/test/sb/b1", "cpu": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1"}
+	p, err := planFast(spec, "/run/b/rootfs", paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS); p.cloneFlags != want {
+		t.Errorf("clone flags %#x, want %#x (the sandbox's network is joined)", p.cloneFlags, want)
+	}
+	list := ops(t, p.conf.Bytes())
+	index := func(pred func([]string) bool) int {
+		for i, o := range list {
+			if pred(o) {
+				return i
+			}
+		}
+		return -1
+	}
+	setns := index(func(o []string) bool { return o[0] == "setns" && o[1] == "/proc/42/ns/net" })
+	root := index(func(o []string) bool { return o[0] == "root" && o[1] == "/run/b/rootfs" })
+	proc := index(func(o []string) bool { return o[0] == "mount" && o[2] == "/proc" && o[3] == "proc" })
+	bind := index(func(o []string) bool { return o[0] == "bind" && o[1] == "/etc/hosts" && o[2] == "/etc/hosts" })
+	null := index(func(o []string) bool { return o[0] == "mknod" && o[1] == "/dev/null" })
+	cg := index(func(o []string) bool { return o[0] == "bind" && o[1] == paths["cpu"] && o[2] == "/sys/fs/cgroup/cpu,cpuacct" })
+	cgLink := index(func(o []string) bool { return o[0] == "symlink" && o[1] == "cpu,cpuacct" && o[2] == "/sys/fs/cgroup/cpuacct" })
+	pivot := index(func(o []string) bool { return o[0] == "pivot" })
+	mask := index(func(o []string) bool { return o[0] == "mask" && o[1] == "/proc/keys" })
+	ro := index(func(o []string) bool { return o[0] == "readonly" && o[1] == "/proc/sys" })
+	if cgroups.IsCgroup2UnifiedMode() {
+		cg, cgLink = proc, proc // one bind of the unified tree instead
+	}
+	for name, i := range map[string]int{"setns": setns, "root": root, "proc": proc, "bind": bind, "/dev/null": null, "cgroup bind": cg, "cgroup link": cgLink, "pivot": pivot, "mask": mask, "readonly": ro} {
+		if i < 0 {
+			t.Errorf("no %s op in %q", name, list)
+		}
+	}
+	if !(setns < root && root < proc && proc < pivot && bind < pivot && null < pivot && cg < pivot && pivot < mask && pivot < ro) {
+		t.Errorf("ops out of order (setns %d, root %d, proc %d, bind %d, null %d, cgroup %d, pivot %d, mask %d, readonly %d)", setns, root, proc, bind, null, cg, pivot, mask, ro)
+	}
+	if i := index(func(o []string) bool { return o[0] == "hostname" || o[0] == "lo" }); i >= 0 {
+		t.Errorf("op %q: the default spec sets no host name and the network is the sandbox's", list[i])
+	}
+
+	// A new network namespace is cloned and gets its loopback up.
+	isolated := defaultBranchSpec(t, "")
+	p, err = planFast(isolated, "/run/b/rootfs", paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.cloneFlags&unix.CLONE_NEWNET == 0 || !bytes.Contains(p.conf.Bytes(), []byte("\x00lo\x00")) {
+		t.Errorf("isolated network: clone flags %#x; want CLONE_NEWNET and the lo op", p.cloneFlags)
+	}
+}
+
+func TestFastUnsupported(t *testing.T) {
+	for name, mod := range map[string]func(*specs.Spec){
+		"seccomp":  func(s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow} },
+		"apparmor": func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
+		"selinux":  func(s *specs.Spec) { s.Process.SelinuxLabel = "l" },
+		"user namespace": func(s *specs.Spec) {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		},
+	} {
+		s := defaultBranchSpec(t, "/proc/1/ns/net")
+		mod(s)
+		if r := fastUnsupported(s); r == "" {
+			t.Errorf("%s: the branch init would run it", name)
+		}
+	}
+}
+
+func TestProcConfig(t *testing.T) {
+	spec := defaultBranchSpec(t, "/proc/1/ns/net")
+	spec.Process.Args = []string{"sh", "-c", "x"}
+	spec.Process.User = specs.User{UID: 5, GID: 6, AdditionalGids: []uint32{7}}
+	var w cfgWriter
+	p, err := planFast(spec, "/r", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeProc(&w, spec.Process, p.cfg); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.ReplaceAll(w.String(), "\x00", " ")
+	for _, want := range []string{"arg sh arg -c arg x ", "user 5 6 group 7 ", "nnp ", "rlimit 7 1024 1024 "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("process config %q lacks %q", got, want)
+		}
+	}
+	// CAP_CHOWN is bit 0 and in the default set; CAP_SYS_ADMIN (21) is not.
+	caps, err := capBits([]string{"CAP_CHOWN", "CAP_KILL"})
+	if err != nil || caps != 1<<unix.CAP_CHOWN|1<<unix.CAP_KILL {
+		t.Errorf("capBits: %#x %v", caps, err)
+	}
+	if _, err := capBits([]string{"CAP_NOPE"}); err == nil {
+		t.Error("an unknown capability was taken")
+	}
+	spec.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOPE"}}
+	if err := writeProc(&w, spec.Process, p.cfg); err == nil {
+		t.Error("an unknown rlimit was taken")
+	}
+}
