@@ -84,8 +84,12 @@ func TestPlanFast(t *testing.T) {
 	proc := index(func(o []string) bool { return o[0] == "mount" && o[2] == "/proc" && o[3] == "proc" })
 	bind := index(func(o []string) bool { return o[0] == "bind" && o[1] == "/etc/hosts" && o[2] == "/etc/hosts" })
 	null := index(func(o []string) bool { return o[0] == "mknod" && o[1] == "/dev/null" })
-	cg := index(func(o []string) bool { return o[0] == "bind" && o[1] == paths["cpu"] && o[2] == "/sys/fs/cgroup/cpu,cpuacct" })
-	cgLink := index(func(o []string) bool { return o[0] == "symlink" && o[1] == "cpu,cpuacct" && o[2] == "/sys/fs/cgroup/cpuacct" })
+	cg := index(func(o []string) bool {
+		return o[0] == "bind" && o[1] == paths["cpu"] && o[2] == "/sys/fs/cgroup/cpu,cpuacct"
+	})
+	cgLink := index(func(o []string) bool {
+		return o[0] == "symlink" && o[1] == "cpu,cpuacct" && o[2] == "/sys/fs/cgroup/cpuacct"
+	})
 	pivot := index(func(o []string) bool { return o[0] == "pivot" })
 	mask := index(func(o []string) bool { return o[0] == "mask" && o[1] == "/proc/keys" })
 	ro := index(func(o []string) bool { return o[0] == "readonly" && o[1] == "/proc/sys" })
