@@ -710,20 +710,22 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 func (c *contexts) detach(ctx context.Context, n *bctx) ctxProcs {
 	container := n.procs()
 	n.container, n.fast = nil, nil
-	if init, err := container.Process(""); err == nil {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := init.Wait(wctx); err != nil {
-			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
-		}
-		cancel()
-	}
 	if _, ok := container.(*fastCtx); ok {
+		// Its processes are gone from its cgroup, so they are dead: the
+		// init's exit status (from the reaper) is not needed to go on.
 		// Its host mount has nothing below it (the init mounted the rest
 		// in the branch's own namespace, gone with it), and the
 		// snapshotter detaches it as it commits or discards the layer:
 		// an unmount here would pay the same RCU grace period twice.
 		// release unmounts whatever is left.
 		return container
+	}
+	if init, err := container.Process(""); err == nil {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := init.Wait(wctx); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
+		}
+		cancel()
 	}
 	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
