@@ -4,18 +4,21 @@
 # BENCH_COUNT times (default 10), alternating, so that drift on a noisy
 # machine falls on branchbox and baselines alike. BENCH_TIME is the
 # -benchtime of each run (default 1s: slow baselines such as cp -a of 100,000 files then run once a round).
+# BENCH_FILTER (a -bench regexp, default all) and BENCH_PKGS (default the
+# three packages below) run a part, e.g. BENCH_PKGS=integration
+# BENCH_FILTER=BenchmarkContext for the branch contexts alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BRANCHBOX_BIN=${BRANCHBOX_BIN:-$PWD/bin}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pkgs=(snapshotter snapshotter/apply integration)
+read -r -a pkgs <<<"${BENCH_PKGS:-snapshotter snapshotter/apply integration}"
 for p in "${pkgs[@]}"; do
 	go test -c -o "$tmp/${p//\//-}.test" "./$p/"
 done
 for i in $(seq "${BENCH_COUNT:-10}"); do
 	for p in "${pkgs[@]}"; do
-		(cd "$p" && "$tmp/${p//\//-}.test" -test.run '^$' -test.bench . -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >>"$tmp/out"
+		(cd "$p" && "$tmp/${p//\//-}.test" -test.run '^$' -test.bench "${BENCH_FILTER:-.}" -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >>"$tmp/out"
 	done
 	echo "round $i/${BENCH_COUNT:-10} done" >&2
 done
