@@ -73,6 +73,17 @@ func fastUnsupported(s *specs.Spec) string {
 	case s.Process.IOPriority != nil || s.Process.Scheduler != nil || s.Process.ExecCPUAffinity != nil:
 		return "io priority, scheduler or cpu affinity"
 	}
+	// The init keeps every capability (it starts the branch's processes
+	// with theirs); only its being unreadable and untraceable from the
+	// branch keeps it out of the branch's reach, and a branch that may
+	// ptrace with CAP_SYS_PTRACE could take it over.
+	if c := s.Process.Capabilities; c != nil {
+		for _, name := range c.Bounding {
+			if strings.EqualFold(name, "CAP_SYS_PTRACE") {
+				return "CAP_SYS_PTRACE"
+			}
+		}
+	}
 	for _, n := range l.Namespaces {
 		switch n.Type {
 		case specs.UserNamespace, specs.TimeNamespace:

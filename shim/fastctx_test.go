@@ -123,7 +123,10 @@ func TestFastUnsupported(t *testing.T) {
 	for name, mod := range map[string]func(*specs.Spec){
 		"seccomp":  func(s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow} },
 		"apparmor": func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
-		"selinux":  func(s *specs.Spec) { s.Process.SelinuxLabel = "l" },
+		"ptrace": func(s *specs.Spec) {
+			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_PTRACE")
+		},
+		"selinux": func(s *specs.Spec) { s.Process.SelinuxLabel = "l" },
 		"user namespace": func(s *specs.Spec) {
 			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 		},
