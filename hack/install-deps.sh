@@ -3,9 +3,10 @@
 # busybox-static (the test image is built from it) and runc (the baseline
 # runtime containerd-shim-runc-v2 drives) and libseccomp-dev (seccomp in
 # containerd-shim-branch-v1, built with cgo) and systemd (systemd-analyze
-# checks the installed units) and iproute2 (the CRI tests' CNI plugin).
+# checks the installed units) and iproute2 (the CRI tests' CNI plugin) and
+# gcc with libc6-dev (cgo, and the static branch init links libc.a).
 set -euo pipefail
-pkgs=(busybox-static runc libseccomp-dev systemd iproute2)
+pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
