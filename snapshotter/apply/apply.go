@@ -599,8 +599,10 @@ func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 
 // copyRW is copyRange for file pairs copy_file_range refuses.
 func (a *applier) copyRW(src, dst int, off, n int64) (int64, error) {
-	if a.buf == nil {
-		a.buf = make([]byte, 1<<20)
+	// Sized to the data up to 1 MiB: a commit of a few small files must
+	// not pay for zeroing a large buffer.
+	if want := int(min(n, 1<<20)); len(a.buf) < want {
+		a.buf = make([]byte, want)
 	}
 	var done int64
 	for done < n {
