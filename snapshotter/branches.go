@@ -458,7 +458,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	}
 	defer s.locks.lock(r.id())()
 	parentUpper := s.contextUpper(r.id(), parent)
-	live, err := liveMount(parentUpper)
+	live, err := s.live.find(parentUpper)
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}

@@ -598,7 +598,7 @@ func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name s
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
 func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := liveMount(s.contextUpper(r.id(), id))
+	live, err := s.live.find(s.contextUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
