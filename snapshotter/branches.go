@@ -728,7 +728,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			if err := s.rollbackForCommit(ctx, r, tree, n, live.target); err != nil {
 				return nil, err
 			}
-			if err := applyLayer(ctx, upper, live.target, resume); err != nil {
+			if err := applyLayer(ctx, upper, live.target, parentUpper, resume); err != nil {
 				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
 		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume); err != nil {
@@ -790,7 +790,7 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 	if err := s.rollbackForCommit(ctx, r, tree, n, target); err != nil {
 		return err
 	}
-	if err := applyLayer(ctx, upper, target, resume); err != nil {
+	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil

@@ -669,7 +669,7 @@ func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *bra
 		return fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)
 	}
 	// resume: a killed apply's temporaries in target are removed.
-	if err := applyLayer(ctx, scratch, target, true); err != nil {
+	if err := applyLayer(ctx, scratch, target, "", true); err != nil {
 		return fmt.Errorf("apply checkpoint %q through %s: %w", ck.Name, target, err)
 	}
 	return nil
