@@ -1015,7 +1015,14 @@ func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper st
 }
 
 func makeBranchDir(dir string, uid, gid int) error {
-	if err := os.MkdirAll(filepath.Join(dir, "fs"), 0o755); err != nil {
+	// The root's branches directory exists after its first fork: try the
+	// one mkdir before MkdirAll's walk.
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create branch directory: %w", err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "fs"), 0o755); err != nil {
 		return fmt.Errorf("create branch layer: %w", err)
 	}
 	if err := os.Lchown(filepath.Join(dir, "fs"), uid, gid); err != nil {

@@ -791,6 +791,10 @@ func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string,
 // removeCheckpointOrphans removes the layers of checkpoints whose context
 // ended. Called with the root's lock held, so no checkpoint is in flight.
 func (s *Snapshotter) removeCheckpointOrphans(ctx context.Context, rootID string) {
+	// A root that never had a checkpoint has nothing to look up.
+	if _, err := os.Lstat(s.checkpointBase(rootID)); os.IsNotExist(err) {
+		return
+	}
 	var dirs []string
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		dirs, err = s.orphanCheckpointsOf(tx, rootID)
