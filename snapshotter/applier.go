@@ -12,8 +12,13 @@ import (
 
 // applyLayer makes target show upper over its own contents, never leaving
 // either tree. resume removes the temporaries of an attempt cut short.
-func applyLayer(ctx context.Context, upper, target string, resume bool) error {
+// targetUpper, if not "", is the upper directory of target's overlay,
+// which Apply reads to replace entries faster.
+func applyLayer(ctx context.Context, upper, target, targetUpper string, resume bool) error {
 	var opts []apply.Opt
+	if targetUpper != "" {
+		opts = append(opts, apply.WithTargetUpper(targetUpper))
+	}
 	if resume {
 		opts = append(opts, apply.WithStaleTempRemoval())
 	}

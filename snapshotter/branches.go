@@ -458,7 +458,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	}
 	defer s.locks.lock(r.id())()
 	parentUpper := s.contextUpper(r.id(), parent)
-	live, err := liveMount(parentUpper)
+	live, err := s.live.find(parentUpper)
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
@@ -600,10 +600,11 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // carried through, by recovery after a crash if need be.
 func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
 	var (
-		r      rootSnap
-		id     string
-		plan   branch.CommitPlan
-		resume bool
+		r       rootSnap
+		id      string
+		plan    branch.CommitPlan
+		resume  bool
+		decided *branch.Tree
 	)
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
@@ -632,39 +633,52 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
 			return err
 		}
-		return storeTree(tx, r.id(), tree)
+		if err := storeTree(tx, r.id(), tree); err != nil {
+			return err
+		}
+		decided = tree
+		return nil
 	})
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
 	}
+	if decided != nil {
+		// Kept past its transaction: nothing below asks it about ended nodes.
+		decided.SetTombstones(nil)
+	}
 	// The decision must outlive a power loss before the parent changes, so
 	// that a half-applied commit is completed rather than left (branchdb.go).
-	if !resume {
-		if err := s.bdb.Sync(); err != nil {
-			return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
-		}
+	// Only reads overlap the sync; nothing changes until it is done.
+	synced := make(chan error, 1)
+	if resume {
+		synced <- nil
+	} else {
+		go func() { synced <- s.bdb.Sync() }()
 	}
-	s.fault(FaultCommitDecided)
 	// Read once: the losers' entries are the only ones that go stale, and
 	// nothing below asks about them again.
-	mounts, err := readOverlayMounts()
-	if err != nil {
-		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
+	mounts, mountsErr := readOverlayMounts()
+	if err := <-synced; err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
+	}
+	s.fault(FaultCommitDecided)
+	if mountsErr != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, mountsErr)
 	}
 	// The losers go first: their processes must not keep writing into
 	// layers that are about to be discarded.
 	for _, l := range plan.Invalidated {
 		s.removeBranchLayer(ctx, mounts, r.id(), l)
 	}
-	if err := s.finishCommit(ctx, r, plan.Winner, resume, mounts); err != nil {
+	tree, err := s.finishCommit(ctx, r, plan.Winner, resume, mounts, decided)
+	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
-	info, err := s.contextInfo(ctx, r, plan.Parent)
-	if err != nil {
-		return CommitResult{}, err
+	if tree.Nodes[plan.Parent] == nil {
+		return CommitResult{}, fmt.Errorf("commit %s: parent %s left the tree: %w", c, plan.Parent, errdefs.ErrNotFound)
 	}
-	return CommitResult{Plan: plan, Parent: info}, nil
+	return CommitResult{Plan: plan, Parent: s.describe(ctx, r, tree, plan.Parent, false)}, nil
 }
 
 // finishCommit applies a committing branch's layer to its parent and ends
@@ -672,18 +686,25 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 // already shows it changes nothing, so recovery may run it again. resume
 // says an earlier attempt may have been cut short, leaving temporaries.
 //
-// mounts is the overlay mount table, or nil to read it here.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable) error {
-	var tree *branch.Tree
-	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		tree, err = loadTree(tx, r.id())
-		return err
-	}); err != nil {
-		return err
+// mounts is the overlay mount table, or nil to read it here; tree is the
+// branch tree as the decision left it, or nil to read it here. It returns
+// the tree as the commit leaves it, with no tombstones.
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (*branch.Tree, error) {
+	if tree == nil {
+		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+			tree, err = loadTree(tx, r.id())
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if tree == nil {
+			return nil, fmt.Errorf("no branch tree for %s: %w", r.key, errdefs.ErrNotFound)
+		}
+		tree.SetTombstones(nil)
 	}
 	n := tree.Nodes[id]
 	if n == nil || n.State != branch.Committing {
-		return fmt.Errorf("branch %s is not being committed: %w", id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("branch %s is not being committed: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	parentUpper := s.contextUpper(r.id(), n.Parent)
 	upper := s.contextUpper(r.id(), id)
@@ -693,7 +714,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		if mounts == nil {
 			var err error
 			if mounts, err = readOverlayMounts(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		mounts.detach(ctx, upper)
@@ -701,24 +722,28 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		if live.target != "" {
 			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
 				if err := remountLive(live, false); err != nil {
-					return fmt.Errorf("unseal parent at %s: %w", live.target, err)
+					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
 			if err := s.rollbackForCommit(ctx, r, tree, n, live.target); err != nil {
-				return err
+				return nil, err
 			}
-			if err := applyLayer(ctx, upper, live.target, resume); err != nil {
-				return fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
+			if err := applyLayer(ctx, upper, live.target, parentUpper, resume); err != nil {
+				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
 		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume); err != nil {
-			return err
+			return nil, err
 		}
 		s.fault(FaultCommitApplied)
 	}
+	var done *branch.Tree
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		t, err := loadTree(tx, r.id())
 		if err != nil {
 			return err
+		}
+		if t == nil {
+			return fmt.Errorf("no branch tree for %s: %w", r.key, errdefs.ErrNotFound)
 		}
 		if err := t.FinishCommit(id, time.Now()); err != nil {
 			return err
@@ -729,16 +754,18 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		if err := storeTree(tx, r.id(), t); err != nil {
 			return err
 		}
+		done = t
 		return setHead(tx, r.id(), n.Parent, n.FromCheckpoint)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	done.SetTombstones(nil)
 	s.fault(FaultCommitFinished)
 	s.removeCheckpointOrphans(ctx, r.id())
 	// Detached above (or before a crash, or never mounted): only files left.
 	s.discard(ctx, s.branchDir(r.id(), id))
-	return nil
+	return done, nil
 }
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
@@ -763,7 +790,7 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 	if err := s.rollbackForCommit(ctx, r, tree, n, target); err != nil {
 		return err
 	}
-	if err := applyLayer(ctx, upper, target, resume); err != nil {
+	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil
@@ -940,20 +967,6 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Moun
 	return out, nil
 }
 
-// contextInfo describes one context without its upper usage, which would
-// walk the whole layer.
-func (s *Snapshotter) contextInfo(ctx context.Context, r rootSnap, id string) (BranchInfo, error) {
-	var tree *branch.Tree
-	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		tree, err = loadTree(tx, r.id())
-		return err
-	})
-	if err != nil {
-		return BranchInfo{}, err
-	}
-	return s.describe(ctx, r, tree, id, false), nil
-}
-
 func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) BranchInfo {
 	n := tree.Nodes[id]
 	info := BranchInfo{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
@@ -1002,7 +1015,14 @@ func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper st
 }
 
 func makeBranchDir(dir string, uid, gid int) error {
-	if err := os.MkdirAll(filepath.Join(dir, "fs"), 0o755); err != nil {
+	// The root's branches directory exists after its first fork: try the
+	// one mkdir before MkdirAll's walk.
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create branch directory: %w", err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "fs"), 0o755); err != nil {
 		return fmt.Errorf("create branch layer: %w", err)
 	}
 	if err := os.Lchown(filepath.Join(dir, "fs"), uid, gid); err != nil {
@@ -1040,7 +1060,7 @@ func (s *Snapshotter) recoverBranches(ctx context.Context) error {
 		}
 		for _, id := range t.Committing() {
 			log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
-			if err := s.finishCommit(ctx, r, id, true, nil); err != nil {
+			if _, err := s.finishCommit(ctx, r, id, true, nil, nil); err != nil {
 				return fmt.Errorf("complete commit of branch %s of %q: %w", id, t.Root, err)
 			}
 		}

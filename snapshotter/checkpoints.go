@@ -598,7 +598,7 @@ func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name s
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
 func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := liveMount(s.contextUpper(r.id(), id))
+	live, err := s.live.find(s.contextUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
@@ -669,7 +669,7 @@ func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *bra
 		return fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)
 	}
 	// resume: a killed apply's temporaries in target are removed.
-	if err := applyLayer(ctx, scratch, target, true); err != nil {
+	if err := applyLayer(ctx, scratch, target, "", true); err != nil {
 		return fmt.Errorf("apply checkpoint %q through %s: %w", ck.Name, target, err)
 	}
 	return nil
@@ -791,6 +791,10 @@ func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string,
 // removeCheckpointOrphans removes the layers of checkpoints whose context
 // ended. Called with the root's lock held, so no checkpoint is in flight.
 func (s *Snapshotter) removeCheckpointOrphans(ctx context.Context, rootID string) {
+	// A root that never had a checkpoint has nothing to look up.
+	if _, err := os.Lstat(s.checkpointBase(rootID)); os.IsNotExist(err) {
+		return
+	}
 	var dirs []string
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		dirs, err = s.orphanCheckpointsOf(tx, rootID)

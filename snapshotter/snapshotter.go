@@ -45,6 +45,7 @@ type Snapshotter struct {
 	lock      *rootLock
 	options   []string
 	locks     rootLocks
+	live      liveMounts // where contexts are mounted (livecache_linux.go)
 	faultHook func(point string)
 	trashSeq  atomic.Uint64
 	trashWG   sync.WaitGroup // background removals of discarded layers

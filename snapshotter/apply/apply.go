@@ -62,6 +62,9 @@ type options struct {
 	beforeOpen func(side, rel string)
 	// removeTemps: remove TempPrefix entries a killed Apply left.
 	removeTemps bool
+	// targetUpper: the upper directory of target's overlay (see
+	// WithTargetUpper); "" if not known.
+	targetUpper string
 }
 
 // WithStaleTempRemoval makes Apply first remove, from every target
@@ -71,6 +74,15 @@ type options struct {
 // leaves none. For crash recovery only: a name of the target's own that
 // starts with TempPrefix would go too.
 func WithStaleTempRemoval() Opt { return func(o *options) { o.removeTemps = true } }
+
+// WithTargetUpper names the upper directory of the overlay mounted at
+// target. Apply only looks in it (never writes), to replace an entry that
+// is already there by exchanging it with the new one and unlinking the old,
+// which the upper filesystem does faster than a rename over it (ext4 starts
+// writing the new file's data and evicts the old inode inside the rename).
+// An entry only in a lower layer is still replaced by rename: an exchange
+// would copy it up first.
+func WithTargetUpper(dir string) Opt { return func(o *options) { o.targetUpper = dir } }
 
 // WithMaxDepth sets the deepest directory level Apply accepts in upper and
 // removes in target (DefaultMaxDepth if unset or <= 0).
@@ -97,6 +109,12 @@ type applier struct {
 	// noCFR remembers that copy_file_range refused this pair of
 	// filesystems (upper's and the mount's), to skip the try next time.
 	noCFR bool
+	// tgtUpper is the fd of target's upper directory (-1 if not known);
+	// peekDir/peekFd the last directory of it looked into (peekFd -1 if it
+	// does not exist there).
+	tgtUpper int
+	peekDir  string
+	peekFd   int
 }
 
 // Apply makes the tree at target (a directory: normally the mount point of
@@ -119,7 +137,7 @@ type applier struct {
 // under a TempPrefix name, then renamed), and on error target is left part
 // applied. Making a commit atomic is the caller's business.
 func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error) {
-	a := &applier{ctx: ctx, links: map[devIno]string{}}
+	a := &applier{ctx: ctx, links: map[devIno]string{}, tgtUpper: -1, peekFd: -1}
 	for _, o := range opts {
 		o(&a.opts)
 	}
@@ -140,6 +158,18 @@ func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error
 		return Stats{}, fmt.Errorf("apply: open target %s: %w: %w", target, kind(err), err)
 	}
 	defer unix.Close(a.tgtRoot)
+	if a.opts.targetUpper != "" {
+		// Only a hint: without it every replacement is a rename.
+		if fd, err := unix.Open(a.opts.targetUpper, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			a.tgtUpper = fd
+			defer unix.Close(fd)
+		}
+	}
+	defer func() {
+		if a.peekFd >= 0 {
+			unix.Close(a.peekFd)
+		}
+	}()
 
 	if err := a.dir(upFd, a.tgtRoot, "", 0); err != nil {
 		return a.stats, err
@@ -463,10 +493,22 @@ func (a *applier) replace(tgtFd int, rel, name string, depth int, create func(tm
 		_ = unix.Unlinkat(tgtFd, tmp, 0)
 		return err
 	}
-	if tst, err := lstatAt(tgtFd, name); err == nil && tst.Mode&unix.S_IFMT == unix.S_IFDIR {
+	tst, err := lstatAt(tgtFd, name)
+	switch {
+	case err == nil && tst.Mode&unix.S_IFMT == unix.S_IFDIR:
 		if err := a.removeAll(tgtFd, name, rel, depth); err != nil {
 			_ = unix.Unlinkat(tgtFd, tmp, 0)
 			return err
+		}
+	case err == nil && a.inTargetUpper(rel):
+		// Readers see the old entry or the new one, as with a rename; a
+		// crash before the unlink leaves the old one under a temporary
+		// name, which a resumed Apply removes.
+		if err := unix.Renameat2(tgtFd, tmp, tgtFd, name, unix.RENAME_EXCHANGE); err == nil {
+			if err := unix.Unlinkat(tgtFd, tmp, 0); err != nil {
+				return fail(rel, "remove replaced entry", err)
+			}
+			return nil
 		}
 	}
 	if err := unix.Renameat(tgtFd, tmp, tgtFd, name); err != nil {
@@ -599,8 +641,10 @@ func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 
 // copyRW is copyRange for file pairs copy_file_range refuses.
 func (a *applier) copyRW(src, dst int, off, n int64) (int64, error) {
-	if a.buf == nil {
-		a.buf = make([]byte, 1<<20)
+	// Sized to the data up to 1 MiB: a commit of a few small files must
+	// not pay for zeroing a large buffer.
+	if want := int(min(n, 1<<20)); len(a.buf) < want {
+		a.buf = make([]byte, want)
 	}
 	var done int64
 	for done < n {
@@ -730,6 +774,43 @@ func (a *applier) hardlink(tgtFd int, rel, name, first string) error {
 	}
 	a.stats.Hardlinks++
 	return nil
+}
+
+// inTargetUpper says whether target's upper directory holds rel as a
+// non-directory. Only a hint for how to replace rel: never an error.
+func (a *applier) inTargetUpper(rel string) bool {
+	if a.tgtUpper < 0 {
+		return false
+	}
+	dir, base := path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	if dir != a.peekDir || a.peekDir == "" {
+		if a.peekFd >= 0 {
+			unix.Close(a.peekFd)
+		}
+		a.peekDir = dir
+		a.peekFd = -1
+		if fd, err := openBeneath(a.tgtUpper, dir, unix.O_PATH|unix.O_DIRECTORY); err == nil {
+			a.peekFd = fd
+		}
+	}
+	if a.peekFd < 0 {
+		return false
+	}
+	st, err := lstatAt(a.peekFd, base)
+	if err != nil {
+		return false
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return false
+	case unix.S_IFCHR:
+		return st.Rdev != 0 // 0/0 is a whiteout: the entry is not there
+	}
+	return true
 }
 
 // removeAll removes name under dirfd, recursively if it is a directory,

@@ -4,6 +4,8 @@ package apply
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,8 +86,9 @@ func runOracle(t testing.TB, base, change func(t testing.TB, root string)) *orac
 	unmount()
 
 	mountOverlay(t, o.Want, "", "", o.U, o.L)
-	mountOverlay(t, o.Target, filepath.Join(o.dir, "U2"), filepath.Join(o.dir, "W2"), o.L)
-	st, err := Apply(context.Background(), o.U, o.Target)
+	u2 := filepath.Join(o.dir, "U2")
+	mountOverlay(t, o.Target, u2, filepath.Join(o.dir, "W2"), o.L)
+	st, err := Apply(context.Background(), o.U, o.Target, WithTargetUpper(u2))
 	if err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
@@ -93,7 +96,33 @@ func runOracle(t testing.TB, base, change func(t testing.TB, root string)) *orac
 	if err := fstree.Compare(o.Want, o.Target); err != nil {
 		t.Fatal(err)
 	}
+	// Again, now that target's upper holds what the first one wrote: the
+	// entries are replaced by exchange, and the result must not change.
+	if _, err := Apply(context.Background(), o.U, o.Target, WithTargetUpper(u2)); err != nil {
+		t.Fatalf("Apply again: %v", err)
+	}
+	if err := fstree.Compare(o.Want, o.Target); err != nil {
+		t.Fatalf("after applying again: %v", err)
+	}
+	checkNoTemps(t, o.Target)
 	return o
+}
+
+// checkNoTemps fails if any TempPrefix entry is left under root.
+func checkNoTemps(t testing.TB, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if strings.HasPrefix(d.Name(), TempPrefix) {
+			return fmt.Errorf("temporary %s left", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // fsT is the subset of testing.TB the tree builders use, so one builder
