@@ -18,7 +18,12 @@ for p in "${pkgs[@]}"; do
 done
 for i in $(seq "${BENCH_COUNT:-10}"); do
 	for p in "${pkgs[@]}"; do
-		(cd "$p" && "$tmp/${p//\//-}.test" -test.run '^$' -test.bench "${BENCH_FILTER:-.}" -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >>"$tmp/out"
+		if ! (cd "$p" && "$tmp/${p//\//-}.test" -test.run '^$' -test.bench "${BENCH_FILTER:-.}" -test.benchtime "${BENCH_TIME:-1s}" -test.timeout 30m) >"$tmp/run" 2>&1; then
+			# A failed benchmark says why (its log, without the daemons' debug lines).
+			grep -v '^ *time=' "$tmp/run" | tail -40 >&2
+			exit 1
+		fi
+		cat "$tmp/run" >>"$tmp/out"
 	done
 	echo "round $i/${BENCH_COUNT:-10} done" >&2
 done

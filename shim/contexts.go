@@ -515,7 +515,14 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	fast := c.init != "" && fastUnsupported(spec) == ""
 	var warm *spawned
 	if fast && sb.pool != nil && parent.id == branch.RootID {
-		if warm = sb.pool.take(cloneFlags(spec)); warm != nil && !warm.rename(n.cgroup) {
+		warm = sb.pool.take(cloneFlags(spec))
+		// Its cgroup is renamed once the init is in it (the move writes
+		// to the cgroup's files by their path).
+		if warm != nil && warm.waitJoined() != nil {
+			warm.discard(ctx)
+			warm = nil
+		}
+		if warm != nil && !warm.rename(n.cgroup) {
 			n.cgroup = warm.cgroup
 			spec.Linux.CgroupsPath = warm.cgroup
 		}

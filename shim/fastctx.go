@@ -522,6 +522,14 @@ func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) 
 	return s, nil
 }
 
+// waitJoined waits for the init's move into its cgroup and says how it
+// went; the answer stays for later callers.
+func (s *spawned) waitJoined() error {
+	err := <-s.joined
+	s.joined <- err
+	return err
+}
+
 // discard kills an init that will not be a branch's and removes its
 // cgroup.
 func (s *spawned) discard(ctx context.Context) {
@@ -530,7 +538,7 @@ func (s *spawned) discard(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	_ = s.init.Wait(wctx)
 	cancel()
-	<-s.joined // the move must not recreate what is removed
+	_ = s.waitJoined() // the move must not recreate what is removed
 	if err := cgroups.RemovePaths(s.paths); err != nil {
 		log.G(ctx).WithError(err).WithField("cgroup", s.cgroup).Warn("remove the cgroup of a discarded branch init")
 	}
@@ -612,11 +620,9 @@ func (c *contexts) configure(ctx context.Context, n *bctx, s *spawned, rootfs st
 		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", n.id, err)
 	}
 	// The init builds the root while it is moved into its cgroup.
-	if err := <-s.joined; err != nil {
-		s.joined <- err
+	if err := s.waitJoined(); err != nil {
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
-	s.joined <- nil
 	if dl, ok := ctx.Deadline(); ok {
 		_ = ctl.SetReadDeadline(dl)
 	} else {
