@@ -83,6 +83,23 @@ func dirsIn(ms []cgroupMount, path string) []cgroupMount {
 	return out
 }
 
+// oneHierarchy picks, of a cgroup's directories, the one a listing of its
+// processes reads: every process of a context is in it on every hierarchy
+// (the runtime and the branch init put it there, and a context cannot
+// write to cgroupfs), so one hierarchy answers; the freezer's, which
+// --seal freeze moves processes in, is preferred.
+func oneHierarchy(dirs []cgroupMount) []cgroupMount {
+	for i, d := range dirs {
+		if d.freezer || d.v2 {
+			return dirs[i : i+1]
+		}
+	}
+	if len(dirs) > 1 {
+		return dirs[:1]
+	}
+	return dirs
+}
+
 // subdirs lists dir and every cgroup below it, parents first.
 func subdirs(dir string) []string {
 	var out []string
@@ -136,6 +153,9 @@ func pidsIn(dirs []cgroupMount, recursive bool) []int {
 // frozen when its parent thaws.
 func thaw(dirs []cgroupMount) {
 	for _, d := range dirs {
+		if !d.freezer && !d.v2 {
+			continue // no freezer here: nothing to walk
+		}
 		for _, dir := range subdirs(d.dir) {
 			switch {
 			case d.freezer:

@@ -518,8 +518,8 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		warm = sb.pool.take(cloneFlags(spec))
 		// Its cgroup is renamed once the init is in it (the move writes
 		// to the cgroup's files by their path).
-		if warm != nil && warm.waitJoined() != nil {
-			warm.discard(ctx)
+		if warm != nil && (warm.waitJoined() != nil || warm.ended()) {
+			warm.discard(ctx) // a cold start instead
 			warm = nil
 		}
 		if warm != nil && !warm.rename(n.cgroup) {
@@ -1156,7 +1156,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 	if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
 		if ms, err := c.hier(); err == nil {
 			dirs := dirsIn(ms, n.cgroup)
-			pids := pidsIn(dirs, false)
+			pids := pidsIn(oneHierarchy(dirs), false)
 			sort.Ints(pids)
 			for _, p := range pids {
 				d.Pids = append(d.Pids, uint32(p))

@@ -530,6 +530,17 @@ func (s *spawned) waitJoined() error {
 	return err
 }
 
+// ended says whether the init has exited (killed while it waited, say by
+// the sandbox's OOM killer).
+func (s *spawned) ended() bool {
+	select {
+	case <-s.init.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // discard kills an init that will not be a branch's and removes its
 // cgroup.
 func (s *spawned) discard(ctx context.Context) {
