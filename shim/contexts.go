@@ -682,6 +682,18 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 	var wg sync.WaitGroup
 	for i, n := range live {
 		dirs[i] = dirsIn(ms, n.cgroup)
+		if n.fast != nil {
+			// The branch runs on its own clone of the rootfs mount, so the
+			// host's can go at once: its RCU grace period then overlaps
+			// the one of the branch's mount namespace as it dies.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+					log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+				}
+			}()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -720,11 +732,9 @@ func (c *contexts) detach(ctx context.Context, n *bctx) ctxProcs {
 	if _, ok := container.(*fastCtx); ok {
 		// Its processes are gone from its cgroup, so they are dead: the
 		// init's exit status (from the reaper) is not needed to go on.
-		// Its host mount has nothing below it (the init mounted the rest
-		// in the branch's own namespace, gone with it), and the
-		// snapshotter detaches it as it commits or discards the layer:
-		// an unmount here would pay the same RCU grace period twice.
-		// release unmounts whatever is left.
+		// Its host mount, which has nothing below it (the init mounted
+		// the rest in the branch's own namespace, gone with it), was
+		// detached with the kill.
 		return container
 	}
 	if init, err := container.Process(""); err == nil {
@@ -753,10 +763,6 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 		}
 		go func() {
 			ctx := context.WithoutCancel(ctx)
-			// Normally detached by the snapshotter already (EINVAL).
-			if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
-			}
 			for _, p := range fc.execd() {
 				_ = p.Delete(ctx) // its exit came with the init's
 			}
