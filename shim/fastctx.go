@@ -559,8 +559,8 @@ func (s *spawned) discard(ctx context.Context) {
 // that a pre-started init looks like any other branch's (cgroup v1 renames
 // a cgroup; v2 does not, and there it keeps the name it was started with).
 func (s *spawned) rename(to string) bool {
-	moved := map[string]string{}
-	for ctrl, dir := range s.paths {
+	moved := map[string]string{} // co-mounted controllers share a directory
+	for _, dir := range s.paths {
 		nd := filepath.Join(filepath.Dir(dir), filepath.Base(to))
 		if _, done := moved[dir]; done {
 			continue
@@ -572,7 +572,6 @@ func (s *spawned) rename(to string) bool {
 			return false
 		}
 		moved[dir] = nd
-		_ = ctrl
 	}
 	for ctrl, dir := range s.paths {
 		s.paths[ctrl] = moved[dir]
