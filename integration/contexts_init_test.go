@@ -102,3 +102,33 @@ func TestContextsRuntimeFallback(t *testing.T) {
 	assertBranchGone(t, env, kids[0], nil)
 	assertBranchGone(t, env, kids[1], nil)
 }
+
+// TestContextsWarmInits forks and aborts back to back, so that forks take
+// inits started ahead (some still being moved into their cgroups): every
+// branch runs in the cgroup it reports, under its own name, and nothing of
+// the pool is left once the sandbox is gone.
+func TestContextsWarmInits(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t)
+	for i := 0; i < 12; i++ {
+		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1 + i%3})
+		for _, k := range kids {
+			if !strings.HasSuffix(k.Cgroup, "/b"+k.ID) {
+				t.Fatalf("round %d: branch %s has cgroup %s, want one named b%s", i, k.ID, k.Cgroup, k.ID)
+			}
+			got := mustRun(t, ctx, sc, k.ID, "sh", "-c", "grep -c ':"+k.Cgroup+"$' /proc/self/cgroup")
+			if got == "0\n" {
+				t.Fatalf("round %d: branch %s's process is not in %s", i, k.ID, k.Cgroup)
+			}
+		}
+		for _, k := range kids {
+			if _, err := sc.Abort(ctx, k.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	removeContainer(t, env, "sb")
+	pool, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", env.Namespace, "sb", "bbx-pool-*"))
+	if len(pool) != 0 {
+		t.Fatalf("pool cgroups left after the sandbox: %v", pool)
+	}
+}

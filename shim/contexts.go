@@ -522,9 +522,12 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 			warm.discard(ctx) // a cold start instead
 			warm = nil
 		}
-		if warm != nil && !warm.rename(n.cgroup) {
-			n.cgroup = warm.cgroup
-			spec.Linux.CgroupsPath = warm.cgroup
+		if warm != nil {
+			if err := warm.rename(n.cgroup); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("use a pre-started init; starting one instead")
+				warm.discard(ctx)
+				warm = nil
+			}
 		}
 	}
 	if err := os.MkdirAll(n.bundle, 0o700); err != nil {

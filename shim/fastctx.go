@@ -556,28 +556,51 @@ func (s *spawned) discard(ctx context.Context) {
 }
 
 // rename gives a spawned init's cgroup the path a branch's would have, so
-// that a pre-started init looks like any other branch's (cgroup v1 renames
-// a cgroup; v2 does not, and there it keeps the name it was started with).
-func (s *spawned) rename(to string) bool {
-	moved := map[string]string{} // co-mounted controllers share a directory
-	for _, dir := range s.paths {
-		nd := filepath.Join(filepath.Dir(dir), filepath.Base(to))
-		if _, done := moved[dir]; done {
-			continue
-		}
-		if err := os.Rename(dir, nd); err != nil {
-			for from, nd := range moved {
-				_ = os.Rename(nd, from)
-			}
-			return false
-		}
-		moved[dir] = nd
-	}
+// that a pre-started init looks like any other branch's. A v1 hierarchy
+// renames the cgroup; cgroup2 cannot (EPERM, also the unified hierarchy of
+// a hybrid host), and there the init is moved into a new cgroup of that
+// name instead. On failure, paths still name the init's cgroups, for
+// discard.
+func (s *spawned) rename(to string) error {
+	done := map[string]string{} // co-mounted controllers share a directory
 	for ctrl, dir := range s.paths {
-		s.paths[ctrl] = moved[dir]
+		nd, ok := done[dir]
+		if !ok {
+			nd = filepath.Join(filepath.Dir(dir), filepath.Base(to))
+			err := os.Rename(dir, nd)
+			if errors.Is(err, unix.EPERM) {
+				err = moveInto(dir, nd, s.init.Pid())
+			}
+			if err != nil {
+				return fmt.Errorf("rename cgroup %s to %s: %w", dir, nd, err)
+			}
+			done[dir] = nd
+		}
+		s.paths[ctrl] = nd
 	}
 	s.cgroup = to
-	return true
+	return nil
+}
+
+// moveInto moves pid from the cgroup dir into a new one, nd, and removes
+// dir.
+func moveInto(dir, nd string, pid int) error {
+	if err := os.Mkdir(nd, 0o755); err != nil {
+		return err
+	}
+	if err := cgroups.WriteCgroupProc(nd, pid); err != nil {
+		_ = unix.Rmdir(nd)
+		return err
+	}
+	for try := 0; ; try++ {
+		// The move is done; a moment may pass before the old cgroup is
+		// free. One still busy after 50 ms goes with the sandbox's.
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) || try == 50 {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // configure has a spawned init build a branch's root and start its
