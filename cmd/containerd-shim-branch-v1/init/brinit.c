@@ -210,6 +210,30 @@ static void op_bind(char **a) {
 		remount_at(a[1], MS_BIND | (flags & ~MS_REC));
 }
 
+// open_parent opens the directory that is to hold path inside the root
+// (made if missing) as a real directory descriptor, which mknodat and
+// symlinkat need, and points *name at path's last element (in buf).
+static int open_parent(const char *op, const char *path, char *buf, size_t size, const char **name) {
+	snprintf(buf, size, "%s", path);
+	char *slash = strrchr(buf, '/');
+	int dir;
+	if (slash) {
+		*slash = 0;
+		*name = slash + 1;
+		dir = resolve(buf[0] ? buf : "/", 1);
+	} else {
+		*name = buf;
+		dir = resolve("/", 0);
+	}
+	if (dir < 0)
+		fail("%s %s: %s", op, path, strerror(errno));
+	int d = openat(dir, ".", O_DIRECTORY | O_CLOEXEC);
+	close(dir);
+	if (d < 0)
+		fail("%s %s: open directory: %s", op, path, strerror(errno));
+	return d;
+}
+
 static void op_mknod(char **a) {
 	// mknod DST MODE MAJOR MINOR UID GID
 	int fd = resolve(a[0], 0);
@@ -218,23 +242,8 @@ static void op_mknod(char **a) {
 		return; // there already
 	}
 	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", a[0]);
-	char *slash = strrchr(buf, '/');
-	const char *name = a[0];
-	int dir;
-	if (slash) {
-		*slash = 0;
-		name = slash + 1;
-		dir = resolve(buf[0] ? buf : "/", 1);
-	} else
-		dir = resolve("/", 0);
-	if (dir < 0)
-		fail("mknod %s: %s", a[0], strerror(errno));
-	// mknodat needs a real directory descriptor, not O_PATH.
-	int d = openat(dir, ".", O_DIRECTORY | O_CLOEXEC);
-	close(dir);
-	if (d < 0)
-		fail("mknod %s: open directory: %s", a[0], strerror(errno));
+	const char *name;
+	int d = open_parent("mknod", a[0], buf, sizeof(buf), &name);
 	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
 		fail("mknod %s: %s", a[0], strerror(errno));
 	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
@@ -245,22 +254,8 @@ static void op_mknod(char **a) {
 static void op_symlink(char **a) {
 	// symlink TARGET DST (an existing DST is replaced)
 	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", a[1]);
-	char *slash = strrchr(buf, '/');
-	const char *name = a[1];
-	int dir;
-	if (slash) {
-		*slash = 0;
-		name = slash + 1;
-		dir = resolve(buf[0] ? buf : "/", 1);
-	} else
-		dir = resolve("/", 0);
-	if (dir < 0)
-		fail("symlink %s: %s", a[1], strerror(errno));
-	int d = openat(dir, ".", O_DIRECTORY | O_CLOEXEC);
-	close(dir);
-	if (d < 0)
-		fail("symlink %s: open directory: %s", a[1], strerror(errno));
+	const char *name;
+	int d = open_parent("symlink", a[1], buf, sizeof(buf), &name);
 	unlinkat(d, name, 0);
 	if (symlinkat(a[0], d, name) < 0)
 		fail("symlink %s: %s", a[1], strerror(errno));
