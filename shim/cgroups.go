@@ -343,17 +343,9 @@ func thawOwn(ctx context.Context, path string) error {
 	return errors.Join(errs...)
 }
 
-// oomKills is how many processes the kernel's OOM killer killed in a
-// cgroup path (memory.oom_control on v1, memory.events on v2).
-func oomKills(path string) uint64 {
-	dirs, err := cgroupDirs(path)
-	if err != nil {
-		return 0
-	}
-	return oomKillsIn(dirs)
-}
-
-// oomKillsIn is oomKills on a cgroup's directories already found.
+// oomKillsIn is how many processes the kernel's OOM killer killed in a
+// cgroup (its directories on every hierarchy; memory.oom_control on v1,
+// memory.events on v2).
 func oomKillsIn(dirs []cgroupMount) uint64 {
 	for _, d := range dirs {
 		file := ""

@@ -474,7 +474,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: %w", parentID, sb.id, err)
 	}
-	if c.init != "" && parentID == branch.RootID && req.Net == NetShared && fastUnsupported(made[0].spec) == "" {
+	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {
 		if sb.pool == nil {
 			sb.pool = newInitPool(c, parent.cgroup, cloneFlags(made[0].spec))
 		}
@@ -512,28 +512,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		return nil, err
 	}
 	n.spec = spec
-	fast := c.init != "" && fastUnsupported(spec) == ""
-	var warm *spawned
-	if fast && sb.pool != nil && parent.id == branch.RootID {
-		warm = sb.pool.take(cloneFlags(spec))
-		// Its cgroup is renamed once the init is in it (the move writes
-		// to the cgroup's files by their path).
-		if warm != nil && (warm.waitJoined() != nil || warm.ended()) {
-			warm.discard(ctx) // a cold start instead
-			warm = nil
-		}
-		if warm != nil {
-			if err := warm.rename(n.cgroup); err != nil {
-				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("use a pre-started init; starting one instead")
-				warm.discard(ctx)
-				warm = nil
-			}
-		}
-	}
 	if err := os.MkdirAll(n.bundle, 0o700); err != nil {
-		if warm != nil {
-			warm.discard(ctx)
-		}
 		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
 	}
 	defer func() {
@@ -543,12 +522,13 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		}
 	}()
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
-		if warm != nil {
-			warm.discard(ctx)
-		}
 		return nil, err
 	}
-	if fast {
+	if c.init != "" && fastUnsupported(spec) == "" {
+		var warm *spawned
+		if sb.pool != nil && parent.id == branch.RootID {
+			warm = sb.pool.take(ctx, cloneFlags(spec), n.cgroup)
+		}
 		if err := c.startWithInit(ctx, sb, n, info, warm); err != nil {
 			return nil, err
 		}
@@ -1057,7 +1037,11 @@ func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1
 	status := p.ExitStatus()
 	resp := &shimv1.WaitResponse{ExitStatus: uint32(status), ExitedAt: timestamppb.New(p.ExitedAt())}
 	// SIGKILL with OOM kills counted in the branch's memory cgroup.
-	resp.OomKilled = status == 128+int(unix.SIGKILL) && oomKills(n.cgroup) > 0
+	if status == 128+int(unix.SIGKILL) {
+		if ms, err := c.hier(); err == nil {
+			resp.OomKilled = oomKillsIn(dirsIn(ms, n.cgroup)) > 0
+		}
+	}
 	if req.ExecId != "" {
 		_ = p.Delete(ctx)
 		remove(req.ExecId)

@@ -45,15 +45,30 @@ func newInitPool(c *contexts, parentCgroup string, flags uintptr) *initPool {
 	return &initPool{c: c, parent: parentCgroup, flags: flags}
 }
 
-// take returns a started init for a branch cloned with flags, or nil.
-func (p *initPool) take(flags uintptr) *spawned {
+// take returns a started init for a branch cloned with flags, in its
+// cgroup and with that cgroup renamed to cgroup; or nil, and the branch
+// starts one of its own.
+func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spawned {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed || flags != p.flags || len(p.ready) == 0 {
+		p.mu.Unlock()
 		return nil
 	}
 	s := p.ready[0]
 	p.ready = p.ready[1:]
+	p.mu.Unlock()
+	// The rename waits for the move into the cgroup, which writes to the
+	// cgroup's files by their path; an init that died while it waited
+	// (the sandbox's OOM killer, say) is no use.
+	if err := s.waitJoined(); err != nil || s.ended() {
+		s.discard(ctx)
+		return nil
+	}
+	if err := s.rename(cgroup); err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
+		s.discard(ctx)
+		return nil
+	}
 	return s
 }
 
