@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -111,22 +113,58 @@ func WithFaultHook(hook func(point string)) Opt {
 // snapshot; the metadata transactions serialise the decisions themselves.
 type rootLocks struct {
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks map[string]*treeLock
 }
 
-func (r *rootLocks) lock(id string) func() {
+// treeLock is one root's lock. sealing, set and read under mu, is closed
+// when a fork's superblock seal, still running after the fork returned,
+// ends (see sealSuperblock); until then nothing may remount the tree.
+type treeLock struct {
+	mu      sync.Mutex
+	sealing chan struct{}
+}
+
+func (l *treeLock) awaitSeal() {
+	if l.sealing != nil {
+		<-l.sealing
+		l.sealing = nil
+	}
+}
+
+func (r *rootLocks) entry(id string) *treeLock {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.locks == nil {
-		r.locks = map[string]*sync.Mutex{}
+		r.locks = map[string]*treeLock{}
 	}
 	l, ok := r.locks[id]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &treeLock{}
 		r.locks[id] = l
 	}
-	r.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	return l
+}
+
+// lock takes the root's lock once a pending seal has ended.
+func (r *rootLocks) lock(id string) func() {
+	l := r.entry(id)
+	l.mu.Lock()
+	l.awaitSeal()
+	return l.mu.Unlock
+}
+
+// lockBeforeSeal takes the root's lock without waiting for a pending seal:
+// the caller calls awaitSeal (with the lock held) before it reads or
+// changes a mount, and may do other work first.
+func (r *rootLocks) lockBeforeSeal(id string) (unlock, awaitSeal func()) {
+	l := r.entry(id)
+	l.mu.Lock()
+	return l.mu.Unlock, l.awaitSeal
+}
+
+// sealing records a pending seal of the root, whose lock the caller holds.
+func (r *rootLocks) sealing(id string, done chan struct{}) {
+	r.entry(id).sealing = done
 }
 
 func (s *Snapshotter) fault(point string) {
@@ -541,7 +579,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	s.fault(FaultForkCommitted)
 
 	if tree.Nodes[parent].SealedByUs && !live.readonly {
-		if err := remountLive(live, true); err != nil {
+		if err := s.sealSuperblock(ctx, r.id(), live); err != nil {
 			// Undo: the children never existed for anyone.
 			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
 				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
@@ -555,6 +593,63 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
 	return out, nil
+}
+
+// sealSuperblock makes the superblock of the overlay mounted at live
+// read-only, which reaches every mount of it (the container's own root in
+// its mount namespace, and any copy of that namespace). The caller holds
+// the lock of root id.
+//
+// The remount first checks that no mount of the superblock has a file open
+// for writing and from then on refuses every write; then overlayfs makes it
+// sync the whole upper filesystem (0.2 ms to several here), which a seal
+// does not need. So the remount runs in the background and sealSuperblock
+// returns as soon as a probe write through live.target is refused, or
+// with the remount's error if it fails first. The root's lock is not taken
+// again (nor is the tree remounted) before the remount ends.
+func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live liveMountInfo) error {
+	result := make(chan error, 1)
+	s.sealWG.Add(1)
+	go func() {
+		defer s.sealWG.Done()
+		result <- remountLive(live, true)
+	}()
+	probed := false
+wait:
+	for spin := 0; ; spin++ {
+		select {
+		case err := <-result:
+			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// The probe itself may have been the writer the remount saw:
+				// try once more without it.
+				err = remountLive(live, true)
+			}
+			return err
+		default:
+		}
+		if probeRefused(live.target) {
+			break wait
+		}
+		probed = true
+		if spin < 200 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	done := make(chan struct{})
+	s.locks.sealing(id, done)
+	ctx = context.WithoutCancel(ctx)
+	s.sealWG.Add(1)
+	go func() {
+		defer s.sealWG.Done()
+		defer close(done)
+		if err := <-result; err != nil {
+			// Past the writer check only an I/O error can fail it.
+			log.G(ctx).WithError(err).WithField("mount", live.target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
+		}
+	}()
+	return nil
 }
 
 // maxDepth bounds how deep branches nest: each level is one more overlay
@@ -612,7 +707,10 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	}); err != nil {
 		return CommitResult{}, fmt.Errorf("commit: %w", err)
 	}
-	defer s.locks.lock(r.id())()
+	// A fork's seal still syncing is waited for only once the decision is
+	// made: the decision's own sync overlaps it.
+	unlock, awaitSeal := s.locks.lockBeforeSeal(r.id())
+	defer unlock()
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, id, err = s.resolve(ctx, c); err != nil {
 			return err
@@ -655,6 +753,7 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	} else {
 		go func() { synced <- s.bdb.Sync() }()
 	}
+	awaitSeal()
 	// Read once: the losers' entries are the only ones that go stale, and
 	// nothing below asks about them again.
 	mounts, mountsErr := readOverlayMounts()

@@ -504,3 +504,62 @@ func TestTombstonesBounded(t *testing.T) {
 		t.Fatalf("newest tombstone forgotten: %v", err)
 	}
 }
+
+// TestForkSealsEveryMount: when Fork returns, every mount of the parent
+// refuses writes, not only the one the snapshotter finds (a second mount
+// stands for the container's own root in its mount namespace), though the
+// superblock's remount may still be syncing; and a file open for writing
+// through any mount of it fails the fork, leaving no child.
+func TestForkSealsEveryMount(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	other := t.TempDir()
+	if err := unix.Mount(p, other, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(other, unix.MNT_DETACH) })
+
+	for round := 0; round < 20; round++ {
+		kids, err := s.Fork(ctx, sb.ctx(""), 1)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for _, dir := range []string{p, other} {
+			if err := os.WriteFile(filepath.Join(dir, "x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+				t.Fatalf("round %d: write through %s after fork: got %v, want EROFS", round, dir, err)
+			}
+		}
+		if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []string{p, other} {
+			if err := os.WriteFile(filepath.Join(dir, "x"), []byte{byte(round)}, 0o644); err != nil {
+				t.Fatalf("round %d: write through %s after abort: %v", round, dir, err)
+			}
+		}
+	}
+
+	f, err := os.OpenFile(filepath.Join(other, "x"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Fork(ctx, sb.ctx(""), 2)
+	f.Close()
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "open for writing") {
+		t.Fatalf("fork with a writer open on another mount: got %v, want a failed precondition naming the open file", err)
+	}
+	tr, err := s.Tree(ctx, sb.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tr.Nodes {
+		if n.ID == branch.RootID && len(n.Children) != 0 {
+			t.Fatalf("a failed fork left children %v", n.Children)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(p, "x"), nil, 0o644); err != nil {
+		t.Fatalf("a failed fork left the parent sealed: %v", err)
+	}
+}

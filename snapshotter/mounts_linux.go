@@ -118,6 +118,13 @@ func remountLive(live liveMountInfo, readonly bool) error {
 	return nil
 }
 
+// probeRefused says whether a write through target is refused with EROFS.
+// The write, an XATTR_REPLACE of an attribute that does not exist, would
+// change nothing if it were let through: ENODATA.
+func probeRefused(target string) bool {
+	return unix.Setxattr(target, "user.branchbox.seal-probe", []byte{0}, unix.XATTR_REPLACE) == unix.EROFS
+}
+
 // detachMountsUsing lazily unmounts everything mounted below dir and every
 // overlay whose upper lies below dir.
 func detachMountsUsing(ctx context.Context, dir string) {

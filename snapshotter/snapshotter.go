@@ -49,6 +49,7 @@ type Snapshotter struct {
 	faultHook func(point string)
 	trashSeq  atomic.Uint64
 	trashWG   sync.WaitGroup // background removals of discarded layers
+	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
 }
 
 var (
@@ -398,6 +399,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
+	s.sealWG.Wait()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
