@@ -55,7 +55,7 @@ func benchEnv(b *testing.B) (context.Context, *harness.Env, *containerd.Client, 
 	requireRoot(b)
 	bench.once.Do(func() {
 		ctx := context.Background()
-		if bench.env, bench.err = harness.Start(ctx, harness.Config{}); bench.err != nil {
+		if bench.env, bench.err = harness.Start(ctx, harness.Config{LogLevel: "info"}); bench.err != nil {
 			return
 		}
 		archive := bench.env.Dir + "/busybox.tar"

@@ -52,7 +52,7 @@ func run(ctx context.Context, bin string) (retErr error) {
 	fmt.Println("branchbox demo: fork a running sandbox four ways, keep the branch whose fix passes")
 	var env *harness.Env
 	if err := timed("start containerd + containerd-branch-snapshotter", func() (err error) {
-		env, err = harness.Start(ctx, harness.Config{BinDir: bin})
+		env, err = harness.Start(ctx, harness.Config{BinDir: bin, LogLevel: "info"})
 		return err
 	}); err != nil {
 		return err
