@@ -164,31 +164,40 @@ func TestContextsForkExecCommit(t *testing.T) {
 }
 
 // assertBranchGone checks from the host that no process of a branch is
-// alive, its cgroup is gone on every hierarchy, and its rootfs is unmounted.
+// alive, its cgroup is gone on every hierarchy, its rootfs is unmounted and
+// its runtime state removed. Its processes are dead when the commit or
+// abort that ended it returns; the rest is removed in the background just
+// after, so all of it is waited for, up to 10 seconds.
 func assertBranchGone(t *testing.T, env *harness.Env, info branch.ContextInfo, procs []hostProc) {
 	t.Helper()
-	var left []hostProc
+	var (
+		left  []hostProc
+		dirs  []string
+		state bool
+	)
+	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", info.ID)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left = append(survivors(procs), branchProcs(env, info)...)
-		if len(left) == 0 {
+		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", info.Cgroup))
+		if d := filepath.Join("/sys/fs/cgroup", info.Cgroup); isDirPath(d) {
+			dirs = append(dirs, d)
+		}
+		_, err := os.Stat(filepath.Join(runtimeRoot, env.Namespace, "sb.b"+info.ID))
+		state = err == nil
+		if len(left) == 0 && len(dirs) == 0 && !state {
 			break
 		}
 	}
 	if len(left) != 0 {
 		t.Errorf("processes of branch %s survive: %v", info.ID, left)
 	}
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", info.Cgroup))
-	if d := filepath.Join("/sys/fs/cgroup", info.Cgroup); isDirPath(d) {
-		dirs = append(dirs, d)
-	}
 	if len(dirs) != 0 {
 		t.Errorf("cgroups of branch %s left: %v", info.ID, dirs)
 	}
-	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", info.ID)
 	if m, _ := harness.MountsUnder(bundle); len(m) != 0 {
 		t.Errorf("mounts of branch %s left: %v", info.ID, m)
 	}
-	if _, err := os.Stat(filepath.Join(runtimeRoot, env.Namespace, "sb.b"+info.ID)); err == nil {
+	if state {
 		t.Errorf("runtime state of branch %s left", info.ID)
 	}
 }

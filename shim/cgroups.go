@@ -4,6 +4,7 @@ package shim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -193,6 +194,77 @@ func killDirs(ctx context.Context, path string, dirs []cgroupMount) error {
 		return nil
 	}
 	thaw(dirs)
+	return killLoop(ctx, path, dirs, dirs[:1])
+}
+
+// killBranch is killDirs for a branch whose processes all live in the PID
+// namespace of its init, of which initPidfd is a pidfd: the kernel kills
+// the rest of the namespace as the init dies and reports the init's exit
+// only once they are all gone, so that is waited for rather than polled.
+// The cgroup is then checked on one hierarchy (on cgroup v2 its populated
+// flag covers the subtree in one read), not on all of them as killDirs
+// does; only a process put into it from outside the namespace could be
+// elsewhere, and release kills those before it removes the cgroup. frozen says the branch (or
+// a part of it) is frozen by the shim, so it is thawed first: a frozen
+// task on cgroup v1 ignores SIGKILL.
+func killBranch(ctx context.Context, path string, dirs []cgroupMount, initPidfd int, frozen bool) error {
+	if len(dirs) == 0 {
+		return nil
+	}
+	if frozen {
+		thaw(dirs)
+	}
+	signalAll(ctx, dirs)
+	if waitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
+		return nil
+	}
+	// The init is not gone (frozen by someone else?), or something outside
+	// its namespace is in the cgroup: the slow way.
+	thaw(dirs)
+	return killLoop(ctx, path, dirs, dirs[:1])
+}
+
+// signalAll kills every process of a cgroup once: all at once where
+// cgroup.kill exists (cgroup v2, Linux 5.14), one by one on the first v1
+// hierarchy.
+func signalAll(ctx context.Context, dirs []cgroupMount) {
+	for _, d := range dirs {
+		if d.v2 {
+			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
+		}
+	}
+	if !dirs[0].v2 {
+		killPids(ctx, subtreePids(dirs[:1]))
+	}
+}
+
+func killPids(ctx context.Context, pids []int) {
+	for _, pid := range pids {
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			log.G(ctx).WithError(err).WithField("pid", pid).Warn("kill branch process")
+		}
+	}
+}
+
+// populated says whether a cgroup or one below it holds a process, as its
+// v2 directory's cgroup.events says, or else the first v1 hierarchy.
+func populated(dirs []cgroupMount) bool {
+	for _, d := range dirs {
+		if !d.v2 {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
+		if err != nil {
+			break
+		}
+		return !bytes.Contains(b, []byte("populated 0"))
+	}
+	return len(subtreePids(dirs[:1])) > 0
+}
+
+// killLoop kills the processes of dirs until none is left, watching the
+// hierarchies of watch while they die and checking all before it returns.
+func killLoop(ctx context.Context, path string, dirs, watch []cgroupMount) error {
 	for _, d := range dirs {
 		if d.v2 {
 			// cgroup.kill (Linux 5.14) kills the whole subtree atomically.
@@ -203,7 +275,6 @@ func killDirs(ctx context.Context, path string, dirs []cgroupMount) error {
 	// while they die, and all of them are checked before returning. The
 	// poll starts short: a killed branch is usually gone within a
 	// millisecond, and a long first sleep would be most of a commit.
-	watch := dirs[:1]
 	delay := 50 * time.Microsecond
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		pids := subtreePids(watch)
@@ -217,15 +288,28 @@ func killDirs(ctx context.Context, path string, dirs []cgroupMount) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("processes %v still in cgroup %s after 10s of SIGKILL: %w", pids, path, errdefs.ErrUnavailable)
 		}
-		for _, pid := range pids {
-			if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-				log.G(ctx).WithError(err).WithField("pid", pid).Warn("kill branch process")
-			}
-		}
+		killPids(ctx, pids)
 		time.Sleep(delay)
 		if delay < 10*time.Millisecond {
 			delay *= 2
 		}
+	}
+}
+
+// waitExit waits until the process of pidfd has exited, or deadline, and
+// says whether it has.
+func waitExit(pidfd int, deadline time.Time) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return false
+		}
+		n, err := unix.Poll(fds, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n == 1 && fds[0].Revents&unix.POLLIN != 0
 	}
 }
 

@@ -141,6 +141,9 @@ type sandbox struct {
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branch.Client
 	pool     *initPool // inits started ahead of forks of the root, or nil
+	// releasing counts the removals of ended branches' cgroups and
+	// runtime state still going on; teardown waits for them.
+	releasing sync.WaitGroup
 
 	// Processes exec'd into branches that ended since (killed with them),
 	// kept until waited for: a Wait that reaches the shim after the
@@ -647,9 +650,11 @@ func (c *contexts) destroy(ctx context.Context, sb *sandbox, n *bctx) {
 // destroyAll destroys contexts together: their processes are all killed
 // first, so that none of them runs on while another is taken down, then
 // their rootfs mounts are detached. It returns once that is done, which is
-// all the snapshotter needs before it commits or discards their layers;
-// the rest (runtime state, cgroups) goes on meanwhile, and the returned
-// wait blocks until it is done. Callers reply only after wait.
+// all the snapshotter needs before it commits or discards their layers,
+// and all a caller needs before it replies: nothing of the branches runs
+// any more. The rest (runtime state, cgroups, bundles) goes on in the
+// background, counted in sb.releasing; the returned wait blocks until it
+// is done.
 func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait func()) {
 	ms, err := c.hier()
 	if err != nil {
@@ -662,6 +667,12 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 		}
 	}
 	dirs := make([][]cgroupMount, len(live))
+	// A branch frozen for its children may have frozen descendants among
+	// ns, whose processes the kill of any of them reaches.
+	frozen := false
+	for _, n := range live {
+		frozen = frozen || n.frozen
+	}
 	var wg sync.WaitGroup
 	for i, n := range live {
 		dirs[i] = dirsIn(ms, n.cgroup)
@@ -677,10 +688,19 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 				}
 			}()
 		}
+		pidfd := -1
+		if n.fast != nil {
+			pidfd = n.fast.init.dupPidfd()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := killDirs(ctx, n.cgroup, dirs[i]); err != nil {
+			kill := func() error { return killDirs(ctx, n.cgroup, dirs[i]) }
+			if pidfd >= 0 {
+				defer unix.Close(pidfd)
+				kill = func() error { return killBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
+			}
+			if err := kill(); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
 			}
 		}()
@@ -697,7 +717,10 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 		containers[i] = c.detach(ctx, n)
 	}
 	done := make(chan struct{})
+	sb.releasing.Add(1)
+	ctx = context.WithoutCancel(ctx)
 	go func() {
+		defer sb.releasing.Done()
 		defer close(done)
 		for i, n := range live {
 			c.release(ctx, sb, n, containers[i], dirs[i])
@@ -741,6 +764,11 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 	c.closeSelf(sb.id, n.id)
 	if fc, ok := procs.(*fastCtx); ok {
 		fc.close()
+		// killBranch looked at one hierarchy; a process put into the
+		// cgroup from outside the branch may be in the others.
+		if err := killLoop(ctx, n.cgroup, cgroupDirs, cgroupDirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill what is left in a branch cgroup")
+		}
 		if err := removeDirs(cgroupDirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 		}
@@ -835,10 +863,9 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	}
 	// The snapshotter applies the winner's layer while its runtime state
 	// and cgroups are removed.
-	wait := c.destroyAll(ctx, sb, []*bctx{n})
+	c.destroyAll(ctx, sb, []*bctx{n})
 	delete(sb.nodes, n.id)
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
-	wait()
 	if err != nil {
 		return nil, fmt.Errorf("commit %s/%s (its processes were killed): %w", sb.id, n.id, err)
 	}
@@ -849,11 +876,10 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 			delete(sb.nodes, id)
 		}
 	}
-	waitLosers := c.destroyAll(ctx, sb, losers)
+	c.destroyAll(ctx, sb, losers)
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
-	waitLosers()
 	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
 	if len(res.Invalidated) > 0 {
 		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
@@ -879,9 +905,8 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 	for _, d := range gone {
 		delete(sb.nodes, d.id)
 	}
-	wait := c.destroyAll(ctx, sb, gone)
+	c.destroyAll(ctx, sb, gone)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
-	wait()
 	if err != nil {
 		return nil, fmt.Errorf("abort %s/%s (its processes were killed): %w", sb.id, n.id, err)
 	}
@@ -1209,6 +1234,8 @@ func (c *contexts) teardown(ctx context.Context, id string) {
 	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
 		_ = thawOwn(ctx, root.cgroup)
 	}
+	// The sandbox's cgroup goes after this: its branches' must be gone.
+	sb.releasing.Wait()
 	sb.snapshot.Close()
 }
 

@@ -498,18 +498,19 @@ func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) 
 	}
 	defer null.Close()
 	started := time.Now()
+	pidfd := -1
 	pid, err := syscall.ForkExec(c.init, []string{"brinit"}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   []string{},
 		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
-		Sys:   &syscall.SysProcAttr{Cloneflags: flags},
+		Sys:   &syscall.SysProcAttr{Cloneflags: flags, PidFD: &pidfd},
 	})
 	if err != nil {
 		ctl.Close()
 		return nil, fmt.Errorf("start the branch init: %w", err)
 	}
 	init := newFastProc("", nil)
-	init.pid = pid
+	init.pid, init.pidfd = pid, pidfd
 	c.watch(init, started)
 	s := &spawned{init: init, ctl: ctl, cgroup: cgroupPath, paths: cgm.GetPaths(), flags: flags, joined: make(chan error, 1)}
 	go func() {
@@ -972,6 +973,20 @@ func (p *fastProc) setPid(pid int) {
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		p.pidfd = fd
 	}
+}
+
+// dupPidfd returns a pidfd of the process of its own, or -1.
+func (p *fastProc) dupPidfd() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pidfd < 0 {
+		return -1
+	}
+	fd, err := unix.FcntlInt(uintptr(p.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
 }
 
 func (p *fastProc) ID() string { return p.id }
