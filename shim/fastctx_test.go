@@ -5,6 +5,7 @@ package shim
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -168,5 +169,41 @@ func TestProcConfig(t *testing.T) {
 	spec.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOPE"}}
 	if err := writeProc(&w, spec.Process, p.cfg); err == nil {
 		t.Error("an unknown rlimit was taken")
+	}
+}
+
+// TestBranchSpecLeavesParent: a branch's spec, with limits and a command of
+// its own, shares what it does not change with its parent's and changes
+// nothing of it.
+func TestBranchSpecLeavesParent(t *testing.T) {
+	parent := defaultBranchSpec(t, "")
+	mem := int64(1 << 30)
+	parent.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &mem}
+	before, err := json.Marshal(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := branchSpec(parent, "/test/sb/b1/b2", "/proc/7/ns/net", &shimv1.ForkRequest{
+		Args:   []string{"sh", "-c", "true"},
+		Limits: &shimv1.Limits{Memory: 1 << 20, Cpus: 0.5, Pids: 10},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := json.Marshal(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(before) != string(after) {
+		t.Fatalf("branchSpec changed its parent's spec:\nbefore %s\nafter  %s", before, after)
+	}
+	if got := *b.Linux.Resources.Memory.Limit; got != 1<<20 {
+		t.Errorf("branch memory limit %d, want %d", got, 1<<20)
+	}
+	if b.Linux.Resources.CPU == nil || *b.Linux.Resources.CPU.Quota != 50000 || *b.Linux.Resources.Pids.Limit != 10 {
+		t.Errorf("branch cpu and pids limits %+v %+v", b.Linux.Resources.CPU, b.Linux.Resources.Pids)
+	}
+	if b.Linux.CgroupsPath != "/test/sb/b1/b2" || b.Process.Args[0] != "sh" || (len(parent.Process.Args) > 0 && parent.Process.Args[0] == "sh") {
+		t.Errorf("branch cgroup %q args %v; parent args %v", b.Linux.CgroupsPath, b.Process.Args, parent.Process.Args)
 	}
 }

