@@ -119,10 +119,11 @@ func remountLive(live liveMountInfo, readonly bool) error {
 }
 
 // probeRefused says whether a write through target is refused with EROFS.
-// The write, an XATTR_REPLACE of an attribute that does not exist, would
-// change nothing if it were let through: ENODATA.
+// The write sets an attribute both only if it exists and only if it does
+// not, so it changes nothing when let through (ENODATA or EEXIST), even
+// if the sandbox made an attribute of that name.
 func probeRefused(target string) bool {
-	return unix.Setxattr(target, "user.branchbox.seal-probe", []byte{0}, unix.XATTR_REPLACE) == unix.EROFS
+	return unix.Setxattr(target, "user.branchbox.seal-probe", []byte{0}, unix.XATTR_CREATE|unix.XATTR_REPLACE) == unix.EROFS
 }
 
 // detachMountsUsing lazily unmounts everything mounted below dir and every
