@@ -317,6 +317,9 @@ func BenchmarkContextRead(b *testing.B) {
 	if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "mk", "bread", "dd", "if=/dev/zero", "of=/big", "bs=1M", fmt.Sprintf("count=%d", readSize>>20)); err != nil {
 		b.Fatal(err)
 	}
+	// Written out before either side reads: otherwise the first side read
+	// (the branch) runs while the kernel writes back 256 MiB of dirty pages.
+	syncFile(b, filepath.Join(upper, "big"))
 	k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
 	if err != nil {
 		b.Fatal(err)
@@ -331,6 +334,17 @@ func BenchmarkContextRead(b *testing.B) {
 				readAll(b, tc.path)
 			}
 		})
+	}
+}
+
+func syncFile(b *testing.B, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
 	}
 }
 
