@@ -204,9 +204,9 @@ func killDirs(ctx context.Context, path string, dirs []cgroupMount) error {
 // The cgroup is then checked on one hierarchy (on cgroup v2 its populated
 // flag covers the subtree in one read), not on all of them as killDirs
 // does; only a process put into it from outside the namespace could be
-// elsewhere, and release kills those before it removes the cgroup. frozen says the branch (or
-// a part of it) is frozen by the shim, so it is thawed first: a frozen
-// task on cgroup v1 ignores SIGKILL.
+// elsewhere, and release kills those before it removes the cgroup. frozen
+// says the shim froze the branch or a part of it, which is thawed first:
+// a frozen task on cgroup v1 ignores SIGKILL.
 func killBranch(ctx context.Context, path string, dirs []cgroupMount, initPidfd int, frozen bool) error {
 	if len(dirs) == 0 {
 		return nil
