@@ -228,13 +228,19 @@ func killBranch(ctx context.Context, path string, dirs []cgroupMount, initPidfd 
 // cgroup.kill exists (cgroup v2, Linux 5.14), one by one on the first v1
 // hierarchy.
 func signalAll(ctx context.Context, dirs []cgroupMount) {
+	killV2(dirs)
+	if !dirs[0].v2 {
+		killPids(ctx, subtreePids(dirs[:1]))
+	}
+}
+
+// killV2 writes cgroup.kill (Linux 5.14) on the v2 directories of dirs,
+// which kills each whole subtree atomically.
+func killV2(dirs []cgroupMount) {
 	for _, d := range dirs {
 		if d.v2 {
 			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
 		}
-	}
-	if !dirs[0].v2 {
-		killPids(ctx, subtreePids(dirs[:1]))
 	}
 }
 
@@ -265,12 +271,7 @@ func populated(dirs []cgroupMount) bool {
 // killLoop kills the processes of dirs until none is left, watching the
 // hierarchies of watch while they die and checking all before it returns.
 func killLoop(ctx context.Context, path string, dirs, watch []cgroupMount) error {
-	for _, d := range dirs {
-		if d.v2 {
-			// cgroup.kill (Linux 5.14) kills the whole subtree atomically.
-			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
-		}
-	}
+	killV2(dirs)
 	// Every process is in every hierarchy, so one hierarchy is watched
 	// while they die, and all of them are checked before returning. The
 	// poll starts short: a killed branch is usually gone within a
