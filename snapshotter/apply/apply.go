@@ -868,18 +868,44 @@ func (a *applier) removeAll(dirfd int, name, rel string, depth int) error {
 		}
 		return nil
 	}
-	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err == nil || err == unix.ENOENT {
-		return nil
-	} else if err != unix.ENOTEMPTY && err != unix.EEXIST {
-		return fail(rel, "remove directory", err)
+	// Each pass empties the directory through a descriptor of its own. An
+	// overlay directory read through a descriptor opened before its copy-up
+	// can show a view that is out of date (CI once saw it read as empty
+	// while rmdir still said ENOTEMPTY); a fresh open reads the merged
+	// directory as it is now.
+	const passes = 4
+	for pass := 0; ; pass++ {
+		err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		if err == nil || err == unix.ENOENT {
+			return nil
+		}
+		if err != unix.ENOTEMPTY && err != unix.EEXIST {
+			return fail(rel, "remove directory", err)
+		}
+		if pass == passes {
+			return fail(rel, fmt.Sprintf("remove directory (still not empty after %d passes)", passes), err)
+		}
+		if err := a.emptyDir(dirfd, name, rel, depth); err != nil {
+			return err
+		}
 	}
+}
+
+// emptyDir removes the entries of the directory name under dirfd. It returns
+// once a read shows no entry, or shows the same entries as the read before
+// (a stale view: removeAll then opens the directory again).
+func (a *applier) emptyDir(dirfd int, name, rel string, depth int) error {
 	fd, err := openDir(dirfd, name)
+	if err == unix.ENOENT {
+		return nil
+	}
 	if err != nil {
 		return fail(rel, "open target directory", err)
 	}
 	defer unix.Close(fd)
 	buf := make([]byte, 8192)
 	var names []string
+	var last string
 	// Read from the start after each batch: entries unlinked while a
 	// directory is being read may otherwise shift under the offset.
 	for {
@@ -898,16 +924,17 @@ func (a *applier) removeAll(dirfd int, name, rel string, depth int) error {
 		}
 		_, _, names = unix.ParseDirent(buf[:max(n, 0)], -1, names[:0])
 		if len(names) == 0 {
-			break
+			return nil
 		}
+		batch := strings.Join(names, "/")
+		if batch == last {
+			return nil
+		}
+		last = batch
 		for _, child := range names {
 			if err := a.removeAll(fd, child, join(rel, child), depth+1); err != nil {
 				return err
 			}
 		}
 	}
-	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
-		return fail(rel, "remove directory", err)
-	}
-	return nil
 }
