@@ -550,7 +550,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		for _, id := range kids {
 			dir := s.branchDir(r.id(), id)
 			created = append(created, dir)
-			if err := s.placeBranchDir(ctx, dir, uid, gid); err != nil {
+			if err := makeBranchDir(dir, uid, gid); err != nil {
 				return err
 			}
 		}
@@ -592,7 +592,6 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		out[i] = BranchInfo{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
-	s.spares.refill(ctx)
 	return out, nil
 }
 

@@ -11,7 +11,6 @@
 //	<root>/snapshots/<id>/work  overlay workdir of an active snapshot
 //	<root>/snapshots/new-*      half-created snapshot, removed on recovery
 //	<root>/trash/*              discarded layers being removed (trash.go)
-//	<root>/spare/*              empty branch layers made ahead of forks (spares.go)
 package snapshotter
 
 import (
@@ -51,7 +50,6 @@ type Snapshotter struct {
 	trashSeq  atomic.Uint64
 	trashWG   sync.WaitGroup // background removals of discarded layers
 	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
-	spares    *spareLayers
 }
 
 var (
@@ -138,9 +136,6 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	// Orphans first, so recovery only sees layers that a tree owns; then
 	// again, for what recovery let go.
 	if err := s.emptyTrash(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
-	}
-	if s.spares, err = resetSpares(ctx, root); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.cleanTempMounts(ctx); err != nil {
@@ -404,7 +399,6 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
-	s.spares.close()
 	s.sealWG.Wait()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
