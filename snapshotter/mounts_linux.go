@@ -119,14 +119,11 @@ func remountLive(live liveMountInfo, readonly bool) error {
 }
 
 // probeRefused says whether a write through target is refused with EROFS.
-// The write sets one of overlayfs's own attributes, which the overlay
-// refuses (EOPNOTSUPP) without reaching the upper filesystem's journal, so
-// the probe is a writer of the mount for as short a time as can be. It
-// sets the attribute both only if it exists and only if it does not, so
-// even where it reaches the upper (a mount with userxattr) it changes
-// nothing.
+// The write sets an attribute both only if it exists and only if it does
+// not, so it changes nothing when let through (ENODATA or EEXIST), even
+// if the sandbox made an attribute of that name.
 func probeRefused(target string) bool {
-	return unix.Setxattr(target, "trusted.overlay.branchbox-seal-probe", []byte{0}, unix.XATTR_CREATE|unix.XATTR_REPLACE) == unix.EROFS
+	return unix.Setxattr(target, "user.branchbox.seal-probe", []byte{0}, unix.XATTR_CREATE|unix.XATTR_REPLACE) == unix.EROFS
 }
 
 // detachMountsUsing lazily unmounts everything mounted below dir and every

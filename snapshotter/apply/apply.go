@@ -868,11 +868,12 @@ func (a *applier) removeAll(dirfd int, name, rel string, depth int) error {
 		}
 		return nil
 	}
-	// Each pass empties the directory through a descriptor of its own. An
-	// overlay directory read through a descriptor opened before its copy-up
-	// can show a view that is out of date (CI once saw it read as empty
-	// while rmdir still said ENOTEMPTY); a fresh open reads the merged
-	// directory as it is now.
+	// Each pass empties the directory through a descriptor of its own, and
+	// the passes are bounded. CI once saw a directory of an overlay target
+	// read as empty, through a descriptor opened before its copy-up, while
+	// rmdir still said ENOTEMPTY (not reproduced here, cause unknown); a
+	// fresh open reads the merged directory as it is now, and a stale view
+	// can neither fail the commit at once nor loop.
 	const passes = 4
 	for pass := 0; ; pass++ {
 		err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
