@@ -220,8 +220,7 @@ func killBranch(ctx context.Context, path string, dirs []cgroupMount, initPidfd 
 	}
 	// The init is not gone (frozen by someone else?), or something outside
 	// its namespace is in the cgroup: the slow way.
-	thaw(dirs)
-	return killLoop(ctx, path, dirs, dirs[:1])
+	return killDirs(ctx, path, dirs)
 }
 
 // signalAll kills every process of a cgroup once: all at once where

@@ -147,10 +147,9 @@ func (r *rootLocks) entry(id string) *treeLock {
 
 // lock takes the root's lock once a pending seal has ended.
 func (r *rootLocks) lock(id string) func() {
-	l := r.entry(id)
-	l.mu.Lock()
-	l.awaitSeal()
-	return l.mu.Unlock
+	unlock, awaitSeal := r.lockBeforeSeal(id)
+	awaitSeal()
+	return unlock
 }
 
 // lockBeforeSeal takes the root's lock without waiting for a pending seal:
