@@ -70,8 +70,8 @@ func CheckpointToShim(c Checkpoint) *shimv1.Checkpoint {
 
 // Checkpoint records the state of ref's rootfs as name.
 func (c *Client) Checkpoint(ctx context.Context, ref Ref, name string) (Checkpoint, error) {
-	resp, err := c.api.Checkpoint(ctx, &branchv1.CheckpointRequest{Context: refToProto(ref), Name: name})
-	if err != nil {
+	resp := &branchv1.CheckpointResponse{}
+	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Context: refToProto(ref), Name: name}, resp); err != nil {
 		return Checkpoint{}, fromGRPC(err)
 	}
 	return checkpointFromProto(resp.Checkpoint), nil
@@ -79,8 +79,8 @@ func (c *Client) Checkpoint(ctx context.Context, ref Ref, name string) (Checkpoi
 
 // Checkpoints lists the checkpoints of root's contexts, oldest first.
 func (c *Client) Checkpoints(ctx context.Context, root Root) ([]Checkpoint, error) {
-	resp, err := c.api.ListCheckpoints(ctx, &branchv1.ListCheckpointsRequest{Root: rootToProto(root)})
-	if err != nil {
+	resp := &branchv1.ListCheckpointsResponse{}
+	if err := c.t.invoke(ctx, "ListCheckpoints", &branchv1.ListCheckpointsRequest{Root: rootToProto(root)}, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	out := make([]Checkpoint, len(resp.Checkpoints))
@@ -94,7 +94,7 @@ func (c *Client) Checkpoints(ctx context.Context, root Root) ([]Checkpoint, erro
 // FailedPrecondition) while a live branch is forked from it. Checkpoints
 // built on it keep its layer; they list their parent as "(deleted)".
 func (c *Client) DeleteCheckpoint(ctx context.Context, root Root, name string) error {
-	if _, err := c.api.DeleteCheckpoint(ctx, &branchv1.DeleteCheckpointRequest{Root: rootToProto(root), Name: name}); err != nil {
+	if err := c.t.invoke(ctx, "DeleteCheckpoint", &branchv1.DeleteCheckpointRequest{Root: rootToProto(root), Name: name}, &branchv1.DeleteCheckpointResponse{}); err != nil {
 		return fromGRPC(err)
 	}
 	return nil
@@ -103,7 +103,7 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, root Root, name string) e
 // Rollback brings ref's rootfs back to its checkpoint name, visible at once
 // to its running processes; refused while ref has live children.
 func (c *Client) Rollback(ctx context.Context, ref Ref, name string) error {
-	if _, err := c.api.Rollback(ctx, &branchv1.RollbackRequest{Context: refToProto(ref), Name: name}); err != nil {
+	if err := c.t.invoke(ctx, "Rollback", &branchv1.RollbackRequest{Context: refToProto(ref), Name: name}, &branchv1.RollbackResponse{}); err != nil {
 		return fromGRPC(err)
 	}
 	return nil

@@ -9,9 +9,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
@@ -19,21 +17,22 @@ import (
 
 // Client talks to the branch API of a containerd-branch-snapshotter.
 type Client struct {
-	conn *grpc.ClientConn
-	api  branchv1.BranchesClient
+	t transport
 }
 
-// Dial connects to the snapshotter's unix socket.
+// Dial connects to the snapshotter's unix socket: over ttrpc where the
+// snapshotter serves it beside that socket (address + TTRPCSuffix), else
+// over gRPC. Either connects on first use.
 func Dial(address string) (*Client, error) {
-	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	t, err := dialTransport(address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to branch snapshotter at %s: %w", address, err)
+		return nil, err
 	}
-	return &Client{conn: conn, api: branchv1.NewBranchesClient(conn)}, nil
+	return &Client{t: t}, nil
 }
 
 // Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+func (c *Client) Close() error { return c.t.Close() }
 
 // Root names a root snapshot by key or by upper directory.
 type Root struct {
@@ -69,8 +68,8 @@ func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string) ([]I
 	if n < 1 {
 		return nil, fmt.Errorf("fork: n must be at least 1, got %d: %w", n, errdefs.ErrInvalidArgument)
 	}
-	resp, err := c.api.Fork(ctx, &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n), FromCheckpoint: from})
-	if err != nil {
+	resp := &branchv1.ForkResponse{}
+	if err := c.t.invoke(ctx, "Fork", &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n), FromCheckpoint: from}, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	out := make([]Info, len(resp.Branches))
@@ -89,8 +88,8 @@ type CommitResult struct {
 // Commit makes the leaf branch ref's changes its parent's. A branch that
 // lost the race gets a *StaleError.
 func (c *Client) Commit(ctx context.Context, ref Ref) (CommitResult, error) {
-	resp, err := c.api.Commit(ctx, &branchv1.CommitRequest{Branch: refToProto(ref)})
-	if err != nil {
+	resp := &branchv1.CommitResponse{}
+	if err := c.t.invoke(ctx, "Commit", &branchv1.CommitRequest{Branch: refToProto(ref)}, resp); err != nil {
 		return CommitResult{}, fromGRPC(err)
 	}
 	return CommitResult{Parent: infoFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
@@ -98,8 +97,8 @@ func (c *Client) Commit(ctx context.Context, ref Ref) (CommitResult, error) {
 
 // Abort discards ref and its descendants, and returns their IDs.
 func (c *Client) Abort(ctx context.Context, ref Ref) ([]string, error) {
-	resp, err := c.api.Abort(ctx, &branchv1.AbortRequest{Branch: refToProto(ref)})
-	if err != nil {
+	resp := &branchv1.AbortResponse{}
+	if err := c.t.invoke(ctx, "Abort", &branchv1.AbortRequest{Branch: refToProto(ref)}, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	return resp.Aborted, nil
@@ -107,8 +106,8 @@ func (c *Client) Abort(ctx context.Context, ref Ref) ([]string, error) {
 
 // Tree returns every node of root's branch tree.
 func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
-	resp, err := c.api.Tree(ctx, &branchv1.TreeRequest{Root: rootToProto(root)})
-	if err != nil {
+	resp := &branchv1.TreeResponse{}
+	if err := c.t.invoke(ctx, "Tree", &branchv1.TreeRequest{Root: rootToProto(root)}, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	out := make([]Info, len(resp.Nodes))
@@ -120,8 +119,8 @@ func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
 
 // Mounts returns how to mount ref.
 func (c *Client) Mounts(ctx context.Context, ref Ref) ([]mount.Mount, error) {
-	resp, err := c.api.Mounts(ctx, &branchv1.MountsRequest{Context: refToProto(ref)})
-	if err != nil {
+	resp := &branchv1.MountsResponse{}
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: refToProto(ref)}, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	return mountsFromProto(resp.Mounts), nil
@@ -147,9 +146,14 @@ func ToGRPC(err error) error {
 	return errgrpc.ToGRPC(err)
 }
 
-// fromGRPC restores errdefs kinds, and a *StaleError from its details.
+// fromGRPC restores errdefs kinds, and a *StaleError from its details. An
+// error that is not a status (the transport's own) is kept as it is.
 func fromGRPC(err error) error {
-	if st, ok := status.FromError(err); ok && st.Code() == codes.Aborted {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	if st.Code() == codes.Aborted {
 		for _, d := range st.Details() {
 			if sd, ok := d.(*branchv1.StaleDetail); ok {
 				return &StaleError{Branch: sd.Branch, Winner: sd.Winner, WinnerEpoch: sd.WinnerEpoch}

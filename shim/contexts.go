@@ -495,7 +495,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	for i, n := range made {
 		sb.nodes[n.id] = n
 		ids[i] = n.id
-		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i]))
+		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i], n.hasCommand))
 	}
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: ids})
 	return resp, nil
@@ -887,7 +887,7 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	parent := res.Parent
 	resp := &shimv1.CommitResponse{Invalidated: res.Invalidated}
 	if p, ok := sb.nodes[n.parent]; ok {
-		resp.Parent = c.describe(sb, p, &parent)
+		resp.Parent = c.describe(sb, p, &parent, true)
 	}
 	return resp, nil
 }
@@ -1136,7 +1136,7 @@ func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1
 		if n == nil {
 			n = &bctx{id: infos[i].ID, parent: infos[i].Parent}
 		}
-		resp.Nodes = append(resp.Nodes, c.describe(sb, n, &infos[i]))
+		resp.Nodes = append(resp.Nodes, c.describe(sb, n, &infos[i], true))
 	}
 	if root := sb.nodes[branch.RootID]; root != nil {
 		if pid, err := c.initPid(ctx, sb, root); err == nil {
@@ -1150,8 +1150,10 @@ func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1
 	return resp, nil
 }
 
-// describe is a context as the API reports it.
-func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Context {
+// describe is a context as the API reports it. Without readProcs, its
+// processes are not read from its cgroup: a branch just started without a
+// command has its init alone, and has had no OOM kill.
+func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs bool) *shimv1.Context {
 	d := &shimv1.Context{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup}
 	if info != nil {
 		d.Parent = info.Parent
@@ -1171,7 +1173,9 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info) *shimv1.Con
 		d.Limits = limitsOf(n.spec)
 	}
 	procs := n.procs()
-	if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
+	if !readProcs && procs != nil {
+		d.Pids = []uint32{uint32(procs.Pid())}
+	} else if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
 		if ms, err := c.hier(); err == nil {
 			dirs := dirsIn(ms, n.cgroup)
 			pids := pidsIn(oneHierarchy(dirs), false)

@@ -23,6 +23,11 @@ func NewBranchService(s *Snapshotter) branchv1.BranchesServer {
 	return &branchService{s: s}
 }
 
+// NewTTRPCBranchService returns the same service for a ttrpc server.
+func NewTTRPCBranchService(s *Snapshotter) branchv1.TTRPCBranchesService {
+	return &branchService{s: s}
+}
+
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
 	kids, err := b.s.ForkFrom(ctx, contextFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint())
 	if err != nil {

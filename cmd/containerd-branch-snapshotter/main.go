@@ -6,6 +6,9 @@
 //	[proxy_plugins.branch]
 //	  type = "snapshot"
 //	  address = "/run/containerd-branch-snapshotter/snapshotter.sock"
+//
+// The branch API is served on that socket too, and over ttrpc on the same
+// path with ".ttrpc" appended, which the shims use.
 package main
 
 import (
@@ -24,10 +27,12 @@ import (
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -107,6 +112,19 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
 	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
+	ttrpcAddress := address + branch.TTRPCSuffix
+	tl, err := listen(ttrpcAddress)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	tsrv, err := ttrpc.NewServer()
+	if err != nil {
+		l.Close()
+		tl.Close()
+		return fmt.Errorf("ttrpc server: %w", err)
+	}
+	branchv1.RegisterTTRPCBranchesService(tsrv, snapshotter.NewTTRPCBranchService(sn))
 
 	// A shim knows a sandbox's rootfs only by its upper directory, inside
 	// root: this file tells it where the branch API is served.
@@ -117,9 +135,19 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 	}
 	defer os.Remove(addrFile)
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
-	log.G(ctx).WithFields(log.Fields{"root": root, "address": address}).Info("serving branch snapshotter")
+	errc := make(chan error, 2)
+	go func() {
+		if err := srv.Serve(l); err != nil {
+			errc <- fmt.Errorf("serve %s: %w", address, err)
+		}
+	}()
+	go func() {
+		// Not ctx: calls in flight at SIGTERM are drained, not cancelled.
+		if err := tsrv.Serve(context.WithoutCancel(ctx), tl); err != nil && !errors.Is(err, ttrpc.ErrServerClosed) {
+			errc <- fmt.Errorf("serve %s: %w", ttrpcAddress, err)
+		}
+	}()
+	log.G(ctx).WithFields(log.Fields{"root": root, "address": address, "ttrpc": ttrpcAddress}).Info("serving branch snapshotter")
 
 	if reapInterval > 0 {
 		// Orphans can appear while serving too: a sandbox removed while
@@ -147,20 +175,29 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 
 	select {
 	case err := <-errc:
+		srv.Stop()
+		tsrv.Close()
 		os.Remove(address)
-		return fmt.Errorf("serve %s: %w", address, err)
+		os.Remove(ttrpcAddress)
+		return err
 	case <-ctx.Done():
 	}
 	log.G(ctx).Info("shutting down: draining in-flight calls")
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
+	defer cancel()
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()
+	if err := tsrv.Shutdown(dctx); err != nil {
+		tsrv.Close()
+	}
 	select {
 	case <-done:
-	case <-time.After(drainTimeout):
+	case <-dctx.Done():
 		log.G(ctx).Warn("drain timed out; closing remaining connections")
 		srv.Stop()
 	}
 	os.Remove(address)
+	os.Remove(ttrpcAddress)
 	return nil
 }
 

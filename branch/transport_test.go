@@ -1,0 +1,94 @@
+package branch
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
+
+	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+)
+
+// abortOnly answers Abort with the branch it was asked about.
+type abortOnly struct {
+	branchv1.TTRPCBranchesService
+	server string
+}
+
+func (a abortOnly) Abort(_ context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
+	return &branchv1.AbortResponse{Aborted: []string{a.server + ":" + req.GetBranch().GetBranch()}}, nil
+}
+
+func serveTTRPC(t *testing.T, path, name string) *ttrpc.Server {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	branchv1.RegisterTTRPCBranchesService(s, abortOnly{server: name})
+	go func() { _ = s.Serve(context.Background(), l) }()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestDialPrefersTTRPCAndRedials: Dial takes the ttrpc socket beside the
+// address; a call while the server is gone fails as unavailable, and the
+// client connects again once a server is back, as a gRPC one would.
+func TestDialPrefersTTRPCAndRedials(t *testing.T) {
+	dir := t.TempDir()
+	addr := filepath.Join(dir, "snapshotter.sock")
+	first := serveTTRPC(t, addr+TTRPCSuffix, "first")
+	c, err := Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := Ref{Root: Root{Key: "k"}, Branch: "3"}
+	if got, err := c.Abort(ctx, ref); err != nil || len(got) != 1 || got[0] != "first:3" {
+		t.Fatalf("abort through the first server: %v %v", got, err)
+	}
+
+	first.Close()
+	os.Remove(addr + TTRPCSuffix)
+	// The client learns of the close from its connection; until a server
+	// is back, calls fail as unavailable.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = c.Abort(ctx, ref)
+		if errdefs.IsUnavailable(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("abort with no server: %v, want unavailable", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	serveTTRPC(t, addr+TTRPCSuffix, "second")
+	if got, err := c.Abort(ctx, ref); err != nil || len(got) != 1 || got[0] != "second:3" {
+		t.Fatalf("abort after the server came back: %v %v", got, err)
+	}
+}
+
+// TestDialFallsBackToGRPC: without a ttrpc socket, Dial uses gRPC.
+func TestDialFallsBackToGRPC(t *testing.T) {
+	c, err := Dial(filepath.Join(t.TempDir(), "snapshotter.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.t.(grpcTransport); !ok {
+		t.Fatalf("transport %T, want gRPC", c.t)
+	}
+}
