@@ -220,11 +220,14 @@ func TestBranchCrashSafety(t *testing.T) {
 			t.Fatal(err)
 		}
 		armed := dialBranches(t, env)
-		if err := op(armed); err == nil {
+		opErr := op(armed)
+		if opErr == nil {
 			t.Fatalf("%s: operation succeeded although the daemon was to die", point)
 		}
 		if err := env.WaitSnapshotterExit(10 * time.Second); err == nil {
 			t.Fatalf("%s: daemon exited cleanly, want killed", point)
+		} else if !strings.Contains(err.Error(), "killed") {
+			t.Fatalf("%s: daemon not killed at its fault point (%v); the operation failed with: %v", point, err, opErr)
 		}
 		if err := env.StartSnapshotter(ctx); err != nil {
 			t.Fatal(err)

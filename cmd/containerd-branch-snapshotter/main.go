@@ -105,17 +105,17 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 		}
 	}()
 
-	l, err := listen(address)
-	if err != nil {
-		return err
-	}
-	srv := grpc.NewServer()
-	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
-	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
+	// The ttrpc socket is bound first: whoever finds the gRPC socket
+	// answering (containerd, a test) finds it bound too, not a crashed
+	// predecessor's stale one.
 	ttrpcAddress := address + branch.TTRPCSuffix
 	tl, err := listen(ttrpcAddress)
 	if err != nil {
-		l.Close()
+		return err
+	}
+	l, err := listen(address)
+	if err != nil {
+		tl.Close()
 		return err
 	}
 	tsrv, err := ttrpc.NewServer()
@@ -125,12 +125,16 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
 	branchv1.RegisterTTRPCBranchesService(tsrv, snapshotter.NewTTRPCBranchService(sn))
+	srv := grpc.NewServer()
+	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
 
 	// A shim knows a sandbox's rootfs only by its upper directory, inside
 	// root: this file tells it where the branch API is served.
 	addrFile := filepath.Join(root, snapshotter.AddressFile)
 	if err := os.WriteFile(addrFile, []byte(address+"\n"), 0o600); err != nil {
 		l.Close()
+		tl.Close()
 		return fmt.Errorf("record address in %s: %w", addrFile, err)
 	}
 	defer os.Remove(addrFile)
