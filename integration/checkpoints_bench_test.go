@@ -132,6 +132,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			b.Run(fmt.Sprintf("files=%d/size=%s/impl=containerd-diff", files, sz.name), func(b *testing.B) {
 				f := diffSetup(b, ctx, client, chainID, files, sz.size)
 				i := 0
+				quiesce(b)
 				for b.Loop() {
 					b.StopTimer()
 					i++
@@ -169,6 +170,7 @@ func BenchmarkRollback(b *testing.B) {
 					b.Fatal(err)
 				}
 				i := 0
+				quiesce(b)
 				for b.Loop() {
 					i++
 					key := fmt.Sprintf("ckb-restore-%d-%s-%d", files, sz.name, i)

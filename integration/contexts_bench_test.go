@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -148,6 +149,7 @@ func BenchmarkContextFork(b *testing.B) {
 	sc, upper := benchSandbox(b, ctx, env, "bfork")
 	for _, n := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("n=%d/impl=branch", n), func(b *testing.B) {
+			quiesce(b)
 			for b.Loop() {
 				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
 				if err != nil {
@@ -164,6 +166,7 @@ func BenchmarkContextFork(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("n=%d/impl=copy", n), func(b *testing.B) {
 			i := 0
+			quiesce(b)
 			for b.Loop() {
 				var fs []copyFork
 				for j := 0; j < n; j++ {
@@ -194,6 +197,7 @@ func BenchmarkContextExec(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer abortAll(b, ctx, sc, k)
+		quiesce(b)
 		for b.Loop() {
 			if st, err := sc.Run(ctx, k[0].ID, branch.ExecOptions{Args: []string{"true"}}); err != nil || st.Code != 0 {
 				b.Fatal(st, err)
@@ -211,6 +215,7 @@ func BenchmarkContextExec(b *testing.B) {
 		ps := *spec.Process
 		ps.Args = []string{"true"}
 		i := 0
+		quiesce(b)
 		for b.Loop() {
 			p, err := f.task.Exec(ctx, fmt.Sprintf("e%d", i), &ps, cio.NullIO)
 			i++
@@ -241,6 +246,7 @@ func BenchmarkContextCommit(b *testing.B) {
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "bcommit")
 	b.Run("impl=branch", func(b *testing.B) {
+		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
 			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
@@ -258,6 +264,7 @@ func BenchmarkContextCommit(b *testing.B) {
 	})
 	b.Run("impl=copy", func(b *testing.B) {
 		i := 0
+		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
 			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-commit-%d", i))
@@ -282,6 +289,7 @@ func BenchmarkContextAbort(b *testing.B) {
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "babort")
 	b.Run("impl=branch", func(b *testing.B) {
+		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
 			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
@@ -294,6 +302,7 @@ func BenchmarkContextAbort(b *testing.B) {
 	})
 	b.Run("impl=copy", func(b *testing.B) {
 		i := 0
+		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
 			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-abort-%d", i))
@@ -333,6 +342,11 @@ func readAll(b *testing.B, path string) {
 // filesystem (the sandbox's upper directory, where it lives). The branch's
 // mount is read from the host at its mount point: the same superblock the
 // branch's processes read, without an exec in the timing.
+//
+// Both sides take turns read by read, in each sub-benchmark, and each
+// reports the median of its own reads: on a shared machine, throughput
+// drifts by 10% from one second to the next, which two back-to-back runs
+// of one side each would take for a difference between them.
 func BenchmarkContextRead(b *testing.B) {
 	ctx, env, _, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
@@ -349,13 +363,25 @@ func BenchmarkContextRead(b *testing.B) {
 	}
 	defer abortAll(b, ctx, sc, k)
 	inBranch := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "bread", "branches", k[0].ID, "rootfs", "big")
-	for _, tc := range []struct{ impl, path string }{{"branch", inBranch}, {"host", filepath.Join(upper, "big")}} {
+	onHost := filepath.Join(upper, "big")
+	for _, tc := range []struct{ impl, path, other string }{{"branch", inBranch, onHost}, {"host", onHost, inBranch}} {
 		b.Run("impl="+tc.impl, func(b *testing.B) {
 			readAll(b, tc.path) // warm
-			b.SetBytes(readSize)
+			readAll(b, tc.other)
+			var ds []time.Duration
+			quiesce(b)
 			for b.Loop() {
+				b.StopTimer()
+				readAll(b, tc.other)
+				b.StartTimer()
+				t0 := time.Now()
 				readAll(b, tc.path)
+				ds = append(ds, time.Since(t0))
 			}
+			sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+			med := ds[len(ds)/2]
+			b.ReportMetric(float64(med.Nanoseconds()), "ns/op")
+			b.ReportMetric(float64(readSize)/1e6/med.Seconds(), "MB/s")
 		})
 	}
 }
@@ -432,6 +458,7 @@ func BenchmarkContextPageCache(b *testing.B) {
 		}
 		b.Run("impl="+impl, func(b *testing.B) {
 			var cached int64
+			quiesce(b)
 			for b.Loop() {
 				b.StopTimer()
 				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})

@@ -73,6 +73,7 @@ func BenchmarkContainerStart(b *testing.B) {
 	for _, rt := range benchRuntimes() {
 		b.Run("impl="+rt.impl, func(b *testing.B) {
 			i := 0
+			quiesce(b)
 			for b.Loop() {
 				b.StopTimer()
 				c := benchContainer(b, ctx, client, rt.runtime, fmt.Sprintf("start-%s-%d", rt.impl, i))
@@ -116,6 +117,7 @@ func BenchmarkExec(b *testing.B) {
 			pspec := specs.Process(*spec.Process)
 			pspec.Args = []string{"true"}
 			i := 0
+			quiesce(b)
 			for b.Loop() {
 				proc, err := task.Exec(ctx, fmt.Sprintf("e%d", i), &pspec, cio.NullIO)
 				i++
@@ -148,6 +150,7 @@ func BenchmarkKillToReaped(b *testing.B) {
 	for _, rt := range benchRuntimes() {
 		b.Run("impl="+rt.impl, func(b *testing.B) {
 			i := 0
+			quiesce(b)
 			for b.Loop() {
 				b.StopTimer()
 				c := benchContainer(b, ctx, client, rt.runtime, fmt.Sprintf("kill-%s-%d", rt.impl, i))
