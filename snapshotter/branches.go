@@ -602,22 +602,30 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 // The remount first checks that no mount of the superblock has a file open
 // for writing and from then on refuses every write; then overlayfs makes it
 // sync the whole upper filesystem (0.2 ms to several here), which a seal
-// does not need. So the remount runs in the background and sealSuperblock
-// returns as soon as a probe write through live.target is refused, or
-// with the remount's error if it fails first. The root's lock is not taken
-// again (nor is the tree remounted) before the remount ends.
+// does not need. So the remount runs on a seal thread (sealthreads_linux.go)
+// and sealSuperblock returns as soon as a probe write through live.target
+// is refused, or with the remount's error if it fails first. The root's
+// lock is not taken again (nor is the tree remounted) before the remount
+// ends.
 func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live liveMountInfo) error {
-	result := make(chan error, 1)
-	s.sealWG.Add(1)
-	go func() {
-		defer s.sealWG.Done()
-		result <- remountLive(live, true)
-	}()
+	result, release := s.seals.remount(ctx, live)
 	probed := false
 wait:
 	for spin := 0; ; spin++ {
+		// The seal thread runs on this CPU when this thread yields; it
+		// gives the CPU back once its remount blocks, past the read-only
+		// point. Should it run elsewhere, yielding only polls.
+		switch {
+		case spin < 200:
+			yieldCPU()
+		case spin < 400:
+			runtime.Gosched()
+		default:
+			time.Sleep(50 * time.Microsecond)
+		}
 		select {
 		case err := <-result:
+			release()
 			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
 				// The probe itself may have been the writer the remount saw:
 				// try once more without it.
@@ -630,11 +638,6 @@ wait:
 			break wait
 		}
 		probed = true
-		if spin < 200 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(50 * time.Microsecond)
-		}
 	}
 	done := make(chan struct{})
 	s.locks.sealing(id, done)
@@ -643,7 +646,9 @@ wait:
 	go func() {
 		defer s.sealWG.Done()
 		defer close(done)
-		if err := <-result; err != nil {
+		err := <-result
+		release()
+		if err != nil {
 			// Past the writer check only an I/O error can fail it.
 			log.G(ctx).WithError(err).WithField("mount", live.target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
 		}

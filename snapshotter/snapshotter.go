@@ -50,6 +50,7 @@ type Snapshotter struct {
 	trashSeq  atomic.Uint64
 	trashWG   sync.WaitGroup // background removals of discarded layers
 	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
+	seals     sealThreads    // the threads that run those seals' remounts
 }
 
 var (
@@ -400,6 +401,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
 	s.sealWG.Wait()
+	s.seals.close()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
