@@ -608,24 +608,29 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 // lock is not taken again (nor is the tree remounted) before the remount
 // ends.
 func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live liveMountInfo) error {
-	result, release := s.seals.remount(ctx, live)
+	run := s.seals.remount(ctx, live)
 	probed := false
 wait:
 	for spin := 0; ; spin++ {
-		// The seal thread runs on this CPU when this thread yields; it
-		// gives the CPU back once its remount blocks, past the read-only
-		// point. Should it run elsewhere, yielding only polls.
+		// The seal thread runs on this CPU when this thread yields it, and
+		// gives it back once its remount blocks, past the read-only point
+		// (sealthreads_linux.go). One that has not issued the remount soon
+		// is waiting for a P, both being busy: yield this one to it.
 		switch {
-		case spin < 200:
-			yieldCPU()
-		case spin < 400:
+		case spin >= 400:
+			time.Sleep(50 * time.Microsecond)
+		case !run.issued.Load() && spin >= 4:
 			runtime.Gosched()
 		default:
-			time.Sleep(50 * time.Microsecond)
+			yieldCPU()
+		}
+		if !run.issued.Load() {
+			continue
 		}
 		select {
-		case err := <-result:
-			release()
+		case err := <-run.result:
+			run.settle()
+			run.release()
 			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
 				// The probe itself may have been the writer the remount saw:
 				// try once more without it.
@@ -639,6 +644,7 @@ wait:
 		}
 		probed = true
 	}
+	run.settle()
 	done := make(chan struct{})
 	s.locks.sealing(id, done)
 	ctx = context.WithoutCancel(ctx)
@@ -646,8 +652,8 @@ wait:
 	go func() {
 		defer s.sealWG.Done()
 		defer close(done)
-		err := <-result
-		release()
+		err := <-run.result
+		run.release()
 		if err != nil {
 			// Past the writer check only an I/O error can fail it.
 			log.G(ctx).WithError(err).WithField("mount", live.target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/containerd/log"
@@ -23,8 +24,15 @@ import (
 // wake an idle thread on the other vCPU, which takes 100-160 us on these
 // VMs (a halted vCPU is woken through the host). A thread pinned to the
 // fork's CPU instead is switched to when the fork yields, and switched
-// back from as soon as the remount blocks in its sync: 40 us in all, and
-// no probe runs while the remount checks for writers.
+// back from when the remount blocks in its sync: the seal takes 30-45 us
+// (median), and no probe runs while the remount checks for writers. Once
+// the probe is refused the thread is settled, moved off the fork's CPU to
+// finish its sync elsewhere.
+//
+// Tried and worse: the thread at SCHED_IDLE with the fork sleeping instead
+// of yielding, so that it takes the CPU back even from a remount still busy
+// in its sync. A timer wake-up costs 30-50 us here, and lone forks were
+// 300-500 us against 225-365 us.
 type sealThreads struct {
 	mu     sync.Mutex
 	idle   []*sealThread
@@ -35,32 +43,39 @@ type sealThreads struct {
 // fork of a different root running at once.
 const maxIdleSealThreads = 4
 
-// sealThread is one locked OS thread that remounts on request.
-type sealThread struct {
-	tid    int
-	wakeR  int // read end of the wake-up pipe, the thread's
-	wakeW  int // write end, the fork's
-	req    chan liveMountInfo
+// sealRun is one remount under way.
+type sealRun struct {
+	live liveMountInfo
+	// issued is set just before the remount is: until then the thread
+	// may still be waiting for a P, which yielding the CPU does not give.
+	issued atomic.Bool
+	// result is the remount's outcome, sent once.
 	result chan error
-	ended  chan struct{} // closed when the thread's goroutine returns
+	// settle is called once the parent is read-only; release once the
+	// result has been received.
+	settle, release func()
 }
 
 // remount starts remounting live read-only, on a seal thread pinned to the
-// caller's CPU when it can (the caller then yields with yieldCPU), else on
-// a goroutine. It returns the remount's outcome, to be received once, and
-// what to call after that.
-func (p *sealThreads) remount(ctx context.Context, live liveMountInfo) (<-chan error, func()) {
+// caller's CPU when it can, else on a goroutine.
+func (p *sealThreads) remount(ctx context.Context, live liveMountInfo) *sealRun {
+	run := &sealRun{live: live, result: make(chan error, 1), settle: func() {}, release: func() {}}
 	t, err := p.take()
 	if err == nil {
-		if err = t.start(live); err == nil {
-			return t.result, func() { p.put(t) }
+		var cpu int
+		if cpu, err = t.start(run); err == nil {
+			run.settle = func() { t.settle(cpu) }
+			run.release = func() { p.put(t) }
+			return run
 		}
 		t.stop()
 	}
 	log.G(ctx).WithError(err).Warn("no seal thread: remounting on a goroutine")
-	result := make(chan error, 1)
-	go func() { result <- remountLive(live, true) }()
-	return result, func() {}
+	go func() {
+		run.issued.Store(true)
+		run.result <- remountLive(live, true)
+	}()
+	return run
 }
 
 // take returns an idle seal thread, or a new one.
@@ -100,20 +115,40 @@ func (p *sealThreads) close() {
 	}
 }
 
+// sealThread is one locked OS thread that remounts on request.
+type sealThread struct {
+	tid   int
+	cpus  unix.CPUSet // the CPUs it may run on when not pinned
+	wakeR int         // read end of the wake-up pipe, the thread's
+	wakeW int         // write end, the fork's
+	req   chan *sealRun
+	ended chan struct{} // closed when the thread's goroutine returns
+}
+
 func newSealThread() (*sealThread, error) {
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("make a seal thread's pipe: %w", err)
 	}
-	t := &sealThread{wakeR: fds[0], wakeW: fds[1], req: make(chan liveMountInfo, 1), result: make(chan error, 1), ended: make(chan struct{})}
+	t := &sealThread{wakeR: fds[0], wakeW: fds[1], req: make(chan *sealRun, 1), ended: make(chan struct{})}
 	tid := make(chan int)
 	go func() {
 		// Never unlocked: the thread's CPU affinity is changed, so it must
-		// end with this goroutine rather than go back to the runtime (the
-		// runtime parks it for good instead if it is the main thread).
+		// end with this goroutine rather than go back to the runtime
+		// (which parks it for good instead if it is the main thread).
 		runtime.LockOSThread()
-		defer close(t.ended)
-		defer unix.Close(t.wakeR)
+		defer func() {
+			unix.Close(t.wakeR)
+			// A request sent as the thread stopped is still carried out:
+			// it was sent before its wake-up, and a wake-up after the
+			// close fails (and the fork remounts on a goroutine).
+			select {
+			case run := <-t.req:
+				t.serve(run)
+			default:
+			}
+			close(t.ended)
+		}()
 		tid <- unix.Gettid()
 		var b [1]byte
 		for {
@@ -123,29 +158,49 @@ func newSealThread() (*sealThread, error) {
 				}
 				return // the write end was closed: stop
 			}
-			live := <-t.req
-			t.result <- remountLive(live, true)
+			t.serve(<-t.req)
 		}
 	}()
 	t.tid = <-tid
+	if err := unix.SchedGetaffinity(t.tid, &t.cpus); err != nil {
+		t.cpus = unix.CPUSet{}
+	}
 	return t, nil
 }
 
-// start has t remount live read-only on the calling thread's current CPU.
-// The caller then yields (yieldCPU) until the remount is past its
-// read-only point, and receives its outcome from t.result.
-func (t *sealThread) start(live liveMountInfo) error {
-	var set unix.CPUSet
-	if cpu, err := currentCPU(); err == nil {
+func (t *sealThread) serve(run *sealRun) {
+	run.issued.Store(true)
+	run.result <- remountLive(run.live, true)
+}
+
+// start has t carry out run on the calling thread's current CPU, which it
+// returns; the caller then yields (yieldCPU) to let it run.
+func (t *sealThread) start(run *sealRun) (int, error) {
+	cpu, err := currentCPU()
+	if err == nil && t.cpus.Count() > 1 {
+		var set unix.CPUSet
 		set.Set(cpu)
-		// A pin that fails only costs the wake-up it saves.
+		// Pinning only saves time: a failure costs just that.
 		_ = unix.SchedSetaffinity(t.tid, &set)
 	}
-	t.req <- live
+	t.req <- run
 	if _, err := unix.Write(t.wakeW, []byte{1}); err != nil {
-		return fmt.Errorf("wake the seal thread: %w", err)
+		return 0, fmt.Errorf("wake the seal thread: %w", err)
 	}
-	return nil
+	return cpu, nil
+}
+
+// settle moves t off cpu, the fork's, to finish its remount.
+func (t *sealThread) settle(cpu int) {
+	if t.cpus.Count() <= 1 {
+		return
+	}
+	others := t.cpus
+	others.Clear(cpu)
+	if others.Count() == 0 {
+		others = t.cpus
+	}
+	_ = unix.SchedSetaffinity(t.tid, &others)
 }
 
 func (t *sealThread) stop() { unix.Close(t.wakeW) }

@@ -41,14 +41,15 @@ func TestSealThreads(t *testing.T) {
 	}
 	p.put(first)
 	for round := range 2 {
-		result, release := p.remount(ctx, live)
-		for !probeRefused(target) {
+		run := p.remount(ctx, live)
+		for !run.issued.Load() || !probeRefused(target) {
 			yieldCPU()
 		}
-		if err := <-result; err != nil {
+		run.settle()
+		if err := <-run.result; err != nil {
 			t.Fatalf("round %d: remount: %v", round, err)
 		}
-		release()
+		run.release()
 		if err := os.WriteFile(filepath.Join(target, "f"), nil, 0o644); !errors.Is(err, unix.EROFS) {
 			t.Fatalf("round %d: write to the sealed mount: %v, want EROFS", round, err)
 		}
