@@ -69,6 +69,11 @@ func (p *sealThreads) remount(ctx context.Context, live liveMountInfo) *sealRun 
 			return run
 		}
 		t.stop()
+		select {
+		case <-t.req: // not taken: remount on a goroutine
+		default:
+			return run // taken by the thread as it stopped, which serves it
+		}
 	}
 	log.G(ctx).WithError(err).Warn("no seal thread: remounting on a goroutine")
 	go func() {
