@@ -77,15 +77,18 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 		return nil, fmt.Errorf("connect to branch snapshotter at %s (is it running?): %v: %w", t.address, err, errdefs.ErrUnavailable)
 	}
 	var c *ttrpc.Client
-	c = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() {
-		t.mu.Lock()
-		if t.client == c {
-			t.client = nil
-		}
-		t.mu.Unlock()
-	}))
+	c = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { t.forget(c) }))
 	t.client = c
 	return c, nil
+}
+
+// forget drops c, a closed connection, so that the next call dials anew.
+func (t *ttrpcTransport) forget(c *ttrpc.Client) {
+	t.mu.Lock()
+	if t.client == c {
+		t.client = nil
+	}
+	t.mu.Unlock()
 }
 
 func (t *ttrpcTransport) invoke(ctx context.Context, method string, req, resp proto.Message) error {
@@ -95,6 +98,9 @@ func (t *ttrpcTransport) invoke(ctx context.Context, method string, req, resp pr
 	}
 	if err := c.Call(ctx, branchService, method, req, resp); err != nil {
 		if errors.Is(err, ttrpc.ErrClosed) {
+			// The close callback may not have run yet: without this the
+			// next call could still be made on the dead connection.
+			t.forget(c)
 			// Sent or not, the call's fate is unknown: not retried.
 			return fmt.Errorf("branch snapshotter at %s closed the connection during %s (restarted?): %w", t.address, method, errdefs.ErrUnavailable)
 		}
