@@ -35,6 +35,7 @@ func TestSealThreads(t *testing.T) {
 	live := liveMountInfo{target: target, options: "rw,relatime"}
 
 	var p sealThreads
+	t.Cleanup(p.close) // on failure; closing twice is harmless
 	first, err := p.take()
 	if err != nil {
 		t.Fatal(err)
