@@ -14,22 +14,7 @@ import (
 // the table when the mount it remembers is gone or covered.
 func TestLiveMountCache(t *testing.T) {
 	requireRoot(t)
-	dir := t.TempDir()
-	for _, d := range []string{"l", "u", "w", "m"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	upper, target := filepath.Join(dir, "u"), filepath.Join(dir, "m")
-	mountOverlay := func() {
-		t.Helper()
-		opts := "lowerdir=" + filepath.Join(dir, "l") + ",upperdir=" + upper + ",workdir=" + filepath.Join(dir, "w")
-		if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mountOverlay()
-	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
+	upper, target, mountOverlay := testOverlay(t)
 
 	var c liveMounts
 	want := func(what string, target string, readonly, cached bool) {
@@ -89,4 +74,28 @@ func TestLiveMountCache(t *testing.T) {
 	want("unmounted", "", false, false)
 	mountOverlay()
 	want("mounted again", target, false, true)
+}
+
+// testOverlay mounts an overlay of empty directories in a temporary
+// directory, unmounted when the test ends. It returns its upper, its mount
+// point and how to mount it there again.
+func testOverlay(t *testing.T) (upper, target string, mount func()) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"l", "u", "w", "m"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	upper, target = filepath.Join(dir, "u"), filepath.Join(dir, "m")
+	mount = func() {
+		t.Helper()
+		opts := "lowerdir=" + filepath.Join(dir, "l") + ",upperdir=" + upper + ",workdir=" + filepath.Join(dir, "w")
+		if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mount()
+	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
+	return upper, target, mount
 }

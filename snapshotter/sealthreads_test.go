@@ -20,18 +20,7 @@ import (
 func TestSealThreads(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	for _, d := range []string{"l", "u", "w", "m"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	target := filepath.Join(dir, "m")
-	opts := "lowerdir=" + filepath.Join(dir, "l") + ",upperdir=" + filepath.Join(dir, "u") + ",workdir=" + filepath.Join(dir, "w")
-	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
+	_, target, _ := testOverlay(t)
 	live := liveMountInfo{target: target, options: "rw,relatime"}
 
 	var p sealThreads
