@@ -54,6 +54,10 @@ type Info struct {
 	UpperSize   int64
 	UpperInodes int64
 	Mounts      []mount.Mount
+	// Quarantine, on the root context (RootID) of a tree whose recovery
+	// failed in the snapshotter, says why; its branch operations are
+	// refused until a retry succeeds.
+	Quarantine string
 }
 
 // Fork makes n children of ref over its current state.
@@ -113,6 +117,9 @@ func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
 	out := make([]Info, len(resp.Nodes))
 	for i, b := range resp.Nodes {
 		out[i] = infoFromProto(b)
+		if out[i].ID == RootID {
+			out[i].Quarantine = resp.Quarantine
+		}
 	}
 	return out, nil
 }

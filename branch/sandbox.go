@@ -150,6 +150,10 @@ type ContextInfo struct {
 	CPUs       float64 `json:"cpus,omitempty"`
 	PidsLimit  int64   `json:"pidsLimit,omitempty"`
 	Cgroup     string  `json:"cgroup,omitempty"`
+	// Quarantine, on the root context of a sandbox whose branch tree the
+	// snapshotter could not recover, says why; branch operations on the
+	// sandbox are refused until a retry succeeds.
+	Quarantine string `json:"quarantine,omitempty"`
 }
 
 func contextFromProto(c *shimv1.Context) ContextInfo {
@@ -164,6 +168,7 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 		UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
 		Sealed: c.Sealed, Seal: c.Seal, Children: c.Children, InitPid: int(c.InitPid), Status: c.Status,
 		ExitStatus: int(c.ExitStatus), OOMKilled: c.OomKilled, Net: c.Net, Cgroup: c.Cgroup,
+		Quarantine: c.Quarantine,
 	}
 	for _, p := range c.Pids {
 		i.Pids = append(i.Pids, int(p))

@@ -336,3 +336,81 @@ func TestBranchCrashSafety(t *testing.T) {
 		t.Fatalf("temporary mounts left: %v", m)
 	}
 }
+
+// TestBranchQuarantineDaemon: a decided commit that the restarted daemon
+// cannot complete (its layer got what the apply refuses while the daemon
+// was down) does not keep the daemon from starting: the tree is
+// quarantined, its operations refused with the cause, every other
+// snapshot call served; a retried commit completes it once the cause is
+// gone.
+func TestBranchQuarantineDaemon(t *testing.T) {
+	ctx, env, c, root := sandboxEnv(t)
+	kids, err := c.Fork(ctx, branch.Ref{Root: root}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mountBranch(t, kids[0])
+	if err := os.MkdirAll(filepath.Join(d, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "state"), []byte("won\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mount.UnmountAll(d, 0)
+
+	if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.StartSnapshotter(ctx, "BRANCHBOX_FAULT_POINT="+snapshotter.FaultCommitDecided); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dialBranches(t, env).Commit(ctx, branch.Ref{Root: root, Branch: kids[0].ID}); err == nil {
+		t.Fatal("commit succeeded although the daemon was to die at its decision")
+	}
+	if err := env.WaitSnapshotterExit(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("daemon not killed at its fault point: %v", err)
+	}
+	upper := strings.TrimPrefix(optionWith(kids[0].Mounts[0].Options, "upperdir="), "upperdir=")
+	redirect := filepath.Join(upper, "dir")
+	if err := unix.Setxattr(redirect, "trusted.overlay.redirect", []byte("/elsewhere"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.StartSnapshotter(ctx); err != nil {
+		t.Fatalf("the daemon did not start with a tree it cannot recover: %v", err)
+	}
+	c = dialBranches(t, env)
+	nodes, err := c.Tree(ctx, root)
+	if err != nil {
+		t.Fatalf("tree of the quarantined sandbox: %v", err)
+	}
+	var cause string
+	for _, n := range nodes {
+		if n.ID == branch.RootID {
+			cause = n.Quarantine
+		}
+	}
+	if !strings.Contains(cause, "redirect") {
+		t.Fatalf("tree does not name the cause of the quarantine: %q", cause)
+	}
+	if _, err := c.Fork(ctx, branch.Ref{Root: root}, 1); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "redirect") {
+		t.Fatalf("fork of a quarantined tree: %v", err)
+	}
+	// containerd's own snapshot calls are served, the sandbox runs as it was.
+	if out, err := env.Ctr(ctx, "snapshots", "--snapshotter", "branch", "ls"); err != nil || !strings.Contains(out, "sb") {
+		t.Fatalf("ctr snapshots ls: %v\n%s", err, out)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "before\n" {
+		t.Fatalf("sandbox reads %q (%v), want its state before the commit", out, err)
+	}
+	if err := unix.Removexattr(redirect, "trusted.overlay.redirect"); err != nil {
+		t.Fatal(err)
+	}
+	// The retry completes the commit (a retried commit that already
+	// succeeded may also say so).
+	if _, err := c.Commit(ctx, branch.Ref{Root: root, Branch: kids[0].ID}); err != nil && !strings.Contains(err.Error(), "was committed") {
+		t.Fatalf("retried commit once the cause is gone: %v", err)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "won\n" {
+		t.Fatalf("sandbox reads %q (%v) after the retried commit", out, err)
+	}
+}

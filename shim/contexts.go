@@ -1162,6 +1162,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 		d.Winner, d.WinnerEpoch = info.Winner, info.WinnerEpoch
 		d.UpperSize, d.UpperInodes = info.UpperSize, info.UpperInodes
 		d.Sealed, d.Children = info.Sealed, info.Children
+		d.Quarantine = info.Quarantine
 		if !info.Created.IsZero() {
 			d.Created = timestamppb.New(info.Created)
 		}

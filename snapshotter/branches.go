@@ -84,6 +84,9 @@ type BranchInfo struct {
 type TreeInfo struct {
 	Root  string
 	Nodes []BranchInfo
+	// Quarantine, if not "", says that the tree's recovery failed and why:
+	// its branch operations are refused (quarantine.go).
+	Quarantine string
 }
 
 // CommitResult says what a commit did.
@@ -315,25 +318,27 @@ func deleteTree(tx *bolt.Tx, rootID string) error {
 	return nil
 }
 
-// allTrees lists every stored tree by root snapshot id.
-func allTrees(tx *bolt.Tx) (map[string]*branch.Tree, error) {
-	out := map[string]*branch.Tree{}
+// allTrees lists every stored tree by root snapshot id, and apart from
+// them the trees that cannot be decoded, with why.
+func allTrees(tx *bolt.Tx) (map[string]*branch.Tree, map[string]error, error) {
+	out, bad := map[string]*branch.Tree{}, map[string]error{}
 	trees := nestedBucket(tx, bucketBranchbox, bucketTrees)
 	if trees == nil {
-		return out, nil
+		return out, bad, nil
 	}
 	var ids []string
 	if err := trees.ForEach(func(k, _ []byte) error { ids = append(ids, string(k)); return nil }); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, id := range ids {
 		t, err := loadTree(tx, id)
 		if err != nil {
-			return nil, err
+			bad[id] = err
+			continue
 		}
 		out[id] = t
 	}
-	return out, nil
+	return out, bad, nil
 }
 
 func nestedBucket(tx *bolt.Tx, names ...string) *bolt.Bucket {
@@ -492,6 +497,9 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
+	}
+	if err := s.usable(r); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
 	defer s.locks.lock(r.id())()
 	parentUpper := s.contextUpper(r.id(), parent)
@@ -717,6 +725,18 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	}); err != nil {
 		return CommitResult{}, fmt.Errorf("commit: %w", err)
 	}
+	if s.quarantined.cause(r.id()) != nil {
+		// A commit the recovery could not complete is retried here, as its
+		// error said it would be.
+		if _, err := s.recoverRoot(ctx, r.id()); err == nil {
+			s.quarantined.lift(r.id())
+		} else {
+			s.quarantined.add(r.id(), err)
+		}
+		if err := s.usable(r); err != nil {
+			return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
+		}
+	}
 	// A fork's seal still syncing is waited for only once the decision is
 	// made: the decision's own sync overlaps it.
 	unlock, awaitSeal := s.locks.lockBeforeSeal(r.id())
@@ -920,6 +940,9 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("abort: %w", err)
 	}
+	if err := s.usable(r); err != nil {
+		return nil, fmt.Errorf("abort %s: %w", c, err)
+	}
 	defer s.locks.lock(r.id())()
 	// Read once, under the lock: it serves the unseal and the removals.
 	mounts := overlayMountsOrNone(ctx)
@@ -1014,10 +1037,18 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 		r     rootSnap
 		tree  *branch.Tree
 		ended []branch.Node
+		cause error
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, _, err = s.resolve(ctx, Context{Root: root}); err != nil {
 			return err
+		}
+		if cause = s.usable(r); cause != nil {
+			// Shown as far as it can be read: the tree is what to look at.
+			if tree, err = loadTree(tx, r.id()); err != nil {
+				tree = nil
+			}
+			return nil
 		}
 		if tree, err = loadTree(tx, r.id()); err != nil {
 			return err
@@ -1033,6 +1064,9 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 	}
 	tree.SetTombstones(nil)
 	out := TreeInfo{Root: r.key}
+	if cause != nil {
+		out.Quarantine = cause.Error()
+	}
 	ids := make([]string, 0, len(tree.Nodes))
 	for id := range tree.Nodes {
 		ids = append(ids, id)
@@ -1055,6 +1089,9 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Moun
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, id, err := s.resolve(ctx, c)
 		if err != nil {
+			return err
+		}
+		if err := s.usable(r); err != nil {
 			return err
 		}
 		tree, err := loadTree(tx, r.id())
@@ -1145,37 +1182,55 @@ func makeBranchDir(dir string, uid, gid int) error {
 
 // recoverBranches finishes what a crash interrupted: commits that were
 // decided are carried through, and every sealed context is made to match
-// its children again. Orphaned layers go with Cleanup.
+// its children again. Orphaned layers go with Cleanup. A tree whose
+// recovery fails is quarantined (quarantine.go), not the daemon's end.
 func (s *Snapshotter) recoverBranches(ctx context.Context) error {
-	var trees map[string]*branch.Tree
+	var (
+		trees map[string]*branch.Tree
+		bad   map[string]error
+	)
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		trees, err = allTrees(tx)
+		trees, bad, err = allTrees(tx)
 		return err
 	}); err != nil {
 		return err
 	}
+	for rootID, err := range bad {
+		s.quarantineTree(ctx, rootID, "snapshot "+rootID, err)
+	}
 	for rootID, t := range trees {
-		var r rootSnap
-		err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-			r, _, err = s.resolve(ctx, Context{Root: Root{Key: t.Root}})
-			return err
-		})
-		if err != nil || r.id() != rootID {
-			log.G(ctx).WithError(err).WithField("root", t.Root).Warn("branch tree without its root snapshot; removing it")
-			if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error { return deleteTree(tx, rootID) }); err != nil {
-				return err
-			}
-			continue
+		if err := s.recoverTree(ctx, rootID, t); err != nil {
+			s.quarantineTree(ctx, rootID, t.Root, err)
 		}
-		for _, id := range t.Committing() {
-			log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
-			if _, err := s.finishCommit(ctx, r, id, true, nil, nil); err != nil {
-				return fmt.Errorf("complete commit of branch %s of %q: %w", id, t.Root, err)
-			}
+	}
+	return nil
+}
+
+// recoverTree completes the commits of tree t (of root snapshot rootID)
+// that were decided, and reseals its contexts; a tree whose root snapshot
+// is gone is deleted.
+func (s *Snapshotter) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
+	var r rootSnap
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		r, _, err = s.resolve(ctx, Context{Root: Root{Key: t.Root}})
+		return err
+	})
+	if (err != nil && errdefs.IsNotFound(err)) || (err == nil && r.id() != rootID) {
+		log.G(ctx).WithError(err).WithField("root", t.Root).Warn("branch tree without its root snapshot; removing it")
+		return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error { return deleteTree(tx, rootID) })
+	}
+	if err != nil {
+		return fmt.Errorf("find root snapshot %q: %w", t.Root, err)
+	}
+	defer s.locks.lock(r.id())()
+	for _, id := range t.Committing() {
+		log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
+		if _, err := s.finishCommit(ctx, r, id, true, nil, nil); err != nil {
+			return fmt.Errorf("complete the commit of branch %s: %w", id, err)
 		}
-		if err := s.resealAll(ctx, r); err != nil {
-			return err
-		}
+	}
+	if err := s.resealAll(ctx, r); err != nil {
+		return fmt.Errorf("reseal its contexts: %w", err)
 	}
 	return nil
 }
@@ -1207,7 +1262,7 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 // orphanBranchDirectories lists branch layers that no tree owns, and
 // temporary commit mounts left by a crash.
 func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, ids map[string]string) ([]string, error) {
-	trees, err := allTrees(tx)
+	trees, bad, err := allTrees(tx)
 	if err != nil {
 		return nil, err
 	}
@@ -1218,6 +1273,9 @@ func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, 
 		return nil, err
 	}
 	for _, rd := range roots {
+		if bad[rd.Name()] != nil {
+			continue // quarantined: its layers are all there is to recover it from
+		}
 		t, ok := trees[rd.Name()]
 		if _, live := ids[rd.Name()]; !ok || !live {
 			orphans = append(orphans, filepath.Join(base, rd.Name()))

@@ -277,6 +277,9 @@ func (s *Snapshotter) lockContext(ctx context.Context, c Context) (r rootSnap, i
 	}); err != nil {
 		return r, id, nil, err
 	}
+	if err := s.usable(r); err != nil {
+		return r, id, nil, err
+	}
 	return r, id, s.locks.lock(r.id()), nil
 }
 
@@ -677,51 +680,81 @@ func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *bra
 
 // recoverCheckpoints completes the rollbacks a crash interrupted.
 func (s *Snapshotter) recoverCheckpoints(ctx context.Context) error {
-	type pending struct{ rootID, ctxID, name string }
-	var todo []pending
-	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+	todo, err := s.pendingRollbacks(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, p := range todo {
+		if s.quarantined.cause(p.rootID) != nil {
+			continue // retried with the rest of its tree
+		}
+		if err := s.finishPendingRollback(ctx, p); err != nil {
+			s.quarantineTree(ctx, p.rootID, "snapshot "+p.rootID, err)
+		}
+	}
+	return nil
+}
+
+// pendingRollback is a rollback that was decided and not finished.
+type pendingRollback struct{ rootID, ctxID, name string }
+
+// pendingRollbacks lists the unfinished rollbacks of root snapshot rootID,
+// or of every root if rootID is "". A root whose checkpoint record cannot
+// be decoded is quarantined.
+func (s *Snapshotter) pendingRollbacks(ctx context.Context, rootID string) ([]pendingRollback, error) {
+	var todo []pendingRollback
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		b := nestedBucket(tx, bucketBranchbox, bucketCheckpoints)
 		if b == nil {
 			return nil
 		}
 		return b.ForEach(func(k, v []byte) error {
+			if rootID != "" && string(k) != rootID {
+				return nil
+			}
 			var d checkpointDoc
 			if err := json.Unmarshal(v, &d); err != nil {
-				return fmt.Errorf("decode checkpoints of snapshot %s: %v: %w", k, err, errdefs.ErrDataLoss)
+				err = fmt.Errorf("decode checkpoints of snapshot %s: %v: %w", k, err, errdefs.ErrDataLoss)
+				if rootID != "" {
+					return err
+				}
+				s.quarantineTree(ctx, string(k), "snapshot "+string(k), err)
+				return nil
 			}
 			for id, name := range d.Pending {
-				todo = append(todo, pending{string(k), id, name})
+				todo = append(todo, pendingRollback{string(k), id, name})
 			}
 			return nil
 		})
-	}); err != nil {
-		return err
-	}
-	for _, p := range todo {
-		var r rootSnap
-		err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-			ids, err := storage.IDMap(ctx)
-			if err != nil {
-				return err
-			}
-			key, ok := ids[p.rootID]
-			if !ok {
-				return fmt.Errorf("snapshot %s: %w", p.rootID, errdefs.ErrNotFound)
-			}
-			r, _, err = s.resolve(ctx, Context{Root: Root{Key: key}})
+	})
+	return todo, err
+}
+
+// finishPendingRollback completes a rollback a crash interrupted.
+func (s *Snapshotter) finishPendingRollback(ctx context.Context, p pendingRollback) error {
+	var r rootSnap
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil {
 			return err
-		})
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("snapshot", p.rootID).Warn("rollback pending for a snapshot that is gone")
-			continue
 		}
-		log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.ctxID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
-		unlock := s.locks.lock(r.id())
-		err = s.finishRollback(ctx, r, p.ctxID, p.name)
-		unlock()
-		if err != nil {
-			return fmt.Errorf("complete rollback of context %s of %q to %q: %w", p.ctxID, r.key, p.name, err)
+		key, ok := ids[p.rootID]
+		if !ok {
+			return fmt.Errorf("snapshot %s: %w", p.rootID, errdefs.ErrNotFound)
 		}
+		r, _, err = s.resolve(ctx, Context{Root: Root{Key: key}})
+		return err
+	})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("snapshot", p.rootID).Warn("rollback pending for a snapshot that is gone")
+		return nil
+	}
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.ctxID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
+	unlock := s.locks.lock(r.id())
+	err = s.finishRollback(ctx, r, p.ctxID, p.name)
+	unlock()
+	if err != nil {
+		return fmt.Errorf("complete the rollback of context %s to %q: %w", p.ctxID, p.name, err)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*b
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
-	resp := &branchv1.TreeResponse{Root: t.Root}
+	resp := &branchv1.TreeResponse{Root: t.Root, Quarantine: t.Quarantine}
 	for _, n := range t.Nodes {
 		resp.Nodes = append(resp.Nodes, infoToProto(n))
 	}

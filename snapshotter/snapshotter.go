@@ -51,6 +51,8 @@ type Snapshotter struct {
 	trashWG   sync.WaitGroup // background removals of discarded layers
 	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
 	seals     sealThreads    // the threads that run those seals' remounts
+	// quarantined are the trees whose recovery failed (quarantine.go).
+	quarantined quarantine
 }
 
 var (
@@ -339,9 +341,13 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if err := validateKey("remove", key); err != nil {
 		return err
 	}
-	var removals []string
+	var (
+		removals []string
+		removed  string
+	)
 	err := s.withMetaTx(ctx, func(ctx context.Context, tx *bolt.Tx) error {
 		id, _, err := storage.Remove(ctx, key)
+		removed = id
 		if err != nil {
 			if errdefs.IsFailedPrecondition(err) {
 				return fmt.Errorf("%w (remove its children first)", err)
@@ -358,6 +364,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
 	}
+	s.quarantined.lift(removed)
 	s.removeAll(ctx, removals)
 	return nil
 }
@@ -381,6 +388,7 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 // its branches left — and returns what it removed. The daemon runs it at
 // start and on a timer; containerd calls it (as Cleanup) after collecting.
 func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
+	s.retryQuarantined(ctx)
 	var removals []string
 	// A write transaction keeps creators out while the directory is scanned,
 	// so an in-flight "new-" directory is never mistaken for an orphan.

@@ -535,6 +535,11 @@ func PrintTree(w io.Writer, sandbox string, nodes []branch.ContextInfo, now time
 		}
 	}
 	walk(branch.RootID, "")
+	for _, n := range nodes {
+		if n.ID == branch.RootID && n.Quarantine != "" {
+			fmt.Fprintf(tw, "QUARANTINED: %s\n", n.Quarantine)
+		}
+	}
 	sort.Slice(ended, func(i, j int) bool { return numLess(ended[i].ID, ended[j].ID) })
 	for _, n := range ended {
 		what := string(n.State)

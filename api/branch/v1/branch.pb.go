@@ -777,9 +777,12 @@ func (x *TreeRequest) GetRoot() *Root {
 }
 
 type TreeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Root          string                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
-	Nodes         []*Branch              `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Root  string                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	Nodes []*Branch              `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Set when the tree's recovery failed: why. Its branch operations are
+	// refused until a retry succeeds.
+	Quarantine    string `protobuf:"bytes,3,opt,name=quarantine,proto3" json:"quarantine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -826,6 +829,13 @@ func (x *TreeResponse) GetNodes() []*Branch {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *TreeResponse) GetQuarantine() string {
+	if x != nil {
+		return x.Quarantine
+	}
+	return ""
 }
 
 type MountsRequest struct {
@@ -1510,10 +1520,13 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\rAbortResponse\x12\x18\n" +
 	"\aaborted\x18\x01 \x03(\tR\aaborted\"<\n" +
 	"\vTreeRequest\x12-\n" +
-	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\"U\n" +
+	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\"u\n" +
 	"\fTreeResponse\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x121\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x1b.branchbox.branch.v1.BranchR\x05nodes\"G\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x1b.branchbox.branch.v1.BranchR\x05nodes\x12\x1e\n" +
+	"\n" +
+	"quarantine\x18\x03 \x01(\tR\n" +
+	"quarantine\"G\n" +
 	"\rMountsRequest\x126\n" +
 	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\"D\n" +
 	"\x0eMountsResponse\x122\n" +

@@ -250,12 +250,15 @@ type Context struct {
 	InitPid uint32   `protobuf:"varint,15,opt,name=init_pid,json=initPid,proto3" json:"init_pid,omitempty"`
 	Pids    []uint32 `protobuf:"varint,16,rep,packed,name=pids,proto3" json:"pids,omitempty"`
 	// "waiting" (init holds the context), "running", "exited".
-	Status        string  `protobuf:"bytes,17,opt,name=status,proto3" json:"status,omitempty"`
-	ExitStatus    int32   `protobuf:"varint,18,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
-	OomKilled     bool    `protobuf:"varint,19,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
-	Net           string  `protobuf:"bytes,20,opt,name=net,proto3" json:"net,omitempty"`
-	Limits        *Limits `protobuf:"bytes,21,opt,name=limits,proto3" json:"limits,omitempty"`
-	Cgroup        string  `protobuf:"bytes,22,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Status     string  `protobuf:"bytes,17,opt,name=status,proto3" json:"status,omitempty"`
+	ExitStatus int32   `protobuf:"varint,18,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	OomKilled  bool    `protobuf:"varint,19,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	Net        string  `protobuf:"bytes,20,opt,name=net,proto3" json:"net,omitempty"`
+	Limits     *Limits `protobuf:"bytes,21,opt,name=limits,proto3" json:"limits,omitempty"`
+	Cgroup     string  `protobuf:"bytes,22,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// On the root context of a tree whose recovery failed: why. Its branch
+	// operations are refused until a retry succeeds.
+	Quarantine    string `protobuf:"bytes,23,opt,name=quarantine,proto3" json:"quarantine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +443,13 @@ func (x *Context) GetLimits() *Limits {
 func (x *Context) GetCgroup() string {
 	if x != nil {
 		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *Context) GetQuarantine() string {
+	if x != nil {
+		return x.Quarantine
 	}
 	return ""
 }
@@ -1701,7 +1711,7 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x03net\x18\x05 \x01(\tR\x03net\x121\n" +
 	"\x06limits\x18\x06 \x01(\v2\x19.branchbox.shim.v1.LimitsR\x06limits\x12\x12\n" +
 	"\x04args\x18\a \x03(\tR\x04args\x12'\n" +
-	"\x0ffrom_checkpoint\x18\b \x01(\tR\x0efromCheckpoint\"\x8d\x05\n" +
+	"\x0ffrom_checkpoint\x18\b \x01(\tR\x0efromCheckpoint\"\xad\x05\n" +
 	"\aContext\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x14\n" +
@@ -1729,7 +1739,10 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"oom_killed\x18\x13 \x01(\bR\toomKilled\x12\x10\n" +
 	"\x03net\x18\x14 \x01(\tR\x03net\x121\n" +
 	"\x06limits\x18\x15 \x01(\v2\x19.branchbox.shim.v1.LimitsR\x06limits\x12\x16\n" +
-	"\x06cgroup\x18\x16 \x01(\tR\x06cgroup\"F\n" +
+	"\x06cgroup\x18\x16 \x01(\tR\x06cgroup\x12\x1e\n" +
+	"\n" +
+	"quarantine\x18\x17 \x01(\tR\n" +
+	"quarantine\"F\n" +
 	"\fForkResponse\x126\n" +
 	"\bbranches\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\bbranches\"\xf2\x01\n" +
 	"\vExecRequest\x12\x18\n" +
