@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -196,8 +197,8 @@ func contextsFromProto(list []*shimv1.Context) []ContextInfo {
 // Fork makes opts.Count branch contexts of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
 func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
-	if opts.Count < 1 {
-		return nil, fmt.Errorf("fork: count must be at least 1, got %d: %w", opts.Count, errdefs.ErrInvalidArgument)
+	if err := checkCount(opts.Count); err != nil {
+		return nil, err
 	}
 	resp, err := s.api.Fork(s.ctx(ctx), &shimv1.ForkRequest{
 		Sandbox: s.ID, Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
@@ -208,6 +209,16 @@ func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextIn
 		return nil, fromTTRPC(err)
 	}
 	return contextsFromProto(resp.Branches), nil
+}
+
+// checkCount refuses a fork count that is not positive or does not fit the
+// wire's 32 bits (it would wrap: 4294967297 would fork one). The shim
+// bounds it further.
+func checkCount(n int) error {
+	if n < 1 || int64(n) > math.MaxUint32 {
+		return fmt.Errorf("fork: count must be at least 1 and at most the shim's limit, got %d: %w", n, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // SandboxCommitResult is the parent after a commit, and the branches the

@@ -61,8 +61,8 @@ func (s *SelfClient) Close() error { return s.conn.Close() }
 // Fork makes opts.Count children of opts.Parent ("" for the caller's own
 // context, else a descendant of it).
 func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
-	if opts.Count < 1 {
-		return nil, fmt.Errorf("fork: count must be at least 1, got %d: %w", opts.Count, errdefs.ErrInvalidArgument)
+	if err := checkCount(opts.Count); err != nil {
+		return nil, err
 	}
 	resp, err := s.api.Fork(ctx, &shimv1.SelfForkRequest{
 		Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,

@@ -402,8 +402,8 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	default:
 		return nil, fmt.Errorf("fork: net %q: want %q or %q: %w", req.Net, NetShared, NetIsolated, errdefs.ErrInvalidArgument)
 	}
-	if l := req.Limits; l != nil && (l.Memory < 0 || l.Cpus < 0 || l.Pids < 0) {
-		return nil, fmt.Errorf("fork: limits must not be negative: %w", errdefs.ErrInvalidArgument)
+	if err := checkLimits(req.Limits); err != nil {
+		return nil, err
 	}
 	sb, err := c.sandbox(req.Sandbox)
 	if err != nil {
