@@ -25,8 +25,15 @@ type initPath struct {
 	mu      sync.Mutex
 	logged  string              // the reason last logged ("" for the init), or "-" before the first
 	profile *specs.LinuxSeccomp // what prog was compiled from
-	prog    *seccompbpf.Program
+	prog    *compiledSeccomp
 	progErr error
+}
+
+// compiledSeccomp is a profile compiled for the branch init.
+type compiledSeccomp struct {
+	flags uint   // SECCOMP_FILTER_FLAG_*
+	hex   string // the program as the init takes it
+	len   int    // its instructions
 }
 
 // useInit says whether the branch of spec is started by the branch init,
@@ -65,7 +72,7 @@ func (p *initPath) log(ctx context.Context, sandboxID, reason string, seccomp bo
 // seccomp returns the program of profile, compiled at the first call.
 // Every branch spec of a sandbox shares its profile (branchSpec copies the
 // linux section shallowly), so one sandbox compiles once.
-func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*seccompbpf.Program, error) {
+func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*compiledSeccomp, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.profile == profile {
@@ -81,10 +88,13 @@ func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*s
 		// no seccomp at all.
 		return nil, nil
 	} else {
-		p.prog, p.progErr = seccompbpf.Compile(cfg)
+		var prog *seccompbpf.Program
+		if prog, p.progErr = seccompbpf.Compile(cfg); p.progErr == nil {
+			p.prog = &compiledSeccomp{flags: prog.Flags, hex: prog.Hex(), len: len(prog.Filter)}
+		}
 	}
 	if p.progErr == nil {
-		log.G(ctx).WithField("instructions", len(p.prog.Filter)).WithField("took", time.Since(started)).Debug("compiled the sandbox's seccomp profile for the branch init")
+		log.G(ctx).WithField("instructions", p.prog.len).WithField("took", time.Since(started)).Debug("compiled the sandbox's seccomp profile for the branch init")
 	}
 	return p.prog, p.progErr
 }
@@ -105,9 +115,9 @@ func seccompNotifies(s *specs.LinuxSeccomp) bool {
 
 // seccompPlan has the init install prog in every process it starts, where
 // runc would (see brinit.c).
-func seccompPlan(w *cfgWriter, prog *seccompbpf.Program) {
+func seccompPlan(w *cfgWriter, prog *compiledSeccomp) {
 	if prog == nil {
 		return
 	}
-	w.op("seccomp", strconv.FormatUint(uint64(prog.Flags), 10), prog.Hex())
+	w.op("seccomp", strconv.FormatUint(uint64(prog.flags), 10), prog.hex)
 }
