@@ -63,8 +63,6 @@ func fastUnsupported(s *specs.Spec) string {
 	switch {
 	case l.Seccomp != nil && seccompNotifies(l.Seccomp):
 		return "seccomp profile with a notify action or a listener (the runtime hands its listener to the agent)"
-	case s.Process.ApparmorProfile != "":
-		return "apparmor"
 	case s.Process.SelinuxLabel != "" || l.MountLabel != "":
 		return "selinux labels"
 	case len(l.UIDMappings) > 0 || len(l.GIDMappings) > 0:
@@ -165,6 +163,12 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config, exec bool) e
 	w.op("caps", hex(sets[0]), hex(sets[1]), hex(sets[2]), hex(sets[3]), hex(sets[4]))
 	if p.NoNewPrivileges {
 		w.op("nnp")
+	}
+	if p.ApparmorProfile != "" {
+		// Written to the process's AppArmor exec attribute, as runc
+		// does; on a host without AppArmor that fails, as it does in
+		// runc.
+		w.op("apparmor", p.ApparmorProfile)
 	}
 	if p.Terminal {
 		w.op("term")

@@ -130,7 +130,6 @@ func TestFastUnsupported(t *testing.T) {
 		},
 		"memory policy": func(s *specs.Spec) { s.Linux.MemoryPolicy = &specs.LinuxMemoryPolicy{Mode: specs.MpolLocal} },
 		"personality":   func(s *specs.Spec) { s.Linux.Personality = &specs.LinuxPersonality{Domain: specs.PerLinux32} },
-		"apparmor":      func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
 		"ptrace": func(s *specs.Spec) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_PTRACE")
 		},

@@ -50,3 +50,28 @@ func TestSchedPlan(t *testing.T) {
 		t.Error("an unknown I/O priority class was taken")
 	}
 }
+
+// TestAppArmorPlan: a profile is handed to the init for every process it
+// starts (this host has no AppArmor, so only the plan is tested here; the
+// init writes "exec PROFILE" to /proc/thread-self/attr/apparmor/exec, or
+// attr/exec, as runc does, and fails the start where runc would fail).
+func TestAppArmorPlan(t *testing.T) {
+	spec := defaultBranchSpec(t, "/proc/1/ns/net")
+	spec.Process.ApparmorProfile = "cri-containerd.apparmor.d"
+	if r := fastUnsupported(spec); r != "" {
+		t.Fatalf("the branch init does not take it: %s", r)
+	}
+	p, err := planFast(spec, "/r", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, exec := range []bool{true, false} {
+		var w cfgWriter
+		if err := writeProc(&w, spec.Process, p.cfg, exec); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.ReplaceAll(w.String(), "\x00", " "); !strings.Contains(got, " apparmor cri-containerd.apparmor.d ") {
+			t.Errorf("process %q lacks the AppArmor profile", got)
+		}
+	}
+}

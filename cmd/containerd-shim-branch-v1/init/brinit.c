@@ -114,6 +114,7 @@ struct proc {
 	} sched;
 	int ioprio_set, ioprio;
 	const char *affinity; // hex of a CPU mask, "" for every CPU, NULL to leave
+	const char *apparmor; // the AppArmor profile to change to at exec
 };
 
 static int openat2_in_root(int dirfd, const char *path, int flags) {
@@ -542,6 +543,10 @@ static int proc_key(struct proc *p, const char *name, char **a, int avail) {
 		p->ioprio_set = 1;
 		p->ioprio = atoi(a[0]);
 		return 1;
+	} else if (!strcmp(name, "apparmor")) {
+		NEED(1);
+		p->apparmor = a[0];
+		return 1;
 	} else if (!strcmp(name, "affinity")) {
 		NEED(1);
 		p->affinity = a[0];
@@ -634,6 +639,19 @@ static void set_affinity(int reply, const char *mask) {
 	// A failed reset leaves the init's affinity, as runc only warns then.
 	if (syscall(SYS_sched_setaffinity, 0, n, buf) < 0 && mask[0])
 		child_fail(reply, "set the cpu affinity: %s", strerror(errno));
+}
+
+// apparmor_on_exec has the next execve change to AppArmor profile name, as
+// runc's apparmor.ApplyProfile (libapparmor's aa_change_onexec) does.
+static void apparmor_on_exec(int reply, const char *name) {
+	char v[1100];
+	snprintf(v, sizeof(v), "exec %s", name);
+	int fd = open("/proc/thread-self/attr/apparmor/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		fd = open("/proc/thread-self/attr/exec", O_WRONLY | O_CLOEXEC); // the old convention
+	if (fd < 0 || write(fd, v, strlen(v)) < 0)
+		child_fail(reply, "apparmor failed to apply profile %s: %s", name, strerror(errno));
+	close(fd);
 }
 
 // install_seccomp loads the sandbox's filter into this process as runc's
@@ -749,6 +767,8 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 			child_fail(reply, "raise ambient capability %d: %s", c, strerror(errno));
 	if (chdir(p->cwd && p->cwd[0] ? p->cwd : "/") < 0)
 		child_fail(reply, "chdir %s: %s", p->cwd, strerror(errno));
+	if (p->apparmor)
+		apparmor_on_exec(reply, p->apparmor);
 	p->args[p->nargs] = NULL;
 	p->env[p->nenv] = NULL;
 	if (p->nargs == 0)
