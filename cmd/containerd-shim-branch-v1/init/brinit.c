@@ -266,6 +266,10 @@ static void op_mknod(char **a) {
 	int d = open_parent("mknod", a[0], buf, sizeof(buf), &name);
 	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
 		fail("mknod %s: %s", a[0], strerror(errno));
+	// The mode the spec gives, not the umask's share of it (runc makes
+	// devices with umask 0): /dev/null must stay writable for a user.
+	if (fchmodat(d, name, num(a[1]) & 07777, 0) < 0)
+		fail("chmod %s: %s", a[0], strerror(errno));
 	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
 		fail("chown %s: %s", a[0], strerror(errno));
 	close(d);
