@@ -21,13 +21,20 @@ const confinement = `grep -E '^(NoNewPrivs|Seccomp|CapInh|CapPrm|CapEff|CapBnd|C
 // exec'd into the sandbox, its own PID namespace with the init as PID 1,
 // its own /dev/pts, /dev/shm and cgroup, the spec's masked and read-only
 // paths, and a bind mount of the spec.
-func TestContextsBranchInit(t *testing.T) {
+func TestContextsBranchInit(t *testing.T) { testBranchInit(t) }
+
+// TestContextsBranchInitSeccomp is TestContextsBranchInit on a sandbox
+// with containerd's default seccomp profile: the init applies the filter
+// and everything else the same.
+func TestContextsBranchInitSeccomp(t *testing.T) { testBranchInit(t, "--seccomp") }
+
+func testBranchInit(t *testing.T, extra ...string) {
 	host := t.TempDir()
 	if err := os.WriteFile(filepath.Join(host, "f"), []byte("bound\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, env, sc := sandboxCtxEnv(t, "--cap-drop", "CAP_NET_RAW", "--hostname", "hb",
-		"--mount", "type=bind,src="+host+",dst=/mnt,options=rbind:ro")
+	ctx, env, sc := sandboxCtxEnv(t, append([]string{"--cap-drop", "CAP_NET_RAW", "--hostname", "hb",
+		"--mount", "type=bind,src=" + host + ",dst=/mnt,options=rbind:ro"}, extra...)...)
 	want, err := execIn(ctx, env, "sb", "sh", "-c", confinement)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +67,8 @@ func TestContextsBranchInit(t *testing.T) {
 		{"cat /mnt/f; touch /mnt/g 2>/dev/null && echo writable || echo ro", "bound\nro\n"},
 		{"cat /proc/self/cgroup | grep -c '/b" + a.ID + "$'", ""},
 		{"test -c /dev/null && test -L /dev/ptmx && test -L /dev/fd && echo devices", "devices\n"},
+		// The spec's modes, whatever the init's umask (as runc makes them).
+		{"stat -c %a /dev/null /dev/zero /dev/tty", "666\n666\n666\n"},
 	} {
 		got := mustRun(t, ctx, sc, a.ID, "sh", "-c", c.cmd)
 		if c.want == "" {
@@ -84,10 +93,11 @@ func TestContextsBranchInit(t *testing.T) {
 }
 
 // TestContextsRuntimeFallback: a sandbox whose spec the branch init does
-// not handle (here seccomp) has its branches run by the runtime, which
-// carries the filter over, and the cycle works the same.
+// not take (here CAP_SYS_PTRACE in its bounding set) has its branches run
+// by the runtime, which carries its seccomp filter over, and the cycle
+// works the same.
 func TestContextsRuntimeFallback(t *testing.T) {
-	ctx, env, sc := sandboxCtxEnv(t, "--seccomp")
+	ctx, env, sc := sandboxCtxEnv(t, "--seccomp", "--cap-add", "CAP_SYS_PTRACE")
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep '^Seccomp:' /proc/self/status | tr -d '\t '; cat /proc/1/comm"); strings.HasPrefix(got, "Seccomp:2\nbrinit") || !strings.HasPrefix(got, "Seccomp:2\n") {
 		t.Fatalf("a branch of a seccomp sandbox: %q; want the filter on, from the runtime", got)
@@ -101,6 +111,9 @@ func TestContextsRuntimeFallback(t *testing.T) {
 	}
 	assertBranchGone(t, env, kids[0], nil)
 	assertBranchGone(t, env, kids[1], nil)
+	if !strings.Contains(env.Log("containerd"), "reason=CAP_SYS_PTRACE") {
+		t.Errorf("the shim did not log why the sandbox's branches are started by the runtime")
+	}
 }
 
 // TestContextsWarmInits forks and aborts back to back, so that forks take

@@ -32,7 +32,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
 #include <linux/openat2.h>
+#include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
@@ -62,6 +64,12 @@
 static int rootfd = -1;
 static int pivoted;
 static int want_cgroupns;
+
+// The sandbox's seccomp filter, as runc would load it (compiled by the
+// shim with runc's code), installed in every process this init starts.
+static struct sock_filter seccomp_prog[BPF_MAXINSNS];
+static unsigned short seccomp_len;
+static unsigned long seccomp_flags;
 
 // fail reports why the branch could not be set up and exits.
 static void fail(const char *fmt, ...) {
@@ -95,6 +103,18 @@ struct proc {
 		struct rlimit lim;
 	} rlimits[32];
 	int nrlimits;
+	int sched_set;
+	struct sched_attr_v1 {
+		uint32_t size, policy;
+		uint64_t flags;
+		int32_t nice;
+		uint32_t priority;
+		uint64_t runtime, deadline, period;
+		uint32_t util_min, util_max;
+	} sched;
+	int ioprio_set, ioprio;
+	const char *affinity; // hex of a CPU mask, "" for every CPU, NULL to leave
+	const char *apparmor; // the AppArmor profile to change to at exec
 };
 
 static int openat2_in_root(int dirfd, const char *path, int flags) {
@@ -246,6 +266,10 @@ static void op_mknod(char **a) {
 	int d = open_parent("mknod", a[0], buf, sizeof(buf), &name);
 	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
 		fail("mknod %s: %s", a[0], strerror(errno));
+	// The mode the spec gives, not the umask's share of it (runc makes
+	// devices with umask 0): /dev/null must stay writable for a user.
+	if (fchmodat(d, name, num(a[1]) & 07777, 0) < 0)
+		fail("chmod %s: %s", a[0], strerror(errno));
 	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
 		fail("chown %s: %s", a[0], strerror(errno));
 	close(d);
@@ -394,6 +418,45 @@ static void op_rootro(char **a) {
 
 static void op_remount(char **a) { remount_at(a[0], num(a[1])); }
 
+static void op_timens(char **a) {
+	// timens OFFSETS: a new time namespace for the processes this init
+	// starts (unshare puts its children there, not itself), with the
+	// clocks' offsets, which can only be set before anything enters it.
+	if (unshare(CLONE_NEWTIME) < 0)
+		fail("new time namespace: %s", strerror(errno));
+	int fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail("open timens_offsets: %s", strerror(errno));
+	if (a[0][0] && write(fd, a[0], strlen(a[0])) < 0)
+		fail("set the time namespace's offsets (%s): %s", a[0], strerror(errno));
+	close(fd);
+}
+
+static int unhex(char c) {
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+static void op_seccomp(char **a) {
+	// seccomp FLAGS PROGRAM: the program as hex of its struct sock_filter
+	// array in host byte order.
+	size_t n = strlen(a[1]);
+	if (n == 0 || n % (2 * sizeof(struct sock_filter)) || n / (2 * sizeof(struct sock_filter)) > BPF_MAXINSNS)
+		fail("seccomp: a program of %zu hex digits", n);
+	unsigned char *out = (unsigned char *)seccomp_prog;
+	for (size_t i = 0; i < n; i += 2) {
+		int hi = unhex(a[1][i]), lo = unhex(a[1][i + 1]);
+		if (hi < 0 || lo < 0)
+			fail("seccomp: bad program");
+		out[i / 2] = (unsigned char)(hi << 4 | lo);
+	}
+	seccomp_len = n / (2 * sizeof(struct sock_filter));
+	seccomp_flags = num(a[0]);
+}
+
 struct op {
 	const char *name;
 	int nargs;
@@ -406,7 +469,7 @@ static const struct op ops[] = {
     {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
-    {"remount", 2, op_remount},
+    {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -464,6 +527,33 @@ static int proc_key(struct proc *p, const char *name, char **a, int avail) {
 		NEED(1);
 		p->oom_set = 1;
 		p->oom = atoi(a[0]);
+		return 1;
+	} else if (!strcmp(name, "sched")) {
+		NEED(7);
+		p->sched_set = 1;
+		p->sched = (struct sched_attr_v1){
+		    .size = sizeof(p->sched),
+		    .policy = num(a[0]),
+		    .flags = strtoull(a[1], NULL, 0),
+		    .nice = atoi(a[2]),
+		    .priority = num(a[3]),
+		    .runtime = strtoull(a[4], NULL, 0),
+		    .deadline = strtoull(a[5], NULL, 0),
+		    .period = strtoull(a[6], NULL, 0),
+		};
+		return 7;
+	} else if (!strcmp(name, "ioprio")) {
+		NEED(1);
+		p->ioprio_set = 1;
+		p->ioprio = atoi(a[0]);
+		return 1;
+	} else if (!strcmp(name, "apparmor")) {
+		NEED(1);
+		p->apparmor = a[0];
+		return 1;
+	} else if (!strcmp(name, "affinity")) {
+		NEED(1);
+		p->affinity = a[0];
 		return 1;
 	} else if (!strcmp(name, "rlimit")) {
 		NEED(3);
@@ -531,6 +621,56 @@ static const char *getenv_in(struct proc *p, const char *key) {
 	return NULL;
 }
 
+// set_affinity sets the CPUs this process may run on: mask (hex, host
+// byte order), or every CPU for "" (the kernel keeps to the cgroup's
+// cpuset), as runc resets what its processes would inherit.
+static void set_affinity(int reply, const char *mask) {
+	static unsigned char buf[64 * 1024 / 8];
+	size_t n = strlen(mask) / 2;
+	if (n == 0) {
+		memset(buf, 0xff, sizeof(buf));
+		n = sizeof(buf);
+	} else {
+		if (n > sizeof(buf))
+			child_fail(reply, "cpu affinity: mask too long");
+		for (size_t i = 0; i < n; i++) {
+			int hi = unhex(mask[2 * i]), lo = unhex(mask[2 * i + 1]);
+			if (hi < 0 || lo < 0)
+				child_fail(reply, "cpu affinity: bad mask");
+			buf[i] = (unsigned char)(hi << 4 | lo);
+		}
+	}
+	// A failed reset leaves the init's affinity, as runc only warns then.
+	if (syscall(SYS_sched_setaffinity, 0, n, buf) < 0 && mask[0])
+		child_fail(reply, "set the cpu affinity: %s", strerror(errno));
+}
+
+// apparmor_on_exec has the next execve change to AppArmor profile name, as
+// runc's apparmor.ApplyProfile (libapparmor's aa_change_onexec) does.
+static void apparmor_on_exec(int reply, const char *name) {
+	char v[1100];
+	snprintf(v, sizeof(v), "exec %s", name);
+	int fd = open("/proc/thread-self/attr/apparmor/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		fd = open("/proc/thread-self/attr/exec", O_WRONLY | O_CLOEXEC); // the old convention
+	if (fd < 0 || write(fd, v, strlen(v)) < 0)
+		child_fail(reply, "apparmor failed to apply profile %s: %s", name, strerror(errno));
+	close(fd);
+}
+
+// install_seccomp loads the sandbox's filter into this process as runc's
+// patchbpf does: prctl(2) when no flags are asked for, seccomp(2) with them.
+static void install_seccomp(int reply) {
+	struct sock_fprog prog = {.len = seccomp_len, .filter = seccomp_prog};
+	long r;
+	if (seccomp_flags == 0)
+		r = prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+	else
+		r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, seccomp_flags, &prog);
+	if (r < 0)
+		child_fail(reply, "load the seccomp filter: %s", strerror(errno));
+}
+
 // exec_proc is the child's half of a start: it never returns.
 static void exec_proc(struct proc *p, int fds[3], int reply) {
 	sigset_t all;
@@ -571,6 +711,12 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	for (int i = 0; i < 3; i++)
 		if (dup2(io[i], i) < 0)
 			child_fail(reply, "stdio: %s", strerror(errno));
+	// Everything but stdio and the reply socket (close on exec) goes,
+	// marked now: a seccomp filter may refuse the call later.
+	if (syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */) < 0)
+		child_fail(reply, "mark descriptors close-on-exec: %s", strerror(errno));
+	if (p->affinity)
+		set_affinity(reply, p->affinity);
 	for (int i = 0; i < p->nrlimits; i++)
 		if (setrlimit(p->rlimits[i].type, &p->rlimits[i].lim) < 0)
 			child_fail(reply, "setrlimit %d: %s", p->rlimits[i].type, strerror(errno));
@@ -584,6 +730,19 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	}
 	if (p->umask_set)
 		umask(p->umask);
+	// From here on, runc's order (libcontainer/standard_init_linux.go and
+	// setns_init_linux.go): no_new_privs; then, without no_new_privs, the
+	// seccomp filter while this process still has CAP_SYS_ADMIN, before
+	// the user and capabilities change; with it, the filter just before
+	// execve, so that as few calls as possible run under it.
+	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(reply, "no_new_privs: %s", strerror(errno));
+	if (p->sched_set && syscall(SYS_sched_setattr, 0, &p->sched, 0) < 0)
+		child_fail(reply, "set the scheduler: %s", strerror(errno));
+	if (p->ioprio_set && syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PGRP */, 0, p->ioprio) < 0)
+		child_fail(reply, "set the I/O priority: %s", strerror(errno));
+	if (seccomp_len && !p->nnp)
+		install_seccomp(reply);
 	int last = 40;
 	while (prctl(PR_CAPBSET_READ, last + 1) >= 0)
 		last++;
@@ -610,16 +769,16 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	for (int c = 0; c <= last; c++)
 		if ((p->capa & (1ULL << c)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0)
 			child_fail(reply, "raise ambient capability %d: %s", c, strerror(errno));
-	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		child_fail(reply, "no_new_privs: %s", strerror(errno));
 	if (chdir(p->cwd && p->cwd[0] ? p->cwd : "/") < 0)
 		child_fail(reply, "chdir %s: %s", p->cwd, strerror(errno));
+	if (p->apparmor)
+		apparmor_on_exec(reply, p->apparmor);
 	p->args[p->nargs] = NULL;
 	p->env[p->nenv] = NULL;
 	if (p->nargs == 0)
 		child_fail(reply, "no command");
-	// Everything but stdio and the reply socket (close on exec) goes.
-	syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */);
+	if (seccomp_len && p->nnp)
+		install_seccomp(reply);
 	const char *file = p->args[0];
 	if (strchr(file, '/')) {
 		execve(file, p->args, p->env);
@@ -711,6 +870,9 @@ void brinit(void) {
 	// Nothing in the branch may ptrace or read this privileged process.
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
+	// The control socket is not the branch's processes' either.
+	if (fcntl(CTL, F_SETFD, FD_CLOEXEC) < 0)
+		_exit(1);
 	// Only the control socket (and stdio) is ours; whatever else the shim
 	// had open without close-on-exec is not the branch's.
 	syscall(SYS_close_range, CTL + 1, ~0U, 0);
