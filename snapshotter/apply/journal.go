@@ -449,6 +449,9 @@ func (j *Journal) Close() {
 	}
 }
 
+// Linked reports whether the journal directory was made.
+func (j *Journal) Linked() bool { return j.jFd >= 0 }
+
 // Dir is the journal directory (it exists only if something was linked).
 func (j *Journal) Dir() string { return j.dir }
 
