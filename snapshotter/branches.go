@@ -938,6 +938,15 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		live    liveMountInfo
 	)
 	defer func() {
+		if journal != nil {
+			// Closed and discarded after the restore below, which reads it.
+			defer func() {
+				if journal.Linked() {
+					s.discard(ctx, journal.Dir())
+				}
+				journal.Close()
+			}()
+		}
 		if retErr == nil {
 			s.undone.set(r.id(), id, false)
 			return
@@ -973,7 +982,6 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		if err != nil {
 			return nil, err
 		}
-		defer j.Close()
 		journal = j
 		live = mounts.live(parentUpper)
 		if live.target != "" {
@@ -1022,9 +1030,6 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	s.removeCheckpointOrphans(ctx, r.id())
 	// Detached above (or before a crash, or never mounted): only files left.
 	s.discard(ctx, s.branchDir(r.id(), id))
-	if journal != nil && journal.Linked() {
-		s.discard(ctx, journal.Dir())
-	}
 	return done, nil
 }
 
