@@ -561,7 +561,7 @@ func TestCommitDeepTrees(t *testing.T) {
 }
 
 // TestCommitCallerCancelled: a caller whose context ends during a commit
-// of 30,000 files (at the decision, at several times into the apply, once
+// of 30,000 files (at the decision, at two times into the apply, once
 // applied, once finished) gets an error or the result; either way the
 // commit completes, a later call returns its result, and the parent holds
 // all 30,000 files. A caller cancelled before the decision (during the
@@ -610,7 +610,7 @@ func TestCommitCallerCancelled(t *testing.T) {
 		}
 	}
 	cancelled := 0
-	for _, at := range []string{"decided", "after 20ms", "after 100ms", "after 400ms", "applied", "finished"} {
+	for _, at := range []string{"decided", "after 50ms", "after 300ms", "applied", "finished"} {
 		round := strings.ReplaceAll(at, " ", "-")
 		k := branchOf(round)
 		cctx, cancel := context.WithCancel(ctx)

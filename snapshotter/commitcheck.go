@@ -32,7 +32,7 @@ func (s *Snapshotter) checkCommit(ctx context.Context, r rootSnap, tree *branch.
 	layers := append([]string{s.contextUpper(r.id(), n.Parent)}, s.lowerDirs(r, tree, n.ID)...)
 	needs, err := apply.Measure(ctx, upper, layers)
 	if err != nil {
-		return fmt.Errorf("branch %s cannot be applied to %s: %w", n.ID, contextName(n.Parent), err)
+		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, contextName(n.Parent), err)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
