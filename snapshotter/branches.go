@@ -789,6 +789,10 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		defer s.commitWG.Done()
 		defer unlock()
 		res, err := s.carryOutCommit(context.WithoutCancel(ctx), c, r, plan, resume, decided, awaitSeal)
+		if err != nil && ctx.Err() != nil {
+			// Its caller went away: the log is the only one told.
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": plan.Winner}).Warn("decided commit failed after its caller went away")
+		}
 		out <- outcome{res, err}
 	}()
 	select {
