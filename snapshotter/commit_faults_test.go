@@ -67,16 +67,6 @@ func loopExt4(t *testing.T, sizeMB int) string {
 	return mnt
 }
 
-// freeBytes is what statfs says an unprivileged writer may still use at p.
-func freeBytes(t *testing.T, p string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bavail) * st.Bsize
-}
-
 // fill writes into a new file at p until fewer than leave bytes are free,
 // or the filesystem says ENOSPC.
 func fill(p string, leave int64) error {
