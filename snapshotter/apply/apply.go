@@ -137,7 +137,8 @@ type applier struct {
 //
 // Apply is not atomic as a whole: each entry is replaced atomically (created
 // under a TempPrefix name, then renamed), and on error target is left part
-// applied. Making a commit atomic is the caller's business.
+// applied. Making a commit atomic is the caller's business: WithJournal
+// records what undoing it takes (journal.go).
 func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error) {
 	a := &applier{ctx: ctx, links: map[devIno]string{}, tgtUpper: -1, peekFd: -1}
 	for _, o := range opts {
@@ -480,9 +481,11 @@ func (a *applier) note(rel string) error {
 	return a.opts.journal.note(rel)
 }
 
-func (a *applier) noteTemp(rel string) {
+// noteTemp records that a temporary tmp is made beside rel.
+func (a *applier) noteTemp(rel, tmp string) {
 	if a.opts.journal != nil {
-		a.opts.journal.noteTemp(rel)
+		d, _ := splitRel(rel)
+		a.opts.journal.noteTemp(join(d, tmp))
 	}
 }
 
@@ -513,8 +516,7 @@ func (a *applier) replace(tgtFd int, rel, name string, depth int, create func(tm
 	var tmp string
 	for i := 0; ; i++ {
 		tmp = a.tempName()
-		d, _ := splitRel(rel)
-		a.noteTemp(join(d, tmp))
+		a.noteTemp(rel, tmp)
 		err := create(tmp)
 		if err == nil {
 			break
