@@ -281,6 +281,32 @@ func (t *Tree) FinishCommit(id string, now time.Time) error {
 	return nil
 }
 
+// AbandonCommit ends a committing branch as aborted: its commit was
+// decided but could not be applied, and its parent was put back as it was.
+// Its siblings stay stale and the parent keeps the epoch the decision gave
+// it, so that what the stale ones say stays true.
+func (t *Tree) AbandonCommit(id string, now time.Time) error {
+	n, ok := t.Nodes[id]
+	if !ok || n.State != Committing {
+		return fmt.Errorf("abandon commit of branch %s: not committing: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	t.end(n, Aborted, now)
+	return nil
+}
+
+// Ended returns node id as it ended (committed, aborted or stale), if it
+// did and is still remembered.
+func (t *Tree) Ended(id string) (Node, bool) {
+	if _, live := t.Nodes[id]; live {
+		return Node{}, false
+	}
+	n, ok := t.node(id)
+	if !ok {
+		return Node{}, false
+	}
+	return *n, true
+}
+
 // Committing returns the branches whose commit began but did not finish.
 func (t *Tree) Committing() []string {
 	var out []string

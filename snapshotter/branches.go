@@ -26,6 +26,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/apply"
 )
 
 // Branch layers live beside the snapshots they branch from:
@@ -709,8 +710,14 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // its mount, so its running processes see the commit at once; one that is
 // not is mounted for the commit and unmounted after.
 //
-// The decision is one metadata transaction; from then on the commit is
-// carried through, by recovery after a crash if need be.
+// What can be known before the decision is checked first (checkCommit): a
+// commit that cannot apply is refused with nothing changed. The decision
+// is one metadata transaction; from then on the commit is carried through
+// whatever the caller does: a caller whose context ends gets an error, the
+// commit goes on, and a later call sees its result. Should the apply still
+// fail, the parent is put back as it was (commitundo.go) and the branch
+// stays committing: calling commit again applies it anew, aborting it
+// abandons it. A crash after the decision is completed by recovery.
 func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
 	var (
 		r       rootSnap
@@ -740,8 +747,23 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	// A fork's seal still syncing is waited for only once the decision is
 	// made: the decision's own sync overlaps it.
 	unlock, awaitSeal := s.locks.lockBeforeSeal(r.id())
-	defer unlock()
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			unlock()
+		}
+	}()
+	done, err := s.commitPrecheck(ctx, c, &r, &id)
+	if err != nil || done != nil {
+		if err != nil {
+			return CommitResult{}, fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
+		}
+		return *done, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return CommitResult{}, fmt.Errorf("commit %s (not decided, nothing changed): %w", c, err)
+	}
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, id, err = s.resolve(ctx, c); err != nil {
 			return err
 		}
@@ -774,6 +796,97 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		// Kept past its transaction: nothing below asks it about ended nodes.
 		decided.SetTombstones(nil)
 	}
+	// Decided: carried through on a context the caller cannot end, holding
+	// the root's lock until done.
+	type outcome struct {
+		res CommitResult
+		err error
+	}
+	out := make(chan outcome, 1)
+	handedOff = true
+	s.commitWG.Add(1)
+	go func() {
+		defer s.commitWG.Done()
+		defer unlock()
+		res, err := s.carryOutCommit(context.WithoutCancel(ctx), c, r, plan, resume, decided, awaitSeal)
+		if err != nil && ctx.Err() != nil {
+			// Its caller went away: the log is the only one told.
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": plan.Winner}).Warn("decided commit failed after its caller went away")
+		}
+		out <- outcome{res, err}
+	}()
+	select {
+	case o := <-out:
+		return o.res, o.err
+	case <-ctx.Done():
+		return CommitResult{}, fmt.Errorf("commit %s: decided (it won at epoch %d) and being applied; that goes on without this caller: call commit again to see its result: %w", c, plan.Epoch, ctx.Err())
+	}
+}
+
+// commitPrecheck runs, under the root's lock and before the decision, the
+// checks of checkCommit on a live leaf branch. For a branch that was
+// committed already it returns that commit's result instead. Anything else
+// (a stale or committing branch, one with children) is left to the
+// decision to answer.
+func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap, id *string) (*CommitResult, error) {
+	var (
+		tree  *branch.Tree
+		node  *branch.Node
+		ended *CommitResult
+	)
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if *r, *id, err = s.resolve(ctx, c); err != nil {
+			return err
+		}
+		if tree, err = loadTree(tx, r.id()); err != nil || tree == nil {
+			return err
+		}
+		if n, ok := tree.Ended(*id); ok && n.State == branch.Committed {
+			ended, err = s.committedResult(ctx, tx, *r, tree, n)
+			return err
+		}
+		if n := tree.Nodes[*id]; n != nil && n.State == branch.Live && n.ID != branch.RootID && len(tree.Children(n.ID)) == 0 {
+			if p := tree.Nodes[n.Parent]; p != nil && p.State == branch.Live {
+				node = n
+			}
+		}
+		return nil
+	})
+	if err != nil || ended != nil || node == nil {
+		return ended, err
+	}
+	tree.SetTombstones(nil)
+	return nil, s.checkCommit(ctx, *r, tree, node)
+}
+
+// committedResult is what the commit of n (committed, a tombstone) did,
+// for a caller that asks again.
+func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
+	plan := branch.CommitPlan{Winner: n.ID, Parent: n.Parent, Epoch: n.WinnerEpoch}
+	ended, err := tombstones(tx, r.id())
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ended {
+		if e.State == branch.Stale && e.Winner == n.ID && e.WinnerEpoch == n.WinnerEpoch {
+			plan.Invalidated = append(plan.Invalidated, e.ID)
+		}
+	}
+	sortNumeric(plan.Invalidated)
+	if tree.Nodes[n.Parent] == nil {
+		return nil, fmt.Errorf("branch %s was committed into %s (epoch %d), which has ended since: %w", n.ID, contextName(n.Parent), n.WinnerEpoch, errdefs.ErrNotFound)
+	}
+	tree.SetTombstones(nil)
+	return &CommitResult{Plan: plan, Parent: s.describe(ctx, r, tree, n.Parent, false)}, nil
+}
+
+// carryOutCommit does everything after a commit's decision. The caller
+// holds the root's lock.
+func (s *Snapshotter) carryOutCommit(ctx context.Context, c Context, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
+	// Whether the parent is as before if this attempt fails before its
+	// apply changes anything: after a first decision, or after an attempt
+	// that was undone.
+	clean := !resume || s.undone.isClean(r.id(), plan.Winner)
 	// The decision must outlive a power loss before the parent changes, so
 	// that a half-applied commit is completed rather than left (branchdb.go).
 	// Only reads overlap the sync; nothing changes until it is done.
@@ -788,10 +901,12 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	// nothing below asks about them again.
 	mounts, mountsErr := readOverlayMounts()
 	if err := <-synced; err != nil {
+		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
 	}
 	s.fault(FaultCommitDecided)
 	if mountsErr != nil {
+		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, mountsErr)
 	}
 	// The losers go first: their processes must not keep writing into
@@ -801,7 +916,7 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	}
 	tree, err := s.finishCommit(ctx, r, plan.Winner, resume, mounts, decided)
 	if err != nil {
-		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d): %w", c, plan.Epoch, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
 	if tree.Nodes[plan.Parent] == nil {
@@ -815,10 +930,14 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 // already shows it changes nothing, so recovery may run it again. resume
 // says an earlier attempt may have been cut short, leaving temporaries.
 //
+// If the apply or the final transaction fails, what the apply changed in
+// the parent is put back from the journal and the branch stays committing;
+// the error then says whether the parent is as before.
+//
 // mounts is the overlay mount table, or nil to read it here; tree is the
 // branch tree as the decision left it, or nil to read it here. It returns
 // the tree as the commit leaves it, with no tombstones.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (*branch.Tree, error) {
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (_ *branch.Tree, retErr error) {
 	if tree == nil {
 		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 			tree, err = loadTree(tx, r.id())
@@ -837,6 +956,42 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	}
 	parentUpper := s.contextUpper(r.id(), n.Parent)
 	upper := s.contextUpper(r.id(), id)
+	clean := !resume || s.undone.isClean(r.id(), id)
+	var (
+		journal *apply.Journal
+		live    liveMountInfo
+	)
+	defer func() {
+		if journal != nil {
+			// Closed and discarded after the restore below, which reads it.
+			defer func() {
+				if journal.Linked() {
+					s.discard(ctx, journal.Dir())
+				}
+				journal.Close()
+			}()
+		}
+		if retErr == nil {
+			s.undone.set(r.id(), id, false)
+			return
+		}
+		if journal == nil {
+			s.undone.set(r.id(), id, clean)
+			return
+		}
+		if err := s.restoreParent(ctx, journal, live.target); err != nil {
+			s.undone.set(r.id(), id, false)
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
+			retErr = fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", retErr, contextName(n.Parent), err)
+			return
+		}
+		s.undone.set(r.id(), id, clean)
+		if clean {
+			retErr = fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", retErr, contextName(n.Parent))
+		} else {
+			retErr = fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", retErr, contextName(n.Parent))
+		}
+	}()
 	// A commit with the winner's own layer gone already finished applying.
 	if _, err := os.Lstat(upper); err == nil {
 		// Unmount the winner wherever the host sees it, then apply.
@@ -847,20 +1002,25 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			}
 		}
 		mounts.detach(ctx, upper)
-		live := mounts.live(parentUpper)
+		j, err := s.newJournal(r.id(), id, parentUpper)
+		if err != nil {
+			return nil, err
+		}
+		journal = j
+		live = mounts.live(parentUpper)
 		if live.target != "" {
 			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
 				if err := remountLive(live, false); err != nil {
 					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
-			if err := s.rollbackForCommit(ctx, r, tree, n, live.target); err != nil {
+			if err := s.rollbackForCommit(ctx, r, tree, n, live.target, j); err != nil {
 				return nil, err
 			}
-			if err := applyLayer(ctx, upper, live.target, parentUpper, resume); err != nil {
+			if err := applyLayer(ctx, upper, live.target, parentUpper, resume, j); err != nil {
 				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
-		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume); err != nil {
+		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume, j); err != nil {
 			return nil, err
 		}
 		s.fault(FaultCommitApplied)
@@ -899,7 +1059,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool) (retErr error) {
+func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {
@@ -916,17 +1076,18 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 		}
 		os.Remove(target)
 	}()
-	if err := s.rollbackForCommit(ctx, r, tree, n, target); err != nil {
+	if err := s.rollbackForCommit(ctx, r, tree, n, target, j); err != nil {
 		return err
 	}
-	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume); err != nil {
+	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume, j); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil
 }
 
 // Abort discards branch c and its descendants. Its parent is unsealed when
-// its last child ends.
+// its last child ends. A committing branch whose apply failed and was put
+// back (see CommitBranch) is abandoned: its parent stays as it was.
 func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	var (
 		r    rootSnap
@@ -956,13 +1117,26 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 		if tree == nil {
 			tree = branch.NewTree(r.key, time.Now())
 		}
-		n, err := tree.Get(id)
-		if err != nil {
-			return fmt.Errorf("abort: %w", err)
-		}
-		parent := n.Parent
-		if gone, err = tree.Abort(id, time.Now()); err != nil {
-			return err
+		var parent string
+		if n := tree.Nodes[id]; n != nil && n.State == branch.Committing {
+			// A commit that was decided but could not be applied: abandoned,
+			// if its parent was put back as it was.
+			if !s.undone.isClean(r.id(), id) {
+				return fmt.Errorf("branch %s is being committed into %s, which may hold part of it; call commit again to complete it: %w", id, contextName(n.Parent), errdefs.ErrFailedPrecondition)
+			}
+			parent, gone = n.Parent, []string{id}
+			if err := tree.AbandonCommit(id, time.Now()); err != nil {
+				return err
+			}
+		} else {
+			n, err := tree.Get(id)
+			if err != nil {
+				return fmt.Errorf("abort: %w", err)
+			}
+			parent = n.Parent
+			if gone, err = tree.Abort(id, time.Now()); err != nil {
+				return err
+			}
 		}
 		// The last child of a sealed parent: unseal it before the abort
 		// commits. A crash in between leaves the parent writable with the
@@ -978,6 +1152,7 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("abort %s: %w", c, err)
 	}
+	s.undone.set(r.id(), id, false)
 	s.fault(FaultAbortDecided)
 	for _, g := range gone {
 		s.removeBranchLayer(ctx, mounts, r.id(), g)
