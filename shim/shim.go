@@ -10,10 +10,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -102,11 +105,72 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("failed to read init pid file")
 	}
+	removeDeadSockets(ctx, path, id)
 	return cshim.StopStatus{
 		ExitedAt:   time.Now(),
 		ExitStatus: 128 + int(unix.SIGKILL),
 		Pid:        pid,
 	}, nil
+}
+
+// removeDeadSockets removes the sockets of a shim that was killed (it could
+// not remove them itself): the one its address file in the bundle names,
+// and its debug socket. A socket something still answers on is a live
+// shim's (one shim may serve several containers) and is left.
+func removeDeadSockets(ctx context.Context, bundle, id string) {
+	address, err := cshim.ReadAddress(filepath.Join(bundle, "address"))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("read shim address")
+		}
+		return
+	}
+	sockets := []string{address}
+	// The debug socket is named from containerd's address and the socket's
+	// grouping (the container, or the sandbox it is grouped with), as the
+	// manager named the main one: found by matching that.
+	if f := flag.Lookup("address"); f != nil && f.Value.String() != "" {
+		for _, group := range shimGroups(bundle, id) {
+			if main, err := cshim.SocketAddress(ctx, f.Value.String(), group, false); err == nil && main == address {
+				if debug, err := cshim.SocketAddress(ctx, f.Value.String(), group, true); err == nil {
+					sockets = append(sockets, debug)
+				}
+				break
+			}
+		}
+	}
+	for _, s := range sockets {
+		path, ok := strings.CutPrefix(s, "unix://")
+		if !ok {
+			continue // abstract or another scheme: no file
+		}
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			conn.Close()
+			continue // served: a live shim's
+		}
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			continue // gone already, or not ours to judge
+		}
+		if err := cshim.RemoveSocket(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).WithField("socket", path).Warn("remove socket of a dead shim")
+		}
+	}
+}
+
+// shimGroups lists what a container's shim socket may be named after: the
+// groups of its spec's annotations (as the manager looks them up) and the
+// container itself.
+func shimGroups(bundle, id string) []string {
+	var out []string
+	if spec, err := readSpec(bundle); err == nil {
+		for _, k := range []string{"io.kubernetes.cri.sandbox-id", "io.containerd.runc.v2.group"} {
+			if g := spec.Annotations[k]; g != "" {
+				out = append(out, g)
+			}
+		}
+	}
+	return append(out, id)
 }
 
 // Info reports this runtime's features from the code itself rather than by
