@@ -1418,6 +1418,7 @@ func toTTRPC(err error) error { return branch.ToGRPC(err) }
 // through its cgroup) and detaches its rootfs mount. It needs nothing from
 // the dead shim: the branches are found in the bundle.
 func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
+	killBranchCgroups(ctx, bundle)
 	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
 	for _, e := range entries {
 		// Only a branch run by the runtime has its spec in its bundle;
@@ -1429,6 +1430,37 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 		}
 		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("unmount branch rootfs")
+		}
+	}
+}
+
+// killBranchCgroups kills every process in the branch cgroups below a
+// sandbox's (thawing them first). The runtime's force delete of the
+// sandbox freezes, kills and thaws the sandbox's cgroup, but on cgroup v1
+// a branch frozen by itself (held for a commit when the shim died) stays
+// frozen, and its processes with it, ignoring SIGKILL.
+func killBranchCgroups(ctx context.Context, bundle string) {
+	spec, err := readSpec(bundle)
+	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+		return
+	}
+	ms, err := cgroupMounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
+		return
+	}
+	seen := map[string]bool{}
+	for _, d := range dirsIn(ms, spec.Linux.CgroupsPath) {
+		entries, _ := os.ReadDir(d.dir)
+		for _, e := range entries {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), "b") || seen[e.Name()] {
+				continue
+			}
+			seen[e.Name()] = true
+			path := spec.Linux.CgroupsPath + "/" + e.Name()
+			if err := killDirs(ctx, path, dirsIn(ms, path)); err != nil {
+				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
+			}
 		}
 	}
 }
