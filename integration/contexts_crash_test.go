@@ -140,9 +140,14 @@ func runningInShim(t *testing.T, ctx context.Context, sc *branch.SandboxClient) 
 // every hierarchy, and processes in any of them.
 func branchCgroupsOf(namespace, id string) ([]string, []int) {
 	top := "/" + namespace + "/" + id
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", top, "b*"))
-	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", top, "b*"))
-	dirs = append(dirs, v2...)
+	all, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", top, "b[0-9]*"))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", top, "b[0-9]*"))
+	var dirs []string
+	for _, d := range append(all, v2...) {
+		if isDirPath(d) {
+			dirs = append(dirs, d)
+		}
+	}
 	var pids []int
 	for _, d := range dirs {
 		for _, sub := range walkDirs(d) {

@@ -715,14 +715,22 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 				}
 			}()
 		}
-		pidfd := -1
-		if n.fast != nil {
-			pidfd = n.fast.init.dupPidfd()
-		}
 		if n.held && len(dirs[i]) > 0 {
 			// Signalled while still frozen, it dies as it thaws, without
 			// running another instruction.
 			signalAll(ctx, dirs[i])
+			if n.fast != nil {
+				// Frozen whole (a frozen cgroup's list of processes is
+				// complete, and none can fork), so nothing of it runs
+				// again: their exits are waited for by release, in the
+				// background, rather than before the reply.
+				thaw(dirs[i])
+				continue
+			}
+		}
+		pidfd := -1
+		if n.fast != nil {
+			pidfd = n.fast.init.dupPidfd()
 		}
 		wg.Add(1)
 		go func() {
@@ -1434,11 +1442,12 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 	}
 }
 
-// killBranchCgroups kills every process in the branch cgroups below a
-// sandbox's (thawing them first). The runtime's force delete of the
-// sandbox freezes, kills and thaws the sandbox's cgroup, but on cgroup v1
-// a branch frozen by itself (held for a commit when the shim died) stays
-// frozen, and its processes with it, ignoring SIGKILL.
+// killBranchCgroups kills every process in the cgroups below a sandbox's
+// (branches, warm inits, the seal leaf), thawing them first. The runtime's
+// force delete of the sandbox freezes, kills and thaws the sandbox's
+// cgroup, but on cgroup v1 a child frozen by itself (a branch held for a
+// commit when the shim died) stays frozen, and its processes with it,
+// ignoring SIGKILL.
 func killBranchCgroups(ctx context.Context, bundle string) {
 	spec, err := readSpec(bundle)
 	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
@@ -1453,7 +1462,7 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 	for _, d := range dirsIn(ms, spec.Linux.CgroupsPath) {
 		entries, _ := os.ReadDir(d.dir)
 		for _, e := range entries {
-			if !e.IsDir() || !strings.HasPrefix(e.Name(), "b") || seen[e.Name()] {
+			if !e.IsDir() || seen[e.Name()] {
 				continue
 			}
 			seen[e.Name()] = true

@@ -259,7 +259,9 @@ func freezeAll(dirs []cgroupMount) error {
 	if !d.freezer {
 		check = filepath.Join(d.dir, "cgroup.events")
 	}
-	// Usually frozen at once; the poll starts short.
+	// Frozen once each process got the CPU to stop: the poll starts short
+	// and stays short, as a wait of a busy machine's scheduling delay
+	// (milliseconds) is overshot by no more than a step.
 	delay := 20 * time.Microsecond
 	for deadline := time.Now().Add(2 * time.Second); ; {
 		b, err := os.ReadFile(check)
@@ -273,7 +275,7 @@ func freezeAll(dirs []cgroupMount) error {
 			return fmt.Errorf("freeze %s: not frozen after 2s: %w", d.dir, errdefs.ErrUnavailable)
 		}
 		time.Sleep(delay)
-		if delay < 5*time.Millisecond {
+		if delay < 160*time.Microsecond {
 			delay *= 2
 		}
 	}

@@ -114,11 +114,11 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 }
 
 // removeDeadSockets removes the sockets of a shim that was killed (it could
-// not remove them itself): the one its address file in the bundle names,
-// and its debug socket. A socket something still answers on is a live
-// shim's (one shim may serve several containers) and is left.
+// not remove them itself): the one containerd recorded in the bundle, and
+// its debug socket. A socket something still answers on is a live shim's
+// (one shim may serve several containers) and is left.
 func removeDeadSockets(ctx context.Context, bundle, id string) {
-	address, err := cshim.ReadAddress(filepath.Join(bundle, "address"))
+	address, err := shimAddress(bundle)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).Warn("read shim address")
@@ -156,6 +156,26 @@ func removeDeadSockets(ctx context.Context, bundle, id string) {
 			log.G(ctx).WithError(err).WithField("socket", path).Warn("remove socket of a dead shim")
 		}
 	}
+}
+
+// shimAddress is the shim's socket address as containerd recorded it in
+// the bundle: bootstrap.json (containerd 2), or the older address file.
+func shimAddress(bundle string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
+	if err == nil {
+		var params cshim.BootstrapParams
+		if err := json.Unmarshal(b, &params); err != nil {
+			return "", fmt.Errorf("read %s/bootstrap.json: %w", bundle, err)
+		}
+		if params.Address == "" {
+			return "", fmt.Errorf("no address in %s/bootstrap.json: %w", bundle, cshim.ErrNoAddress)
+		}
+		return params.Address, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return cshim.ReadAddress(filepath.Join(bundle, "address"))
 }
 
 // shimGroups lists what a container's shim socket may be named after: the
