@@ -188,8 +188,20 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 		}
 	}
 	mustBase()
+	// A subtest that fails with the snapshotter down must not take the
+	// next ones with it.
+	restart := func(t *testing.T) {
+		t.Cleanup(func() {
+			if env.SnapshotterPid() == 0 {
+				if err := env.StartSnapshotter(ctx); err != nil {
+					t.Errorf("restart the snapshotter: %v", err)
+				}
+			}
+		})
+	}
 
 	t.Run("stopped", func(t *testing.T) {
+		restart(t)
 		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
 		a, b := kids[0], kids[1]
 		aProcs := startDaemon(t, ctx, env, sc, a, "stopped-a")
@@ -233,6 +245,7 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 
 	for _, point := range []string{snapshotter.FaultCommitDecided, snapshotter.FaultCommitApplied, snapshotter.FaultCommitFinished} {
 		t.Run(point, func(t *testing.T) {
+			restart(t)
 			before := rootMarkers(t, ctx, env, "sb")
 			kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3})
 			a := kids[0]

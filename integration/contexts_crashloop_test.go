@@ -20,6 +20,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/integration/harness"
@@ -99,14 +100,32 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		for _, p := range env.ShimPids() {
 			before[p] = true
 		}
-		if task, err = cont.NewTask(ctx, cio.NullIO); err != nil {
-			t.Fatal(err)
+		// containerd forgets a dead shim's task a moment after its
+		// cleanup ran: until then a new task "already exists".
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			task, err = cont.NewTask(ctx, cio.NullIO)
+			if err == nil {
+				break
+			}
+			if !errdefs.IsAlreadyExists(err) || time.Now().After(deadline) {
+				t.Fatal(err)
+			}
 		}
 		if err := task.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
+		var (
+			out  string
+			xerr error
+		)
+		defer func() {
+			if t.Failed() {
+				st, err := task.Status(ctx)
+				t.Logf("sandbox: ls /m: %q %v; task status %v %v", out, xerr, st, err)
+			}
+		}()
 		waitUntil(t, "the sandbox to start", 10*time.Second, func() bool {
-			out, _ := execIn(ctx, env, id, "ls", "/m")
+			out, xerr = execIn(ctx, env, id, "ls", "/m")
 			return strings.Contains(out, "base")
 		})
 		shimPid = 0
@@ -131,11 +150,12 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d, %d rounds", seed, rounds)
-	state := []string{}            // the sandbox's markers
-	ckpts := map[string][]string{} // checkpoints made, and the markers they hold
-	var ckptOrder []string         // oldest first
-	var allProcs []hostProc        // every branch process seen
-	stats := map[string]int{}      // the operation each kill interrupted
+	state := []string{}              // the sandbox's markers
+	ckpts := map[string][]string{}   // checkpoints made, and the markers they hold
+	var ckptOrder []string           // oldest first
+	var allProcs []hostProc          // every branch process seen
+	stats := map[string]int{}        // the operation each kill interrupted
+	window := 300 * time.Millisecond // the kill comes within this of a round's start
 	for r := 0; r < rounds; r++ {
 		var kids []branch.ContextInfo
 		winner := -1
@@ -212,12 +232,15 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 			pid = shimPid
 		}
 		killed := make(chan struct{})
-		timer := time.AfterFunc(time.Duration(rng.Int63n(int64(400*time.Millisecond))), func() {
+		// Within the time a whole round's operations take (as measured on
+		// rounds the kill came after), so that most kills interrupt one.
+		timer := time.AfterFunc(time.Duration(rng.Int63n(int64(window))), func() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			close(killed)
 		})
 		allowed := [][]string{state}
 		interrupted := "none (after the round)"
+		began := time.Now()
 		for _, op := range ops {
 			octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			before := state
@@ -241,6 +264,9 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 			// A checkpoint whose outcome is unknown is not rolled back to.
 			break
 		}
+		if interrupted == "none (after the round)" {
+			window = (window + time.Since(began)) / 2
+		}
 		<-killed
 		timer.Stop()
 		stats[interrupted]++
@@ -255,13 +281,27 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 			}
 		} else {
 			waitUntil(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+				if slices.Contains(env.ShimPids(), pid) {
+					return false
+				}
 				st, err := task.Status(ctx)
-				return err == nil && st.Status == containerd.Stopped && !slices.Contains(env.ShimPids(), pid)
+				return errdefs.IsNotFound(err) || (err == nil && st.Status == containerd.Stopped)
 			})
 			waitUntil(t, "the dead shim's sockets to be removed", 10*time.Second, func() bool { return len(existing(sockets)) == 0 })
-			if _, err := task.Delete(ctx); err != nil {
-				t.Fatalf("round %d: delete the task of the dead shim: %v", r, err)
-			}
+			// As a user would: delete the dead task, until containerd has
+			// forgotten it.
+			var delErr error
+			waitUntil(t, "the dead shim's task to be deleted", 20*time.Second, func() bool {
+				cur, err := cont.Task(ctx, nil)
+				if errdefs.IsNotFound(err) {
+					return true
+				}
+				if err == nil {
+					_, delErr = cur.Delete(ctx)
+				}
+				return false
+			})
+			_ = delErr
 			start()
 		}
 		checkCrashRound(t, ctx, env, sc, id, r, interrupted, allowed, allProcs, &state)

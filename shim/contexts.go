@@ -312,6 +312,9 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, ok := c.sandboxes[r.ID]; ok {
+		return // added before its creation, to settle it (Create)
+	}
 	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts}
 }
 

@@ -27,6 +27,52 @@ import (
 // every reconnection to the snapshotter, and whenever an operation finds
 // them apart.
 
+// settleNew reconciles a sandbox being created whose rootfs comes sealed:
+// branches its snapshot holds live were left by a shim that died, and are
+// aborted. It says whether the sandbox's snapshot is unsealed now. A
+// failure is logged: the branch API tries again on first use.
+func (c *contexts) settleNew(ctx context.Context, id string) bool {
+	sb, err := c.sandbox(id)
+	if err != nil {
+		return false
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil || !sb.reconciled {
+		log.G(ctx).WithError(err).WithField("sandbox", id).Warn("reconcile the branches of a sandbox created sealed")
+		return false
+	}
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return false
+	}
+	for _, in := range infos {
+		if in.ID == branch.RootID {
+			return !in.Sealed
+		}
+	}
+	return false
+}
+
+// dropSandbox forgets a sandbox whose creation failed.
+func (c *contexts) dropSandbox(ctx context.Context, id string) {
+	c.mu.Lock()
+	sb, ok := c.sandboxes[id]
+	delete(c.sandboxes, id)
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.nodes != nil && !sb.closed {
+		sb.closed = true
+		close(sb.done)
+		sb.snapshot.Close()
+	}
+}
+
 // wake asks a settle loop to reconcile, without waiting.
 func wake(kick chan struct{}) {
 	select {

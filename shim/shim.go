@@ -299,13 +299,57 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	if err := s.contexts.listenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
+	if sealedRootfs(r.Rootfs) {
+		// Its snapshot still has live branches, and this new shim runs
+		// none: their shim died. They are aborted before the rootfs is
+		// mounted, and the rootfs is then mounted writable, as the
+		// snapshotter would now mount it: a mount made read-only stays so
+		// in the container's mount namespace whatever its superblock does.
+		s.contexts.addSandbox(ctx, r, opts)
+		if s.contexts.settleNew(ctx, r.ID) {
+			r.Rootfs = writable(r.Rootfs)
+		}
+	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
 		s.contexts.addSandbox(ctx, r, opts)
 	} else {
+		s.contexts.dropSandbox(ctx, r.ID)
 		s.contexts.closeSelfAll(r.ID)
 	}
 	return resp, err
+}
+
+// sealedRootfs says whether a rootfs is an overlay with an upper directory
+// mounted read-only: the branch snapshotter's mount of a snapshot sealed
+// for its branches.
+func sealedRootfs(ms []*types.Mount) bool {
+	for _, m := range ms {
+		ro, upper := false, false
+		for _, o := range m.Options {
+			ro = ro || o == "ro"
+			upper = upper || strings.HasPrefix(o, "upperdir=")
+		}
+		if ro && upper {
+			return true
+		}
+	}
+	return false
+}
+
+// writable is a copy of rootfs mounts with "ro" dropped.
+func writable(ms []*types.Mount) []*types.Mount {
+	out := make([]*types.Mount, len(ms))
+	for i, m := range ms {
+		c := &types.Mount{Type: m.Type, Source: m.Source, Target: m.Target}
+		for _, o := range m.Options {
+			if o != "ro" {
+				c.Options = append(c.Options, o)
+			}
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // Exec refuses a stopped container with a failed-precondition error;
