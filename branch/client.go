@@ -24,12 +24,25 @@ type Client struct {
 // snapshotter serves it beside that socket (address + TTRPCSuffix), else
 // over gRPC. Either connects on first use.
 func Dial(address string) (*Client, error) {
-	t, err := dialTransport(address)
+	return DialNotify(address, nil)
+}
+
+// DialNotify is Dial with onDrop called, on a goroutine of its own, each
+// time the connection is lost (the snapshotter exited or restarted), so
+// that a caller holding state that must agree with the snapshotter's can
+// check it again once the snapshotter is back.
+func DialNotify(address string, onDrop func()) (*Client, error) {
+	t, err := dialTransport(address, onDrop)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{t: t}, nil
 }
+
+// Generation counts the connections to the snapshotter lost so far (over
+// ttrpc; always 0 over gRPC). A change since a caller last looked means
+// the snapshotter may have restarted, finishing decided commits.
+func (c *Client) Generation() uint64 { return c.t.generation() }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.t.Close() }
