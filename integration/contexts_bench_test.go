@@ -27,10 +27,13 @@ import (
 // benchSandbox runs a sandbox on the branch runtime and snapshotter whose
 // rootfs holds 10,000 more files (the size the fork targets are set for),
 // and returns a branch context client and its rootfs upper directory.
-func benchSandbox(b *testing.B, ctx context.Context, env *harness.Env, id string) (*branch.SandboxClient, string) {
+// extra are more flags for ctr run.
+func benchSandbox(b *testing.B, ctx context.Context, env *harness.Env, id string, extra ...string) (*branch.SandboxClient, string) {
 	b.Helper()
-	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", harness.ImageRef, id,
-		"sh", "-c", "mkdir -p /tree && cd /tree && seq 1 10000 | xargs touch && touch /ready && exec sleep 100000"); err != nil {
+	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
+	args = append(args, harness.ImageRef, id,
+		"sh", "-c", "mkdir -p /tree && cd /tree && seq 1 10000 | xargs touch && touch /ready && exec sleep 100000")
+	if _, err := env.Ctr(ctx, args...); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { benchRemoveCtr(env, id) })
@@ -182,6 +185,48 @@ func BenchmarkContextFork(b *testing.B) {
 			settle(b, ctx, client)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
 		})
+	}
+}
+
+// BenchmarkContextForkSeccomp: fork of n branches of a running 10,000-file
+// sandbox with containerd's default seccomp profile (ctr run --seccomp:
+// what nerdctl and the CRI's RuntimeDefault give), whose branches the
+// branch init starts with the filter, against the same fork of an
+// unconfined sandbox (impl=unconfined), and of a default-profile sandbox
+// whose branches the runtime starts (impl=runtime: CAP_SYS_PTRACE in its
+// bounding set keeps them off the init, as seccomp did before).
+func BenchmarkContextForkSeccomp(b *testing.B) {
+	ctx, env, _, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	sandboxes := []struct {
+		impl string
+		args []string
+	}{
+		{"branch", []string{"--seccomp"}},
+		{"unconfined", nil},
+		{"runtime", []string{"--seccomp", "--cap-add", "CAP_SYS_PTRACE"}},
+	}
+	scs := map[string]*branch.SandboxClient{}
+	for _, s := range sandboxes {
+		scs[s.impl], _ = benchSandbox(b, ctx, env, "bsec-"+s.impl, s.args...)
+	}
+	for _, n := range []int{1, 8} {
+		for _, s := range sandboxes {
+			sc := scs[s.impl]
+			b.Run(fmt.Sprintf("n=%d/impl=%s", n, s.impl), func(b *testing.B) {
+				quiesce(b)
+				for b.Loop() {
+					kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					abortAll(b, ctx, sc, kids)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+			})
+		}
 	}
 }
 

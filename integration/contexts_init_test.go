@@ -21,13 +21,20 @@ const confinement = `grep -E '^(NoNewPrivs|Seccomp|CapInh|CapPrm|CapEff|CapBnd|C
 // exec'd into the sandbox, its own PID namespace with the init as PID 1,
 // its own /dev/pts, /dev/shm and cgroup, the spec's masked and read-only
 // paths, and a bind mount of the spec.
-func TestContextsBranchInit(t *testing.T) {
+func TestContextsBranchInit(t *testing.T) { testBranchInit(t) }
+
+// TestContextsBranchInitSeccomp is TestContextsBranchInit on a sandbox
+// with containerd's default seccomp profile: the init applies the filter
+// and everything else the same.
+func TestContextsBranchInitSeccomp(t *testing.T) { testBranchInit(t, "--seccomp") }
+
+func testBranchInit(t *testing.T, extra ...string) {
 	host := t.TempDir()
 	if err := os.WriteFile(filepath.Join(host, "f"), []byte("bound\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, env, sc := sandboxCtxEnv(t, "--cap-drop", "CAP_NET_RAW", "--hostname", "hb",
-		"--mount", "type=bind,src="+host+",dst=/mnt,options=rbind:ro")
+	ctx, env, sc := sandboxCtxEnv(t, append([]string{"--cap-drop", "CAP_NET_RAW", "--hostname", "hb",
+		"--mount", "type=bind,src=" + host + ",dst=/mnt,options=rbind:ro"}, extra...)...)
 	want, err := execIn(ctx, env, "sb", "sh", "-c", confinement)
 	if err != nil {
 		t.Fatal(err)
@@ -84,10 +91,11 @@ func TestContextsBranchInit(t *testing.T) {
 }
 
 // TestContextsRuntimeFallback: a sandbox whose spec the branch init does
-// not handle (here seccomp) has its branches run by the runtime, which
-// carries the filter over, and the cycle works the same.
+// not take (here CAP_SYS_PTRACE in its bounding set) has its branches run
+// by the runtime, which carries its seccomp filter over, and the cycle
+// works the same.
 func TestContextsRuntimeFallback(t *testing.T) {
-	ctx, env, sc := sandboxCtxEnv(t, "--seccomp")
+	ctx, env, sc := sandboxCtxEnv(t, "--seccomp", "--cap-add", "CAP_SYS_PTRACE")
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep '^Seccomp:' /proc/self/status | tr -d '\t '; cat /proc/1/comm"); strings.HasPrefix(got, "Seccomp:2\nbrinit") || !strings.HasPrefix(got, "Seccomp:2\n") {
 		t.Fatalf("a branch of a seccomp sandbox: %q; want the filter on, from the runtime", got)
@@ -101,6 +109,9 @@ func TestContextsRuntimeFallback(t *testing.T) {
 	}
 	assertBranchGone(t, env, kids[0], nil)
 	assertBranchGone(t, env, kids[1], nil)
+	if !strings.Contains(env.Log("containerd"), "reason=CAP_SYS_PTRACE") {
+		t.Errorf("the shim did not log why the sandbox's branches are started by the runtime")
+	}
 }
 
 // TestContextsWarmInits forks and aborts back to back, so that forks take

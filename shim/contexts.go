@@ -141,6 +141,7 @@ type sandbox struct {
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branch.Client
 	pool     *initPool // inits started ahead of forks of the root, or nil
+	initPath initPath  // how its branches start (initpath.go)
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; teardown waits for them.
 	releasing sync.WaitGroup
@@ -557,7 +558,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
 		return nil, err
 	}
-	if c.init != "" && fastUnsupported(spec) == "" {
+	if c.useInit(ctx, sb, spec) {
 		var warm *spawned
 		if sb.pool != nil && parent.id == branch.RootID {
 			warm = sb.pool.take(ctx, cloneFlags(spec), n.cgroup)
@@ -652,7 +653,7 @@ func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info
 		}
 		return err
 	}
-	fc, err := c.configure(ctx, n, sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
+	fc, err := c.configure(ctx, sb, n, sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
 	if err != nil {
 		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
 			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")

@@ -60,16 +60,22 @@ func fastUnsupported(s *specs.Spec) string {
 	}
 	l := s.Linux
 	switch {
-	case l.Seccomp != nil:
-		return "seccomp"
+	case l.Seccomp != nil && seccompNotifies(l.Seccomp):
+		return "seccomp profile with a notify action or a listener (the runtime hands its listener to the agent)"
 	case s.Process.ApparmorProfile != "":
 		return "apparmor"
 	case s.Process.SelinuxLabel != "" || l.MountLabel != "":
-		return "selinux"
+		return "selinux labels"
 	case len(l.UIDMappings) > 0 || len(l.GIDMappings) > 0:
 		return "user namespace"
-	case l.IntelRdt != nil || l.Personality != nil || len(l.TimeOffsets) > 0:
-		return "intel rdt, personality or time offsets"
+	case l.IntelRdt != nil:
+		return "intel rdt"
+	case l.Personality != nil:
+		return "personality"
+	case l.MemoryPolicy != nil:
+		return "numa memory policy"
+	case len(l.TimeOffsets) > 0:
+		return "time offsets"
 	case s.Process.IOPriority != nil || s.Process.Scheduler != nil || s.Process.ExecCPUAffinity != nil:
 		return "io priority, scheduler or cpu affinity"
 	}
@@ -248,10 +254,18 @@ type fastPlan struct {
 
 // planFast converts a branch's spec (with runc's own conversion, so that
 // mount options, devices and limits mean what they mean to runc) into the
-// init's instructions. cgroupPaths are the branch's cgroup directories.
-func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*fastPlan, error) {
+// init's instructions. cgroupPaths are the branch's cgroup directories;
+// seccomp is the spec's profile compiled (nil for none).
+func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, seccomp *compiledSeccomp) (*fastPlan, error) {
 	s := *spec
 	s.Root = &specs.Root{Path: rootfs, Readonly: spec.Root != nil && spec.Root.Readonly}
+	if spec.Linux.Seccomp != nil {
+		// The profile comes compiled (once per sandbox); converting it
+		// again would cost half a millisecond of every branch.
+		l := *spec.Linux
+		l.Seccomp = nil
+		s.Linux = &l
+	}
 	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: filepath.Base(rootfs), Spec: &s})
 	if err != nil {
 		return nil, fmt.Errorf("convert the branch spec: %w", err)
@@ -339,6 +353,7 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string) (*
 	if cfg.Readonlyfs {
 		w.op("rootro")
 	}
+	seccompPlan(w, seccomp)
 	return p, nil
 }
 
@@ -606,7 +621,7 @@ func moveInto(dir, nd string, pid int) error {
 
 // configure has a spawned init build a branch's root and start its
 // command; it returns once the branch is ready or the init said why not.
-func (c *contexts) configure(ctx context.Context, n *bctx, s *spawned, rootfs string, cmdLog string) (_ *fastCtx, retErr error) {
+func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawned, rootfs string, cmdLog string) (_ *fastCtx, retErr error) {
 	defer func() {
 		if retErr != nil {
 			s.discard(ctx)
@@ -615,7 +630,15 @@ func (c *contexts) configure(ctx context.Context, n *bctx, s *spawned, rootfs st
 	if err := setLimits(s.paths, n.limits); err != nil {
 		return nil, fmt.Errorf("branch %s: set limits: %w", n.id, err)
 	}
-	plan, err := planFast(n.spec, rootfs, s.paths)
+	var prog *compiledSeccomp
+	if n.spec.Linux.Seccomp != nil {
+		// Compiled when the sandbox chose the init (useInit).
+		var err error
+		if prog, err = sb.initPath.seccomp(ctx, n.spec.Linux.Seccomp); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", n.id, err)
+		}
+	}
+	plan, err := planFast(n.spec, rootfs, s.paths, prog)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}

@@ -44,7 +44,7 @@ func defaultBranchSpec(t *testing.T, netns string) *specs.Spec {
 func ops(t *testing.T, conf []byte) [][]string {
 	t.Helper()
 	arity := map[string]int{"mount": 5, "bind": 4, "mknod": 6, "symlink": 2, "mask": 1, "readonly": 1, "setns": 1,
-		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2}
+		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2, "seccomp": 2}
 	words := strings.Split(strings.TrimSuffix(string(conf), "\x00"), "\x00")
 	var out [][]string
 	for i := 0; i < len(words); {
@@ -64,7 +64,7 @@ func TestPlanFast(t *testing.T) {
 		t.Fatalf("containerd's default spec needs the runtime: %s", r)
 	}
 	paths := map[string]string{"memory": "/sys/fs/cgroup/memory/test/sb/b1", "cpu": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1"}
-	p, err := planFast(spec, "/run/b/rootfs", paths)
+	p, err := planFast(spec, "/run/b/rootfs", paths, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestPlanFast(t *testing.T) {
 
 	// A new network namespace is cloned and gets its loopback up.
 	isolated := defaultBranchSpec(t, "")
-	p, err = planFast(isolated, "/run/b/rootfs", paths)
+	p, err = planFast(isolated, "/run/b/rootfs", paths, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,8 +122,15 @@ func TestPlanFast(t *testing.T) {
 
 func TestFastUnsupported(t *testing.T) {
 	for name, mod := range map[string]func(*specs.Spec){
-		"seccomp":  func(s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow} },
-		"apparmor": func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
+		"seccomp notify": func(s *specs.Spec) {
+			s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow, Syscalls: []specs.LinuxSyscall{{Names: []string{"mount"}, Action: specs.ActNotify}}}
+		},
+		"seccomp listener": func(s *specs.Spec) {
+			s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow, ListenerPath: "/run/agent.sock"}
+		},
+		"memory policy": func(s *specs.Spec) { s.Linux.MemoryPolicy = &specs.LinuxMemoryPolicy{Mode: specs.MpolLocal} },
+		"personality":   func(s *specs.Spec) { s.Linux.Personality = &specs.LinuxPersonality{Domain: specs.PerLinux32} },
+		"apparmor":      func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
 		"ptrace": func(s *specs.Spec) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_PTRACE")
 		},
@@ -145,7 +152,7 @@ func TestProcConfig(t *testing.T) {
 	spec.Process.Args = []string{"sh", "-c", "x"}
 	spec.Process.User = specs.User{UID: 5, GID: 6, AdditionalGids: []uint32{7}}
 	var w cfgWriter
-	p, err := planFast(spec, "/r", nil)
+	p, err := planFast(spec, "/r", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

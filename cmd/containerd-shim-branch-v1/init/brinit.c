@@ -32,7 +32,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
 #include <linux/openat2.h>
+#include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
@@ -62,6 +64,12 @@
 static int rootfd = -1;
 static int pivoted;
 static int want_cgroupns;
+
+// The sandbox's seccomp filter, as runc would load it (compiled by the
+// shim with runc's code), installed in every process this init starts.
+static struct sock_filter seccomp_prog[BPF_MAXINSNS];
+static unsigned short seccomp_len;
+static unsigned long seccomp_flags;
 
 // fail reports why the branch could not be set up and exits.
 static void fail(const char *fmt, ...) {
@@ -394,6 +402,31 @@ static void op_rootro(char **a) {
 
 static void op_remount(char **a) { remount_at(a[0], num(a[1])); }
 
+static int unhex(char c) {
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+static void op_seccomp(char **a) {
+	// seccomp FLAGS PROGRAM: the program as hex of its struct sock_filter
+	// array in host byte order.
+	size_t n = strlen(a[1]);
+	if (n == 0 || n % (2 * sizeof(struct sock_filter)) || n / (2 * sizeof(struct sock_filter)) > BPF_MAXINSNS)
+		fail("seccomp: a program of %zu hex digits", n);
+	unsigned char *out = (unsigned char *)seccomp_prog;
+	for (size_t i = 0; i < n; i += 2) {
+		int hi = unhex(a[1][i]), lo = unhex(a[1][i + 1]);
+		if (hi < 0 || lo < 0)
+			fail("seccomp: bad program");
+		out[i / 2] = (unsigned char)(hi << 4 | lo);
+	}
+	seccomp_len = n / (2 * sizeof(struct sock_filter));
+	seccomp_flags = num(a[0]);
+}
+
 struct op {
 	const char *name;
 	int nargs;
@@ -406,7 +439,7 @@ static const struct op ops[] = {
     {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
-    {"remount", 2, op_remount},
+    {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -531,6 +564,19 @@ static const char *getenv_in(struct proc *p, const char *key) {
 	return NULL;
 }
 
+// install_seccomp loads the sandbox's filter into this process as runc's
+// patchbpf does: prctl(2) when no flags are asked for, seccomp(2) with them.
+static void install_seccomp(int reply) {
+	struct sock_fprog prog = {.len = seccomp_len, .filter = seccomp_prog};
+	long r;
+	if (seccomp_flags == 0)
+		r = prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+	else
+		r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, seccomp_flags, &prog);
+	if (r < 0)
+		child_fail(reply, "load the seccomp filter: %s", strerror(errno));
+}
+
 // exec_proc is the child's half of a start: it never returns.
 static void exec_proc(struct proc *p, int fds[3], int reply) {
 	sigset_t all;
@@ -571,6 +617,10 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	for (int i = 0; i < 3; i++)
 		if (dup2(io[i], i) < 0)
 			child_fail(reply, "stdio: %s", strerror(errno));
+	// Everything but stdio and the reply socket (close on exec) goes,
+	// marked now: a seccomp filter may refuse the call later.
+	if (syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */) < 0)
+		child_fail(reply, "mark descriptors close-on-exec: %s", strerror(errno));
 	for (int i = 0; i < p->nrlimits; i++)
 		if (setrlimit(p->rlimits[i].type, &p->rlimits[i].lim) < 0)
 			child_fail(reply, "setrlimit %d: %s", p->rlimits[i].type, strerror(errno));
@@ -584,6 +634,15 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	}
 	if (p->umask_set)
 		umask(p->umask);
+	// From here on, runc's order (libcontainer/standard_init_linux.go and
+	// setns_init_linux.go): no_new_privs; then, without no_new_privs, the
+	// seccomp filter while this process still has CAP_SYS_ADMIN, before
+	// the user and capabilities change; with it, the filter just before
+	// execve, so that as few calls as possible run under it.
+	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(reply, "no_new_privs: %s", strerror(errno));
+	if (seccomp_len && !p->nnp)
+		install_seccomp(reply);
 	int last = 40;
 	while (prctl(PR_CAPBSET_READ, last + 1) >= 0)
 		last++;
@@ -610,16 +669,14 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	for (int c = 0; c <= last; c++)
 		if ((p->capa & (1ULL << c)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) < 0)
 			child_fail(reply, "raise ambient capability %d: %s", c, strerror(errno));
-	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		child_fail(reply, "no_new_privs: %s", strerror(errno));
 	if (chdir(p->cwd && p->cwd[0] ? p->cwd : "/") < 0)
 		child_fail(reply, "chdir %s: %s", p->cwd, strerror(errno));
 	p->args[p->nargs] = NULL;
 	p->env[p->nenv] = NULL;
 	if (p->nargs == 0)
 		child_fail(reply, "no command");
-	// Everything but stdio and the reply socket (close on exec) goes.
-	syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */);
+	if (seccomp_len && p->nnp)
+		install_seccomp(reply);
 	const char *file = p->args[0];
 	if (strchr(file, '/')) {
 		execve(file, p->args, p->env);
@@ -711,6 +768,9 @@ void brinit(void) {
 	// Nothing in the branch may ptrace or read this privileged process.
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
+	// The control socket is not the branch's processes' either.
+	if (fcntl(CTL, F_SETFD, FD_CLOEXEC) < 0)
+		_exit(1);
 	// Only the control socket (and stdio) is ours; whatever else the shim
 	// had open without close-on-exec is not the branch's.
 	syscall(SYS_close_range, CTL + 1, ~0U, 0);
