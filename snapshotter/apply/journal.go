@@ -34,9 +34,9 @@ type Journal struct {
 	upFd   int    // O_PATH fd of upper; -1 until opened
 	jFd    int    // O_PATH fd of dir; -1 until the first link
 	seq    int
-	recs  map[string]*record
-	order []*record
-	temps []string
+	recs   map[string]*record
+	order  []*record
+	temps  []string
 	// lastDir/lastFd cache the upper directory last looked into.
 	lastDir string
 	lastFd  int
