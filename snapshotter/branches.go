@@ -996,11 +996,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	defer func() {
 		if journal != nil {
 			// Discarded after the restore below, which reads it.
-			defer func() {
-				if err := journal.Discard(); err != nil {
-					log.G(ctx).WithError(err).Warn("remove a commit's journal; the next start does")
-				}
-			}()
+			defer s.discardJournal(ctx, journal)
 		}
 		if retErr == nil {
 			s.undone.set(r.id(), id, false)

@@ -52,6 +52,19 @@ func (s *Snapshotter) restoreParent(ctx context.Context, j *apply.Journal, live 
 	return nil
 }
 
+// discardJournal removes a journal's links in the background, as discard
+// does a layer: unlinking them is where the entries the apply replaced are
+// freed, which a commit need not wait for.
+func (s *Snapshotter) discardJournal(ctx context.Context, j *apply.Journal) {
+	s.trashWG.Add(1)
+	go func() {
+		defer s.trashWG.Done()
+		if err := j.Discard(); err != nil {
+			log.G(ctx).WithError(err).Warn("remove a commit's journal; the next start does")
+		}
+	}()
+}
+
 // dropDentries makes the kernel drop unused dentries and inodes, the
 // known way to make a live overlay look its upper directory up afresh
 // after it was changed underneath. It costs the whole machine's dentry

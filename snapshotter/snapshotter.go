@@ -48,7 +48,7 @@ type Snapshotter struct {
 	live       liveMounts // where contexts are mounted (livecache_linux.go)
 	faultHook  func(point string)
 	trashSeq   atomic.Uint64
-	trashWG    sync.WaitGroup // background removals of discarded layers
+	trashWG    sync.WaitGroup // background removals of discarded layers and commit journals
 	sealWG     sync.WaitGroup // background seals of forked parents' superblocks
 	commitWG   sync.WaitGroup // decided commits being carried through; a caller may have gone
 	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
