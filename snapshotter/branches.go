@@ -715,8 +715,11 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		res, err := s.commitBranch(ctx, c)
 		// The branch became a live leaf after the check was skipped, or its
 		// parent moved on: check again.
-		if errors.Is(err, errCheckAgain) && attempt < 3 {
-			continue
+		if errors.Is(err, errCheckAgain) {
+			if attempt < 3 {
+				continue
+			}
+			return res, fmt.Errorf("commit %s: the branch kept changing while it was checked; try again: %w", c, errdefs.ErrAborted)
 		}
 		return res, err
 	}
