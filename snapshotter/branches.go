@@ -719,18 +719,54 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // stays committing: calling commit again applies it anew, aborting it
 // abandons it. A crash after the decision is completed by recovery.
 func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
+	for attempt := 0; ; attempt++ {
+		res, err := s.commitBranch(ctx, c)
+		// The branch became a live leaf after the check was skipped, or its
+		// parent moved on: check again.
+		if errors.Is(err, errCheckAgain) {
+			if attempt < 3 {
+				continue
+			}
+			return res, fmt.Errorf("commit %s: the branch kept changing while it was checked; try again: %w", c, errdefs.ErrAborted)
+		}
+		return res, err
+	}
+}
+
+// errCheckAgain says the pre-decision check no longer holds.
+var errCheckAgain = errors.New("the branch changed since it was checked")
+
+// checked is what the pre-decision check saw, and its refusal if it
+// refused: it holds while the branch is still a live leaf of the same
+// parent at the same epoch.
+type checked struct {
+	parent string
+	epoch  uint64
+	err    error
+}
+
+func (s *Snapshotter) commitBranch(ctx context.Context, c Context) (CommitResult, error) {
 	var (
 		r       rootSnap
 		id      string
 		plan    branch.CommitPlan
 		resume  bool
 		decided *branch.Tree
+		done    *CommitResult
 	)
-	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
-		r, id, err = s.resolve(ctx, c)
-		return err
-	}); err != nil {
-		return CommitResult{}, fmt.Errorf("commit: %w", err)
+	// Unlocked: which root to lock, and the check of a live leaf (it reads
+	// only what cannot change while the branch is a live leaf; the
+	// decision checks that it still is, before it takes a refusal: a
+	// sibling's commit may have removed the branch meanwhile).
+	done, check, err := s.commitPrecheck(ctx, c, &r, &id)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	if done != nil {
+		return *done, nil
+	}
+	if err := ctx.Err(); err != nil && (check == nil || check.err == nil) {
+		return CommitResult{}, fmt.Errorf("commit %s (not decided, nothing changed): %w", c, err)
 	}
 	if s.quarantined.cause(r.id()) != nil {
 		// A commit the recovery could not complete is retried here, as its
@@ -753,16 +789,6 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 			unlock()
 		}
 	}()
-	done, err := s.commitPrecheck(ctx, c, &r, &id)
-	if err != nil || done != nil {
-		if err != nil {
-			return CommitResult{}, fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
-		}
-		return *done, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return CommitResult{}, fmt.Errorf("commit %s (not decided, nothing changed): %w", c, err)
-	}
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, id, err = s.resolve(ctx, c); err != nil {
 			return err
@@ -774,11 +800,27 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		if tree == nil {
 			tree = branch.NewTree(r.key, time.Now())
 		}
+		// Committed meanwhile (by a call this one waited for).
+		if n, ok := tree.Ended(id); ok && n.State == branch.Committed {
+			done, err = s.committedResult(ctx, tx, r, tree, n)
+			return err
+		}
 		// A commit that was decided but failed to finish is resumed.
-		if n := tree.Nodes[id]; n != nil && n.State == branch.Committing {
+		n := tree.Nodes[id]
+		if n != nil && n.State == branch.Committing {
 			resume = true
 			plan = branch.CommitPlan{Winner: id, Parent: n.Parent, Epoch: n.WinnerEpoch}
 			return nil
+		}
+		if n != nil && n.State == branch.Live {
+			if p := tree.Nodes[n.Parent]; p != nil && len(tree.Children(id)) == 0 {
+				if check == nil || check.parent != p.ID || check.epoch != p.Epoch {
+					return errCheckAgain
+				}
+				if check.err != nil {
+					return check.err
+				}
+			}
 		}
 		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
 			return err
@@ -789,8 +831,14 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		decided = tree
 		return nil
 	})
+	if errors.Is(err, errCheckAgain) || (check != nil && err == check.err && err != nil) {
+		return CommitResult{}, err
+	}
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
+	}
+	if done != nil {
+		return *done, nil
 	}
 	if decided != nil {
 		// Kept past its transaction: nothing below asks it about ended nodes.
@@ -823,15 +871,16 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	}
 }
 
-// commitPrecheck runs, under the root's lock and before the decision, the
-// checks of checkCommit on a live leaf branch. For a branch that was
-// committed already it returns that commit's result instead. Anything else
-// (a stale or committing branch, one with children) is left to the
-// decision to answer.
-func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap, id *string) (*CommitResult, error) {
+// commitPrecheck resolves c and runs, before the decision, the checks of
+// checkCommit on a live leaf branch, returning what it checked. For a
+// branch that was committed already it returns that commit's result
+// instead. Anything else (a stale or committing branch, one with children)
+// is left to the decision to answer.
+func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap, id *string) (*CommitResult, *checked, error) {
 	var (
 		tree  *branch.Tree
 		node  *branch.Node
+		seen  checked
 		ended *CommitResult
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
@@ -847,16 +896,22 @@ func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap
 		}
 		if n := tree.Nodes[*id]; n != nil && n.State == branch.Live && n.ID != branch.RootID && len(tree.Children(n.ID)) == 0 {
 			if p := tree.Nodes[n.Parent]; p != nil && p.State == branch.Live {
-				node = n
+				node, seen = n, checked{parent: p.ID, epoch: p.Epoch}
 			}
 		}
 		return nil
 	})
-	if err != nil || ended != nil || node == nil {
-		return ended, err
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: %w", err)
+	}
+	if ended != nil || node == nil {
+		return ended, nil, nil
 	}
 	tree.SetTombstones(nil)
-	return nil, s.checkCommit(ctx, *r, tree, node)
+	if err := s.checkCommit(ctx, *r, tree, node); err != nil {
+		seen.err = fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
+	}
+	return nil, &seen, nil
 }
 
 // committedResult is what the commit of n (committed, a tombstone) did,
@@ -963,13 +1018,8 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	)
 	defer func() {
 		if journal != nil {
-			// Closed and discarded after the restore below, which reads it.
-			defer func() {
-				if journal.Linked() {
-					s.discard(ctx, journal.Dir())
-				}
-				journal.Close()
-			}()
+			// Discarded after the restore below, which reads it.
+			defer s.discardJournal(ctx, journal)
 		}
 		if retErr == nil {
 			s.undone.set(r.id(), id, false)
@@ -1002,10 +1052,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			}
 		}
 		mounts.detach(ctx, upper)
-		j, err := s.newJournal(r.id(), id, parentUpper)
-		if err != nil {
-			return nil, err
-		}
+		j := s.newJournal(r.id(), id, parentUpper)
 		journal = j
 		live = mounts.live(parentUpper)
 		if live.target != "" {

@@ -60,8 +60,17 @@ func loopExt4(t *testing.T, sizeMB int) string {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if out, _ := exec.Command("losetup", "-j", img).CombinedOutput(); len(bytes.TrimSpace(out)) > 0 {
-			t.Errorf("loop device left for %s: %s", img, out)
+		// The loop device clears itself once the unmount lets go of it.
+		for i := 0; ; i++ {
+			out, _ := exec.Command("losetup", "-j", img).CombinedOutput()
+			if len(bytes.TrimSpace(out)) == 0 {
+				break
+			}
+			if i == 100 {
+				t.Errorf("loop device left for %s: %s", img, out)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	})
 	return mnt
@@ -372,6 +381,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 					t.Fatalf("winner is %s after the retry, want committed", st)
 				}
 			}
+			f.s.trashWG.Wait() // journals are discarded in the background
 			if entries, _ := os.ReadDir(filepath.Join(f.s.Root(), journalDirName)); len(entries) != 0 {
 				t.Fatalf("journals left: %v", entries)
 			}
@@ -665,4 +675,30 @@ func TestCommitCallerCancelled(t *testing.T) {
 		}
 	}
 	checkAll("before-decision")
+}
+
+// TestLeftoverJournalsRemovedAtStart: journals a crash left (a commit
+// decided before it is completed by recovery, which needs none) are
+// removed when the snapshotter starts.
+func TestLeftoverJournalsRemovedAtStart(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := filepath.Join(root, journalDirName, "1-2")
+	writeFile(t, filepath.Join(left, "1"), "an old inode's last link\n")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if _, err := os.Lstat(left); !os.IsNotExist(err) {
+		t.Fatalf("leftover journal still there after a start: %v", err)
+	}
 }

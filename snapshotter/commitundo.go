@@ -20,25 +20,16 @@ import (
 // journal puts them back. The branch stays committing, so that calling
 // commit again applies it anew, and aborting it abandons it (see docs/commit.md).
 //
-//	<root>/journal/<root snapshot id>-<branch id>   the links of one commit
+//	<root>/journal/<root snapshot id>-<branch id>-<attempt>-<n>
+//	    a link to an entry of the parent's upper that a commit replaced
 
 const journalDirName = "journal"
 
-func (s *Snapshotter) journalDir(rootID, id string) string {
-	return filepath.Join(s.root, journalDirName, rootID+"-"+id)
-}
-
 // newJournal returns an empty journal for the commit of branch id into the
-// context whose upper is parentUpper, dropping what an earlier attempt left.
-func (s *Snapshotter) newJournal(rootID, id, parentUpper string) (*apply.Journal, error) {
-	dir := s.journalDir(rootID, id)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, fmt.Errorf("create journal directory: %w", err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, fmt.Errorf("remove journal of an earlier attempt: %w", err)
-	}
-	return apply.NewJournal(parentUpper, dir), nil
+// context whose upper is parentUpper.
+func (s *Snapshotter) newJournal(rootID, id, parentUpper string) *apply.Journal {
+	prefix := fmt.Sprintf("%s-%s-%d-", rootID, id, s.journalSeq.Add(1))
+	return apply.NewJournal(parentUpper, filepath.Join(s.root, journalDirName), prefix)
 }
 
 // restoreParent undoes what the journal recorded in the parent's upper.
@@ -61,6 +52,19 @@ func (s *Snapshotter) restoreParent(ctx context.Context, j *apply.Journal, live 
 	return nil
 }
 
+// discardJournal removes a journal's links in the background, as discard
+// does a layer: unlinking them is where the entries the apply replaced are
+// freed, which a commit need not wait for.
+func (s *Snapshotter) discardJournal(ctx context.Context, j *apply.Journal) {
+	s.trashWG.Add(1)
+	go func() {
+		defer s.trashWG.Done()
+		if err := j.Discard(); err != nil {
+			log.G(ctx).WithError(err).Warn("remove a commit's journal; the next start does")
+		}
+	}()
+}
+
 // dropDentries makes the kernel drop unused dentries and inodes, the
 // known way to make a live overlay look its upper directory up afresh
 // after it was changed underneath. It costs the whole machine's dentry
@@ -71,13 +75,14 @@ func dropDentries() error {
 
 // removeJournals removes what commits left at a crash (at start): a
 // commit decided before it is completed by recovery, which needs none.
+// The directory stays, for the commits to come.
 func (s *Snapshotter) removeJournals(ctx context.Context) error {
 	dir := filepath.Join(s.root, journalDirName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		if os.IsNotExist(err) {
-			return nil
-		}
 		return err
 	}
 	for _, e := range entries {

@@ -39,20 +39,21 @@ import (
 // Snapshotter is an overlayfs snapshotter. It implements
 // snapshots.Snapshotter and snapshots.Cleaner.
 type Snapshotter struct {
-	root      string
-	ms        *storage.MetaStore
-	bdb       *bolt.DB
-	lock      *rootLock
-	options   []string
-	locks     rootLocks
-	live      liveMounts // where contexts are mounted (livecache_linux.go)
-	faultHook func(point string)
-	trashSeq  atomic.Uint64
-	trashWG   sync.WaitGroup // background removals of discarded layers
-	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
-	commitWG  sync.WaitGroup // decided commits being carried through; a caller may have gone
-	undone    undoneCommits  // committing branches whose parent was put back (commitundo.go)
-	seals     sealThreads    // the threads that run those seals' remounts
+	root       string
+	ms         *storage.MetaStore
+	bdb        *bolt.DB
+	lock       *rootLock
+	options    []string
+	locks      rootLocks
+	live       liveMounts // where contexts are mounted (livecache_linux.go)
+	faultHook  func(point string)
+	trashSeq   atomic.Uint64
+	trashWG    sync.WaitGroup // background removals of discarded layers and commit journals
+	sealWG     sync.WaitGroup // background seals of forked parents' superblocks
+	commitWG   sync.WaitGroup // decided commits being carried through; a caller may have gone
+	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
+	journalSeq atomic.Uint64  // names the journals of commit attempts
+	seals      sealThreads    // the threads that run those seals' remounts
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }

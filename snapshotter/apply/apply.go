@@ -826,6 +826,14 @@ func (a *applier) inTargetUpper(rel string) bool {
 	if dir == "" {
 		dir = "."
 	}
+	if j := a.opts.journal; j != nil {
+		// The journal has just looked into the same directory.
+		fd, err := j.upperDir(dir)
+		if err != nil || fd < 0 {
+			return false
+		}
+		return peekUpper(fd, base)
+	}
 	if dir != a.peekDir || a.peekDir == "" {
 		if a.peekFd >= 0 {
 			unix.Close(a.peekFd)
@@ -839,7 +847,13 @@ func (a *applier) inTargetUpper(rel string) bool {
 	if a.peekFd < 0 {
 		return false
 	}
-	st, err := lstatAt(a.peekFd, base)
+	return peekUpper(a.peekFd, base)
+}
+
+// peekUpper says whether the upper directory fd holds name as a
+// non-directory that is not a whiteout.
+func peekUpper(fd int, base string) bool {
+	st, err := lstatAt(fd, base)
 	if err != nil {
 		return false
 	}

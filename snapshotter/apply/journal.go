@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -29,14 +28,15 @@ import (
 // (directories). The journal is not durable: a crash after a commit's
 // decision is handled by completing the commit.
 type Journal struct {
-	upper string // the target overlay's upper directory (trusted path)
-	dir   string // the journal directory, on upper's filesystem
-	upFd  int    // O_PATH fd of upper; -1 until opened
-	jFd   int    // fd of dir; -1 until made
-	seq   int
-	recs  map[string]*record
-	order []*record
-	temps []string
+	upper  string // the target overlay's upper directory (trusted path)
+	dir    string // the journal directory, on upper's filesystem
+	prefix string // of this journal's links in dir
+	upFd   int    // O_PATH fd of upper; -1 until opened
+	jFd    int    // O_PATH fd of dir; -1 until the first link
+	seq    int
+	recs   map[string]*record
+	order  []*record
+	temps  []string
 	// lastDir/lastFd cache the upper directory last looked into.
 	lastDir string
 	lastFd  int
@@ -64,10 +64,11 @@ type record struct {
 }
 
 // NewJournal returns a journal of changes to the overlay whose upper
-// directory is upper; links go into dir, which must not exist yet and must
-// be on upper's filesystem. It is made on the first link.
-func NewJournal(upper, dir string) *Journal {
-	return &Journal{upper: upper, dir: dir, upFd: -1, jFd: -1, lastFd: -1, recs: map[string]*record{}}
+// directory is upper. Its links go into dir, an existing directory on
+// upper's filesystem, named prefix and a number: the prefix must be unique
+// to the journal. Discard removes them.
+func NewJournal(upper, dir, prefix string) *Journal {
+	return &Journal{upper: upper, dir: dir, prefix: prefix, upFd: -1, jFd: -1, lastFd: -1, recs: map[string]*record{}}
 }
 
 // WithJournal makes Apply record in j the pre-image of each path before
@@ -188,9 +189,6 @@ func (j *Journal) recordEntry(fd int, name, rel string, depth int) (*record, err
 // linkIn hard-links fd/name into the journal directory.
 func (j *Journal) linkIn(fd int, name string) (string, error) {
 	if j.jFd < 0 {
-		if err := os.Mkdir(j.dir, 0o700); err != nil {
-			return "", err
-		}
 		jfd, err := unix.Open(j.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return "", err
@@ -198,7 +196,7 @@ func (j *Journal) linkIn(fd int, name string) (string, error) {
 		j.jFd = jfd
 	}
 	j.seq++
-	link := strconv.Itoa(j.seq)
+	link := j.prefix + strconv.Itoa(j.seq)
 	// Without AT_SYMLINK_FOLLOW: a symlink is linked itself.
 	if err := unix.Linkat(fd, name, j.jFd, link, 0); err != nil {
 		return "", err
@@ -438,8 +436,29 @@ func (j *Journal) setTimes(r *record) error {
 	return futimens(fd, &ts)
 }
 
-// Close releases the journal's descriptors and removes nothing: the caller
-// discards the journal directory (Dir) once the commit has ended either way.
+// Discard removes the journal's links (the last links of the entries
+// Apply replaced or removed, whose space this frees), once the apply
+// succeeded or was restored, and closes the journal.
+func (j *Journal) Discard() error {
+	defer j.Close()
+	if j.jFd < 0 {
+		return nil
+	}
+	var errs []error
+	for _, r := range j.order {
+		if r.kind == recLink {
+			if err := unix.Unlinkat(j.jFd, r.link, 0); err != nil && err != unix.ENOENT {
+				errs = append(errs, fmt.Errorf("%s: %w", r.link, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("journal: remove links in %s: %w", j.dir, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Close releases the journal's descriptors and removes nothing.
 func (j *Journal) Close() {
 	for _, fd := range []*int{&j.upFd, &j.jFd, &j.lastFd} {
 		if *fd >= 0 {
@@ -448,12 +467,6 @@ func (j *Journal) Close() {
 		}
 	}
 }
-
-// Linked reports whether the journal directory was made.
-func (j *Journal) Linked() bool { return j.jFd >= 0 }
-
-// Dir is the journal directory (it exists only if something was linked).
-func (j *Journal) Dir() string { return j.dir }
 
 // allXattrs reads every xattr of dirfd/name (name "" for dirfd itself).
 func allXattrs(dirfd int, name string) (map[string][]byte, error) {

@@ -63,7 +63,8 @@ func TestJournalRestoresLiveMount(t *testing.T) {
 			defer cancel()
 			stopAt := r.IntN(12) // entries opened before the apply is cut
 			opened := 0
-			j := NewJournal(P, filepath.Join(dir, "journal"))
+			must(t, os.Mkdir(filepath.Join(dir, "journal"), 0o700))
+			j := NewJournal(P, filepath.Join(dir, "journal"), "j-")
 			defer j.Close()
 			_, err := Apply(ctx, U, parent, WithTargetUpper(P), WithJournal(j), func(o *options) {
 				o.beforeOpen = func(string, string) {
@@ -82,6 +83,12 @@ func TestJournalRestoresLiveMount(t *testing.T) {
 			}
 			if err := j.Restore(context.Background()); err != nil {
 				t.Fatalf("Restore: %v", err)
+			}
+			if err := j.Discard(); err != nil {
+				t.Fatalf("Discard: %v", err)
+			}
+			if left, _ := os.ReadDir(filepath.Join(dir, "journal")); len(left) != 0 {
+				t.Fatalf("links left after Discard: %v", left)
 			}
 			dropDentries(t)
 			if diffs := fstree.DiffTrees(before, snapshotTree(t, parent)); len(diffs) > 0 {

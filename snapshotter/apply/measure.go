@@ -37,20 +37,31 @@ func Measure(ctx context.Context, upper string, targetLayers []string, opts ...O
 	if o.maxDepth <= 0 {
 		o.maxDepth = DefaultMaxDepth
 	}
-	m := &measurer{ctx: ctx, max: o.maxDepth, seen: map[devIno]bool{}}
+	m := &measurer{ctx: ctx, max: o.maxDepth}
 	upFd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Needs{}, fmt.Errorf("measure: open upper %s: %w: %w", upper, kind(err), err)
 	}
 	defer unix.Close(upFd)
+	// Opened on first need: most commits remove nothing.
+	seen := map[string]bool{}
 	for _, l := range targetLayers {
-		fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return Needs{}, fmt.Errorf("measure: open target layer %s: %w: %w", l, kind(err), err)
+		if !seen[l] {
+			seen[l] = true
+			m.layerPaths = append(m.layerPaths, l)
 		}
-		defer unix.Close(fd)
-		m.layers = append(m.layers, fd)
 	}
+	m.layers = make([]int, len(m.layerPaths))
+	for i := range m.layers {
+		m.layers[i] = -1
+	}
+	defer func() {
+		for _, fd := range m.layers {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
 	if err := m.dir(upFd, "", 0); err != nil {
 		return m.needs, err
 	}
@@ -58,11 +69,12 @@ func Measure(ctx context.Context, upper string, targetLayers []string, opts ...O
 }
 
 type measurer struct {
-	ctx    context.Context
-	max    int
-	layers []int
-	seen   map[devIno]bool
-	needs  Needs
+	ctx        context.Context
+	max        int
+	layerPaths []string
+	layers     []int // fds of layerPaths, -1 until opened
+	seen       map[devIno]bool
+	needs      Needs
 }
 
 func (m *measurer) dir(fd int, rel string, depth int) error {
@@ -125,6 +137,9 @@ func (m *measurer) dir(fd int, rel string, depth int) error {
 			}
 		} else if k := (devIno{uint64(st.Dev), st.Ino}); st.Nlink <= 1 || !m.seen[k] {
 			if st.Nlink > 1 {
+				if m.seen == nil {
+					m.seen = map[devIno]bool{}
+				}
 				m.seen[k] = true
 			}
 			m.needs.Bytes += st.Blocks * 512
@@ -160,10 +175,17 @@ func (m *measurer) dir(fd int, rel string, depth int) error {
 // Apply would remove (at level depth): it must not be deeper than Apply
 // removes.
 func (m *measurer) checkRemoval(tgt []int, rel, name string, depth int) error {
-	for i, l := range m.layers {
+	for i := range m.layers {
 		if tgt[i] == -2 {
 			tgt[i] = -1
-			if fd, err := openBeneath(l, dotIfEmpty(rel), unix.O_PATH|unix.O_DIRECTORY); err == nil {
+			if m.layers[i] < 0 {
+				fd, err := unix.Open(m.layerPaths[i], unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return fmt.Errorf("measure: open target layer %s: %w: %w", m.layerPaths[i], kind(err), err)
+				}
+				m.layers[i] = fd
+			}
+			if fd, err := openBeneath(m.layers[i], dotIfEmpty(rel), unix.O_PATH|unix.O_DIRECTORY); err == nil {
 				tgt[i] = fd
 			}
 		}
