@@ -304,7 +304,10 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 			_ = delErr
 			start()
 		}
-		checkCrashRound(t, ctx, env, sc, id, r, interrupted, allowed, allProcs, &state)
+		if made := checkCrashRound(t, ctx, env, sc, id, r, interrupted, allowed, allProcs, &state); len(allowed) == 2 && interrupted != "checkpoint" && !slices.Equal(allowed[0], allowed[1]) {
+			// Which way the interrupted change went.
+			stats[interrupted+map[bool]string{true: " (made)", false: " (not made)"}[made]]++
+		}
 		// Keep a few checkpoints.
 		for len(ckptOrder) > 3 {
 			if err := sc.DeleteCheckpoint(ctx, ckptOrder[0]); err != nil {
@@ -328,17 +331,20 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 
 // checkCrashRound checks the invariants after a round and its restart,
 // and aborts the branches left live, so that the next round starts from
-// the sandbox alone; state becomes the sandbox's markers.
-func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) {
+// the sandbox alone; state becomes the sandbox's markers. It says whether
+// the sandbox holds the last of the allowed states.
+func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
 	t.Helper()
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("round %d (kill during %s): %s", r, interrupted, fmt.Sprintf(format, args...))
 	}
 	got := rootMarkers(t, ctx, env, id)
-	ok := false
-	for _, a := range allowed {
-		ok = ok || strings.Join(a, " ") == strings.Join(got, " ")
+	ok, made := false, false
+	for i, a := range allowed {
+		if slices.Equal(a, got) {
+			ok, made = true, i == len(allowed)-1
+		}
 	}
 	if !ok {
 		fail("the sandbox sees markers %v; want one of %v", got, allowed)
@@ -405,6 +411,7 @@ func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *br
 	if _, err := execIn(ctx, env, id, "sh", "-c", "echo x > /probe && rm /probe"); err != nil {
 		fail("the sandbox is not writable with no branch: %v", err)
 	}
+	return made
 }
 
 func sorted(s []string) []string {
