@@ -1104,6 +1104,10 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
+	if n.held {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
 	ps := *n.spec.Process
 	ps.Args = req.Args
 	ps.Env = append(append([]string{}, ps.Env...), req.Env...)
@@ -1338,7 +1342,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 			d.Status = "waiting"
 		}
 	}
-	if n.frozen {
+	if n.frozen || n.held {
 		d.Status = "frozen"
 	}
 	return d
