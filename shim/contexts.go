@@ -457,6 +457,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		return nil, fmt.Errorf("branch %s of %s has no running context: %w", parentID, sb.id, errdefs.ErrNotFound)
 	}
+	if parent.held {
+		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
 	pid, err := c.initPid(ctx, sb, parent)
 	if err != nil {
 		return nil, err
