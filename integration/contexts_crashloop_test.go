@@ -97,6 +97,13 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		if sc != nil {
 			sc.Close()
 		}
+		// A round that failed with the snapshotter down: the containers'
+		// removal (shimEnv's cleanup, after this one) needs it.
+		if env.SnapshotterPid() == 0 {
+			if err := env.StartSnapshotter(ctx); err != nil {
+				t.Errorf("restart the snapshotter: %v", err)
+			}
+		}
 	})
 	start := func() {
 		t.Helper()
