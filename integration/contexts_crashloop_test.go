@@ -99,7 +99,8 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		}
 		// A round that failed with the snapshotter down: the containers'
 		// removal (shimEnv's cleanup, after this one) needs it.
-		if env.SnapshotterPid() == 0 {
+		if pid := env.SnapshotterPid(); pid == 0 || syscall.Kill(pid, 0) != nil {
+			_ = env.StopSnapshotter(syscall.SIGKILL) // reaps a dead one
 			if err := env.StartSnapshotter(ctx); err != nil {
 				t.Errorf("restart the snapshotter: %v", err)
 			}
