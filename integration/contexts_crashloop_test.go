@@ -73,6 +73,9 @@ type crashOp struct {
 
 func crashLoop(t *testing.T, victim string, rounds int) {
 	ctx, env, client := shimEnv(t)
+	// The env's context ends after five minutes; a long loop runs for
+	// longer (go test's -timeout bounds it).
+	ctx = context.WithoutCancel(ctx)
 	const id = "cl"
 	img, err := client.GetImage(ctx, harness.ImageRef)
 	if err != nil {
