@@ -983,7 +983,10 @@ func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, ca
 		wake(sb.kick)
 		return nil, fmt.Errorf("commit %s/%s: outcome unknown (%v); the branch stays frozen until the snapshotter answers, then is killed if the commit was made or thawed if not; call commit again to learn which: %w", sb.id, id, callErr, errdefs.ErrUnavailable)
 	}
-	c.reconcileWith(ctx, sb, infos)
+	finished := c.reconcileWith(ctx, sb, infos)
+	if res, ok := finished[id]; ok {
+		return c.committed(ctx, sb, id, res.Parent.ID, res.Invalidated, res.Parent), nil
+	}
 	var info *branch.Info
 	for i := range infos {
 		if infos[i].ID == id {
@@ -1006,13 +1009,8 @@ func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, ca
 		}
 		return c.committed(ctx, sb, id, info.Parent, invalidated, parent), nil
 	case info != nil && info.State == branch.Committing:
-		// Decided, not yet applied: the snapshotter finishes it when
-		// asked again.
-		res, err := sb.snapshot.Commit(ctx, sb.ref(id))
-		if err != nil {
-			return nil, fmt.Errorf("commit %s/%s: decided, not yet finished (its processes are dead): %w", sb.id, id, err)
-		}
-		return c.committed(ctx, sb, id, info.Parent, res.Invalidated, res.Parent), nil
+		// Decided; reconciling failed to finish it (logged).
+		return nil, fmt.Errorf("commit %s/%s: decided, not yet finished (its processes are dead); call commit again to finish it: %w", sb.id, id, errdefs.ErrUnavailable)
 	case callErr != nil:
 		return nil, fmt.Errorf("commit %s/%s: %w", sb.id, id, callErr)
 	case info != nil && info.State == branch.Live:
