@@ -100,8 +100,8 @@ bench: binaries
 	@hack/bench.sh
 
 # The crash loop of the branch contexts (TestContextsCrashLoop), long:
-# CRASH_ROUNDS rounds with the snapshotter killed, and as many with the
-# shim killed. `make test` runs a few of each.
+# CRASH_ROUNDS rounds with the snapshotter killed, as many with the shim
+# killed, and as many with either. `make test` runs a few of each.
 CRASH_ROUNDS ?= 300
 crash-loop: binaries
 	BRANCHBOX_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 6h -v -run 'TestContextsCrashLoop' ./integration/

@@ -261,11 +261,20 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 			if err := env.StartSnapshotter(ctx, "BRANCHBOX_FAULT_POINT="+point); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := sc.Commit(ctx, a.ID); err == nil {
+			_, err := sc.Commit(ctx, a.ID)
+			if err == nil {
 				t.Fatalf("commit succeeded although the snapshotter was to die at %s", point)
 			}
 			if err := env.WaitSnapshotterExit(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
 				t.Fatalf("snapshotter not killed at %s: %v", point, err)
+			}
+			// The outcome is unknown while the snapshotter is down: the
+			// winner is held frozen, and says so.
+			if !errdefs.IsUnavailable(err) {
+				t.Fatalf("commit cut short at %s: %v; want unavailable (outcome unknown)", point, err)
+			}
+			if _, _, err := runErr(ctx, sc, a.ID, "true"); !errdefs.IsFailedPrecondition(err) {
+				t.Fatalf("exec in the winner of a commit of unknown outcome: %v; want failed precondition", err)
 			}
 			if err := env.StartSnapshotter(ctx); err != nil {
 				t.Fatal(err)

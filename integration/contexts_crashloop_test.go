@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,10 +25,11 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/snapshotter"
 )
 
 // crashRounds is the number of rounds of each crash loop:
-// $BRANCHBOX_CRASH_ROUNDS, or a few, to keep the test under a minute
+// $BRANCHBOX_CRASH_ROUNDS, or a few, to keep the test about a minute
 // (`make crash-loop` runs 300).
 func crashRounds(t *testing.T) int {
 	if s := os.Getenv("BRANCHBOX_CRASH_ROUNDS"); s != "" {
@@ -37,11 +39,13 @@ func crashRounds(t *testing.T) int {
 		}
 		return n
 	}
-	return 5
+	return 4
 }
 
-// TestContextsCrashLoop kills (SIGKILL) the snapshotter, and in a second
-// variant the shim, at a random moment of each round of a loop of
+// TestContextsCrashLoop kills (SIGKILL) the snapshotter, in a second
+// variant the shim, and in a third either of them (picked at random each
+// round, so that crashes of both come in every order), at a random
+// moment of each round of a loop of
 // checkpoint, fork (two branches, each with a setsid daemon that ignores
 // SIGTERM and a marker file), commit of one, abort of the other and
 // rollback to an earlier checkpoint, all through the shim. It restarts
@@ -55,7 +59,7 @@ func crashRounds(t *testing.T) int {
 // socket is left; the snapshotter serves, and the sandbox is writable.
 func TestContextsCrashLoop(t *testing.T) {
 	rounds := crashRounds(t)
-	for _, victim := range []string{"snapshotter", "shim"} {
+	for _, victim := range []string{"snapshotter", "shim", "either"} {
 		t.Run(victim, func(t *testing.T) { crashLoop(t, victim, rounds) })
 	}
 }
@@ -69,6 +73,9 @@ type crashOp struct {
 
 func crashLoop(t *testing.T, victim string, rounds int) {
 	ctx, env, client := shimEnv(t)
+	// The env's context ends after five minutes; a long loop runs for
+	// longer (go test's -timeout bounds it).
+	ctx = context.WithoutCancel(ctx)
 	const id = "cl"
 	img, err := client.GetImage(ctx, harness.ImageRef)
 	if err != nil {
@@ -92,6 +99,14 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	t.Cleanup(func() {
 		if sc != nil {
 			sc.Close()
+		}
+		// A round that failed with the snapshotter down: the containers'
+		// removal (shimEnv's cleanup, after this one) needs it.
+		if pid := env.SnapshotterPid(); pid == 0 || syscall.Kill(pid, 0) != nil {
+			_ = env.StopSnapshotter(syscall.SIGKILL) // reaps a dead one
+			if err := env.StartSnapshotter(ctx); err != nil {
+				t.Errorf("restart the snapshotter: %v", err)
+			}
 		}
 	})
 	start := func() {
@@ -225,18 +240,57 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		}
 
 		// The kill, at a random moment of the round.
+		killing := victim
+		if victim == "either" {
+			killing = []string{"snapshotter", "shim"}[rng.Intn(2)]
+		}
+		stats["killed "+killing]++
+		// Half the snapshotter's deaths come from one of its fault points,
+		// in the middle of an operation, where a random moment seldom
+		// falls; the timer then kills it after the round if the point was
+		// not reached.
+		point := ""
+		if killing == "snapshotter" && rng.Intn(2) == 0 {
+			point = crashPoints[rng.Intn(len(crashPoints))]
+			if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.StartSnapshotter(ctx, "BRANCHBOX_FAULT_POINT="+point); err != nil {
+				t.Fatal(err)
+			}
+		}
 		var pid int
-		if victim == "snapshotter" {
+		if killing == "snapshotter" {
 			pid = env.SnapshotterPid()
 		} else {
 			pid = shimPid
 		}
 		killed := make(chan struct{})
+		var killOnce sync.Once
 		// Within the time a whole round's operations take (as measured on
 		// rounds the kill came after), so that most kills interrupt one.
-		timer := time.AfterFunc(time.Duration(rng.Int63n(int64(window))), func() {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			close(killed)
+		delay := time.Duration(rng.Int63n(int64(window)))
+		if point != "" {
+			delay = 2 * window
+			go func() {
+				for {
+					select {
+					case <-killed:
+						return
+					case <-time.After(time.Millisecond):
+					}
+					if syscall.Kill(pid, 0) == syscall.ESRCH {
+						killOnce.Do(func() { stats["died at "+point]++; close(killed) })
+						return
+					}
+				}
+			}()
+		}
+		timer := time.AfterFunc(delay, func() {
+			killOnce.Do(func() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				close(killed)
+			})
 		})
 		allowed := [][]string{state}
 		interrupted := "none (after the round)"
@@ -272,7 +326,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		stats[interrupted]++
 
 		// Restart what was killed.
-		if victim == "snapshotter" {
+		if killing == "snapshotter" {
 			if err := env.StopSnapshotter(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -304,7 +358,10 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 			_ = delErr
 			start()
 		}
-		checkCrashRound(t, ctx, env, sc, id, r, interrupted, allowed, allProcs, &state)
+		if made := checkCrashRound(t, ctx, env, sc, id, r, interrupted, allowed, allProcs, &state); len(allowed) == 2 && interrupted != "checkpoint" && !slices.Equal(allowed[0], allowed[1]) {
+			// Which way the interrupted change went.
+			stats[interrupted+map[bool]string{true: " (made)", false: " (not made)"}[made]]++
+		}
 		// Keep a few checkpoints.
 		for len(ckptOrder) > 3 {
 			if err := sc.DeleteCheckpoint(ctx, ckptOrder[0]); err != nil {
@@ -328,17 +385,20 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 
 // checkCrashRound checks the invariants after a round and its restart,
 // and aborts the branches left live, so that the next round starts from
-// the sandbox alone; state becomes the sandbox's markers.
-func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) {
+// the sandbox alone; state becomes the sandbox's markers. It says whether
+// the sandbox holds the last of the allowed states.
+func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
 	t.Helper()
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("round %d (kill during %s): %s", r, interrupted, fmt.Sprintf(format, args...))
 	}
 	got := rootMarkers(t, ctx, env, id)
-	ok := false
-	for _, a := range allowed {
-		ok = ok || strings.Join(a, " ") == strings.Join(got, " ")
+	ok, made := false, false
+	for i, a := range allowed {
+		if slices.Equal(a, got) {
+			ok, made = true, i == len(allowed)-1
+		}
 	}
 	if !ok {
 		fail("the sandbox sees markers %v; want one of %v", got, allowed)
@@ -405,6 +465,15 @@ func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *br
 	if _, err := execIn(ctx, env, id, "sh", "-c", "echo x > /probe && rm /probe"); err != nil {
 		fail("the sandbox is not writable with no branch: %v", err)
 	}
+	return made
+}
+
+// crashPoints are the snapshotter's fault points a round's operations pass.
+var crashPoints = []string{
+	snapshotter.FaultForkDirs, snapshotter.FaultForkCommitted,
+	snapshotter.FaultCommitDecided, snapshotter.FaultCommitApplied, snapshotter.FaultCommitFinished,
+	snapshotter.FaultCheckpointWritten, snapshotter.FaultCheckpointRecorded,
+	snapshotter.FaultRollbackDecided, snapshotter.FaultRollbackApplied, snapshotter.FaultRollbackFinished,
 }
 
 func sorted(s []string) []string {

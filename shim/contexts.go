@@ -458,6 +458,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		return nil, fmt.Errorf("branch %s of %s has no running context: %w", parentID, sb.id, errdefs.ErrNotFound)
 	}
+	if parent.held {
+		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
 	pid, err := c.initPid(ctx, sb, parent)
 	if err != nil {
 		return nil, err
@@ -981,7 +984,10 @@ func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, ca
 		wake(sb.kick)
 		return nil, fmt.Errorf("commit %s/%s: outcome unknown (%v); the branch stays frozen until the snapshotter answers, then is killed if the commit was made or thawed if not; call commit again to learn which: %w", sb.id, id, callErr, errdefs.ErrUnavailable)
 	}
-	c.reconcileWith(ctx, sb, infos)
+	finished := c.reconcileWith(ctx, sb, infos)
+	if res, ok := finished[id]; ok {
+		return c.committed(ctx, sb, id, res.Parent.ID, res.Invalidated, res.Parent), nil
+	}
 	var info *branch.Info
 	for i := range infos {
 		if infos[i].ID == id {
@@ -1004,13 +1010,8 @@ func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, ca
 		}
 		return c.committed(ctx, sb, id, info.Parent, invalidated, parent), nil
 	case info != nil && info.State == branch.Committing:
-		// Decided, not yet applied: the snapshotter finishes it when
-		// asked again.
-		res, err := sb.snapshot.Commit(ctx, sb.ref(id))
-		if err != nil {
-			return nil, fmt.Errorf("commit %s/%s: decided, not yet finished (its processes are dead): %w", sb.id, id, err)
-		}
-		return c.committed(ctx, sb, id, info.Parent, res.Invalidated, res.Parent), nil
+		// Decided; reconciling failed to finish it (logged).
+		return nil, fmt.Errorf("commit %s/%s: decided, not yet finished (its processes are dead); call commit again to finish it: %w", sb.id, id, errdefs.ErrUnavailable)
 	case callErr != nil:
 		return nil, fmt.Errorf("commit %s/%s: %w", sb.id, id, callErr)
 	case info != nil && info.State == branch.Live:
@@ -1104,6 +1105,10 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 	if n.exited {
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	if n.held {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
 	ps := *n.spec.Process
 	ps.Args = req.Args
@@ -1340,7 +1345,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 			d.Status = "waiting"
 		}
 	}
-	if n.frozen {
+	if n.frozen || n.held {
 		d.Status = "frozen"
 	}
 	return d

@@ -150,10 +150,12 @@ func (c *contexts) reconcile(ctx context.Context, sb *sandbox) error {
 // reconcileWith makes sb's contexts agree with the snapshotter's tree
 // infos (under sb.mu): a context whose branch is no longer live there
 // (committed, invalidated, aborted, unknown) has every process killed and
-// is removed; one held for a commit that was not made is thawed; a branch
-// live there that no context here runs (its shim died, or a call failed
-// midway) is killed through its cgroup and aborted.
-func (c *contexts) reconcileWith(ctx context.Context, sb *sandbox, infos []branch.Info) {
+// is removed; one held for a commit that was not made is thawed; a commit
+// decided but not finished (its caller went away midway) is finished,
+// which unseals its parent; a branch live there that no context here runs
+// (its shim died, or a call failed midway) is killed through its cgroup
+// and aborted. It returns the results of the commits it finished.
+func (c *contexts) reconcileWith(ctx context.Context, sb *sandbox, infos []branch.Info) map[string]branch.CommitResult {
 	state := make(map[string]*branch.Info, len(infos))
 	for i := range infos {
 		state[infos[i].ID] = &infos[i]
@@ -178,6 +180,19 @@ func (c *contexts) reconcileWith(ctx context.Context, sb *sandbox, infos []branc
 		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branches": ids(gone)}).Info("branches ended in the snapshotter: killing their processes")
 		c.destroyAll(ctx, sb, gone)
 	}
+	finished := map[string]branch.CommitResult{}
+	for _, in := range infos {
+		if in.State != branch.Committing {
+			continue
+		}
+		res, err := sb.snapshot.Commit(ctx, sb.ref(in.ID))
+		if err != nil {
+			log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID}).Warn("finish a commit decided but not finished")
+			continue
+		}
+		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID, "invalidated": res.Invalidated}).Info("finished a commit decided but not finished")
+		finished[in.ID] = res
+	}
 	// Branches live there and unknown here; an unknown branch below
 	// another goes with the abort of the upper one.
 	for _, in := range infos {
@@ -192,6 +207,7 @@ func (c *contexts) reconcileWith(ctx context.Context, sb *sandbox, infos []branc
 	for _, n := range sb.nodes {
 		c.unsealIfIdle(ctx, sb, n)
 	}
+	return finished
 }
 
 // abortLost kills whatever runs in the cgroup a branch no context here
