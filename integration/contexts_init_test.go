@@ -67,6 +67,8 @@ func testBranchInit(t *testing.T, extra ...string) {
 		{"cat /mnt/f; touch /mnt/g 2>/dev/null && echo writable || echo ro", "bound\nro\n"},
 		{"cat /proc/self/cgroup | grep -c '/b" + a.ID + "$'", ""},
 		{"test -c /dev/null && test -L /dev/ptmx && test -L /dev/fd && echo devices", "devices\n"},
+		// The spec's modes, whatever the init's umask (as runc makes them).
+		{"stat -c %a /dev/null /dev/zero /dev/tty", "666\n666\n666\n"},
 	} {
 		got := mustRun(t, ctx, sc, a.ID, "sh", "-c", c.cmd)
 		if c.want == "" {

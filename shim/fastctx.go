@@ -5,6 +5,7 @@ package shim
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -62,8 +63,6 @@ func fastUnsupported(s *specs.Spec) string {
 	switch {
 	case l.Seccomp != nil && seccompNotifies(l.Seccomp):
 		return "seccomp profile with a notify action or a listener (the runtime hands its listener to the agent)"
-	case s.Process.ApparmorProfile != "":
-		return "apparmor"
 	case s.Process.SelinuxLabel != "" || l.MountLabel != "":
 		return "selinux labels"
 	case len(l.UIDMappings) > 0 || len(l.GIDMappings) > 0:
@@ -74,10 +73,6 @@ func fastUnsupported(s *specs.Spec) string {
 		return "personality"
 	case l.MemoryPolicy != nil:
 		return "numa memory policy"
-	case len(l.TimeOffsets) > 0:
-		return "time offsets"
-	case s.Process.IOPriority != nil || s.Process.Scheduler != nil || s.Process.ExecCPUAffinity != nil:
-		return "io priority, scheduler or cpu affinity"
 	}
 	// The init keeps every capability (it starts the branch's processes
 	// with theirs); only its being unreadable and untraceable from the
@@ -91,9 +86,8 @@ func fastUnsupported(s *specs.Spec) string {
 		}
 	}
 	for _, n := range l.Namespaces {
-		switch n.Type {
-		case specs.UserNamespace, specs.TimeNamespace:
-			return string(n.Type) + " namespace"
+		if n.Type == specs.UserNamespace {
+			return "user namespace"
 		}
 	}
 	for _, m := range s.Mounts {
@@ -138,8 +132,10 @@ func capBits(names []string) (uint64, error) {
 }
 
 // writeProc encodes a process: its command, environment, user,
-// capabilities and limits.
-func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config) error {
+// capabilities, limits and scheduling. exec is true for a process exec'd
+// into the branch (runc's setns process, which takes the spec's
+// execCPUAffinity), false for the branch's command (runc's init).
+func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config, exec bool) error {
 	for _, a := range p.Args {
 		w.op("arg", a)
 	}
@@ -168,6 +164,12 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config) error {
 	if p.NoNewPrivileges {
 		w.op("nnp")
 	}
+	if p.ApparmorProfile != "" {
+		// Written to the process's AppArmor exec attribute, as runc
+		// does; on a host without AppArmor that fails, as it does in
+		// runc.
+		w.op("apparmor", p.ApparmorProfile)
+	}
 	if p.Terminal {
 		w.op("term")
 	}
@@ -181,7 +183,68 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config) error {
 		}
 		w.op("rlimit", strconv.Itoa(t), strconv.FormatUint(r.Soft, 10), strconv.FormatUint(r.Hard, 10))
 	}
+	return writeSched(w, p, exec)
+}
+
+// writeSched encodes a process's scheduler, I/O priority and CPU affinity
+// as runc applies them (libcontainer's setupScheduler, setupIOPriority and
+// its setns process's CPU affinity, which is reset to every CPU unless the
+// spec names the final set).
+func writeSched(w *cfgWriter, p *specs.Process, exec bool) error {
+	if p.Scheduler != nil {
+		a, err := configs.ToSchedAttr(p.Scheduler)
+		if err != nil {
+			return fmt.Errorf("scheduler: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		w.op("sched", strconv.FormatUint(uint64(a.Policy), 10), strconv.FormatUint(a.Flags, 10),
+			strconv.FormatInt(int64(a.Nice), 10), strconv.FormatUint(uint64(a.Priority), 10),
+			strconv.FormatUint(a.Runtime, 10), strconv.FormatUint(a.Deadline, 10), strconv.FormatUint(a.Period, 10))
+	}
+	if io := p.IOPriority; io != nil {
+		class := 0
+		switch io.Class {
+		case specs.IOPRIO_CLASS_RT:
+			class = 1
+		case specs.IOPRIO_CLASS_BE:
+			class = 2
+		case specs.IOPRIO_CLASS_IDLE:
+			class = 3
+		default:
+			return fmt.Errorf("invalid io priority class %q: %w", io.Class, errdefs.ErrInvalidArgument)
+		}
+		w.op("ioprio", strconv.Itoa(class<<13|io.Priority))
+	}
+	var final *unix.CPUSet
+	if exec && p.ExecCPUAffinity != nil {
+		aff, err := configs.ConvertCPUAffinity(p.ExecCPUAffinity)
+		if err != nil {
+			return fmt.Errorf("cpu affinity: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		if aff != nil {
+			final = aff.Final
+		}
+	}
+	if final == nil {
+		// As runc: every CPU (the kernel masks it with the cgroup's
+		// cpuset), not the shim's affinity.
+		w.op("affinity", "")
+		return nil
+	}
+	var b []byte
+	for _, word := range final {
+		b = binary.NativeEndian.AppendUint64(b, uint64(word))
+	}
+	w.op("affinity", hexBytes(b))
 	return nil
+}
+
+func hexBytes(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, 2*len(b))
+	for _, c := range b {
+		out = append(out, digits[c>>4], digits[c&15])
+	}
+	return string(out)
 }
 
 // rlimitNumber is the kernel's number of an OCI rlimit name.
@@ -288,6 +351,18 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, se
 			if n.Path != "" {
 				joins = append(joins, n.Path)
 			}
+		case configs.NEWTIME:
+			if n.Path != "" {
+				joins = append(joins, n.Path)
+				continue
+			}
+			// A new time namespace for the processes the init starts,
+			// with the spec's clock offsets, as runc's nsexec makes it.
+			var offsets strings.Builder
+			for clock, o := range cfg.TimeOffsets {
+				fmt.Fprintf(&offsets, "%s %d %d\n", clock, o.Secs, o.Nanosecs)
+			}
+			w.op("timens", offsets.String())
 		default:
 			return nil, fmt.Errorf("namespace %s: %w", n.Type, errdefs.ErrNotImplemented)
 		}
@@ -655,7 +730,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 	defer unix.Close(rootMnt)
 	oob := unix.UnixRights(rootMnt)
 	if n.hasCommand {
-		if err := writeProc(&plan.conf, n.spec.Process, plan.cfg); err != nil {
+		if err := writeProc(&plan.conf, n.spec.Process, plan.cfg, false); err != nil {
 			return nil, err
 		}
 		plan.conf.op("run")
@@ -839,7 +914,7 @@ func (fc *fastCtx) exec(ctx context.Context, id string, ps *specs.Process, stdin
 		}
 	}()
 	var w cfgWriter
-	if err := writeProc(&w, ps, fc.cfg); err != nil {
+	if err := writeProc(&w, ps, fc.cfg, true); err != nil {
 		return nil, err
 	}
 	files, err := p.openIO(ctx)

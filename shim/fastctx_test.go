@@ -44,7 +44,7 @@ func defaultBranchSpec(t *testing.T, netns string) *specs.Spec {
 func ops(t *testing.T, conf []byte) [][]string {
 	t.Helper()
 	arity := map[string]int{"mount": 5, "bind": 4, "mknod": 6, "symlink": 2, "mask": 1, "readonly": 1, "setns": 1,
-		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2, "seccomp": 2}
+		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2, "seccomp": 2, "timens": 1}
 	words := strings.Split(strings.TrimSuffix(string(conf), "\x00"), "\x00")
 	var out [][]string
 	for i := 0; i < len(words); {
@@ -130,7 +130,6 @@ func TestFastUnsupported(t *testing.T) {
 		},
 		"memory policy": func(s *specs.Spec) { s.Linux.MemoryPolicy = &specs.LinuxMemoryPolicy{Mode: specs.MpolLocal} },
 		"personality":   func(s *specs.Spec) { s.Linux.Personality = &specs.LinuxPersonality{Domain: specs.PerLinux32} },
-		"apparmor":      func(s *specs.Spec) { s.Process.ApparmorProfile = "p" },
 		"ptrace": func(s *specs.Spec) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_PTRACE")
 		},
@@ -156,7 +155,7 @@ func TestProcConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeProc(&w, spec.Process, p.cfg); err != nil {
+	if err := writeProc(&w, spec.Process, p.cfg, true); err != nil {
 		t.Fatal(err)
 	}
 	got := strings.ReplaceAll(w.String(), "\x00", " ")
@@ -174,7 +173,7 @@ func TestProcConfig(t *testing.T) {
 		t.Error("an unknown capability was taken")
 	}
 	spec.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOPE"}}
-	if err := writeProc(&w, spec.Process, p.cfg); err == nil {
+	if err := writeProc(&w, spec.Process, p.cfg, true); err == nil {
 		t.Error("an unknown rlimit was taken")
 	}
 }

@@ -103,6 +103,18 @@ struct proc {
 		struct rlimit lim;
 	} rlimits[32];
 	int nrlimits;
+	int sched_set;
+	struct sched_attr_v1 {
+		uint32_t size, policy;
+		uint64_t flags;
+		int32_t nice;
+		uint32_t priority;
+		uint64_t runtime, deadline, period;
+		uint32_t util_min, util_max;
+	} sched;
+	int ioprio_set, ioprio;
+	const char *affinity; // hex of a CPU mask, "" for every CPU, NULL to leave
+	const char *apparmor; // the AppArmor profile to change to at exec
 };
 
 static int openat2_in_root(int dirfd, const char *path, int flags) {
@@ -254,6 +266,10 @@ static void op_mknod(char **a) {
 	int d = open_parent("mknod", a[0], buf, sizeof(buf), &name);
 	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
 		fail("mknod %s: %s", a[0], strerror(errno));
+	// The mode the spec gives, not the umask's share of it (runc makes
+	// devices with umask 0): /dev/null must stay writable for a user.
+	if (fchmodat(d, name, num(a[1]) & 07777, 0) < 0)
+		fail("chmod %s: %s", a[0], strerror(errno));
 	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
 		fail("chown %s: %s", a[0], strerror(errno));
 	close(d);
@@ -402,6 +418,20 @@ static void op_rootro(char **a) {
 
 static void op_remount(char **a) { remount_at(a[0], num(a[1])); }
 
+static void op_timens(char **a) {
+	// timens OFFSETS: a new time namespace for the processes this init
+	// starts (unshare puts its children there, not itself), with the
+	// clocks' offsets, which can only be set before anything enters it.
+	if (unshare(CLONE_NEWTIME) < 0)
+		fail("new time namespace: %s", strerror(errno));
+	int fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail("open timens_offsets: %s", strerror(errno));
+	if (a[0][0] && write(fd, a[0], strlen(a[0])) < 0)
+		fail("set the time namespace's offsets (%s): %s", a[0], strerror(errno));
+	close(fd);
+}
+
 static int unhex(char c) {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -439,7 +469,7 @@ static const struct op ops[] = {
     {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
-    {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp},
+    {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -497,6 +527,33 @@ static int proc_key(struct proc *p, const char *name, char **a, int avail) {
 		NEED(1);
 		p->oom_set = 1;
 		p->oom = atoi(a[0]);
+		return 1;
+	} else if (!strcmp(name, "sched")) {
+		NEED(7);
+		p->sched_set = 1;
+		p->sched = (struct sched_attr_v1){
+		    .size = sizeof(p->sched),
+		    .policy = num(a[0]),
+		    .flags = strtoull(a[1], NULL, 0),
+		    .nice = atoi(a[2]),
+		    .priority = num(a[3]),
+		    .runtime = strtoull(a[4], NULL, 0),
+		    .deadline = strtoull(a[5], NULL, 0),
+		    .period = strtoull(a[6], NULL, 0),
+		};
+		return 7;
+	} else if (!strcmp(name, "ioprio")) {
+		NEED(1);
+		p->ioprio_set = 1;
+		p->ioprio = atoi(a[0]);
+		return 1;
+	} else if (!strcmp(name, "apparmor")) {
+		NEED(1);
+		p->apparmor = a[0];
+		return 1;
+	} else if (!strcmp(name, "affinity")) {
+		NEED(1);
+		p->affinity = a[0];
 		return 1;
 	} else if (!strcmp(name, "rlimit")) {
 		NEED(3);
@@ -564,6 +621,43 @@ static const char *getenv_in(struct proc *p, const char *key) {
 	return NULL;
 }
 
+// set_affinity sets the CPUs this process may run on: mask (hex, host
+// byte order), or every CPU for "" (the kernel keeps to the cgroup's
+// cpuset), as runc resets what its processes would inherit.
+static void set_affinity(int reply, const char *mask) {
+	static unsigned char buf[64 * 1024 / 8];
+	size_t n = strlen(mask) / 2;
+	if (n == 0) {
+		memset(buf, 0xff, sizeof(buf));
+		n = sizeof(buf);
+	} else {
+		if (n > sizeof(buf))
+			child_fail(reply, "cpu affinity: mask too long");
+		for (size_t i = 0; i < n; i++) {
+			int hi = unhex(mask[2 * i]), lo = unhex(mask[2 * i + 1]);
+			if (hi < 0 || lo < 0)
+				child_fail(reply, "cpu affinity: bad mask");
+			buf[i] = (unsigned char)(hi << 4 | lo);
+		}
+	}
+	// A failed reset leaves the init's affinity, as runc only warns then.
+	if (syscall(SYS_sched_setaffinity, 0, n, buf) < 0 && mask[0])
+		child_fail(reply, "set the cpu affinity: %s", strerror(errno));
+}
+
+// apparmor_on_exec has the next execve change to AppArmor profile name, as
+// runc's apparmor.ApplyProfile (libapparmor's aa_change_onexec) does.
+static void apparmor_on_exec(int reply, const char *name) {
+	char v[1100];
+	snprintf(v, sizeof(v), "exec %s", name);
+	int fd = open("/proc/thread-self/attr/apparmor/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		fd = open("/proc/thread-self/attr/exec", O_WRONLY | O_CLOEXEC); // the old convention
+	if (fd < 0 || write(fd, v, strlen(v)) < 0)
+		child_fail(reply, "apparmor failed to apply profile %s: %s", name, strerror(errno));
+	close(fd);
+}
+
 // install_seccomp loads the sandbox's filter into this process as runc's
 // patchbpf does: prctl(2) when no flags are asked for, seccomp(2) with them.
 static void install_seccomp(int reply) {
@@ -621,6 +715,8 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	// marked now: a seccomp filter may refuse the call later.
 	if (syscall(SYS_close_range, 3, ~0U, 0x4 /* CLOSE_RANGE_CLOEXEC */) < 0)
 		child_fail(reply, "mark descriptors close-on-exec: %s", strerror(errno));
+	if (p->affinity)
+		set_affinity(reply, p->affinity);
 	for (int i = 0; i < p->nrlimits; i++)
 		if (setrlimit(p->rlimits[i].type, &p->rlimits[i].lim) < 0)
 			child_fail(reply, "setrlimit %d: %s", p->rlimits[i].type, strerror(errno));
@@ -641,6 +737,10 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 	// execve, so that as few calls as possible run under it.
 	if (p->nnp && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		child_fail(reply, "no_new_privs: %s", strerror(errno));
+	if (p->sched_set && syscall(SYS_sched_setattr, 0, &p->sched, 0) < 0)
+		child_fail(reply, "set the scheduler: %s", strerror(errno));
+	if (p->ioprio_set && syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PGRP */, 0, p->ioprio) < 0)
+		child_fail(reply, "set the I/O priority: %s", strerror(errno));
 	if (seccomp_len && !p->nnp)
 		install_seccomp(reply);
 	int last = 40;
@@ -671,6 +771,8 @@ static void exec_proc(struct proc *p, int fds[3], int reply) {
 			child_fail(reply, "raise ambient capability %d: %s", c, strerror(errno));
 	if (chdir(p->cwd && p->cwd[0] ? p->cwd : "/") < 0)
 		child_fail(reply, "chdir %s: %s", p->cwd, strerror(errno));
+	if (p->apparmor)
+		apparmor_on_exec(reply, p->apparmor);
 	p->args[p->nargs] = NULL;
 	p->env[p->nenv] = NULL;
 	if (p->nargs == 0)

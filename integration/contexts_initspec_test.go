@@ -1,0 +1,84 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"testing"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+// schedReport is what a process says of its scheduling and clocks: its
+// nice value and policy (/proc/self/stat fields 19 and 41), its I/O
+// priority, the CPUs it may use, and whether its boot clock is a year
+// ahead (the time namespace's offset).
+const schedReport = `cut -d' ' -f19,41 /proc/self/stat; ionice -p $$; grep Cpus_allowed_list /proc/self/status | tr -d '\t'; ` +
+	`[ "$(cut -d. -f1 /proc/uptime)" -gt 31536000 ] && echo boottime-offset || echo no-offset`
+
+// TestContextsInitSchedTimens: a sandbox whose spec sets a scheduler, an
+// I/O priority, the CPU affinity of exec'd processes and a time namespace
+// with clock offsets has its branches started by the branch init, and a
+// process exec'd into a branch gets what one exec'd into the sandbox gets.
+func TestContextsInitSchedTimens(t *testing.T) {
+	ctx, env, client := shimEnv(t)
+	img, err := client.GetImage(ctx, harness.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const year = 365 * 24 * 3600
+	c, err := client.NewContainer(ctx, "sb",
+		containerd.WithSnapshotter("branch"),
+		containerd.WithNewSnapshot("sb", img),
+		containerd.WithRuntime(branchRuntime, nil),
+		containerd.WithNewSpec(oci.WithImageConfig(img),
+			oci.WithProcessArgs("sh", "-c", "exec sleep 100000"),
+			func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+				s.Process.Scheduler = &specs.Scheduler{Policy: specs.SchedBatch, Nice: 5}
+				s.Process.IOPriority = &specs.LinuxIOPriority{Class: specs.IOPRIO_CLASS_BE, Priority: 6}
+				s.Process.ExecCPUAffinity = &specs.CPUAffinity{Final: "0"}
+				s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.TimeNamespace})
+				s.Linux.TimeOffsets = map[string]specs.LinuxTimeOffset{
+					"boottime":  {Secs: year},
+					"monotonic": {Secs: year},
+				}
+				return nil
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	want, err := execIn(ctx, env, "sb", "sh", "-c", schedReport)
+	if err != nil {
+		t.Fatalf("%v: %s", err, want)
+	}
+	if want != "5 3\nbest-effort: prio 6\nCpus_allowed_list:0\nboottime-offset\n" {
+		t.Fatalf("a process exec'd into the sandbox reports:\n%s\nnot what its spec asks", want)
+	}
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+	if got := mustRun(t, ctx, sc, kids[0].ID, "cat", "/proc/1/comm"); got != "brinit\n" {
+		t.Fatalf("branch's PID 1 is %q; want the branch init", got)
+	}
+	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", schedReport); got != want {
+		t.Errorf("a process exec'd into a branch reports:\n%s\nwant as in the sandbox:\n%s", got, want)
+	}
+}
