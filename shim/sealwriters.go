@@ -10,8 +10,8 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/branchbox/branchbox/branch"
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // sealFork asks the snapshotter to fork parent, sealing it as req.Seal
