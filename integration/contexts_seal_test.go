@@ -4,12 +4,16 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/integration/harness"
@@ -166,3 +170,46 @@ func TestContextsSealWriters(t *testing.T) {
 }
 
 func k0(kids []branch.ContextInfo) string { return kids[0].ID }
+
+// TestContextsSealWriterOutside: a file of the sandbox's rootfs held open
+// for writing by a process that is not the sandbox's (here, on the host,
+// through /proc/<init>/root) cannot be frozen away: the default fork fails,
+// naming the file, the process and its command, and leaves the sandbox
+// running and writable; once the writer is gone the fork works.
+func TestContextsSealWriterOutside(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t)
+	pid := sandboxInitPid(t, ctx, sc)
+	w := exec.Command("sh", "-c", "exec 3>>/proc/"+strconv.Itoa(pid)+"/root/hostlog; exec sleep 100000")
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Process.Kill(); _ = w.Wait() })
+	waitFor(t, func() bool { _, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/root/hostlog"); return err == nil })
+	time.Sleep(100 * time.Millisecond) // the exec of sleep, keeping fd 3
+	_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+	var we *branch.WritersError
+	if !errors.As(err, &we) || !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("fork with a writer outside the sandbox: %v; want a WritersError", err)
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "hostlog") || !strings.Contains(msg, "pid "+strconv.Itoa(w.Process.Pid)) || !strings.Contains(msg, "sleep") {
+		t.Fatalf("error does not name hostlog, pid %d and sleep: %v", w.Process.Pid, err)
+	}
+	sandboxWritable(t, ctx, env, "after the refused fork")
+	nodes, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.ID == branch.RootID && (len(n.Children) != 0 || n.Sealed) {
+			t.Fatalf("a refused fork left %+v", n)
+		}
+	}
+	_ = w.Process.Kill()
+	_ = w.Wait()
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+	sandboxWriteRefused(t, ctx, env, "writer gone")
+	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
+		t.Fatal(err)
+	}
+}

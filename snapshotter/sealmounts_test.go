@@ -3,6 +3,7 @@
 package snapshotter
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -196,4 +197,67 @@ func TestSealPerMountNamesWriters(t *testing.T) {
 	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSealPerMountRecovery: a daemon that died after recording a per-mount
+// seal but before setting every flag (here: the flags are cleared behind
+// its back) seals the recorded mounts again at start, and unseals exactly
+// them once the last child ends.
+func TestSealPerMountRecovery(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.Close()
+		}
+	})
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	writeFile(t, filepath.Join(p, "gone"), "held open\n")
+	f, err := os.Open(filepath.Join(p, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := os.Remove(filepath.Join(p, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	pid := inOtherMountNS(t, "true")
+	other := "/proc/" + strconv.Itoa(pid) + "/root" + p
+	kids, err := s.Fork(ctx, sb.ctx(""), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, _ := s.Tree(ctx, sb.root)
+	recorded := tr.Nodes[0].SealedMounts
+	if len(recorded) != 2 {
+		t.Fatalf("recorded %v, want 2 mounts", recorded)
+	}
+	s.Close()
+	closed = true
+	// The flags as a crash before they were set would leave them.
+	if err := setEachRecorded(ctx, recorded, false); err != nil {
+		t.Fatal(err)
+	}
+	expectWritable(t, "flags cleared", filepath.Join(other, "x"))
+
+	s2, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	expectEROFS(t, "resealed at start, this namespace", filepath.Join(p, "x"))
+	expectEROFS(t, "resealed at start, the other namespace", filepath.Join(other, "x"))
+	if _, err := s2.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	expectWritable(t, "unsealed, this namespace", filepath.Join(p, "x"))
+	expectWritable(t, "unsealed, the other namespace", filepath.Join(other, "x"))
 }
