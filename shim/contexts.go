@@ -469,7 +469,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
-	infos, err := sb.snapshot.ForkFrom(ctx, sb.ref(parentID), int(req.Count), req.FromCheckpoint)
+	infos, err := c.sealFork(ctx, sb, parent, req)
 	if err != nil {
 		return nil, err
 	}
@@ -517,13 +517,10 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		sb.pool.fill(ctx, int(req.Count))
 	}
-	if req.Seal == SealFreeze && !parent.frozen {
-		if err := freezeOwn(ctx, parent.cgroup); err != nil {
-			return nil, err
-		}
-		parent.frozen = true
-	}
 	parent.seal = req.Seal
+	if parent.frozen {
+		parent.seal = SealFreeze // by request, or for files open for writing
+	}
 	resp := &shimv1.ForkResponse{}
 	ids := make([]string, len(made))
 	for i, n := range made {

@@ -481,7 +481,11 @@ func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) ([]BranchI
 // ForkFrom is Fork; with a checkpoint named (one of c's own), the children
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
-func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string) (_ []BranchInfo, retErr error) {
+func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string, opts ...ForkOption) (_ []BranchInfo, retErr error) {
+	var o forkOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if count < 1 || count > 1024 {
 		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
 	}
@@ -491,6 +495,8 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		kids    []string
 		tree    *branch.Tree
 		created []string
+		// wasSealed: the parent had live children already, and is sealed.
+		wasSealed bool
 	)
 	// Resolve first, unlocked, to learn which root to lock.
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
@@ -531,6 +537,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		if tree.Depth(parent) >= maxDepth {
 			return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
 		}
+		wasSealed = tree.Sealed(parent)
 		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
 			return err
 		}
@@ -575,8 +582,12 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		s.fault(FaultForkDirs)
 		// Only a mount that was writable is ours to seal and later unseal: a
 		// read-only rootfs stays read-only.
-		if live.target != "" && !live.readonly {
-			tree.Nodes[parent].SealedByUs = true
+		if live.target != "" && !live.readonly && !wasSealed {
+			p := tree.Nodes[parent]
+			p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
+			if o.parentFrozen {
+				p.SealMode = branch.SealCaller
+			}
 		}
 		return storeTree(tx, r.id(), tree)
 	})
@@ -586,8 +597,12 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	created = nil
 	s.fault(FaultForkCommitted)
 
-	if tree.Nodes[parent].SealedByUs && !live.readonly {
-		if err := s.sealSuperblock(ctx, r.id(), live); err != nil {
+	if p := tree.Nodes[parent]; p.SealedByUs && !wasSealed && p.SealMode == branch.SealSuperblock {
+		err := s.sealSuperblock(ctx, r.id(), live)
+		if errors.Is(err, errSuperblockBusy) {
+			err = s.sealEachMount(ctx, r, parent, c.String())
+		}
+		if err != nil {
 			// Undo: the children never existed for anyone.
 			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
 				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
@@ -689,7 +704,7 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 		}
 		for id, n := range tree.Nodes {
 			if n.SealedByUs && !tree.Sealed(id) {
-				n.SealedByUs = false
+				clearSeal(n)
 			}
 		}
 		return storeTree(tx, r.id(), tree)
@@ -1056,8 +1071,8 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		journal = j
 		live = mounts.live(parentUpper)
 		if live.target != "" {
-			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
-				if err := remountLive(live, false); err != nil {
+			if p := tree.Nodes[n.Parent]; p.SealedByUs {
+				if err := s.setSealed(ctx, mounts, parentUpper, p, false); err != nil {
 					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
@@ -1085,7 +1100,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			return err
 		}
 		if p := t.Nodes[n.Parent]; p != nil && !t.Sealed(p.ID) {
-			p.SealedByUs = false
+			clearSeal(p)
 		}
 		if err := storeTree(tx, r.id(), t); err != nil {
 			return err
@@ -1189,10 +1204,10 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 		// commits. A crash in between leaves the parent writable with the
 		// child still recorded, which recovery seals again.
 		if p := tree.Nodes[parent]; p != nil && p.SealedByUs && !tree.Sealed(parent) {
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), p, false); err != nil {
 				return fmt.Errorf("unseal parent: %w", err)
 			}
-			p.SealedByUs = false
+			clearSeal(p)
 		}
 		return storeTree(tx, r.id(), tree)
 	})
@@ -1240,10 +1255,11 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 			if !n.SealedByUs || t.Sealed(id) {
 				continue
 			}
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, false); err != nil {
 				return err
 			}
-			n.SealedByUs, changed = false, true
+			clearSeal(n)
+			changed = true
 		}
 		if !changed {
 			return nil
@@ -1370,7 +1386,16 @@ func overlayMountsOrNone(ctx context.Context) mountTable {
 	return t
 }
 
-func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, sealed bool) error {
+// setSealed seals or unseals the context n (whose upper is upper) the way
+// its seal was made: its superblock, each recorded mount, or nothing (the
+// caller's seal: its processes were frozen).
+func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, n *branch.Node, sealed bool) error {
+	switch n.SealMode {
+	case branch.SealCaller:
+		return nil
+	case branch.SealMounts:
+		return setEachRecorded(ctx, n.SealedMounts, sealed)
+	}
 	live := mounts.live(upper)
 	if live.target == "" || live.readonly == sealed {
 		return nil
@@ -1473,7 +1498,11 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), true); err != nil {
+			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
+			if errors.Is(err, errSuperblockBusy) {
+				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
+			}
+			if err != nil {
 				return err
 			}
 		}
