@@ -157,6 +157,12 @@ type sandbox struct {
 	done       chan struct{}
 	closed     bool
 
+	// stopped: its init exited; its branches were ended and no branch
+	// operation is taken any more. stoppedCh is closed once they are gone.
+	stopped   bool
+	stopOnce  sync.Once
+	stoppedCh chan struct{}
+
 	// Processes exec'd into branches that ended since (killed with them),
 	// kept until waited for: a Wait that reaches the shim after the
 	// commit that killed its branch still gets the exit status.
@@ -316,7 +322,7 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	if _, ok := c.sandboxes[r.ID]; ok {
 		return // added before its creation, to settle it (Create)
 	}
-	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts}
+	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, stoppedCh: make(chan struct{})}
 }
 
 func (c *contexts) sandbox(id string) (*sandbox, error) {
@@ -333,6 +339,9 @@ func (c *contexts) sandbox(id string) (*sandbox, error) {
 // connection and the root context, reconciled with the snapshotter's tree
 // on first use and after every reconnection.
 func (c *contexts) load(ctx context.Context, sb *sandbox) error {
+	if sb.stopped {
+		return fmt.Errorf("sandbox %s is stopped: its branches were ended with it; start a new task of it first: %w", sb.id, errdefs.ErrFailedPrecondition)
+	}
 	if err := c.prepare(ctx, sb); err != nil {
 		return err
 	}
@@ -1362,29 +1371,77 @@ func (c *contexts) teardown(ctx context.Context, id string) {
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.nodes == nil {
+	c.endAll(ctx, sb)
+	if sb.snapshot != nil {
+		sb.snapshot.Close()
+	}
+}
+
+// sandboxExited kills and discards every branch of a sandbox whose init
+// exited, as runc-v2 kills every process of a container whose init
+// exited: the branches live in their own PID namespaces, which the init's
+// end does not reach. Branch operations on it fail from then on, until
+// its task is deleted and a new one created.
+func (c *contexts) sandboxExited(ctx context.Context, id string) {
+	sb, err := c.sandbox(id)
+	if err != nil {
+		return
+	}
+	defer sb.markStopped()
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.stopped = true
+	c.endAll(ctx, sb)
+}
+
+// markStopped says that nothing of the sandbox's branches runs any more.
+func (sb *sandbox) markStopped() {
+	sb.stopOnce.Do(func() { close(sb.stoppedCh) })
+}
+
+// waitStopped waits until the branches of a sandbox whose init exited are
+// gone, so that a Wait for its init returns only once nothing of it runs.
+func (c *contexts) waitStopped(ctx context.Context, id string) error {
+	sb, err := c.sandbox(id)
+	if err != nil {
+		return nil // deleted: teardown took its branches
+	}
+	select {
+	case <-sb.stoppedCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// endAll kills and discards every branch of a sandbox, with the guarantees
+// of an abort, and unseals its rootfs; sb.mu is held. It runs once.
+func (c *contexts) endAll(ctx context.Context, sb *sandbox) {
+	if sb.nodes == nil || sb.closed {
 		return
 	}
 	sb.closed = true
 	close(sb.done)
 	if sb.pool != nil {
 		sb.pool.close(ctx)
+		sb.pool = nil
 	}
 	for _, d := range sb.descendants(branch.RootID) {
 		c.destroy(ctx, sb, d)
 		delete(sb.nodes, d.id)
 		if d.parent == branch.RootID {
 			if _, err := sb.snapshot.Abort(ctx, sb.ref(d.id)); err != nil {
-				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of deleted sandbox")
+				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of ended sandbox")
 			}
 		}
 	}
 	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
 		_ = thawOwn(ctx, root.cgroup)
+		root.frozen = false
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()
-	sb.snapshot.Close()
 }
 
 // branchEvent is what a fork, commit, abort or invalidation publishes.

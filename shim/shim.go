@@ -17,8 +17,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -27,6 +29,7 @@ import (
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
@@ -227,7 +230,8 @@ func Register() {
 			if err != nil {
 				return nil, fmt.Errorf("find own executable: %w", err)
 			}
-			inner, err := task.NewTaskService(ic.Context, pp.(cshim.Publisher), ss.(shutdown.Service))
+			pub := &exitPublisher{Publisher: pp.(cshim.Publisher)}
+			inner, err := task.NewTaskService(ic.Context, pub, ss.(shutdown.Service))
 			if err != nil {
 				return nil, err
 			}
@@ -235,9 +239,28 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
+			pub.contexts.Store(cs)
 			return &taskService{TTRPCTaskService: inner, self: self, contexts: cs}, nil
 		},
 	})
+}
+
+// exitPublisher is the task service's publisher: when a container's init
+// exits it ends the container's branches before the exit is published, so
+// that containerd, and whoever waits for the exit, sees a stopped sandbox
+// only once nothing of it runs.
+type exitPublisher struct {
+	cshim.Publisher
+	contexts atomic.Pointer[contexts]
+}
+
+func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.Event) error {
+	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID {
+		if c := p.contexts.Load(); c != nil {
+			c.sandboxExited(ctx, e.ContainerID)
+		}
+	}
+	return p.Publisher.Publish(ctx, topic, event)
 }
 
 // taskService is runc-v2's task service with the runtime options of every
@@ -262,6 +285,19 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		s.contexts.teardown(ctx, r.ID)
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
+}
+
+// Wait for a container's init returns once its branches are gone too (see
+// exitPublisher): a stopped sandbox has nothing running.
+func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	resp, err := s.TTRPCTaskService.Wait(ctx, r)
+	if err != nil || r.ExecID != "" {
+		return resp, err
+	}
+	if err := s.contexts.waitStopped(ctx, r.ID); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("wait for the branches of %s to end: %w", r.ID, err))
+	}
+	return resp, nil
 }
 
 func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
