@@ -17,7 +17,7 @@ CRI_BINS := $(BIN)/crictl
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test unit integration bench lint check-version clean containerd-config install
+.PHONY: proto all deps binaries demo test unit integration bench crash-loop lint check-version clean containerd-config install
 
 all: binaries
 
@@ -102,6 +102,13 @@ test: binaries lint
 
 bench: binaries
 	@hack/bench.sh
+
+# The crash loop of the branch contexts (TestContextsCrashLoop), long:
+# CRASH_ROUNDS rounds with the snapshotter killed, as many with the shim
+# killed, and as many with either. `make test` runs a few of each.
+CRASH_ROUNDS ?= 300
+crash-loop: binaries
+	BRANCHBOX_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 6h -v -run 'TestContextsCrashLoop' ./integration/
 
 clean:
 	rm -rf $(BIN)

@@ -24,12 +24,25 @@ type Client struct {
 // snapshotter serves it beside that socket (address + TTRPCSuffix), else
 // over gRPC. Either connects on first use.
 func Dial(address string) (*Client, error) {
-	t, err := dialTransport(address)
+	return DialNotify(address, nil)
+}
+
+// DialNotify is Dial with onDrop called, on a goroutine of its own, each
+// time the connection is lost (the snapshotter exited or restarted), so
+// that a caller holding state that must agree with the snapshotter's can
+// check it again once the snapshotter is back.
+func DialNotify(address string, onDrop func()) (*Client, error) {
+	t, err := dialTransport(address, onDrop)
 	if err != nil {
 		return nil, err
 	}
 	return &Client{t: t}, nil
 }
+
+// Generation counts the connections to the snapshotter lost so far (over
+// ttrpc; always 0 over gRPC). A change since a caller last looked means
+// the snapshotter may have restarted, finishing decided commits.
+func (c *Client) Generation() uint64 { return c.t.generation() }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.t.Close() }
@@ -68,12 +81,16 @@ func (c *Client) Fork(ctx context.Context, ref Ref, n int) ([]Info, error) {
 // ForkFrom makes n children of ref over its checkpoint named from (its
 // current state if from is ""). Committing one of them replaces ref's state
 // with the child's.
-func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string) ([]Info, error) {
+func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string, opts ...ForkOpt) ([]Info, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("fork: n must be at least 1, got %d: %w", n, errdefs.ErrInvalidArgument)
 	}
+	req := &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n), FromCheckpoint: from}
+	for _, o := range opts {
+		o(req)
+	}
 	resp := &branchv1.ForkResponse{}
-	if err := c.t.invoke(ctx, "Fork", &branchv1.ForkRequest{Parent: refToProto(ref), Count: uint32(n), FromCheckpoint: from}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Fork", req, resp); err != nil {
 		return nil, fromGRPC(err)
 	}
 	out := make([]Info, len(resp.Branches))
@@ -81,6 +98,17 @@ func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string) ([]I
 		out[i] = infoFromProto(b)
 	}
 	return out, nil
+}
+
+// ForkOpt is an option of ForkFrom.
+type ForkOpt func(*branchv1.ForkRequest)
+
+// WithParentFrozen tells the snapshotter that the caller froze every
+// process of the parent: the seal is the caller's, and the snapshotter
+// leaves the parent's rootfs as it is (files open for writing by the
+// frozen processes then do not stop the fork).
+func WithParentFrozen() ForkOpt {
+	return func(r *branchv1.ForkRequest) { r.ParentFrozen = true }
 }
 
 // CommitResult is the parent after a commit and the branches it invalidated.
@@ -150,6 +178,17 @@ func ToGRPC(err error) error {
 			return st.Err()
 		}
 	}
+	var we *WritersError
+	if errors.As(err, &we) {
+		d := &branchv1.WritersDetail{Context: we.Context}
+		for _, w := range we.Writers {
+			d.Writers = append(d.Writers, &branchv1.Writer{Pid: int32(w.Pid), Command: w.Command, Path: w.Path})
+		}
+		st, derr := status.New(codes.FailedPrecondition, err.Error()).WithDetails(d)
+		if derr == nil {
+			return st.Err()
+		}
+	}
 	return errgrpc.ToGRPC(err)
 }
 
@@ -164,6 +203,17 @@ func fromGRPC(err error) error {
 		for _, d := range st.Details() {
 			if sd, ok := d.(*branchv1.StaleDetail); ok {
 				return &StaleError{Branch: sd.Branch, Winner: sd.Winner, WinnerEpoch: sd.WinnerEpoch}
+			}
+		}
+	}
+	if st.Code() == codes.FailedPrecondition {
+		for _, d := range st.Details() {
+			if wd, ok := d.(*branchv1.WritersDetail); ok {
+				we := &WritersError{Context: wd.Context}
+				for _, w := range wd.Writers {
+					we.Writers = append(we.Writers, Writer{Pid: int(w.Pid), Command: w.Command, Path: w.Path})
+				}
+				return we
 			}
 		}
 	}

@@ -26,16 +26,33 @@ const TTRPCSuffix = ".ttrpc"
 
 var branchService = branchv1.Branches_ServiceDesc.ServiceName
 
+// ErrNotSent marks a call that failed before it reached the snapshotter
+// (no connection could be made): it certainly did nothing there. A call
+// that lost its connection midway has an unknown fate and is not marked.
+var ErrNotSent = errors.New("call not sent")
+
+// notSent is a dial failure: unavailable, and certainly not carried out.
+type notSent struct{ err error }
+
+func (e notSent) Error() string   { return e.err.Error() }
+func (e notSent) Unwrap() []error { return []error{e.err, ErrNotSent} }
+
 // transport carries calls of the branch API.
 type transport interface {
 	invoke(ctx context.Context, method string, req, resp proto.Message) error
+	// generation counts the connections lost so far: a caller that saw
+	// it change knows the snapshotter may have restarted (and finished
+	// or undone work) since.
+	generation() uint64
 	Close() error
 }
 
 // dialTransport picks ttrpc where the snapshotter serves it, else gRPC.
-func dialTransport(address string) (transport, error) {
+// onDrop, if not nil, is called (on a goroutine of its own) each time a
+// connection is lost.
+func dialTransport(address string, onDrop func()) (transport, error) {
 	if fi, err := os.Stat(address + TTRPCSuffix); err == nil && fi.Mode().Type() == os.ModeSocket {
-		return &ttrpcTransport{address: address + TTRPCSuffix}, nil
+		return &ttrpcTransport{address: address + TTRPCSuffix, onDrop: onDrop}, nil
 	}
 	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -50,16 +67,22 @@ func (t grpcTransport) invoke(ctx context.Context, method string, req, resp prot
 	return t.conn.Invoke(ctx, "/"+branchService+"/"+method, req, resp)
 }
 
+// generation is always 0: gRPC reconnects underneath, unseen. The
+// snapshotter serves ttrpc, which the shim uses.
+func (t grpcTransport) generation() uint64 { return 0 }
+
 func (t grpcTransport) Close() error { return t.conn.Close() }
 
 // ttrpcTransport dials on first use, and again after the connection
 // closed (the snapshotter restarted), as a gRPC connection would.
 type ttrpcTransport struct {
 	address string
+	onDrop  func()
 
 	mu     sync.Mutex
 	client *ttrpc.Client
 	closed bool
+	lost   uint64 // connections lost so far
 }
 
 func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
@@ -74,7 +97,7 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", t.address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to branch snapshotter at %s (is it running?): %v: %w", t.address, err, errdefs.ErrUnavailable)
+		return nil, notSent{fmt.Errorf("connect to branch snapshotter at %s (is it running?): %v: %w", t.address, err, errdefs.ErrUnavailable)}
 	}
 	var c *ttrpc.Client
 	c = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { t.forget(c) }))
@@ -85,10 +108,21 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 // forget drops c, a closed connection, so that the next call dials anew.
 func (t *ttrpcTransport) forget(c *ttrpc.Client) {
 	t.mu.Lock()
+	dropped := t.client == c && !t.closed
 	if t.client == c {
 		t.client = nil
+		t.lost++
 	}
 	t.mu.Unlock()
+	if dropped && t.onDrop != nil {
+		go t.onDrop()
+	}
+}
+
+func (t *ttrpcTransport) generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lost
 }
 
 func (t *ttrpcTransport) invoke(ctx context.Context, method string, req, resp proto.Message) error {

@@ -2,6 +2,7 @@ package branch
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -101,5 +102,56 @@ func TestDialFallsBackToGRPC(t *testing.T) {
 	defer c.Close()
 	if _, ok := c.t.(grpcTransport); !ok {
 		t.Fatalf("transport %T, want gRPC", c.t)
+	}
+}
+
+// TestDialNotifyReportsDrops: a lost connection calls onDrop and moves the
+// generation on; a call made while no server listens is marked as not
+// sent (it certainly did nothing), and one answered is not.
+func TestDialNotifyReportsDrops(t *testing.T) {
+	dir := t.TempDir()
+	addr := filepath.Join(dir, "snapshotter.sock")
+	first := serveTTRPC(t, addr+TTRPCSuffix, "first")
+	drops := make(chan struct{}, 4)
+	c, err := DialNotify(addr, func() { drops <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := Ref{Root: Root{Key: "k"}, Branch: "3"}
+	if _, err := c.Abort(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Generation(); g != 0 {
+		t.Fatalf("generation %d before any loss, want 0", g)
+	}
+	first.Close()
+	os.Remove(addr + TTRPCSuffix)
+	select {
+	case <-drops:
+	case <-time.After(5 * time.Second):
+		t.Fatal("onDrop not called after the server closed the connection")
+	}
+	if g := c.Generation(); g != 1 {
+		t.Fatalf("generation %d after one loss, want 1", g)
+	}
+	_, err = c.Abort(ctx, ref)
+	if !errors.Is(err, ErrNotSent) || !errdefs.IsUnavailable(err) {
+		t.Fatalf("abort with no server: %v; want unavailable and not sent", err)
+	}
+	serveTTRPC(t, addr+TTRPCSuffix, "second")
+	if got, err := c.Abort(ctx, ref); err != nil || got[0] != "second:3" {
+		t.Fatalf("abort after the server came back: %v %v", got, err)
+	}
+	if g := c.Generation(); g != 1 {
+		t.Fatalf("generation %d after reconnecting, want 1 (it counts losses)", g)
+	}
+	c.Close()
+	select {
+	case <-drops:
+		t.Fatal("onDrop called for the client's own Close")
+	case <-time.After(100 * time.Millisecond):
 	}
 }

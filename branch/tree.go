@@ -60,12 +60,40 @@ type Node struct {
 	// writable again when its last child ends (and not otherwise: a
 	// read-only rootfs stays read-only).
 	SealedByUs bool `json:"sealedByUs,omitempty"`
+	// SealMode says how a context SealedByUs was sealed, so that unseal
+	// and recovery undo exactly that: SealSuperblock (""), SealMounts
+	// (each mount in SealedMounts made read-only) or SealCaller (its
+	// processes were frozen by the caller; nothing was remounted).
+	SealMode     string        `json:"sealMode,omitempty"`
+	SealedMounts []SealedMount `json:"sealedMounts,omitempty"`
 	// FromCheckpoint names the checkpoint of its parent this branch was
 	// forked from ("" for a fork over the parent's current state), and
 	// CheckpointLayers that checkpoint's layers, newest first: its lowers
 	// in place of the parent's own upper.
 	FromCheckpoint   string   `json:"fromCheckpoint,omitempty"`
 	CheckpointLayers []uint64 `json:"checkpointLayers,omitempty"`
+}
+
+// How a context is sealed (Node.SealMode).
+const (
+	// SealSuperblock: its overlay superblock was remounted read-only,
+	// which reaches every mount of it.
+	SealSuperblock = ""
+	// SealMounts: each mount of its overlay, in every mount namespace,
+	// was made read-only on its own (the superblock could not be: it
+	// holds files unlinked while open).
+	SealMounts = "mounts"
+	// SealCaller: the caller froze its processes; nothing was remounted.
+	SealCaller = "caller"
+)
+
+// SealedMount is one mount made read-only by a per-mount seal: the mount
+// namespace (its inode number) and the mount's id there, with a process
+// of that namespace seen at the seal, tried first to enter it again.
+type SealedMount struct {
+	NS      uint64 `json:"ns"`
+	MountID uint64 `json:"mountId"`
+	Pid     int    `json:"pid,omitempty"`
 }
 
 // Tree is the branch tree of one sandbox root. Nodes holds the contexts
@@ -141,6 +169,45 @@ func (e *StaleError) Error() string {
 
 // Unwrap makes errdefs.IsAborted true for a StaleError.
 func (e *StaleError) Unwrap() error { return errdefs.ErrAborted }
+
+// Writer is a process holding a file of a rootfs open (or mapped) for
+// writing.
+type Writer struct {
+	Pid     int
+	Command string
+	// Path is the file as the process sees it.
+	Path string
+}
+
+func (w Writer) String() string {
+	return fmt.Sprintf("%s (pid %d, %s)", w.Path, w.Pid, w.Command)
+}
+
+// WritersError is a seal refused because files of the context's rootfs
+// are open for writing: those files cannot be made read-only under their
+// writers. errdefs.IsFailedPrecondition is true for it.
+type WritersError struct {
+	Context string
+	Writers []Writer
+}
+
+func (e *WritersError) Error() string {
+	if len(e.Writers) == 0 {
+		return fmt.Sprintf("seal %s: a file of its rootfs is open for writing (close it, or fork with --seal freeze)", e.Context)
+	}
+	ws := make([]string, 0, len(e.Writers))
+	for i, w := range e.Writers {
+		if i == 8 {
+			ws = append(ws, fmt.Sprintf("and %d more", len(e.Writers)-i))
+			break
+		}
+		ws = append(ws, w.String())
+	}
+	return fmt.Sprintf("seal %s: files of its rootfs are open for writing: %s (close them, or fork with --seal freeze if they are the sandbox's own processes)", e.Context, strings.Join(ws, ", "))
+}
+
+// Unwrap makes errdefs.IsFailedPrecondition true for a WritersError.
+func (e *WritersError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
 // Get returns the live node id or an error that says why it is not usable.
 func (t *Tree) Get(id string) (*Node, error) {
@@ -279,6 +346,32 @@ func (t *Tree) FinishCommit(id string, now time.Time) error {
 	}
 	t.end(n, Committed, now)
 	return nil
+}
+
+// AbandonCommit ends a committing branch as aborted: its commit was
+// decided but could not be applied, and its parent was put back as it was.
+// Its siblings stay stale and the parent keeps the epoch the decision gave
+// it, so that what the stale ones say stays true.
+func (t *Tree) AbandonCommit(id string, now time.Time) error {
+	n, ok := t.Nodes[id]
+	if !ok || n.State != Committing {
+		return fmt.Errorf("abandon commit of branch %s: not committing: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	t.end(n, Aborted, now)
+	return nil
+}
+
+// Ended returns node id as it ended (committed, aborted or stale), if it
+// did and is still remembered.
+func (t *Tree) Ended(id string) (Node, bool) {
+	if _, live := t.Nodes[id]; live {
+		return Node{}, false
+	}
+	n, ok := t.node(id)
+	if !ok {
+		return Node{}, false
+	}
+	return *n, true
 }
 
 // Committing returns the branches whose commit began but did not finish.

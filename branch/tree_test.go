@@ -200,3 +200,38 @@ func TestEndedNodesLeaveTheTree(t *testing.T) {
 		t.Fatal("TakeEnded returned nodes twice")
 	}
 }
+
+// TestAbandonCommit: a committing branch whose apply was undone ends
+// aborted; its siblings stay stale, the parent keeps its new epoch and is
+// unsealed, forks go on; only a committing branch can be abandoned.
+func TestAbandonCommit(t *testing.T) {
+	tr := NewTree("sb", t0)
+	kids, err := tr.Fork(RootID, 2, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AbandonCommit(kids[0], t0); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("abandon of a live branch: %v", err)
+	}
+	if _, err := tr.BeginCommit(kids[0], t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AbandonCommit(kids[0], t0); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := tr.Ended(kids[0]); !ok || n.State != Aborted {
+		t.Fatalf("abandoned branch: %+v %v", n, ok)
+	}
+	if n, ok := tr.Ended(kids[1]); !ok || n.State != Stale || n.Winner != kids[0] {
+		t.Fatalf("sibling: %+v %v", n, ok)
+	}
+	if _, ok := tr.Ended(RootID); ok {
+		t.Fatal("the live root reported ended")
+	}
+	if tr.Sealed(RootID) || tr.Nodes[RootID].Epoch != 1 {
+		t.Fatalf("root after the abandon: sealed %v, epoch %d", tr.Sealed(RootID), tr.Nodes[RootID].Epoch)
+	}
+	if _, err := tr.Fork(RootID, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -201,8 +201,12 @@ func TestShimDeath(t *testing.T) {
 			if len(shims) != 1 {
 				t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
 			}
-			// A shim killed by SIGKILL cannot remove its sockets.
-			sockets := env.ShimSockets(shims[0])
+			// A shim killed by SIGKILL cannot remove its sockets; the
+			// cleanup path (the shim binary's delete) must.
+			sockets := existing(env.ShimSockets(shims[0]))
+			if len(sockets) == 0 {
+				t.Fatalf("no socket of shim %d found", shims[0])
+			}
 			t.Cleanup(func() { removeFiles(sockets) })
 			if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
@@ -217,6 +221,7 @@ func TestShimDeath(t *testing.T) {
 				}
 				return len(survivors(procs)) == 0 && len(containerCgroupDirs(env.Namespace, id)) == 0
 			})
+			waitUntil(t, "the dead shim's sockets to be removed", 10*time.Second, func() bool { return len(existing(sockets)) == 0 })
 			c, err := client.LoadContainer(ctx, id)
 			if err != nil {
 				t.Fatal(err)
@@ -263,7 +268,10 @@ func TestShimDeath(t *testing.T) {
 		if len(shims) != 1 {
 			t.Fatalf("want exactly one new shim for %s, found %v", id, shims)
 		}
-		sockets := env.ShimSockets(shims[0])
+		sockets := existing(env.ShimSockets(shims[0]))
+		if len(sockets) == 0 {
+			t.Fatalf("no socket of shim %d found", shims[0])
+		}
 		t.Cleanup(func() { removeFiles(sockets) })
 		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -276,6 +284,7 @@ func TestShimDeath(t *testing.T) {
 			}
 			return len(survivors(procs)) == 0 && len(containerCgroupDirs(env.Namespace, id)) == 0
 		})
+		waitUntil(t, "the dead shim's sockets to be removed", 10*time.Second, func() bool { return len(existing(sockets)) == 0 })
 		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
 			t.Fatal(err)
 		}
@@ -363,6 +372,17 @@ func TestShimSharedPIDNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertContainerGone(t, env, "pidns-owner", ownerProcs)
+}
+
+// existing returns those of paths that exist.
+func existing(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if _, err := os.Lstat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // removeFiles removes the given files, ignoring those already gone.

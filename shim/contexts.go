@@ -146,6 +146,23 @@ type sandbox struct {
 	// runtime state still going on; teardown waits for them.
 	releasing sync.WaitGroup
 
+	// gen is the snapshotter client's generation when the contexts were
+	// last reconciled with the snapshotter's tree (reconciled says they
+	// ever were); a change means the snapshotter restarted since, and may
+	// have finished decided commits. kick asks the settle loop to
+	// reconcile as soon as the snapshotter answers; done ends it.
+	gen        uint64
+	reconciled bool
+	kick       chan struct{}
+	done       chan struct{}
+	closed     bool
+
+	// stopped: its init exited; its branches were ended and no branch
+	// operation is taken any more. stoppedCh is closed once they are gone.
+	stopped   bool
+	stopOnce  sync.Once
+	stoppedCh chan struct{}
+
 	// Processes exec'd into branches that ended since (killed with them),
 	// kept until waited for: a Wait that reaches the shim after the
 	// commit that killed its branch still gets the exit status.
@@ -190,6 +207,9 @@ type bctx struct {
 	limits     *shimv1.Limits  // given at fork
 	hasCommand bool
 	exited     bool
+	// held: frozen for a commit whose outcome is not known yet; killed
+	// once the snapshotter decided it, thawed if it did not.
+	held bool
 }
 
 // ctxProcs is what a running context's processes are kept by: the
@@ -299,7 +319,10 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts}
+	if _, ok := c.sandboxes[r.ID]; ok {
+		return // added before its creation, to settle it (Create)
+	}
+	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, stoppedCh: make(chan struct{})}
 }
 
 func (c *contexts) sandbox(id string) (*sandbox, error) {
@@ -313,8 +336,21 @@ func (c *contexts) sandbox(id string) (*sandbox, error) {
 }
 
 // load prepares a sandbox for branching (under sb.mu): the snapshotter
-// connection and the root context.
+// connection and the root context, reconciled with the snapshotter's tree
+// on first use and after every reconnection.
 func (c *contexts) load(ctx context.Context, sb *sandbox) error {
+	if sb.stopped {
+		return fmt.Errorf("sandbox %s is stopped: its branches were ended with it; start a new task of it first: %w", sb.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := c.prepare(ctx, sb); err != nil {
+		return err
+	}
+	c.sync(ctx, sb)
+	return nil
+}
+
+// prepare dials the snapshotter and makes the root context, once.
+func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 	if sb.nodes != nil {
 		return nil
 	}
@@ -329,7 +365,8 @@ func (c *contexts) load(ctx context.Context, sb *sandbox) error {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: find the branch snapshotter's socket in %s/address: %v: %w", sb.id, root, err, errdefs.ErrUnavailable)
 	}
-	client, err := branch.Dial(strings.TrimSpace(string(addr)))
+	kick := make(chan struct{}, 1)
+	client, err := branch.DialNotify(strings.TrimSpace(string(addr)), func() { wake(kick) })
 	if err != nil {
 		return err
 	}
@@ -346,6 +383,8 @@ func (c *contexts) load(ctx context.Context, sb *sandbox) error {
 	sb.nodes = map[string]*bctx{branch.RootID: {
 		id: branch.RootID, bundle: sb.bundle, cgroup: spec.Linux.CgroupsPath, spec: spec, net: NetShared,
 	}}
+	sb.kick, sb.done = kick, make(chan struct{})
+	go c.settle(context.WithoutCancel(ctx), sb)
 	return nil
 }
 
@@ -428,6 +467,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		return nil, fmt.Errorf("branch %s of %s has no running context: %w", parentID, sb.id, errdefs.ErrNotFound)
 	}
+	if parent.held {
+		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
 	pid, err := c.initPid(ctx, sb, parent)
 	if err != nil {
 		return nil, err
@@ -436,7 +478,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
-	infos, err := sb.snapshot.ForkFrom(ctx, sb.ref(parentID), int(req.Count), req.FromCheckpoint)
+	infos, err := c.sealFork(ctx, sb, parent, req)
 	if err != nil {
 		return nil, err
 	}
@@ -484,13 +526,10 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		sb.pool.fill(ctx, int(req.Count))
 	}
-	if req.Seal == SealFreeze && !parent.frozen {
-		if err := freezeOwn(ctx, parent.cgroup); err != nil {
-			return nil, err
-		}
-		parent.frozen = true
-	}
 	parent.seal = req.Seal
+	if parent.frozen {
+		parent.seal = SealFreeze // by request, or for files open for writing
+	}
 	resp := &shimv1.ForkResponse{}
 	ids := make([]string, len(made))
 	for i, n := range made {
@@ -672,7 +711,7 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 	// ns, whose processes the kill of any of them reaches.
 	frozen := false
 	for _, n := range live {
-		frozen = frozen || n.frozen
+		frozen = frozen || n.frozen || n.held
 	}
 	var wg sync.WaitGroup
 	for i, n := range live {
@@ -688,6 +727,19 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 					log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
 				}
 			}()
+		}
+		if n.held && len(dirs[i]) > 0 {
+			// Signalled while still frozen, it dies as it thaws, without
+			// running another instruction.
+			signalAll(ctx, dirs[i])
+			if n.fast != nil {
+				// Frozen whole (a frozen cgroup's list of processes is
+				// complete, and none can fork), so nothing of it runs
+				// again: their exits are waited for by release, in the
+				// background, rather than before the reply.
+				thaw(dirs[i])
+				continue
+			}
 		}
 		pidfd := -1
 		if n.fast != nil {
@@ -848,49 +900,134 @@ func (sb *sandbox) descendants(id string) []*bctx {
 	return out
 }
 
-// Commit kills the winner's processes and unmounts its rootfs, lets the
-// snapshotter apply its changes through the parent's live mount (first
-// commit wins), then kills and removes every invalidated branch.
+// Commit freezes the winner, lets the snapshotter apply its changes through
+// the parent's live mount (first commit wins), then kills the winner and
+// every invalidated branch. The winner is frozen rather than killed before
+// the snapshotter decides, so that a commit the snapshotter refuses, or
+// never got, leaves it running as it was; one whose outcome is unknown
+// (the connection was lost mid-call) stays frozen until the snapshotter
+// answers again, and is then killed or thawed as its tree says.
 func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *shimv1.CommitResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	if req.Branch == "" || req.Branch == branch.RootID {
+		return nil, fmt.Errorf("name a branch of sandbox %s (SANDBOX/BRANCH), not the sandbox itself: %w", req.Sandbox, errdefs.ErrInvalidArgument)
+	}
+	sb, err := c.sandbox(req.Sandbox)
 	if err != nil {
 		return nil, err
 	}
 	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil {
+		return nil, err
+	}
+	n, ok := sb.nodes[req.Branch]
+	if !ok {
+		// A retry of a commit whose reply was lost, or one the snapshotter
+		// finished after a crash: the tree says what became of it.
+		return c.commitOutcome(ctx, sb, req.Branch, nil)
+	}
 	if kids := sb.descendants(n.id); len(kids) > 0 {
 		return nil, fmt.Errorf("commit %s/%s: it has live branches (%s); commit or abort them first: %w", sb.id, n.id, ids(kids), errdefs.ErrFailedPrecondition)
 	}
-	// The snapshotter applies the winner's layer while its runtime state
-	// and cgroups are removed.
-	c.destroyAll(ctx, sb, []*bctx{n})
-	delete(sb.nodes, n.id)
+	if !n.held {
+		if err := c.hold(ctx, n); err != nil {
+			return nil, fmt.Errorf("commit %s/%s: freeze its processes: %w", sb.id, n.id, err)
+		}
+	}
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
 	if err != nil {
-		return nil, fmt.Errorf("commit %s/%s (its processes were killed): %w", sb.id, n.id, err)
+		if errors.Is(err, branch.ErrNotSent) {
+			// The snapshotter never saw it: the branch runs on.
+			c.unhold(ctx, n)
+			return nil, fmt.Errorf("commit %s/%s: not made, the branch runs on: %w", sb.id, n.id, err)
+		}
+		return c.commitOutcome(ctx, sb, n.id, err)
 	}
-	var losers []*bctx
-	for _, id := range res.Invalidated {
+	return c.committed(ctx, sb, n.id, n.parent, res.Invalidated, res.Parent), nil
+}
+
+// committed ends a decided commit in the shim: the winner and every
+// invalidated branch still running are killed and removed, the parent is
+// unsealed if it has no branch left, and the commit is published.
+func (c *contexts) committed(ctx context.Context, sb *sandbox, winner, parentID string, invalidated []string, parent branch.Info) *shimv1.CommitResponse {
+	var gone []*bctx
+	for _, id := range append([]string{winner}, invalidated...) {
 		if o, ok := sb.nodes[id]; ok {
-			losers = append(losers, o)
+			gone = append(gone, o)
 			delete(sb.nodes, id)
 		}
 	}
-	c.destroyAll(ctx, sb, losers)
-	if p, ok := sb.nodes[n.parent]; ok {
+	c.destroyAll(ctx, sb, gone)
+	if p, ok := sb.nodes[parentID]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}
-	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: []string{n.id}, Winner: n.id, Epoch: res.Parent.Epoch})
-	if len(res.Invalidated) > 0 {
-		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: n.parent, Branches: res.Invalidated, Winner: n.id, Epoch: res.Parent.Epoch})
+	c.publish(ctx, TopicCommit, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: []string{winner}, Winner: winner, Epoch: parent.Epoch})
+	if len(invalidated) > 0 {
+		c.publish(ctx, TopicInvalidate, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: invalidated, Winner: winner, Epoch: parent.Epoch})
 	}
-	parent := res.Parent
-	resp := &shimv1.CommitResponse{Invalidated: res.Invalidated}
-	if p, ok := sb.nodes[n.parent]; ok {
+	resp := &shimv1.CommitResponse{Invalidated: invalidated}
+	if p, ok := sb.nodes[parentID]; ok {
 		resp.Parent = c.describe(sb, p, &parent, true)
 	}
-	return resp, nil
+	return resp
+}
+
+// commitOutcome settles a commit of id from the snapshotter's tree, after
+// the commit call failed with callErr (its fate unknown), or for a branch
+// this shim no longer runs (callErr nil): a commit that was made returns
+// its result, one decided but not finished is finished, and one that was
+// not made returns why. Every context is reconciled with the tree on the
+// way, so the losers of a decided commit die here. If the snapshotter
+// cannot say, a held winner stays frozen and the settle loop takes over.
+func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, callErr error) (*shimv1.CommitResponse, error) {
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		if callErr == nil {
+			return nil, fmt.Errorf("commit %s/%s: %w", sb.id, id, err)
+		}
+		wake(sb.kick)
+		return nil, fmt.Errorf("commit %s/%s: outcome unknown (%v); the branch stays frozen until the snapshotter answers, then is killed if the commit was made or thawed if not; call commit again to learn which: %w", sb.id, id, callErr, errdefs.ErrUnavailable)
+	}
+	finished := c.reconcileWith(ctx, sb, infos)
+	if res, ok := finished[id]; ok {
+		return c.committed(ctx, sb, id, res.Parent.ID, res.Invalidated, res.Parent), nil
+	}
+	var info *branch.Info
+	for i := range infos {
+		if infos[i].ID == id {
+			info = &infos[i]
+		}
+	}
+	switch {
+	case info != nil && info.State == branch.Committed:
+		var invalidated []string
+		for _, o := range infos {
+			if o.State == branch.Stale && o.Winner == id && o.WinnerEpoch == info.WinnerEpoch {
+				invalidated = append(invalidated, o.ID)
+			}
+		}
+		var parent branch.Info
+		for _, o := range infos {
+			if o.ID == info.Parent {
+				parent = o
+			}
+		}
+		return c.committed(ctx, sb, id, info.Parent, invalidated, parent), nil
+	case info != nil && info.State == branch.Committing:
+		// Decided; reconciling failed to finish it (logged).
+		return nil, fmt.Errorf("commit %s/%s: decided, not yet finished (its processes are dead); call commit again to finish it: %w", sb.id, id, errdefs.ErrUnavailable)
+	case callErr != nil:
+		return nil, fmt.Errorf("commit %s/%s: %w", sb.id, id, callErr)
+	case info != nil && info.State == branch.Live:
+		return nil, fmt.Errorf("branch %s of %s had no running context here (lost by a crash) and was aborted: %w", id, sb.id, errdefs.ErrNotFound)
+	}
+	// Let the snapshotter say what became of it (stale, aborted...).
+	if _, err := sb.snapshot.Mounts(ctx, sb.ref(id)); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("branch %s of %s has no running context: %w", id, sb.id, errdefs.ErrNotFound)
 }
 
 // Abort kills and discards a branch and its descendants.
@@ -909,7 +1046,10 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 	c.destroyAll(ctx, sb, gone)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
 	if err != nil {
-		return nil, fmt.Errorf("abort %s/%s (its processes were killed): %w", sb.id, n.id, err)
+		// Its processes are dead and it is forgotten here; the snapshotter
+		// may still hold it, and the next reconciliation aborts it there.
+		wake(sb.kick)
+		return nil, fmt.Errorf("abort %s/%s (its processes were killed; the snapshotter discards it once it answers): %w", sb.id, n.id, err)
 	}
 	if p, ok := sb.nodes[n.parent]; ok {
 		c.unsealIfIdle(ctx, sb, p)
@@ -937,10 +1077,15 @@ func (c *contexts) branchFor(ctx context.Context, sandboxID, id string, lock boo
 	n, ok := sb.nodes[id]
 	if !ok {
 		_, err := sb.snapshot.Mounts(withNS(ctx, sb), sb.ref(id))
-		sb.mu.Unlock()
 		if err == nil {
-			err = fmt.Errorf("branch %s of %s has no running context (made outside this shim?): %w", id, sandboxID, errdefs.ErrNotFound)
+			// Live there, unknown here: a mismatch, which reconciling
+			// settles (it aborts the branch).
+			if rerr := c.reconcile(withNS(ctx, sb), sb); rerr != nil {
+				log.G(ctx).WithError(rerr).WithField("sandbox", sb.id).Warn("reconcile branch contexts with the snapshotter")
+			}
+			err = fmt.Errorf("branch %s of %s had no running context here (lost by a crash, or made outside this shim) and was aborted: %w", id, sandboxID, errdefs.ErrNotFound)
 		}
+		sb.mu.Unlock()
 		return nil, nil, err
 	}
 	if !lock {
@@ -966,6 +1111,10 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 	if n.exited {
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	if n.held {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
 	ps := *n.spec.Process
 	ps.Args = req.Args
@@ -1202,7 +1351,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 			d.Status = "waiting"
 		}
 	}
-	if n.frozen {
+	if n.frozen || n.held {
 		d.Status = "frozen"
 	}
 	return d
@@ -1222,27 +1371,77 @@ func (c *contexts) teardown(ctx context.Context, id string) {
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.nodes == nil {
+	c.endAll(ctx, sb)
+	if sb.snapshot != nil {
+		sb.snapshot.Close()
+	}
+}
+
+// sandboxExited kills and discards every branch of a sandbox whose init
+// exited, as runc-v2 kills every process of a container whose init
+// exited: the branches live in their own PID namespaces, which the init's
+// end does not reach. Branch operations on it fail from then on, until
+// its task is deleted and a new one created.
+func (c *contexts) sandboxExited(ctx context.Context, id string) {
+	sb, err := c.sandbox(id)
+	if err != nil {
 		return
 	}
+	defer sb.markStopped()
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.stopped = true
+	c.endAll(ctx, sb)
+}
+
+// markStopped says that nothing of the sandbox's branches runs any more.
+func (sb *sandbox) markStopped() {
+	sb.stopOnce.Do(func() { close(sb.stoppedCh) })
+}
+
+// waitStopped waits until the branches of a sandbox whose init exited are
+// gone, so that a Wait for its init returns only once nothing of it runs.
+func (c *contexts) waitStopped(ctx context.Context, id string) error {
+	sb, err := c.sandbox(id)
+	if err != nil {
+		return nil // deleted: teardown took its branches
+	}
+	select {
+	case <-sb.stoppedCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// endAll kills and discards every branch of a sandbox, with the guarantees
+// of an abort, and unseals its rootfs; sb.mu is held. It runs once.
+func (c *contexts) endAll(ctx context.Context, sb *sandbox) {
+	if sb.nodes == nil || sb.closed {
+		return
+	}
+	sb.closed = true
+	close(sb.done)
 	if sb.pool != nil {
 		sb.pool.close(ctx)
+		sb.pool = nil
 	}
 	for _, d := range sb.descendants(branch.RootID) {
 		c.destroy(ctx, sb, d)
 		delete(sb.nodes, d.id)
 		if d.parent == branch.RootID {
 			if _, err := sb.snapshot.Abort(ctx, sb.ref(d.id)); err != nil {
-				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of deleted sandbox")
+				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of ended sandbox")
 			}
 		}
 	}
 	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
 		_ = thawOwn(ctx, root.cgroup)
+		root.frozen = false
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()
-	sb.snapshot.Close()
 }
 
 // branchEvent is what a fork, commit, abort or invalidation publishes.
@@ -1291,6 +1490,7 @@ func toTTRPC(err error) error { return branch.ToGRPC(err) }
 // through its cgroup) and detaches its rootfs mount. It needs nothing from
 // the dead shim: the branches are found in the bundle.
 func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
+	killBranchCgroups(ctx, bundle)
 	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
 	for _, e := range entries {
 		// Only a branch run by the runtime has its spec in its bundle;
@@ -1302,6 +1502,38 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 		}
 		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("unmount branch rootfs")
+		}
+	}
+}
+
+// killBranchCgroups kills every process in the cgroups below a sandbox's
+// (branches, warm inits, the seal leaf), thawing them first. The runtime's
+// force delete of the sandbox freezes, kills and thaws the sandbox's
+// cgroup, but on cgroup v1 a child frozen by itself (a branch held for a
+// commit when the shim died) stays frozen, and its processes with it,
+// ignoring SIGKILL.
+func killBranchCgroups(ctx context.Context, bundle string) {
+	spec, err := readSpec(bundle)
+	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+		return
+	}
+	ms, err := cgroupMounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
+		return
+	}
+	seen := map[string]bool{}
+	for _, d := range dirsIn(ms, spec.Linux.CgroupsPath) {
+		entries, _ := os.ReadDir(d.dir)
+		for _, e := range entries {
+			if !e.IsDir() || seen[e.Name()] {
+				continue
+			}
+			seen[e.Name()] = true
+			path := spec.Linux.CgroupsPath + "/" + e.Name()
+			if err := killDirs(ctx, path, dirsIn(ms, path)); err != nil {
+				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
+			}
 		}
 	}
 }

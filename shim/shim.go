@@ -10,12 +10,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -24,6 +29,7 @@ import (
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
@@ -102,11 +108,92 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("failed to read init pid file")
 	}
+	removeDeadSockets(ctx, path, id)
 	return cshim.StopStatus{
 		ExitedAt:   time.Now(),
 		ExitStatus: 128 + int(unix.SIGKILL),
 		Pid:        pid,
 	}, nil
+}
+
+// removeDeadSockets removes the sockets of a shim that was killed (it could
+// not remove them itself): the one containerd recorded in the bundle, and
+// its debug socket. A socket something still answers on is a live shim's
+// (one shim may serve several containers) and is left.
+func removeDeadSockets(ctx context.Context, bundle, id string) {
+	address, err := shimAddress(bundle)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("read shim address")
+		}
+		return
+	}
+	sockets := []string{address}
+	// The debug socket is named from containerd's address and the socket's
+	// grouping (the container, or the sandbox it is grouped with), as the
+	// manager named the main one: found by matching that.
+	if f := flag.Lookup("address"); f != nil && f.Value.String() != "" {
+		for _, group := range shimGroups(bundle, id) {
+			if main, err := cshim.SocketAddress(ctx, f.Value.String(), group, false); err == nil && main == address {
+				if debug, err := cshim.SocketAddress(ctx, f.Value.String(), group, true); err == nil {
+					sockets = append(sockets, debug)
+				}
+				break
+			}
+		}
+	}
+	for _, s := range sockets {
+		path, ok := strings.CutPrefix(s, "unix://")
+		if !ok {
+			continue // abstract or another scheme: no file
+		}
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			conn.Close()
+			continue // served: a live shim's
+		}
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			continue // gone already, or not ours to judge
+		}
+		if err := cshim.RemoveSocket(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).WithField("socket", path).Warn("remove socket of a dead shim")
+		}
+	}
+}
+
+// shimAddress is the shim's socket address as containerd recorded it in
+// the bundle: bootstrap.json (containerd 2), or the older address file.
+func shimAddress(bundle string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
+	if err == nil {
+		var params cshim.BootstrapParams
+		if err := json.Unmarshal(b, &params); err != nil {
+			return "", fmt.Errorf("read %s/bootstrap.json: %w", bundle, err)
+		}
+		if params.Address == "" {
+			return "", fmt.Errorf("no address in %s/bootstrap.json: %w", bundle, cshim.ErrNoAddress)
+		}
+		return params.Address, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return cshim.ReadAddress(filepath.Join(bundle, "address"))
+}
+
+// shimGroups lists what a container's shim socket may be named after: the
+// groups of its spec's annotations (as the manager looks them up) and the
+// container itself.
+func shimGroups(bundle, id string) []string {
+	var out []string
+	if spec, err := readSpec(bundle); err == nil {
+		for _, k := range []string{"io.kubernetes.cri.sandbox-id", "io.containerd.runc.v2.group"} {
+			if g := spec.Annotations[k]; g != "" {
+				out = append(out, g)
+			}
+		}
+	}
+	return append(out, id)
 }
 
 // Info reports this runtime's features from the code itself rather than by
@@ -143,7 +230,8 @@ func Register() {
 			if err != nil {
 				return nil, fmt.Errorf("find own executable: %w", err)
 			}
-			inner, err := task.NewTaskService(ic.Context, pp.(cshim.Publisher), ss.(shutdown.Service))
+			pub := &exitPublisher{Publisher: pp.(cshim.Publisher)}
+			inner, err := task.NewTaskService(ic.Context, pub, ss.(shutdown.Service))
 			if err != nil {
 				return nil, err
 			}
@@ -151,9 +239,28 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
+			pub.contexts.Store(cs)
 			return &taskService{TTRPCTaskService: inner, self: self, contexts: cs}, nil
 		},
 	})
+}
+
+// exitPublisher is the task service's publisher: when a container's init
+// exits it ends the container's branches before the exit is published, so
+// that containerd, and whoever waits for the exit, sees a stopped sandbox
+// only once nothing of it runs.
+type exitPublisher struct {
+	cshim.Publisher
+	contexts atomic.Pointer[contexts]
+}
+
+func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.Event) error {
+	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID {
+		if c := p.contexts.Load(); c != nil {
+			c.sandboxExited(ctx, e.ContainerID)
+		}
+	}
+	return p.Publisher.Publish(ctx, topic, event)
 }
 
 // taskService is runc-v2's task service with the runtime options of every
@@ -178,6 +285,19 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		s.contexts.teardown(ctx, r.ID)
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
+}
+
+// Wait for a container's init returns once its branches are gone too (see
+// exitPublisher): a stopped sandbox has nothing running.
+func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	resp, err := s.TTRPCTaskService.Wait(ctx, r)
+	if err != nil || r.ExecID != "" {
+		return resp, err
+	}
+	if err := s.contexts.waitStopped(ctx, r.ID); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("wait for the branches of %s to end: %w", r.ID, err))
+	}
+	return resp, nil
 }
 
 func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
@@ -215,13 +335,57 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	if err := s.contexts.listenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
+	if sealedRootfs(r.Rootfs) {
+		// Its snapshot still has live branches, and this new shim runs
+		// none: their shim died. They are aborted before the rootfs is
+		// mounted, and the rootfs is then mounted writable, as the
+		// snapshotter would now mount it: a mount made read-only stays so
+		// in the container's mount namespace whatever its superblock does.
+		s.contexts.addSandbox(ctx, r, opts)
+		if s.contexts.settleNew(ctx, r.ID) {
+			r.Rootfs = writable(r.Rootfs)
+		}
+	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
 		s.contexts.addSandbox(ctx, r, opts)
 	} else {
+		s.contexts.dropSandbox(ctx, r.ID)
 		s.contexts.closeSelfAll(r.ID)
 	}
 	return resp, err
+}
+
+// sealedRootfs says whether a rootfs is an overlay with an upper directory
+// mounted read-only: the branch snapshotter's mount of a snapshot sealed
+// for its branches.
+func sealedRootfs(ms []*types.Mount) bool {
+	for _, m := range ms {
+		ro, upper := false, false
+		for _, o := range m.Options {
+			ro = ro || o == "ro"
+			upper = upper || strings.HasPrefix(o, "upperdir=")
+		}
+		if ro && upper {
+			return true
+		}
+	}
+	return false
+}
+
+// writable is a copy of rootfs mounts with "ro" dropped.
+func writable(ms []*types.Mount) []*types.Mount {
+	out := make([]*types.Mount, len(ms))
+	for i, m := range ms {
+		c := &types.Mount{Type: m.Type, Source: m.Source, Target: m.Target}
+		for _, o := range m.Options {
+			if o != "ro" {
+				c.Options = append(c.Options, o)
+			}
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // Exec refuses a stopped container with a failed-precondition error;

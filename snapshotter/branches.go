@@ -26,6 +26,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/apply"
 )
 
 // Branch layers live beside the snapshots they branch from:
@@ -480,7 +481,11 @@ func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) ([]BranchI
 // ForkFrom is Fork; with a checkpoint named (one of c's own), the children
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
-func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string) (_ []BranchInfo, retErr error) {
+func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string, opts ...ForkOption) (_ []BranchInfo, retErr error) {
+	var o forkOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if count < 1 || count > 1024 {
 		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
 	}
@@ -490,6 +495,8 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		kids    []string
 		tree    *branch.Tree
 		created []string
+		// wasSealed: the parent had live children already, and is sealed.
+		wasSealed bool
 	)
 	// Resolve first, unlocked, to learn which root to lock.
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
@@ -530,6 +537,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		if tree.Depth(parent) >= maxDepth {
 			return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
 		}
+		wasSealed = tree.Sealed(parent)
 		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
 			return err
 		}
@@ -574,8 +582,12 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 		s.fault(FaultForkDirs)
 		// Only a mount that was writable is ours to seal and later unseal: a
 		// read-only rootfs stays read-only.
-		if live.target != "" && !live.readonly {
-			tree.Nodes[parent].SealedByUs = true
+		if live.target != "" && !live.readonly && !wasSealed {
+			p := tree.Nodes[parent]
+			p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
+			if o.parentFrozen {
+				p.SealMode = branch.SealCaller
+			}
 		}
 		return storeTree(tx, r.id(), tree)
 	})
@@ -585,8 +597,12 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 	created = nil
 	s.fault(FaultForkCommitted)
 
-	if tree.Nodes[parent].SealedByUs && !live.readonly {
-		if err := s.sealSuperblock(ctx, r.id(), live); err != nil {
+	if p := tree.Nodes[parent]; p.SealedByUs && !wasSealed && p.SealMode == branch.SealSuperblock {
+		err := s.sealSuperblock(ctx, r.id(), live)
+		if errors.Is(err, errSuperblockBusy) {
+			err = s.sealEachMount(ctx, r, parent, c.String())
+		}
+		if err != nil {
 			// Undo: the children never existed for anyone.
 			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
 				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
@@ -688,7 +704,7 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 		}
 		for id, n := range tree.Nodes {
 			if n.SealedByUs && !tree.Sealed(id) {
-				n.SealedByUs = false
+				clearSeal(n)
 			}
 		}
 		return storeTree(tx, r.id(), tree)
@@ -709,21 +725,63 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // its mount, so its running processes see the commit at once; one that is
 // not is mounted for the commit and unmounted after.
 //
-// The decision is one metadata transaction; from then on the commit is
-// carried through, by recovery after a crash if need be.
+// What can be known before the decision is checked first (checkCommit): a
+// commit that cannot apply is refused with nothing changed. The decision
+// is one metadata transaction; from then on the commit is carried through
+// whatever the caller does: a caller whose context ends gets an error, the
+// commit goes on, and a later call sees its result. Should the apply still
+// fail, the parent is put back as it was (commitundo.go) and the branch
+// stays committing: calling commit again applies it anew, aborting it
+// abandons it. A crash after the decision is completed by recovery.
 func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
+	for attempt := 0; ; attempt++ {
+		res, err := s.commitBranch(ctx, c)
+		// The branch became a live leaf after the check was skipped, or its
+		// parent moved on: check again.
+		if errors.Is(err, errCheckAgain) {
+			if attempt < 3 {
+				continue
+			}
+			return res, fmt.Errorf("commit %s: the branch kept changing while it was checked; try again: %w", c, errdefs.ErrAborted)
+		}
+		return res, err
+	}
+}
+
+// errCheckAgain says the pre-decision check no longer holds.
+var errCheckAgain = errors.New("the branch changed since it was checked")
+
+// checked is what the pre-decision check saw, and its refusal if it
+// refused: it holds while the branch is still a live leaf of the same
+// parent at the same epoch.
+type checked struct {
+	parent string
+	epoch  uint64
+	err    error
+}
+
+func (s *Snapshotter) commitBranch(ctx context.Context, c Context) (CommitResult, error) {
 	var (
 		r       rootSnap
 		id      string
 		plan    branch.CommitPlan
 		resume  bool
 		decided *branch.Tree
+		done    *CommitResult
 	)
-	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
-		r, id, err = s.resolve(ctx, c)
-		return err
-	}); err != nil {
-		return CommitResult{}, fmt.Errorf("commit: %w", err)
+	// Unlocked: which root to lock, and the check of a live leaf (it reads
+	// only what cannot change while the branch is a live leaf; the
+	// decision checks that it still is, before it takes a refusal: a
+	// sibling's commit may have removed the branch meanwhile).
+	done, check, err := s.commitPrecheck(ctx, c, &r, &id)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	if done != nil {
+		return *done, nil
+	}
+	if err := ctx.Err(); err != nil && (check == nil || check.err == nil) {
+		return CommitResult{}, fmt.Errorf("commit %s (not decided, nothing changed): %w", c, err)
 	}
 	if s.quarantined.cause(r.id()) != nil {
 		// A commit the recovery could not complete is retried here, as its
@@ -740,8 +798,13 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	// A fork's seal still syncing is waited for only once the decision is
 	// made: the decision's own sync overlaps it.
 	unlock, awaitSeal := s.locks.lockBeforeSeal(r.id())
-	defer unlock()
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			unlock()
+		}
+	}()
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if r, id, err = s.resolve(ctx, c); err != nil {
 			return err
 		}
@@ -752,11 +815,27 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		if tree == nil {
 			tree = branch.NewTree(r.key, time.Now())
 		}
+		// Committed meanwhile (by a call this one waited for).
+		if n, ok := tree.Ended(id); ok && n.State == branch.Committed {
+			done, err = s.committedResult(ctx, tx, r, tree, n)
+			return err
+		}
 		// A commit that was decided but failed to finish is resumed.
-		if n := tree.Nodes[id]; n != nil && n.State == branch.Committing {
+		n := tree.Nodes[id]
+		if n != nil && n.State == branch.Committing {
 			resume = true
 			plan = branch.CommitPlan{Winner: id, Parent: n.Parent, Epoch: n.WinnerEpoch}
 			return nil
+		}
+		if n != nil && n.State == branch.Live {
+			if p := tree.Nodes[n.Parent]; p != nil && len(tree.Children(id)) == 0 {
+				if check == nil || check.parent != p.ID || check.epoch != p.Epoch {
+					return errCheckAgain
+				}
+				if check.err != nil {
+					return check.err
+				}
+			}
 		}
 		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
 			return err
@@ -767,13 +846,117 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 		decided = tree
 		return nil
 	})
+	if errors.Is(err, errCheckAgain) || (check != nil && err == check.err && err != nil) {
+		return CommitResult{}, err
+	}
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
+	}
+	if done != nil {
+		return *done, nil
 	}
 	if decided != nil {
 		// Kept past its transaction: nothing below asks it about ended nodes.
 		decided.SetTombstones(nil)
 	}
+	// Decided: carried through on a context the caller cannot end, holding
+	// the root's lock until done.
+	type outcome struct {
+		res CommitResult
+		err error
+	}
+	out := make(chan outcome, 1)
+	handedOff = true
+	s.commitWG.Add(1)
+	go func() {
+		defer s.commitWG.Done()
+		defer unlock()
+		res, err := s.carryOutCommit(context.WithoutCancel(ctx), c, r, plan, resume, decided, awaitSeal)
+		if err != nil && ctx.Err() != nil {
+			// Its caller went away: the log is the only one told.
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": plan.Winner}).Warn("decided commit failed after its caller went away")
+		}
+		out <- outcome{res, err}
+	}()
+	select {
+	case o := <-out:
+		return o.res, o.err
+	case <-ctx.Done():
+		return CommitResult{}, fmt.Errorf("commit %s: decided (it won at epoch %d) and being applied; that goes on without this caller: call commit again to see its result: %w", c, plan.Epoch, ctx.Err())
+	}
+}
+
+// commitPrecheck resolves c and runs, before the decision, the checks of
+// checkCommit on a live leaf branch, returning what it checked. For a
+// branch that was committed already it returns that commit's result
+// instead. Anything else (a stale or committing branch, one with children)
+// is left to the decision to answer.
+func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap, id *string) (*CommitResult, *checked, error) {
+	var (
+		tree  *branch.Tree
+		node  *branch.Node
+		seen  checked
+		ended *CommitResult
+	)
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if *r, *id, err = s.resolve(ctx, c); err != nil {
+			return err
+		}
+		if tree, err = loadTree(tx, r.id()); err != nil || tree == nil {
+			return err
+		}
+		if n, ok := tree.Ended(*id); ok && n.State == branch.Committed {
+			ended, err = s.committedResult(ctx, tx, *r, tree, n)
+			return err
+		}
+		if n := tree.Nodes[*id]; n != nil && n.State == branch.Live && n.ID != branch.RootID && len(tree.Children(n.ID)) == 0 {
+			if p := tree.Nodes[n.Parent]; p != nil && p.State == branch.Live {
+				node, seen = n, checked{parent: p.ID, epoch: p.Epoch}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: %w", err)
+	}
+	if ended != nil || node == nil {
+		return ended, nil, nil
+	}
+	tree.SetTombstones(nil)
+	if err := s.checkCommit(ctx, *r, tree, node); err != nil {
+		seen.err = fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
+	}
+	return nil, &seen, nil
+}
+
+// committedResult is what the commit of n (committed, a tombstone) did,
+// for a caller that asks again.
+func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
+	plan := branch.CommitPlan{Winner: n.ID, Parent: n.Parent, Epoch: n.WinnerEpoch}
+	ended, err := tombstones(tx, r.id())
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ended {
+		if e.State == branch.Stale && e.Winner == n.ID && e.WinnerEpoch == n.WinnerEpoch {
+			plan.Invalidated = append(plan.Invalidated, e.ID)
+		}
+	}
+	sortNumeric(plan.Invalidated)
+	if tree.Nodes[n.Parent] == nil {
+		return nil, fmt.Errorf("branch %s was committed into %s (epoch %d), which has ended since: %w", n.ID, contextName(n.Parent), n.WinnerEpoch, errdefs.ErrNotFound)
+	}
+	tree.SetTombstones(nil)
+	return &CommitResult{Plan: plan, Parent: s.describe(ctx, r, tree, n.Parent, false)}, nil
+}
+
+// carryOutCommit does everything after a commit's decision. The caller
+// holds the root's lock.
+func (s *Snapshotter) carryOutCommit(ctx context.Context, c Context, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
+	// Whether the parent is as before if this attempt fails before its
+	// apply changes anything: after a first decision, or after an attempt
+	// that was undone.
+	clean := !resume || s.undone.isClean(r.id(), plan.Winner)
 	// The decision must outlive a power loss before the parent changes, so
 	// that a half-applied commit is completed rather than left (branchdb.go).
 	// Only reads overlap the sync; nothing changes until it is done.
@@ -788,10 +971,12 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	// nothing below asks about them again.
 	mounts, mountsErr := readOverlayMounts()
 	if err := <-synced; err != nil {
+		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
 	}
 	s.fault(FaultCommitDecided)
 	if mountsErr != nil {
+		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, mountsErr)
 	}
 	// The losers go first: their processes must not keep writing into
@@ -801,7 +986,7 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 	}
 	tree, err := s.finishCommit(ctx, r, plan.Winner, resume, mounts, decided)
 	if err != nil {
-		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again, or a restart, completes it): %w", c, plan.Epoch, err)
+		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d): %w", c, plan.Epoch, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "winner": plan.Winner, "parent": plan.Parent, "epoch": plan.Epoch, "invalidated": plan.Invalidated}).Info("committed")
 	if tree.Nodes[plan.Parent] == nil {
@@ -815,10 +1000,14 @@ func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult
 // already shows it changes nothing, so recovery may run it again. resume
 // says an earlier attempt may have been cut short, leaving temporaries.
 //
+// If the apply or the final transaction fails, what the apply changed in
+// the parent is put back from the journal and the branch stays committing;
+// the error then says whether the parent is as before.
+//
 // mounts is the overlay mount table, or nil to read it here; tree is the
 // branch tree as the decision left it, or nil to read it here. It returns
 // the tree as the commit leaves it, with no tombstones.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (*branch.Tree, error) {
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (_ *branch.Tree, retErr error) {
 	if tree == nil {
 		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 			tree, err = loadTree(tx, r.id())
@@ -837,6 +1026,37 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	}
 	parentUpper := s.contextUpper(r.id(), n.Parent)
 	upper := s.contextUpper(r.id(), id)
+	clean := !resume || s.undone.isClean(r.id(), id)
+	var (
+		journal *apply.Journal
+		live    liveMountInfo
+	)
+	defer func() {
+		if journal != nil {
+			// Discarded after the restore below, which reads it.
+			defer s.discardJournal(ctx, journal)
+		}
+		if retErr == nil {
+			s.undone.set(r.id(), id, false)
+			return
+		}
+		if journal == nil {
+			s.undone.set(r.id(), id, clean)
+			return
+		}
+		if err := s.restoreParent(ctx, journal, live.target); err != nil {
+			s.undone.set(r.id(), id, false)
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
+			retErr = fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", retErr, contextName(n.Parent), err)
+			return
+		}
+		s.undone.set(r.id(), id, clean)
+		if clean {
+			retErr = fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", retErr, contextName(n.Parent))
+		} else {
+			retErr = fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", retErr, contextName(n.Parent))
+		}
+	}()
 	// A commit with the winner's own layer gone already finished applying.
 	if _, err := os.Lstat(upper); err == nil {
 		// Unmount the winner wherever the host sees it, then apply.
@@ -847,20 +1067,22 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			}
 		}
 		mounts.detach(ctx, upper)
-		live := mounts.live(parentUpper)
+		j := s.newJournal(r.id(), id, parentUpper)
+		journal = j
+		live = mounts.live(parentUpper)
 		if live.target != "" {
-			if live.readonly && tree.Nodes[n.Parent].SealedByUs {
-				if err := remountLive(live, false); err != nil {
+			if p := tree.Nodes[n.Parent]; p.SealedByUs {
+				if err := s.setSealed(ctx, mounts, parentUpper, p, false); err != nil {
 					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
 				}
 			}
-			if err := s.rollbackForCommit(ctx, r, tree, n, live.target); err != nil {
+			if err := s.rollbackForCommit(ctx, r, tree, n, live.target, j); err != nil {
 				return nil, err
 			}
-			if err := applyLayer(ctx, upper, live.target, parentUpper, resume); err != nil {
+			if err := applyLayer(ctx, upper, live.target, parentUpper, resume, j); err != nil {
 				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
 			}
-		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume); err != nil {
+		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume, j); err != nil {
 			return nil, err
 		}
 		s.fault(FaultCommitApplied)
@@ -878,7 +1100,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			return err
 		}
 		if p := t.Nodes[n.Parent]; p != nil && !t.Sealed(p.ID) {
-			p.SealedByUs = false
+			clearSeal(p)
 		}
 		if err := storeTree(tx, r.id(), t); err != nil {
 			return err
@@ -899,7 +1121,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool) (retErr error) {
+func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {
@@ -916,17 +1138,18 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 		}
 		os.Remove(target)
 	}()
-	if err := s.rollbackForCommit(ctx, r, tree, n, target); err != nil {
+	if err := s.rollbackForCommit(ctx, r, tree, n, target, j); err != nil {
 		return err
 	}
-	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume); err != nil {
+	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume, j); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil
 }
 
 // Abort discards branch c and its descendants. Its parent is unsealed when
-// its last child ends.
+// its last child ends. A committing branch whose apply failed and was put
+// back (see CommitBranch) is abandoned: its parent stays as it was.
 func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 	var (
 		r    rootSnap
@@ -956,28 +1179,42 @@ func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
 		if tree == nil {
 			tree = branch.NewTree(r.key, time.Now())
 		}
-		n, err := tree.Get(id)
-		if err != nil {
-			return fmt.Errorf("abort: %w", err)
-		}
-		parent := n.Parent
-		if gone, err = tree.Abort(id, time.Now()); err != nil {
-			return err
+		var parent string
+		if n := tree.Nodes[id]; n != nil && n.State == branch.Committing {
+			// A commit that was decided but could not be applied: abandoned,
+			// if its parent was put back as it was.
+			if !s.undone.isClean(r.id(), id) {
+				return fmt.Errorf("branch %s is being committed into %s, which may hold part of it; call commit again to complete it: %w", id, contextName(n.Parent), errdefs.ErrFailedPrecondition)
+			}
+			parent, gone = n.Parent, []string{id}
+			if err := tree.AbandonCommit(id, time.Now()); err != nil {
+				return err
+			}
+		} else {
+			n, err := tree.Get(id)
+			if err != nil {
+				return fmt.Errorf("abort: %w", err)
+			}
+			parent = n.Parent
+			if gone, err = tree.Abort(id, time.Now()); err != nil {
+				return err
+			}
 		}
 		// The last child of a sealed parent: unseal it before the abort
 		// commits. A crash in between leaves the parent writable with the
 		// child still recorded, which recovery seals again.
 		if p := tree.Nodes[parent]; p != nil && p.SealedByUs && !tree.Sealed(parent) {
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), p, false); err != nil {
 				return fmt.Errorf("unseal parent: %w", err)
 			}
-			p.SealedByUs = false
+			clearSeal(p)
 		}
 		return storeTree(tx, r.id(), tree)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("abort %s: %w", c, err)
 	}
+	s.undone.set(r.id(), id, false)
 	s.fault(FaultAbortDecided)
 	for _, g := range gone {
 		s.removeBranchLayer(ctx, mounts, r.id(), g)
@@ -1018,10 +1255,11 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 			if !n.SealedByUs || t.Sealed(id) {
 				continue
 			}
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, false); err != nil {
 				return err
 			}
-			n.SealedByUs, changed = false, true
+			clearSeal(n)
+			changed = true
 		}
 		if !changed {
 			return nil
@@ -1148,7 +1386,16 @@ func overlayMountsOrNone(ctx context.Context) mountTable {
 	return t
 }
 
-func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, sealed bool) error {
+// setSealed seals or unseals the context n (whose upper is upper) the way
+// its seal was made: its superblock, each recorded mount, or nothing (the
+// caller's seal: its processes were frozen).
+func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, n *branch.Node, sealed bool) error {
+	switch n.SealMode {
+	case branch.SealCaller:
+		return nil
+	case branch.SealMounts:
+		return setEachRecorded(ctx, n.SealedMounts, sealed)
+	}
 	live := mounts.live(upper)
 	if live.target == "" || live.readonly == sealed {
 		return nil
@@ -1251,7 +1498,11 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), true); err != nil {
+			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
+			if errors.Is(err, errSuperblockBusy) {
+				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
+			}
+			if err != nil {
 				return err
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/apply"
 	"github.com/branchbox/branchbox/snapshotter/layer"
 )
 
@@ -575,7 +576,7 @@ func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name s
 		return fmt.Errorf("checkpoint %q is gone: %w", name, errdefs.ErrNotFound)
 	}
 	if err := s.withContextTarget(ctx, r, tree, id, func(target string) error {
-		return s.rollbackThrough(ctx, r, tree, id, ck, target)
+		return s.rollbackThrough(ctx, r, tree, id, ck, target, nil)
 	}); err != nil {
 		return err
 	}
@@ -629,8 +630,9 @@ func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *b
 
 // rollbackThrough makes target (a merged view of context id) show
 // checkpoint ck: the paths of the upper that changed since ck are written
-// as ck has them into a scratch layer, applied to target.
-func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string) (retErr error) {
+// as ck has them into a scratch layer, applied to target. j, if not nil,
+// records what that changes in the context's upper.
+func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
 	m, err := layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
 	if err != nil {
 		return err
@@ -672,7 +674,7 @@ func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *bra
 		return fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)
 	}
 	// resume: a killed apply's temporaries in target are removed.
-	if err := applyLayer(ctx, scratch, target, "", true); err != nil {
+	if err := applyLayer(ctx, scratch, target, "", true, j); err != nil {
 		return fmt.Errorf("apply checkpoint %q through %s: %w", ck.Name, target, err)
 	}
 	return nil
@@ -857,7 +859,7 @@ func (s *Snapshotter) removeCheckpointTemps(ctx context.Context) error {
 // rollbackForCommit: a branch forked from a checkpoint replaces its
 // parent's state, so the parent (at target) is first brought back to that
 // checkpoint; the branch's upper is then applied over it.
-func (s *Snapshotter) rollbackForCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, target string) error {
+func (s *Snapshotter) rollbackForCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, target string, j *apply.Journal) error {
 	if n.FromCheckpoint == "" {
 		return nil
 	}
@@ -874,7 +876,7 @@ func (s *Snapshotter) rollbackForCommit(ctx context.Context, r rootSnap, tree *b
 	if ck == nil {
 		return fmt.Errorf("checkpoint %q that branch %s was forked from is gone: %w", n.FromCheckpoint, n.ID, errdefs.ErrDataLoss)
 	}
-	if err := s.rollbackThrough(ctx, r, tree, n.Parent, ck, target); err != nil {
+	if err := s.rollbackThrough(ctx, r, tree, n.Parent, ck, target, j); err != nil {
 		return fmt.Errorf("bring the parent back to checkpoint %q before committing branch %s: %w", ck.Name, n.ID, err)
 	}
 	return nil

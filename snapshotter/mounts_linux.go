@@ -4,6 +4,7 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -111,12 +112,18 @@ func remountLive(live liveMountInfo, readonly bool) error {
 	}
 	if err := unix.Mount("", target, "", flags, ""); err != nil {
 		if err == unix.EBUSY && readonly {
-			return fmt.Errorf("remount %s read-only: a file is open for writing on it (close it, or freeze the processes instead): %w", target, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("remount %s read-only: %w: %w", target, errSuperblockBusy, errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("remount %s (read-only: %v): %w", target, readonly, err)
 	}
 	return nil
 }
+
+// errSuperblockBusy is a superblock's read-only remount refused: a file
+// is open for writing on some mount of it, or it holds a file unlinked
+// while open (the kernel refuses both alike). The per-mount seal
+// (sealmounts_linux.go) is refused only for the first, and names it.
+var errSuperblockBusy = errors.New("a file is open for writing on it, or was unlinked while open")
 
 // probeRefused says whether a write through target is refused with EROFS.
 // The write sets an attribute both only if it exists and only if it does

@@ -29,7 +29,11 @@ func NewTTRPCBranchService(s *Snapshotter) branchv1.TTRPCBranchesService {
 }
 
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
-	kids, err := b.s.ForkFrom(ctx, contextFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint())
+	var opts []ForkOption
+	if req.GetParentFrozen() {
+		opts = append(opts, WithParentFrozen())
+	}
+	kids, err := b.s.ForkFrom(ctx, contextFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint(), opts...)
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}

@@ -39,18 +39,21 @@ import (
 // Snapshotter is an overlayfs snapshotter. It implements
 // snapshots.Snapshotter and snapshots.Cleaner.
 type Snapshotter struct {
-	root      string
-	ms        *storage.MetaStore
-	bdb       *bolt.DB
-	lock      *rootLock
-	options   []string
-	locks     rootLocks
-	live      liveMounts // where contexts are mounted (livecache_linux.go)
-	faultHook func(point string)
-	trashSeq  atomic.Uint64
-	trashWG   sync.WaitGroup // background removals of discarded layers
-	sealWG    sync.WaitGroup // background seals of forked parents' superblocks
-	seals     sealThreads    // the threads that run those seals' remounts
+	root       string
+	ms         *storage.MetaStore
+	bdb        *bolt.DB
+	lock       *rootLock
+	options    []string
+	locks      rootLocks
+	live       liveMounts // where contexts are mounted (livecache_linux.go)
+	faultHook  func(point string)
+	trashSeq   atomic.Uint64
+	trashWG    sync.WaitGroup // background removals of discarded layers and commit journals
+	sealWG     sync.WaitGroup // background seals of forked parents' superblocks
+	commitWG   sync.WaitGroup // decided commits being carried through; a caller may have gone
+	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
+	journalSeq atomic.Uint64  // names the journals of commit attempts
+	seals      sealThreads    // the threads that run those seals' remounts
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
@@ -145,6 +148,9 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.removeCheckpointTemps(ctx); err != nil {
+		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+	}
+	if err := s.removeJournals(ctx); err != nil {
 		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
@@ -408,6 +414,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
+	s.commitWG.Wait()
 	s.sealWG.Wait()
 	s.seals.close()
 	s.trashWG.Wait()

@@ -65,6 +65,8 @@ type options struct {
 	// targetUpper: the upper directory of target's overlay (see
 	// WithTargetUpper); "" if not known.
 	targetUpper string
+	// journal, if set, records pre-images before each change (journal.go).
+	journal *Journal
 }
 
 // WithStaleTempRemoval makes Apply first remove, from every target
@@ -135,7 +137,8 @@ type applier struct {
 //
 // Apply is not atomic as a whole: each entry is replaced atomically (created
 // under a TempPrefix name, then renamed), and on error target is left part
-// applied. Making a commit atomic is the caller's business.
+// applied. Making a commit atomic is the caller's business: WithJournal
+// records what undoing it takes (journal.go).
 func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error) {
 	a := &applier{ctx: ctx, links: map[devIno]string{}, tgtUpper: -1, peekFd: -1}
 	for _, o := range opts {
@@ -171,6 +174,9 @@ func Apply(ctx context.Context, upper, target string, opts ...Opt) (Stats, error
 		}
 	}()
 
+	if err := a.note(""); err != nil {
+		return a.stats, err
+	}
 	if err := a.dir(upFd, a.tgtRoot, "", 0); err != nil {
 		return a.stats, err
 	}
@@ -362,6 +368,9 @@ func (a *applier) subdir(upFd, tgtFd int, rel, name string, opaque bool, depth i
 	if err != nil && err != unix.ENOENT {
 		return fail(rel, "stat target", err)
 	}
+	if err := a.note(rel); err != nil {
+		return err
+	}
 	// Through an overlay mount, rmdir then mkdir makes the overlay mark the
 	// new directory opaque itself, which is what an opaque upper dir means.
 	if exists && (opaque || tst.Mode&unix.S_IFMT != unix.S_IFDIR) {
@@ -464,6 +473,28 @@ func copyXattrs(srcDir int, srcName string, dstDir int, dstName string, names []
 	return nil
 }
 
+// note records rel's pre-image in the journal, if there is one.
+func (a *applier) note(rel string) error {
+	if a.opts.journal == nil {
+		return nil
+	}
+	return a.opts.journal.note(rel)
+}
+
+// noteTemp records that a temporary tmp is made beside rel.
+func (a *applier) noteTemp(rel, tmp string) {
+	if a.opts.journal != nil {
+		d, _ := splitRel(rel)
+		a.opts.journal.noteTemp(join(d, tmp))
+	}
+}
+
+func (a *applier) dropTemp() {
+	if j := a.opts.journal; j != nil {
+		j.temps = j.temps[:len(j.temps)-1]
+	}
+}
+
 func (a *applier) hook(side, rel string) {
 	if a.opts.beforeOpen != nil {
 		a.opts.beforeOpen(side, rel)
@@ -479,16 +510,24 @@ func (a *applier) tempName() string {
 // then renames it over name, so readers see the old entry or the new one.
 // A directory in the way is removed first (a type change).
 func (a *applier) replace(tgtFd int, rel, name string, depth int, create func(tmp string) error) error {
+	if err := a.note(rel); err != nil {
+		return err
+	}
 	var tmp string
 	for i := 0; ; i++ {
 		tmp = a.tempName()
+		a.noteTemp(rel, tmp)
 		err := create(tmp)
 		if err == nil {
 			break
 		}
 		// Another entry holds the temporary name: try the next one.
-		if errors.Is(err, unix.EEXIST) && i < 100 {
-			continue
+		if errors.Is(err, unix.EEXIST) {
+			a.dropTemp()
+			if i < 100 {
+				continue
+			}
+			return err
 		}
 		_ = unix.Unlinkat(tgtFd, tmp, 0)
 		return err
@@ -787,6 +826,14 @@ func (a *applier) inTargetUpper(rel string) bool {
 	if dir == "" {
 		dir = "."
 	}
+	if j := a.opts.journal; j != nil {
+		// The journal has just looked into the same directory.
+		fd, err := j.upperDir(dir)
+		if err != nil || fd < 0 {
+			return false
+		}
+		return peekUpper(fd, base)
+	}
 	if dir != a.peekDir || a.peekDir == "" {
 		if a.peekFd >= 0 {
 			unix.Close(a.peekFd)
@@ -800,7 +847,13 @@ func (a *applier) inTargetUpper(rel string) bool {
 	if a.peekFd < 0 {
 		return false
 	}
-	st, err := lstatAt(a.peekFd, base)
+	return peekUpper(a.peekFd, base)
+}
+
+// peekUpper says whether the upper directory fd holds name as a
+// non-directory that is not a whiteout.
+func peekUpper(fd int, base string) bool {
+	st, err := lstatAt(fd, base)
 	if err != nil {
 		return false
 	}
@@ -813,8 +866,6 @@ func (a *applier) inTargetUpper(rel string) bool {
 	return true
 }
 
-// removeAll removes name under dirfd, recursively if it is a directory,
-// never following symlinks. A missing name is not an error.
 // removeStaleTemps removes the TempPrefix entries of the target directory
 // tgtFd, reading it through its own descriptor so tgtFd's offset is kept.
 func (a *applier) removeStaleTemps(tgtFd int, rel string, depth int) error {
@@ -851,7 +902,20 @@ func (a *applier) removeStaleTemps(tgtFd int, rel string, depth int) error {
 	return nil
 }
 
+// removeAll removes name under dirfd (see removeTree), first recording in
+// the journal what it removes.
 func (a *applier) removeAll(dirfd int, name, rel string, depth int) error {
+	if a.opts.journal != nil {
+		if err := a.opts.journal.noteRemoval(rel); err != nil {
+			return err
+		}
+	}
+	return a.removeTree(dirfd, name, rel, depth)
+}
+
+// removeTree removes name under dirfd, recursively if it is a directory,
+// never following symlinks. A missing name is not an error.
+func (a *applier) removeTree(dirfd int, name, rel string, depth int) error {
 	if depth >= a.opts.maxDepth {
 		return invalid(rel, "target is deeper than %d levels", a.opts.maxDepth)
 	}
@@ -933,7 +997,7 @@ func (a *applier) emptyDir(dirfd int, name, rel string, depth int) error {
 		}
 		last = batch
 		for _, child := range names {
-			if err := a.removeAll(fd, child, join(rel, child), depth+1); err != nil {
+			if err := a.removeTree(fd, child, join(rel, child), depth+1); err != nil {
 				return err
 			}
 		}

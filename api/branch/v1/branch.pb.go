@@ -448,8 +448,11 @@ type ForkRequest struct {
 	Count  uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	// Fork from this checkpoint of the parent instead of its current state.
 	FromCheckpoint string `protobuf:"bytes,3,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The caller froze every process of the parent before this call: the
+	// seal is the caller's, and the parent's rootfs is not remounted.
+	ParentFrozen  bool `protobuf:"varint,4,opt,name=parent_frozen,json=parentFrozen,proto3" json:"parent_frozen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkRequest) Reset() {
@@ -501,6 +504,13 @@ func (x *ForkRequest) GetFromCheckpoint() string {
 		return x.FromCheckpoint
 	}
 	return ""
+}
+
+func (x *ForkRequest) GetParentFrozen() bool {
+	if x != nil {
+		return x.ParentFrozen
+	}
+	return false
 }
 
 type ForkResponse struct {
@@ -988,6 +998,123 @@ func (x *StaleDetail) GetWinnerEpoch() uint64 {
 	return 0
 }
 
+// WritersDetail travels in the status details of a FAILED_PRECONDITION
+// error for a fork whose seal was refused because files of the parent's
+// rootfs are open (or mapped) for writing.
+type WritersDetail struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Context       string                 `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	Writers       []*Writer              `protobuf:"bytes,2,rep,name=writers,proto3" json:"writers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WritersDetail) Reset() {
+	*x = WritersDetail{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WritersDetail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WritersDetail) ProtoMessage() {}
+
+func (x *WritersDetail) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WritersDetail.ProtoReflect.Descriptor instead.
+func (*WritersDetail) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WritersDetail) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *WritersDetail) GetWriters() []*Writer {
+	if x != nil {
+		return x.Writers
+	}
+	return nil
+}
+
+// Writer is one process holding a file of a rootfs open for writing.
+type Writer struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Pid     int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Command string                 `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// The file as the process sees it.
+	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Writer) Reset() {
+	*x = Writer{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Writer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Writer) ProtoMessage() {}
+
+func (x *Writer) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Writer.ProtoReflect.Descriptor instead.
+func (*Writer) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Writer) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Writer) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *Writer) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 type Checkpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1011,7 +1138,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1150,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[15]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1163,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{15}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Checkpoint) GetName() string {
@@ -1119,7 +1246,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1258,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[16]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1271,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{16}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckpointRequest) GetContext() *Context {
@@ -1170,7 +1297,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1309,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1322,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -1214,7 +1341,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1353,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1366,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListCheckpointsRequest) GetRoot() *Root {
@@ -1258,7 +1385,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1397,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1410,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1303,7 +1430,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1442,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1455,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteCheckpointRequest) GetRoot() *Root {
@@ -1353,7 +1480,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1492,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1505,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
 }
 
 type RollbackRequest struct {
@@ -1391,7 +1518,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1530,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1543,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RollbackRequest) GetContext() *Context {
@@ -1441,7 +1568,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1580,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1593,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{25}
 }
 
 var File_api_branch_v1_branch_proto protoreflect.FileDescriptor
@@ -1503,11 +1630,12 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x06sealed\x18\f \x01(\bR\x06sealed\x12\x1a\n" +
 	"\bchildren\x18\r \x03(\tR\bchildren\x122\n" +
 	"\x06mounts\x18\x0e \x03(\v2\x1a.branchbox.branch.v1.MountR\x06mounts\x12'\n" +
-	"\x0ffrom_checkpoint\x18\x0f \x01(\tR\x0efromCheckpoint\"\x82\x01\n" +
+	"\x0ffrom_checkpoint\x18\x0f \x01(\tR\x0efromCheckpoint\"\xa7\x01\n" +
 	"\vForkRequest\x124\n" +
 	"\x06parent\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\x06parent\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12'\n" +
-	"\x0ffrom_checkpoint\x18\x03 \x01(\tR\x0efromCheckpoint\"G\n" +
+	"\x0ffrom_checkpoint\x18\x03 \x01(\tR\x0efromCheckpoint\x12#\n" +
+	"\rparent_frozen\x18\x04 \x01(\bR\fparentFrozen\"G\n" +
 	"\fForkResponse\x127\n" +
 	"\bbranches\x18\x01 \x03(\v2\x1b.branchbox.branch.v1.BranchR\bbranches\"E\n" +
 	"\rCommitRequest\x124\n" +
@@ -1534,7 +1662,14 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\vStaleDetail\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x16\n" +
 	"\x06winner\x18\x02 \x01(\tR\x06winner\x12!\n" +
-	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch\"\x98\x02\n" +
+	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch\"`\n" +
+	"\rWritersDetail\x12\x18\n" +
+	"\acontext\x18\x01 \x01(\tR\acontext\x125\n" +
+	"\awriters\x18\x02 \x03(\v2\x1b.branchbox.branch.v1.WriterR\awriters\"H\n" +
+	"\x06Writer\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"\x98\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1600,7 +1735,7 @@ func file_api_branch_v1_branch_proto_rawDescGZIP() []byte {
 }
 
 var file_api_branch_v1_branch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_api_branch_v1_branch_proto_goTypes = []any{
 	(State)(0),                       // 0: branchbox.branch.v1.State
 	(*Root)(nil),                     // 1: branchbox.branch.v1.Root
@@ -1618,22 +1753,24 @@ var file_api_branch_v1_branch_proto_goTypes = []any{
 	(*MountsRequest)(nil),            // 13: branchbox.branch.v1.MountsRequest
 	(*MountsResponse)(nil),           // 14: branchbox.branch.v1.MountsResponse
 	(*StaleDetail)(nil),              // 15: branchbox.branch.v1.StaleDetail
-	(*Checkpoint)(nil),               // 16: branchbox.branch.v1.Checkpoint
-	(*CheckpointRequest)(nil),        // 17: branchbox.branch.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),       // 18: branchbox.branch.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 19: branchbox.branch.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 20: branchbox.branch.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),  // 21: branchbox.branch.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 22: branchbox.branch.v1.DeleteCheckpointResponse
-	(*RollbackRequest)(nil),          // 23: branchbox.branch.v1.RollbackRequest
-	(*RollbackResponse)(nil),         // 24: branchbox.branch.v1.RollbackResponse
-	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
+	(*WritersDetail)(nil),            // 16: branchbox.branch.v1.WritersDetail
+	(*Writer)(nil),                   // 17: branchbox.branch.v1.Writer
+	(*Checkpoint)(nil),               // 18: branchbox.branch.v1.Checkpoint
+	(*CheckpointRequest)(nil),        // 19: branchbox.branch.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),       // 20: branchbox.branch.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 21: branchbox.branch.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 22: branchbox.branch.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 23: branchbox.branch.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 24: branchbox.branch.v1.DeleteCheckpointResponse
+	(*RollbackRequest)(nil),          // 25: branchbox.branch.v1.RollbackRequest
+	(*RollbackResponse)(nil),         // 26: branchbox.branch.v1.RollbackResponse
+	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
 }
 var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	1,  // 0: branchbox.branch.v1.Context.root:type_name -> branchbox.branch.v1.Root
 	0,  // 1: branchbox.branch.v1.Branch.state:type_name -> branchbox.branch.v1.State
-	25, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
-	25, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
+	27, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
+	27, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
 	3,  // 4: branchbox.branch.v1.Branch.mounts:type_name -> branchbox.branch.v1.Mount
 	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.Context
 	4,  // 6: branchbox.branch.v1.ForkResponse.branches:type_name -> branchbox.branch.v1.Branch
@@ -1644,36 +1781,37 @@ var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	4,  // 11: branchbox.branch.v1.TreeResponse.nodes:type_name -> branchbox.branch.v1.Branch
 	2,  // 12: branchbox.branch.v1.MountsRequest.context:type_name -> branchbox.branch.v1.Context
 	3,  // 13: branchbox.branch.v1.MountsResponse.mounts:type_name -> branchbox.branch.v1.Mount
-	25, // 14: branchbox.branch.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
-	2,  // 15: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
-	16, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.branch.v1.Checkpoint
-	1,  // 17: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
-	16, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.branch.v1.Checkpoint
-	1,  // 19: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
-	2,  // 20: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
-	5,  // 21: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
-	7,  // 22: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
-	9,  // 23: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
-	11, // 24: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
-	13, // 25: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
-	17, // 26: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
-	19, // 27: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
-	21, // 28: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
-	23, // 29: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
-	6,  // 30: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
-	8,  // 31: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
-	10, // 32: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
-	12, // 33: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
-	14, // 34: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
-	18, // 35: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
-	20, // 36: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
-	22, // 37: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
-	24, // 38: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
-	30, // [30:39] is the sub-list for method output_type
-	21, // [21:30] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	17, // 14: branchbox.branch.v1.WritersDetail.writers:type_name -> branchbox.branch.v1.Writer
+	27, // 15: branchbox.branch.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
+	2,  // 16: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
+	18, // 17: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.branch.v1.Checkpoint
+	1,  // 18: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
+	18, // 19: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.branch.v1.Checkpoint
+	1,  // 20: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
+	2,  // 21: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
+	5,  // 22: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
+	7,  // 23: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
+	9,  // 24: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
+	11, // 25: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
+	13, // 26: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
+	19, // 27: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
+	21, // 28: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
+	23, // 29: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
+	25, // 30: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
+	6,  // 31: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
+	8,  // 32: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
+	10, // 33: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
+	12, // 34: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
+	14, // 35: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
+	20, // 36: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
+	22, // 37: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
+	24, // 38: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
+	26, // 39: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
+	31, // [31:40] is the sub-list for method output_type
+	22, // [22:31] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_api_branch_v1_branch_proto_init() }
@@ -1691,7 +1829,7 @@ func file_api_branch_v1_branch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_branch_v1_branch_proto_rawDesc), len(file_api_branch_v1_branch_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,360 @@
+//go:build linux
+
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// The shim and the snapshotter must agree on which branches are live: a
+// branch the snapshotter holds but the shim lost would keep its parent
+// sealed for ever, and one the snapshotter ended (a loser of a commit
+// decided before a crash) must not keep running. The shim reconciles its
+// contexts with the snapshotter's tree on first use of a sandbox, after
+// every reconnection to the snapshotter, and whenever an operation finds
+// them apart.
+
+// settleNew reconciles a sandbox being created whose rootfs comes sealed:
+// branches its snapshot holds live were left by a shim that died, and are
+// aborted. It says whether the sandbox's snapshot is unsealed now. A
+// failure is logged: the branch API tries again on first use.
+func (c *contexts) settleNew(ctx context.Context, id string) bool {
+	sb, err := c.sandbox(id)
+	if err != nil {
+		return false
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil || !sb.reconciled {
+		log.G(ctx).WithError(err).WithField("sandbox", id).Warn("reconcile the branches of a sandbox created sealed")
+		return false
+	}
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return false
+	}
+	for _, in := range infos {
+		if in.ID == branch.RootID {
+			return !in.Sealed
+		}
+	}
+	return false
+}
+
+// dropSandbox forgets a sandbox whose creation failed.
+func (c *contexts) dropSandbox(ctx context.Context, id string) {
+	c.mu.Lock()
+	sb, ok := c.sandboxes[id]
+	delete(c.sandboxes, id)
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.nodes != nil && !sb.closed {
+		sb.closed = true
+		close(sb.done)
+		sb.snapshot.Close()
+	}
+}
+
+// wake asks a settle loop to reconcile, without waiting.
+func wake(kick chan struct{}) {
+	select {
+	case kick <- struct{}{}:
+	default:
+	}
+}
+
+// sync reconciles sb (under sb.mu) if it never was, or if the snapshotter
+// connection was lost since it last was. A snapshotter that does not
+// answer is left to the settle loop: the operation under way reports its
+// own error if it needs the snapshotter.
+func (c *contexts) sync(ctx context.Context, sb *sandbox) {
+	if sb.reconciled && sb.snapshot.Generation() == sb.gen {
+		return
+	}
+	if err := c.reconcile(ctx, sb); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: snapshotter not answering; retrying in the background")
+		wake(sb.kick)
+	}
+}
+
+// settle reconciles sb whenever it is woken (the snapshotter connection
+// was lost, or a commit's outcome is unknown), retrying until the
+// snapshotter answers, so that the losers of a commit decided before a
+// crash die as soon as the snapshotter is back, with no call needed.
+func (c *contexts) settle(ctx context.Context, sb *sandbox) {
+	for {
+		select {
+		case <-sb.done:
+			return
+		case <-c.ctx.Done():
+			return
+		case <-sb.kick:
+		}
+		for delay := 5 * time.Millisecond; ; {
+			sb.mu.Lock()
+			if sb.closed {
+				sb.mu.Unlock()
+				return
+			}
+			err := c.reconcile(ctx, sb)
+			sb.mu.Unlock()
+			if err == nil {
+				break
+			}
+			log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: retrying")
+			select {
+			case <-sb.done:
+				return
+			case <-c.ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			if delay < 200*time.Millisecond {
+				delay *= 2
+			}
+		}
+	}
+}
+
+// reconcile reads the snapshotter's tree and makes sb's contexts agree
+// with it (under sb.mu).
+func (c *contexts) reconcile(ctx context.Context, sb *sandbox) error {
+	gen := sb.snapshot.Generation()
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return fmt.Errorf("sandbox %s: read the branch tree: %w", sb.id, err)
+	}
+	c.reconcileWith(ctx, sb, infos)
+	sb.gen, sb.reconciled = gen, true
+	return nil
+}
+
+// reconcileWith makes sb's contexts agree with the snapshotter's tree
+// infos (under sb.mu): a context whose branch is no longer live there
+// (committed, invalidated, aborted, unknown) has every process killed and
+// is removed; one held for a commit that was not made is thawed; a commit
+// decided but not finished (its caller went away midway) is finished,
+// which unseals its parent; a branch live there that no context here runs
+// (its shim died, or a call failed midway) is killed through its cgroup
+// and aborted. It returns the results of the commits it finished.
+func (c *contexts) reconcileWith(ctx context.Context, sb *sandbox, infos []branch.Info) map[string]branch.CommitResult {
+	state := make(map[string]*branch.Info, len(infos))
+	for i := range infos {
+		state[infos[i].ID] = &infos[i]
+	}
+	var gone []*bctx
+	for id, n := range sb.nodes {
+		if id == branch.RootID {
+			continue
+		}
+		if in := state[id]; in != nil && in.State == branch.Live {
+			if n.held {
+				c.unhold(ctx, n)
+			}
+			continue
+		}
+		gone = append(gone, n)
+	}
+	if len(gone) > 0 {
+		for _, n := range gone {
+			delete(sb.nodes, n.id)
+		}
+		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branches": ids(gone)}).Info("branches ended in the snapshotter: killing their processes")
+		c.destroyAll(ctx, sb, gone)
+	}
+	finished := map[string]branch.CommitResult{}
+	for _, in := range infos {
+		if in.State != branch.Committing {
+			continue
+		}
+		res, err := sb.snapshot.Commit(ctx, sb.ref(in.ID))
+		if err != nil {
+			log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID}).Warn("finish a commit decided but not finished")
+			continue
+		}
+		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID, "invalidated": res.Invalidated}).Info("finished a commit decided but not finished")
+		finished[in.ID] = res
+	}
+	// Branches live there and unknown here; an unknown branch below
+	// another goes with the abort of the upper one.
+	for _, in := range infos {
+		if in.ID == branch.RootID || in.State != branch.Live || sb.nodes[in.ID] != nil {
+			continue
+		}
+		if p := state[in.Parent]; p != nil && p.ID != branch.RootID && p.State == branch.Live && sb.nodes[p.ID] == nil {
+			continue
+		}
+		c.abortLost(ctx, sb, state, in.ID)
+	}
+	for _, n := range sb.nodes {
+		c.unsealIfIdle(ctx, sb, n)
+	}
+	return finished
+}
+
+// abortLost kills whatever runs in the cgroup a branch no context here
+// runs would have, removes that cgroup and the branch's bundle, and aborts
+// the branch in the snapshotter.
+func (c *contexts) abortLost(ctx context.Context, sb *sandbox, state map[string]*branch.Info, id string) {
+	root := sb.nodes[branch.RootID]
+	// Its cgroup nests in its ancestors' as start makes them.
+	var chain []string
+	for cur := id; cur != branch.RootID && cur != ""; {
+		chain = append([]string{"b" + cur}, chain...)
+		in := state[cur]
+		if in == nil {
+			break
+		}
+		cur = in.Parent
+	}
+	cgroup := root.cgroup + "/" + strings.Join(chain, "/")
+	if ms, err := c.hier(); err == nil {
+		dirs := dirsIn(ms, cgroup)
+		if err := killDirs(ctx, cgroup, dirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", id).Error("kill processes of a lost branch")
+		}
+		if err := removeDirs(dirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", id).Warn("remove cgroup of a lost branch")
+		}
+	}
+	bundle := filepath.Join(sb.bundle, branchesDir, id)
+	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", id).Warn("unmount rootfs of a lost branch")
+	}
+	_ = os.RemoveAll(bundle)
+	aborted, err := sb.snapshot.Abort(ctx, sb.ref(id))
+	if err != nil {
+		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": id}).Warn("abort a branch no context runs")
+		return
+	}
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "aborted": aborted}).Info("aborted branches no context runs (lost by a crash)")
+	parent := branch.RootID
+	if in := state[id]; in != nil {
+		parent = in.Parent
+	}
+	c.publish(ctx, TopicAbort, &branchEvent{Sandbox: sb.id, Parent: parent, Branches: aborted})
+}
+
+// hold freezes every process of a branch for its commit: the snapshotter
+// must read a layer nobody writes to, and the branch must be able to run
+// on if the commit is not made.
+func (c *contexts) hold(ctx context.Context, n *bctx) error {
+	if n.procs() == nil {
+		n.held = true
+		return nil
+	}
+	ms, err := c.hier()
+	if err != nil {
+		return err
+	}
+	if err := freezeAll(dirsIn(ms, n.cgroup)); err != nil {
+		_ = thawAll(dirsIn(ms, n.cgroup))
+		return err
+	}
+	n.held = true
+	return nil
+}
+
+// unhold thaws a branch held for a commit that was not made.
+func (c *contexts) unhold(ctx context.Context, n *bctx) {
+	n.held = false
+	ms, err := c.hier()
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
+		return
+	}
+	if err := thawAll(dirsIn(ms, n.cgroup)); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
+	}
+}
+
+// freezerOf picks the directory of a cgroup that freezes it whole: the v1
+// freezer's if there is one, else the cgroup2 one.
+func freezerOf(dirs []cgroupMount) (cgroupMount, bool) {
+	for _, d := range dirs {
+		if d.freezer {
+			return d, true
+		}
+	}
+	for _, d := range dirs {
+		if d.v2 {
+			return d, true
+		}
+	}
+	return cgroupMount{}, false
+}
+
+// freezeAll freezes a cgroup and everything below it, and waits until it
+// is frozen.
+func freezeAll(dirs []cgroupMount) error {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return fmt.Errorf("no freezer for cgroup: %w", errdefs.ErrNotImplemented)
+	}
+	file, value, done := filepath.Join(d.dir, "freezer.state"), "FROZEN", func(b []byte) bool { return strings.TrimSpace(string(b)) == "FROZEN" }
+	if !d.freezer {
+		file, value = filepath.Join(d.dir, "cgroup.freeze"), "1"
+		done = func(b []byte) bool { return strings.Contains(string(b), "frozen 1") }
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return fmt.Errorf("freeze %s: %w", d.dir, err)
+	}
+	check := file
+	if !d.freezer {
+		check = filepath.Join(d.dir, "cgroup.events")
+	}
+	// Frozen once each process got the CPU to stop: the poll starts short
+	// and stays short, as a wait of a busy machine's scheduling delay
+	// (milliseconds) is overshot by no more than a step.
+	delay := 20 * time.Microsecond
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		b, err := os.ReadFile(check)
+		if err != nil {
+			return fmt.Errorf("freeze %s: %w", d.dir, err)
+		}
+		if done(b) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freeze %s: not frozen after 2s: %w", d.dir, errdefs.ErrUnavailable)
+		}
+		time.Sleep(delay)
+		if delay < 160*time.Microsecond {
+			delay *= 2
+		}
+	}
+}
+
+// thawAll undoes freezeAll.
+func thawAll(dirs []cgroupMount) error {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return nil
+	}
+	file, value := filepath.Join(d.dir, "freezer.state"), "THAWED"
+	if !d.freezer {
+		file, value = filepath.Join(d.dir, "cgroup.freeze"), "0"
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("thaw %s: %w", d.dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/apply"
+)
+
+// commitMargin is room kept free beyond what a commit's apply needs: the
+// metadata transactions and the journal directory write too.
+const (
+	commitMarginBytes  = 1 << 20
+	commitMarginInodes = 16
+)
+
+// checkCommit refuses, before the decision, a commit of branch n that
+// could be seen now not to apply: one whose layer is deeper than the apply
+// walks, holds what the apply does not implement, would remove a directory
+// of the parent deeper than the apply removes, or does not fit in the
+// space or inodes free on the snapshotter's filesystem. The parent cannot
+// change in between (it is sealed while it has children) nor can the
+// branch (the shim kills its processes before it asks for the commit).
+func (s *Snapshotter) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node) error {
+	upper := s.contextUpper(r.id(), n.ID)
+	layers := append([]string{s.contextUpper(r.id(), n.Parent)}, s.lowerDirs(r, tree, n.ID)...)
+	needs, err := apply.Measure(ctx, upper, layers)
+	if err != nil {
+		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, contextName(n.Parent), err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.root, &st); err != nil {
+		return fmt.Errorf("free space under %s: %w", s.root, err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if need := needs.Bytes + commitMarginBytes; need > free {
+		return fmt.Errorf("commit of branch %s needs %s, %s free under %s; free space there, or abort the branch: %w",
+			n.ID, megabytes(need), megabytes(free), s.root, errdefs.ErrResourceExhausted)
+	}
+	// A filesystem without a fixed inode table reports none at all.
+	if st.Files > 0 {
+		if need := needs.Inodes + commitMarginInodes; uint64(need) > st.Ffree {
+			return fmt.Errorf("commit of branch %s needs %d inodes, %d free under %s; remove files there, or abort the branch: %w",
+				n.ID, need, st.Ffree, s.root, errdefs.ErrResourceExhausted)
+		}
+	}
+	return nil
+}
+
+func contextName(id string) string {
+	if id == branch.RootID {
+		return "the root"
+	}
+	return "branch " + id
+}
+
+func megabytes(n int64) string {
+	return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+}

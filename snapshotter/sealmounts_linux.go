@@ -1,0 +1,421 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// The per-mount seal: when the superblock's read-only remount is refused
+// (the kernel refuses it while the superblock holds a file unlinked while
+// open, as after a commit replaced a running binary, not only while a file
+// is open for writing), each mount of the overlay is made read-only on its
+// own with mount_setattr(MOUNT_ATTR_RDONLY), which the kernel refuses only
+// while that mount has writers. The mounts are those of every mount
+// namespace: the host's (the live mount the snapshotter finds) and the
+// container's own root, in its namespace, entered from a locked thread.
+
+// nsMount is one mount of an overlay superblock in some mount namespace.
+type nsMount struct {
+	ns       uint64 // the mount namespace (its inode number)
+	pid      int    // a process in it; 0 for this process's own
+	id       uint64 // the mount's id (mountinfo's first field)
+	point    string // its mount point, as pid sees it
+	readonly bool   // read-only on its own (per-mount flag)
+	major    int    // the superblock's device
+	minor    int
+}
+
+// mountNS is the inode number of the mount namespace at path (a
+// /proc/<pid>/ns/mnt).
+func mountNS(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// overlayMountsEverywhere finds every mount, in every mount namespace, of
+// the overlay whose upper directory is upper. Other namespaces are found
+// from /proc/*/ns/mnt, one process each, and matched by the superblock's
+// device, which the host's mount of it gives.
+func overlayMountsEverywhere(upper string) ([]nsMount, error) {
+	self, err := mountNS("/proc/self/ns/mnt")
+	if err != nil {
+		return nil, fmt.Errorf("find this process's mount namespace: %w", err)
+	}
+	own, err := readOverlayMounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []nsMount
+	for _, m := range own {
+		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+			out = append(out, toNSMount(self, 0, m))
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	major, minor := out[0].major, out[0].minor
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	seen := map[uint64]bool{self: true}
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil {
+			continue
+		}
+		ns, err := mountNS("/proc/" + name + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue // gone, or a kernel thread
+		}
+		seen[ns] = true
+		infos, err := pidOverlayMounts(pid)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, m := range infos {
+			if m.Major == major && m.Minor == minor {
+				out = append(out, toNSMount(ns, pid, m))
+			}
+		}
+	}
+	return out, nil
+}
+
+func pidOverlayMounts(pid int) ([]*mountinfo.Info, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("overlay"))
+}
+
+func toNSMount(ns uint64, pid int, m *mountinfo.Info) nsMount {
+	return nsMount{ns: ns, pid: pid, id: uint64(m.ID), point: m.Mountpoint, readonly: hasMountOpt(m.Options, "ro"), major: m.Major, minor: m.Minor}
+}
+
+// nsThread is a locked OS thread that enters other mount namespaces: it
+// unshares its filesystem attributes first (setns into a mount namespace
+// is refused to a thread sharing them), and ends with its goroutine, so
+// it never goes back to the Go runtime in a foreign namespace.
+type nsThread struct {
+	req chan func()
+}
+
+func newNSThread() (*nsThread, error) {
+	t := &nsThread{req: make(chan func())}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread cannot end (the runtime parks it for good
+			// instead), and a process's own namespaces are its main
+			// thread's: hold it while another thread, which this one being
+			// taken cannot be, does the work.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				runtime.LockOSThread()
+				t.run(ready)
+			}()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
+		t.run(ready)
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// run serves t on the calling goroutine's locked thread, never unlocked:
+// the thread leaves this process's filesystem attributes and namespace,
+// so it ends with the goroutine.
+func (t *nsThread) run(ready chan<- error) {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		ready <- fmt.Errorf("unshare filesystem attributes: %w", err)
+		return
+	}
+	ready <- nil
+	for f := range t.req {
+		f()
+	}
+}
+
+func (t *nsThread) do(f func() error) error {
+	done := make(chan error, 1)
+	t.req <- func() { done <- f() }
+	return <-done
+}
+
+func (t *nsThread) close() {
+	if t != nil {
+		close(t.req)
+	}
+}
+
+// mountSealer sets or clears the read-only flag of single mounts, in this
+// process's mount namespace or (through an nsThread made on first need)
+// in another.
+type mountSealer struct {
+	self   uint64
+	thread *nsThread
+}
+
+func newMountSealer() (*mountSealer, error) {
+	self, err := mountNS("/proc/self/ns/mnt")
+	if err != nil {
+		return nil, fmt.Errorf("find this process's mount namespace: %w", err)
+	}
+	return &mountSealer{self: self}, nil
+}
+
+func (s *mountSealer) close() { s.thread.close() }
+
+// set makes mount m read-only (or writable). The mount is opened from this
+// namespace, through /proc/<pid>/root for another one, without following
+// symbolic links (its path is the container's to change), and must be the
+// mount of that id; the flag is then changed from inside its namespace,
+// which mount_setattr requires of an attached mount.
+func (s *mountSealer) set(m nsMount, readonly bool) error {
+	attr := &unix.MountAttr{}
+	if readonly {
+		attr.Attr_set = unix.MOUNT_ATTR_RDONLY
+	} else {
+		attr.Attr_clr = unix.MOUNT_ATTR_RDONLY
+	}
+	fd, err := openMount(m)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if m.ns == s.self {
+		return unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr)
+	}
+	nsfd, err := unix.Open("/proc/"+strconv.Itoa(m.pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the mount namespace of pid %d: %w", m.pid, err)
+	}
+	defer unix.Close(nsfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(nsfd, &st); err != nil || st.Ino != m.ns {
+		return fmt.Errorf("pid %d left mount namespace %d: %w", m.pid, m.ns, unix.ESRCH)
+	}
+	if s.thread == nil {
+		if s.thread, err = newNSThread(); err != nil {
+			return err
+		}
+	}
+	return s.thread.do(func() error {
+		if err := unix.Setns(nsfd, unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("enter mount namespace %d: %w", m.ns, err)
+		}
+		return unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr)
+	})
+}
+
+// openMount opens the root of mount m (O_PATH) and checks its mount id.
+func openMount(m nsMount) (int, error) {
+	var fd int
+	var err error
+	if m.pid == 0 {
+		fd, err = unix.Openat2(unix.AT_FDCWD, m.point, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+	} else {
+		root, rerr := unix.Open("/proc/"+strconv.Itoa(m.pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if rerr != nil {
+			return -1, fmt.Errorf("open the root of pid %d: %w", m.pid, rerr)
+		}
+		if m.point == "/" {
+			fd = root
+		} else {
+			fd, err = unix.Openat2(root, m.point, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+			unix.Close(root)
+		}
+	}
+	if err != nil {
+		return -1, fmt.Errorf("open mount %s: %w", m.point, err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("statx mount %s: %w", m.point, err)
+	}
+	if stx.Mnt_id != m.id {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount %s is mount %d, not %d (moved or covered): %w", m.point, stx.Mnt_id, m.id, unix.ESTALE)
+	}
+	return fd, nil
+}
+
+// writableMounts lists the mounts of upper's overlay that a per-mount seal
+// makes read-only: every mount not read-only of its own (one that is was
+// made so by someone else, and stays so).
+func writableMounts(upper string) (all, writable []nsMount, err error) {
+	all, err = overlayMountsEverywhere(upper)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, m := range all {
+		if !m.readonly {
+			writable = append(writable, m)
+		}
+	}
+	return all, writable, nil
+}
+
+func sealedMounts(ms []nsMount) []branch.SealedMount {
+	out := make([]branch.SealedMount, len(ms))
+	for i, m := range ms {
+		out[i] = branch.SealedMount{NS: m.ns, MountID: m.id, Pid: m.pid}
+	}
+	return out
+}
+
+// sealEach makes each of ms read-only. If one refuses (EBUSY: files are
+// open for writing on it), those done are made writable again and the
+// error names the writers on every mount of the superblock (all). name is
+// the context, for messages.
+func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
+	ms2, err := newMountSealer()
+	if err != nil {
+		return err
+	}
+	defer ms2.close()
+	for i, m := range ms {
+		if err := ms2.set(m, true); err != nil {
+			for _, d := range ms[:i] {
+				if uerr := ms2.set(d, false); uerr != nil {
+					log.G(ctx).WithError(uerr).WithField("mount", d.point).Warn("make a mount writable again after a failed seal")
+				}
+			}
+			if errors.Is(err, unix.EBUSY) {
+				return &branch.WritersError{Context: name, Writers: findWriters(all)}
+			}
+			return fmt.Errorf("make mount %s of %s read-only (namespace %d): %w", m.point, name, m.ns, err)
+		}
+	}
+	return nil
+}
+
+// resolveSealed finds the mounts a per-mount seal recorded as they are
+// now: each in its namespace (entered through the recorded process, or
+// any other of that namespace), by its id. A namespace or mount that is
+// gone is left out: nothing is left to unseal there.
+func resolveSealed(recorded []branch.SealedMount) ([]nsMount, error) {
+	self, err := mountNS("/proc/self/ns/mnt")
+	if err != nil {
+		return nil, err
+	}
+	var pids map[uint64]int // namespace -> a process in it, read on first need
+	var out []nsMount
+	for _, r := range recorded {
+		pid := 0
+		if r.NS != self {
+			pid = r.Pid
+			if ns, err := mountNS("/proc/" + strconv.Itoa(pid) + "/ns/mnt"); err != nil || ns != r.NS {
+				if pids == nil {
+					pids = namespacePids()
+				}
+				if pid = pids[r.NS]; pid == 0 {
+					continue // the namespace is gone
+				}
+			}
+		}
+		var infos []*mountinfo.Info
+		if pid == 0 {
+			infos, err = readOverlayMounts()
+		} else {
+			infos, err = pidOverlayMounts(pid)
+		}
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, m := range infos {
+			if uint64(m.ID) == r.MountID {
+				out = append(out, toNSMount(r.NS, pid, m))
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// namespacePids maps each mount namespace to one process in it.
+func namespacePids() map[uint64]int {
+	out := map[uint64]int{}
+	d, err := os.Open("/proc")
+	if err != nil {
+		return out
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil {
+			continue
+		}
+		if ns, err := mountNS("/proc/" + name + "/ns/mnt"); err == nil {
+			if _, ok := out[ns]; !ok {
+				out[ns] = pid
+			}
+		}
+	}
+	return out
+}
+
+// setEachRecorded sets the read-only flag of every mount a per-mount seal
+// recorded: cleared at unseal, set again at recovery. It goes on past a
+// failure and returns them all.
+func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, readonly bool) error {
+	ms, err := resolveSealed(recorded)
+	if err != nil {
+		return err
+	}
+	sealer, err := newMountSealer()
+	if err != nil {
+		return err
+	}
+	defer sealer.close()
+	var errs []error
+	for _, m := range ms {
+		if err := sealer.set(m, readonly); err != nil {
+			if readonly && errors.Is(err, unix.EBUSY) {
+				err = fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+			}
+			errs = append(errs, fmt.Errorf("set mount %s (namespace %d) read-only=%v: %w", m.point, m.ns, readonly, err))
+			continue
+		}
+		log.G(ctx).WithFields(log.Fields{"mount": m.point, "ns": m.ns, "readonly": readonly}).Debug("per-mount seal changed")
+	}
+	return errors.Join(errs...)
+}
+
+func logSealed(ctx context.Context, name string, ms []nsMount, took time.Duration) {
+	log.G(ctx).WithFields(log.Fields{"context": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount: the superblock holds files unlinked while open")
+}

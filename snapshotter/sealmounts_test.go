@@ -1,0 +1,263 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// inOtherMountNS starts a process in a new mount namespace, a private
+// copy of this one (so it holds a mount of every overlay mounted here, as
+// a container holds its root), running sh -c script; it is killed at
+// cleanup. It returns the process's pid once script has written ready.
+func inOtherMountNS(t *testing.T, script string) int {
+	t.Helper()
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script+"; echo > "+ready+"; exec sleep 100000")
+	// No Pdeathsig: it fires when the thread that started the process
+	// ends, and the seal's namespace threads end.
+	if err := cmd.Start(); err != nil {
+		t.Skipf("unshare: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	for i := 0; ; i++ {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatal("the process in a second mount namespace did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cmd.Process.Pid
+}
+
+func expectEROFS(t *testing.T, what, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("%s: write to %s: got %v, want EROFS", what, path, err)
+	}
+}
+
+func expectWritable(t *testing.T, what, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatalf("%s: write to %s: %v", what, path, err)
+	}
+}
+
+// TestSealPerMountUnlinkedOpen: a parent whose superblock holds a file
+// unlinked while open cannot have its superblock remounted read-only;
+// fork seals it mount by mount instead, in this mount namespace and in a
+// second one (standing for the container's own), and abort makes exactly
+// those mounts writable again, leaving a mount that was read-only of its
+// own read-only.
+func TestSealPerMountUnlinkedOpen(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	writeFile(t, filepath.Join(p, "gone"), "held open\n")
+	f, err := os.Open(filepath.Join(p, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := os.Remove(filepath.Join(p, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	// A read-only bind of the parent's own, which no seal may touch.
+	ro := t.TempDir()
+	if err := unix.Mount(p, ro, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(ro, unix.MNT_DETACH) })
+	if err := unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	pid := inOtherMountNS(t, "true")
+	other := "/proc/" + strconv.Itoa(pid) + "/root" + p
+
+	for round := 0; round < 3; round++ {
+		kids, err := s.Fork(ctx, sb.ctx(""), 2)
+		if err != nil {
+			t.Fatalf("round %d: fork of a parent holding a file unlinked while open: %v", round, err)
+		}
+		tr, err := s.Tree(ctx, sb.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := tr.Nodes[0]; n.SealMode != branch.SealMounts || len(n.SealedMounts) != 2 {
+			t.Fatalf("round %d: root sealed as %q with mounts %v, want %q with 2 (this namespace's and the other's)", round, n.SealMode, n.SealedMounts, branch.SealMounts)
+		}
+		expectEROFS(t, "sealed, this namespace", filepath.Join(p, "x"))
+		expectEROFS(t, "sealed, the other namespace", filepath.Join(other, "x"))
+		// The child sees the parent as it was at the fork.
+		km := mountAt(t, kids[0].Mounts)
+		if got := readFile(t, filepath.Join(km, "app", "main.txt")); got != "version 1\n" {
+			t.Fatalf("child sees %q", got)
+		}
+		if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+			t.Fatal(err)
+		}
+		expectEROFS(t, "one child left", filepath.Join(p, "x"))
+		if _, err := s.Abort(ctx, sb.ctx(kids[1].ID)); err != nil {
+			t.Fatal(err)
+		}
+		expectWritable(t, "unsealed, this namespace", filepath.Join(p, "x"))
+		expectWritable(t, "unsealed, the other namespace", filepath.Join(other, "x"))
+		expectEROFS(t, "a mount read-only of its own", filepath.Join(ro, "x"))
+		tr, _ = s.Tree(ctx, sb.root)
+		if n := tr.Nodes[0]; n.SealedByUs || n.SealMode != "" || n.SealedMounts != nil {
+			t.Fatalf("round %d: unsealed root still records a seal: %+v", round, n.Node)
+		}
+	}
+
+	// A commit unseals the same mounts and applies through the host's.
+	kids, err := s.Fork(ctx, sb.ctx(""), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	km := mountAt(t, kids[0].Mounts)
+	writeFile(t, filepath.Join(km, "app", "main.txt"), "version 2\n")
+	if err := unix.Unmount(km, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitBranch(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(other, "app", "main.txt")); got != "version 2\n" {
+		t.Fatalf("after commit the other namespace sees %q", got)
+	}
+	expectWritable(t, "after commit, the other namespace", filepath.Join(other, "x"))
+}
+
+// TestSealPerMountNamesWriters: a file open for writing through the mount
+// in the second namespace makes the per-mount seal fail, naming the file
+// and the process; nothing stays sealed or forked.
+func TestSealPerMountNamesWriters(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	writeFile(t, filepath.Join(p, "gone"), "held open\n")
+	f, err := os.Open(filepath.Join(p, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := os.Remove(filepath.Join(p, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	pid := inOtherMountNS(t, "exec 3>>"+filepath.Join(p, "app.log"))
+	_, err = s.Fork(ctx, sb.ctx(""), 1)
+	var we *branch.WritersError
+	if !errors.As(err, &we) {
+		t.Fatalf("fork with a writer in another namespace: got %v, want a WritersError", err)
+	}
+	found := false
+	for _, w := range we.Writers {
+		found = found || (w.Pid == pid && w.Command == "sleep" && strings.HasSuffix(w.Path, "/app.log"))
+	}
+	if !found || !strings.Contains(err.Error(), "app.log") || !strings.Contains(err.Error(), "pid "+strconv.Itoa(pid)) {
+		t.Fatalf("error does not name app.log held by pid %d (sleep): %v (%+v)", pid, err, we.Writers)
+	}
+	expectWritable(t, "after a refused fork", filepath.Join(p, "x"))
+	expectWritable(t, "after a refused fork, the other namespace", filepath.Join("/proc", strconv.Itoa(pid), "root", p, "y"))
+	tr, _ := s.Tree(ctx, sb.root)
+	if n := tr.Nodes[0]; len(n.Children) != 0 || n.SealedByUs {
+		t.Fatalf("a refused fork left %+v", n)
+	}
+
+	// The caller froze the writers (here: says so): no remount, no error.
+	kids, err := s.ForkFrom(ctx, sb.ctx(""), 1, "", WithParentFrozen())
+	if err != nil {
+		t.Fatalf("fork with the parent frozen by the caller: %v", err)
+	}
+	tr, _ = s.Tree(ctx, sb.root)
+	if n := tr.Nodes[0]; n.SealMode != branch.SealCaller {
+		t.Fatalf("sealed as %q, want %q", n.SealMode, branch.SealCaller)
+	}
+	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSealPerMountRecovery: a daemon that died after recording a per-mount
+// seal but before setting every flag (here: the flags are cleared behind
+// its back) seals the recorded mounts again at start, and unseals exactly
+// them once the last child ends.
+func TestSealPerMountRecovery(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.Close()
+		}
+	})
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	writeFile(t, filepath.Join(p, "gone"), "held open\n")
+	f, err := os.Open(filepath.Join(p, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := os.Remove(filepath.Join(p, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	pid := inOtherMountNS(t, "true")
+	other := "/proc/" + strconv.Itoa(pid) + "/root" + p
+	kids, err := s.Fork(ctx, sb.ctx(""), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, _ := s.Tree(ctx, sb.root)
+	recorded := tr.Nodes[0].SealedMounts
+	if len(recorded) != 2 {
+		t.Fatalf("recorded %v, want 2 mounts", recorded)
+	}
+	s.Close()
+	closed = true
+	// The flags as a crash before they were set would leave them.
+	if err := setEachRecorded(ctx, recorded, false); err != nil {
+		t.Fatal(err)
+	}
+	expectWritable(t, "flags cleared", filepath.Join(other, "x"))
+
+	s2, err := New(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	expectEROFS(t, "resealed at start, this namespace", filepath.Join(p, "x"))
+	expectEROFS(t, "resealed at start, the other namespace", filepath.Join(other, "x"))
+	if _, err := s2.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	expectWritable(t, "unsealed, this namespace", filepath.Join(p, "x"))
+	expectWritable(t, "unsealed, the other namespace", filepath.Join(other, "x"))
+}
