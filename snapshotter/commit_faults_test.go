@@ -102,6 +102,26 @@ func fill(p string, leave int64) error {
 	}
 }
 
+// removeAndSync removes files on the filesystem at mnt and syncs it: ext4
+// counts the blocks of a removed file as free only once its journal has
+// committed the removal.
+func removeAndSync(t *testing.T, mnt string, files ...string) {
+	t.Helper()
+	for _, f := range files {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // treeStates is every node of a tree with its state, for "nothing changed".
 func treeStates(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox) string {
 	t.Helper()
@@ -201,9 +221,7 @@ func TestCommitRefusedWhenItDoesNotFit(t *testing.T) {
 		t.Fatalf("journal left by a refused commit: %v", entries)
 	}
 
-	if err := os.Remove(filepath.Join(mnt, "filler")); err != nil {
-		t.Fatal(err)
-	}
+	removeAndSync(t, mnt, filepath.Join(mnt, "filler"))
 	res, err := s.CommitBranch(ctx, sb.ctx(kids[0].ID))
 	if err != nil {
 		t.Fatalf("commit once space is free: %v", err)
@@ -341,9 +359,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 			if _, err := f.s.Fork(ctx, f.sb.ctx(kids[0].ID), 1); !errdefs.IsFailedPrecondition(err) {
 				t.Fatalf("fork of a committing branch: %v", err)
 			}
-			if err := os.Remove(filler); err != nil {
-				t.Fatal(err)
-			}
+			removeAndSync(t, f.mnt, filler)
 			switch then {
 			case "abort":
 				gone, err := f.s.Abort(ctx, f.sb.ctx(kids[0].ID))
@@ -420,11 +436,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 			if fillErr != nil {
 				t.Fatal(fillErr)
 			}
-			for _, p := range []string{filler, filler + "-pre"} {
-				if err := os.Remove(p); err != nil {
-					t.Fatal(err)
-				}
-			}
+			removeAndSync(t, f.mnt, filler, filler+"-pre")
 			if err != nil {
 				failed++
 				if !errdefs.IsResourceExhausted(err) {
