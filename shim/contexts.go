@@ -385,6 +385,9 @@ func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 	}}
 	sb.kick, sb.done = kick, make(chan struct{})
 	go c.settle(context.WithoutCancel(ctx), sb)
+	if ms, err := c.hier(); err == nil {
+		holdFreezerKey(ms, spec.Linux.CgroupsPath)
+	}
 	return nil
 }
 
@@ -732,7 +735,7 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 			// Signalled while still frozen, it dies as it thaws, without
 			// running another instruction.
 			signalAll(ctx, dirs[i])
-			if n.fast != nil {
+			if n.fast != nil && heldFrozen(dirs[i]) {
 				// Frozen whole (a frozen cgroup's list of processes is
 				// complete, and none can fork), so nothing of it runs
 				// again: their exits are waited for by release, in the
@@ -1442,6 +1445,9 @@ func (c *contexts) endAll(ctx context.Context, sb *sandbox) {
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()
+	if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
+		releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
+	}
 }
 
 // branchEvent is what a fork, commit, abort or invalidation publishes.

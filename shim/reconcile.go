@@ -70,6 +70,9 @@ func (c *contexts) dropSandbox(ctx context.Context, id string) {
 		sb.closed = true
 		close(sb.done)
 		sb.snapshot.Close()
+		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
+			releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
+		}
 	}
 }
 
@@ -265,12 +268,35 @@ func (c *contexts) hold(ctx context.Context, n *bctx) error {
 	if err != nil {
 		return err
 	}
-	if err := freezeAll(dirsIn(ms, n.cgroup)); err != nil {
+	// A branch whose only process is its waiting init (the branch init,
+	// which never writes to the rootfs) need not be waited for: anything
+	// it starts from now on is born frozen. That wait is a scheduling
+	// delay, milliseconds on a busy machine.
+	alone := 0
+	if n.fast != nil && !n.hasCommand {
+		alone = n.fast.Pid()
+	}
+	if err := freezeAll(dirsIn(ms, n.cgroup), alone); err != nil {
 		_ = thawAll(dirsIn(ms, n.cgroup))
 		return err
 	}
 	n.held = true
 	return nil
+}
+
+// heldFrozen says whether a held branch is frozen by now: every process of
+// it stopped, so the list of its processes is complete.
+func heldFrozen(dirs []cgroupMount) bool {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return false
+	}
+	if d.freezer {
+		b, err := os.ReadFile(filepath.Join(d.dir, "freezer.state"))
+		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
+	}
+	b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), "frozen 1")
 }
 
 // unhold thaws a branch held for a commit that was not made.
@@ -303,8 +329,8 @@ func freezerOf(dirs []cgroupMount) (cgroupMount, bool) {
 }
 
 // freezeAll freezes a cgroup and everything below it, and waits until it
-// is frozen.
-func freezeAll(dirs []cgroupMount) error {
+// is frozen, unless its only process is alone (not 0).
+func freezeAll(dirs []cgroupMount, alone int) error {
 	d, ok := freezerOf(dirs)
 	if !ok {
 		return fmt.Errorf("no freezer for cgroup: %w", errdefs.ErrNotImplemented)
@@ -316,6 +342,9 @@ func freezeAll(dirs []cgroupMount) error {
 	}
 	if err := os.WriteFile(file, []byte(value), 0); err != nil {
 		return fmt.Errorf("freeze %s: %w", d.dir, err)
+	}
+	if pids := subtreePids([]cgroupMount{d}); alone > 0 && len(pids) == 1 && pids[0] == alone {
+		return nil
 	}
 	check := file
 	if !d.freezer {
@@ -340,6 +369,41 @@ func freezeAll(dirs []cgroupMount) error {
 		if delay < 160*time.Microsecond {
 			delay *= 2
 		}
+	}
+}
+
+// freezerKey is a child cgroup of a sandbox's, empty and frozen (v1
+// freezer) while the sandbox has branches loaded: the kernel turns its
+// freezer on and off (a static key, patched into running code on every
+// CPU) as the first cgroup starts freezing and the last thaws, which
+// costs milliseconds on a busy machine; held on, freezing and thawing a
+// branch for a commit only counts.
+const freezerKey = ".freezer-key"
+
+// holdFreezerKey freezes an empty child of cgroup path on the v1 freezer
+// hierarchy, if there is one.
+func holdFreezerKey(ms []cgroupMount, path string) {
+	for _, d := range dirsIn(ms, path) {
+		if !d.freezer {
+			continue
+		}
+		key := filepath.Join(d.dir, freezerKey)
+		if err := os.Mkdir(key, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return
+		}
+		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("FROZEN"), 0)
+	}
+}
+
+// releaseFreezerKey thaws and removes what holdFreezerKey made.
+func releaseFreezerKey(ms []cgroupMount, path string) {
+	for _, d := range dirsIn(ms, path) {
+		if !d.freezer {
+			continue
+		}
+		key := filepath.Join(d.dir, freezerKey)
+		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("THAWED"), 0)
+		_ = unix.Rmdir(key)
 	}
 }
 
