@@ -325,9 +325,10 @@ func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
 
 // resolveSealed finds the mounts a per-mount seal recorded as they are
 // now: each in its namespace (entered through the recorded process, or
-// any other of that namespace), by its id. A namespace or mount that is
-// gone is left out: nothing is left to unseal there.
-func resolveSealed(recorded []branch.SealedMount) ([]nsMount, error) {
+// any other of that namespace), by its id, and still of the overlay whose
+// upper is upper (an id is reused once its mount is gone). A namespace or
+// mount that is gone is left out: nothing is left to unseal there.
+func resolveSealed(recorded []branch.SealedMount, upper string) ([]nsMount, error) {
 	self, err := mountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, err
@@ -357,7 +358,7 @@ func resolveSealed(recorded []branch.SealedMount) ([]nsMount, error) {
 			continue // gone meanwhile
 		}
 		for _, m := range infos {
-			if uint64(m.ID) == r.MountID {
+			if uint64(m.ID) == r.MountID && hasMountOpt(m.VFSOptions, "upperdir="+upper) {
 				out = append(out, toNSMount(r.NS, pid, m))
 				break
 			}
@@ -390,10 +391,10 @@ func namespacePids() map[uint64]int {
 }
 
 // setEachRecorded sets the read-only flag of every mount a per-mount seal
-// recorded: cleared at unseal, set again at recovery. It goes on past a
+// of the overlay whose upper is upper recorded: cleared at unseal, set again at recovery. It goes on past a
 // failure and returns them all.
-func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, readonly bool) error {
-	ms, err := resolveSealed(recorded)
+func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper string, readonly bool) error {
+	ms, err := resolveSealed(recorded, upper)
 	if err != nil {
 		return err
 	}
