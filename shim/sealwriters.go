@@ -33,7 +33,9 @@ import (
 //     lifetime (a log being written, a database, a dev server would
 //     otherwise make the sandbox unforkable). A writer outside them (a
 //     process on the host writing through the rootfs path) is named in the
-//     error: only closing its file helps.
+//     error: only closing its file helps. A fork asked for from inside
+//     the sandbox (branchctl self fork) is not frozen so: its caller may be
+//     one of those processes, and may mean to drive the branches itself.
 //
 // The parent is thawed by unsealIfIdle when its last branch ends, or here
 // if the fork fails.
@@ -57,7 +59,7 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 	// the writers): a context whose last fork found its own processes
 	// writing has just theirs checked, and is frozen at once if they still
 	// are.
-	if parent.writers && !parent.frozen {
+	if parent.writers && !parent.frozen && !isSelfFork(ctx) {
 		if ownWriters(parent.cgroup, initPid) {
 			if err := freezeOwn(ctx, parent.cgroup); err != nil {
 				return nil, err
@@ -71,6 +73,12 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 	var we *branch.WritersError
 	if err == nil || !errors.As(err, &we) || parent.frozen {
 		return infos, err
+	}
+	if isSelfFork(ctx) {
+		// The caller is one of the processes the freeze would stop, and
+		// may be the one to drive the branches: it is told, and asks for
+		// --seal freeze if it means it.
+		return nil, err
 	}
 	if outside := writersOutside(parent.cgroup, we.Writers); len(outside) > 0 || len(we.Writers) == 0 {
 		return nil, fmt.Errorf("fork %s of %s: %w", parent.id, sb.id, &branch.WritersError{Context: we.Context, Writers: outside})
@@ -185,4 +193,16 @@ func inCgroup(pid int, cgroup string) bool {
 		}
 	}
 	return false
+}
+
+// selfForkKey marks a fork asked for through a context's own socket.
+type selfForkKey struct{}
+
+func withSelfFork(ctx context.Context) context.Context {
+	return context.WithValue(ctx, selfForkKey{}, true)
+}
+
+func isSelfFork(ctx context.Context) bool {
+	v, _ := ctx.Value(selfForkKey{}).(bool)
+	return v
 }
