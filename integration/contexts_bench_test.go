@@ -188,6 +188,69 @@ func BenchmarkContextFork(b *testing.B) {
 	}
 }
 
+// openFilesWorkload is run in a sandbox to hold 10 files of its rootfs
+// open for writing and 10 unlinked while open, each by a process of its
+// own, as a dev server, a database and replaced binaries would.
+const openFilesWorkload = "for i in 1 2 3 4 5 6 7 8 9 10; do " +
+	"(exec 3>>/w$i; exec sleep 100000) & " +
+	"(echo x > /u$i; exec 3</u$i; rm /u$i; exec sleep 100000) & " +
+	"done; sleep 0.5; touch /open.ready"
+
+// unlinkedWorkload holds only 10 files unlinked while open: the seal is
+// made mount by mount.
+const unlinkedWorkload = "for i in 1 2 3 4 5 6 7 8 9 10; do " +
+	"(echo x > /u$i; exec 3</u$i; rm /u$i; exec sleep 100000) & " +
+	"done; sleep 0.5; touch /open.ready"
+
+// BenchmarkContextForkOpenFiles: fork of n branches of a running
+// 10,000-file sandbox whose processes hold 10 files open for writing and
+// 10 unlinked while open (impl=branch: the default seal freezes them),
+// against the same fork of a sandbox holding none (impl=plain), in the
+// same run. Target: at most 1.5x plain, per branch. The other rows (which
+// benchtable shows as more baselines of impl=branch): a sandbox holding
+// only 10 files unlinked while open (impl=unlinked: sealed mount by
+// mount), and --seal freeze of the plain and open-files sandboxes.
+func BenchmarkContextForkOpenFiles(b *testing.B) {
+	ctx, env, _, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	plain, _ := benchSandbox(b, ctx, env, "bplain")
+	open, _ := benchSandbox(b, ctx, env, "bopen")
+	unlinked, _ := benchSandbox(b, ctx, env, "bunlinked")
+	for id, workload := range map[string]string{"bopen": openFilesWorkload, "bunlinked": unlinkedWorkload} {
+		if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "open", id, "sh", "-c", "("+workload+") </dev/null >/dev/null 2>&1 &"); err != nil {
+			b.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "openready", id, "test", "-e", "/open.ready"); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("open files workload did not start")
+			}
+		}
+	}
+	for _, n := range []int{1, 8} {
+		for _, tc := range []struct {
+			impl, seal string
+			sc         *branch.SandboxClient
+		}{{"plain", "", plain}, {"branch", "", open}, {"unlinked", "", unlinked}, {"plain-freeze", "freeze", plain}, {"openfiles-freeze", "freeze", open}} {
+			b.Run(fmt.Sprintf("n=%d/impl=%s", n, tc.impl), func(b *testing.B) {
+				quiesce(b)
+				for b.Loop() {
+					kids, err := tc.sc.Fork(ctx, branch.ForkOptions{Count: n, Seal: tc.seal})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					abortAll(b, ctx, tc.sc, kids)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+			})
+		}
+	}
+}
+
 // BenchmarkContextForkSeccomp: fork of n branches of a running 10,000-file
 // sandbox with containerd's default seccomp profile (ctr run --seccomp:
 // what nerdctl and the CRI's RuntimeDefault give), whose branches the

@@ -213,3 +213,30 @@ func TestContextsSealWriterOutside(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestContextsSealSelfForkWriters: a fork asked for from inside a sandbox
+// whose processes write a file is not frozen behind its caller's back (the
+// caller is one of them, and may mean to drive its branches): it fails,
+// naming the file; --seal freeze forks, and the caller's branch commits
+// itself, which thaws it.
+func TestContextsSealSelfForkWriters(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importInsockImage(t, ctx, env)
+	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; exec sleep 100000")
+	startInSandbox(t, ctx, env, logWriter, "/log.ready")
+	out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "-n", "1")
+	if err == nil || !strings.Contains(out+err.Error(), "/log") || !strings.Contains(out+err.Error(), "open for writing") {
+		t.Fatalf("self fork with a writer: %q %v; want a refusal naming /log", out, err)
+	}
+	if _, err := execIn(ctx, env, "sb", "sh", "-c", "echo y > /state"); err != nil {
+		t.Fatalf("sandbox after the refused self fork: %v", err)
+	}
+	// With --seal freeze the caller freezes too, until its branch, which
+	// commits itself, ends.
+	if out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "-n", "1", "--seal", "freeze", "--", "sh", "-c", "echo from-branch > /committed && branchctl self commit"); err != nil {
+		t.Fatalf("self fork --seal freeze: %q %v", out, err)
+	}
+	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/committed"); return out == "from-branch\n" })
+	n0, _ := execIn(ctx, env, "sb", "sh", "-c", "wc -l < /log")
+	waitFor(t, func() bool { n, _ := execIn(ctx, env, "sb", "sh", "-c", "wc -l < /log"); return n != n0 })
+}

@@ -202,6 +202,7 @@ type bctx struct {
 	net        string
 	seal       string // how this context is sealed while it has children
 	frozen     bool
+	writers    bool            // its last fork found its processes writing (sealwriters.go)
 	container  *runc.Container // run by the runtime; nil for the sandbox
 	fast       *fastCtx        // run by the branch init; nil for the sandbox
 	limits     *shimv1.Limits  // given at fork
@@ -481,7 +482,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
-	infos, err := c.sealFork(ctx, sb, parent, req)
+	infos, err := c.sealFork(ctx, sb, parent, pid, req)
 	if err != nil {
 		return nil, err
 	}

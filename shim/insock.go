@@ -404,7 +404,7 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.c.Fork(ctx, &shimv1.ForkRequest{
+	resp, err := s.c.Fork(withSelfFork(ctx), &shimv1.ForkRequest{
 		Sandbox: s.sandbox, Parent: parent, Count: req.Count, Seal: req.Seal, Net: req.Net,
 		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint,
 	})

@@ -1394,7 +1394,7 @@ func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper st
 	case branch.SealCaller:
 		return nil
 	case branch.SealMounts:
-		return setEachRecorded(ctx, n.SealedMounts, sealed)
+		return setEachRecorded(ctx, n.SealedMounts, upper, sealed)
 	}
 	live := mounts.live(upper)
 	if live.target == "" || live.readonly == sealed {

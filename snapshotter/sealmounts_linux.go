@@ -308,7 +308,15 @@ func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
 	}
 	defer ms2.close()
 	for i, m := range ms {
-		if err := ms2.set(m, true); err != nil {
+		err := ms2.set(m, true)
+		if err != nil && !errors.Is(err, unix.EBUSY) && m.pid != 0 && !stillMounted(m) {
+			// A namespace that ended, or dropped the mount, meanwhile (a
+			// container or branch being set up holds a copy of the host's
+			// mounts for a moment): nothing left to seal there.
+			log.G(ctx).WithError(err).WithFields(log.Fields{"mount": m.point, "ns": m.ns}).Debug("per-mount seal: mount gone meanwhile")
+			continue
+		}
+		if err != nil {
 			for _, d := range ms[:i] {
 				if uerr := ms2.set(d, false); uerr != nil {
 					log.G(ctx).WithError(uerr).WithField("mount", d.point).Warn("make a mount writable again after a failed seal")
@@ -325,9 +333,10 @@ func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
 
 // resolveSealed finds the mounts a per-mount seal recorded as they are
 // now: each in its namespace (entered through the recorded process, or
-// any other of that namespace), by its id. A namespace or mount that is
-// gone is left out: nothing is left to unseal there.
-func resolveSealed(recorded []branch.SealedMount) ([]nsMount, error) {
+// any other of that namespace), by its id, and still of the overlay whose
+// upper is upper (an id is reused once its mount is gone). A namespace or
+// mount that is gone is left out: nothing is left to unseal there.
+func resolveSealed(recorded []branch.SealedMount, upper string) ([]nsMount, error) {
 	self, err := mountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, err
@@ -357,13 +366,31 @@ func resolveSealed(recorded []branch.SealedMount) ([]nsMount, error) {
 			continue // gone meanwhile
 		}
 		for _, m := range infos {
-			if uint64(m.ID) == r.MountID {
+			if uint64(m.ID) == r.MountID && hasMountOpt(m.VFSOptions, "upperdir="+upper) {
 				out = append(out, toNSMount(r.NS, pid, m))
 				break
 			}
 		}
 	}
 	return out, nil
+}
+
+// stillMounted says whether mount m is still in its namespace, as its
+// process sees it (a process or namespace gone says no).
+func stillMounted(m nsMount) bool {
+	if ns, err := mountNS("/proc/" + strconv.Itoa(m.pid) + "/ns/mnt"); err != nil || ns != m.ns {
+		return false
+	}
+	infos, err := pidOverlayMounts(m.pid)
+	if err != nil {
+		return false
+	}
+	for _, i := range infos {
+		if uint64(i.ID) == m.id {
+			return true
+		}
+	}
+	return false
 }
 
 // namespacePids maps each mount namespace to one process in it.
@@ -390,10 +417,10 @@ func namespacePids() map[uint64]int {
 }
 
 // setEachRecorded sets the read-only flag of every mount a per-mount seal
-// recorded: cleared at unseal, set again at recovery. It goes on past a
+// of the overlay whose upper is upper recorded: cleared at unseal, set again at recovery. It goes on past a
 // failure and returns them all.
-func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, readonly bool) error {
-	ms, err := resolveSealed(recorded)
+func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper string, readonly bool) error {
+	ms, err := resolveSealed(recorded, upper)
 	if err != nil {
 		return err
 	}
@@ -405,6 +432,9 @@ func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, readonl
 	var errs []error
 	for _, m := range ms {
 		if err := sealer.set(m, readonly); err != nil {
+			if m.pid != 0 && !errors.Is(err, unix.EBUSY) && !stillMounted(m) {
+				continue // gone meanwhile: nothing to change there
+			}
 			if readonly && errors.Is(err, unix.EBUSY) {
 				err = fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 			}

@@ -240,10 +240,11 @@ func TestSealPerMountRecovery(t *testing.T) {
 	if len(recorded) != 2 {
 		t.Fatalf("recorded %v, want 2 mounts", recorded)
 	}
+	upper := s.contextUpper(s.mustID(t, ctx, sb.key), branch.RootID)
 	s.Close()
 	closed = true
 	// The flags as a crash before they were set would leave them.
-	if err := setEachRecorded(ctx, recorded, false); err != nil {
+	if err := setEachRecorded(ctx, recorded, upper, false); err != nil {
 		t.Fatal(err)
 	}
 	expectWritable(t, "flags cleared", filepath.Join(other, "x"))

@@ -19,10 +19,14 @@ import (
 const maxWriters = 32
 
 // findWriters names the processes that hold a file of the given mounts
-// (of one superblock) open for writing, from /proc/*/fdinfo (a file's
-// mnt_id and open flags), or mapped shared and writable, from
-// /proc/*/maps (the superblock's device): what makes the kernel refuse
-// to make such a mount read-only. Only called once a seal was refused.
+// (of one superblock) open for writing: what makes the kernel refuse to
+// make such a mount read-only. Each descriptor of each process is checked
+// with one statx of its /proc link, which gives the mount the file was
+// opened through; only those on the mounts have their open flags read
+// (fdinfo). If no descriptor is found, shared writable mappings of the
+// superblock's device (/proc/*/maps) are looked for: a mapping keeps its
+// file open after its descriptor is closed. Only called once a seal was
+// refused; it costs a few syscalls per open file on the machine.
 func findWriters(ms []nsMount) []branch.Writer {
 	if len(ms) == 0 {
 		return nil
@@ -31,7 +35,6 @@ func findWriters(ms []nsMount) []branch.Writer {
 	for _, m := range ms {
 		ids[m.id] = true
 	}
-	dev := fmt.Sprintf("%02x:%02x", ms[0].major, ms[0].minor)
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
@@ -39,31 +42,33 @@ func findWriters(ms []nsMount) []branch.Writer {
 	names, _ := d.Readdirnames(-1)
 	d.Close()
 	var out []branch.Writer
-	for _, name := range names {
-		pid, err := strconv.Atoi(name)
-		if err != nil {
-			continue
+	add := func(name, path string) {
+		pid, _ := strconv.Atoi(name)
+		for _, w := range out {
+			if w.Pid == pid && w.Path == path {
+				return
+			}
 		}
-		comm := ""
-		add := func(path string) {
-			if comm == "" {
-				b, _ := os.ReadFile("/proc/" + name + "/comm")
-				comm = strings.TrimSpace(string(b))
-			}
-			for _, w := range out {
-				if w.Pid == pid && w.Path == path {
-					return
-				}
-			}
-			out = append(out, branch.Writer{Pid: pid, Command: comm, Path: path})
+		b, _ := os.ReadFile("/proc/" + name + "/comm")
+		out = append(out, branch.Writer{Pid: pid, Command: strings.TrimSpace(string(b)), Path: path})
+	}
+	var stx unix.Statx_t
+	for _, name := range names {
+		if _, err := strconv.Atoi(name); err != nil {
+			continue
 		}
 		fdDir := "/proc/" + name + "/fd/"
-		fds, err := os.ReadDir("/proc/" + name + "/fdinfo")
+		f, err := os.Open(fdDir)
 		if err != nil {
 			continue
 		}
+		fds, _ := f.Readdirnames(-1)
+		f.Close()
 		for _, fd := range fds {
-			b, err := os.ReadFile("/proc/" + name + "/fdinfo/" + fd.Name())
+			if unix.Statx(unix.AT_FDCWD, fdDir+fd, unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &stx) != nil || !ids[stx.Mnt_id] {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + name + "/fdinfo/" + fd)
 			if err != nil {
 				continue
 			}
@@ -71,23 +76,35 @@ func findWriters(ms []nsMount) []branch.Writer {
 			if !ok || !ids[mnt] || flags&unix.O_ACCMODE == unix.O_RDONLY {
 				continue
 			}
-			path, err := os.Readlink(fdDir + fd.Name())
-			if err != nil {
-				continue
+			if path, err := os.Readlink(fdDir + fd); err == nil {
+				add(name, path)
 			}
-			add(path)
 		}
-		if f, err := os.Open("/proc/" + name + "/maps"); err == nil {
-			sc := bufio.NewScanner(f)
-			for sc.Scan() {
-				// address perms offset dev inode path
-				fs := strings.Fields(sc.Text())
-				if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][1] == 'w' && fs[1][3] == 's' && fs[3] == dev {
-					add(strings.Join(fs[5:], " ") + " (mapped)")
-				}
+		if len(out) >= maxWriters {
+			return out
+		}
+	}
+	if len(out) > 0 {
+		return out
+	}
+	dev := fmt.Sprintf("%02x:%02x", ms[0].major, ms[0].minor)
+	for _, name := range names {
+		if _, err := strconv.Atoi(name); err != nil {
+			continue
+		}
+		f, err := os.Open("/proc/" + name + "/maps")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// address perms offset dev inode path
+			fs := strings.Fields(sc.Text())
+			if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][1] == 'w' && fs[1][3] == 's' && fs[3] == dev {
+				add(name, strings.Join(fs[5:], " ")+" (mapped)")
 			}
-			f.Close()
 		}
+		f.Close()
 		if len(out) >= maxWriters {
 			break
 		}
