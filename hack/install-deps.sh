@@ -4,9 +4,11 @@
 # runtime containerd-shim-runc-v2 drives) and libseccomp-dev (seccomp in
 # containerd-shim-branch-v1, built with cgo) and systemd (systemd-analyze
 # checks the installed units) and iproute2 (the CRI tests' CNI plugin) and
-# gcc with libc6-dev (cgo, and the static branch init links libc.a).
+# gcc with libc6-dev (cgo, and the static branch init links libc.a) and
+# e2fsprogs with mount (the out-of-space commit tests make a small ext4 on
+# a loop device: mkfs.ext4, losetup).
 set -euo pipefail
-pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev)
+pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev e2fsprogs mount)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
