@@ -6,7 +6,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -14,27 +16,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// crash stands for the daemon's death at a fault point: the hook panics
-// with it and the test recovers, leaving everything as a SIGKILL would
-// (decision stored, mounts in place, nothing after the point run).
-type crash struct{}
-
+// commitCrashingAt runs a commit of c that stops dead at fault point, as a
+// SIGKILL there would: the decision is stored, mounts are in place, and
+// nothing after the point runs. The part of a commit after its decision
+// runs on a goroutine of its own; the hook ends that goroutine (its
+// deferred unlocks run, as the kernel drops a dead daemon's locks) and
+// cancels the caller, which would otherwise wait for it.
 func commitCrashingAt(t *testing.T, ctx context.Context, s *Snapshotter, point string, c Context) {
 	t.Helper()
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var fired atomic.Bool
 	s.faultHook = func(p string) {
 		if p == point {
-			panic(crash{})
+			fired.Store(true)
+			cancel()
+			runtime.Goexit()
 		}
 	}
-	defer func() {
-		s.faultHook = nil
-		if r := recover(); r == nil {
-			t.Fatalf("commit of %s did not reach fault point %s", c, point)
-		} else if _, ok := r.(crash); !ok {
-			panic(r)
-		}
-	}()
-	_, _ = s.CommitBranch(ctx, c)
+	_, _ = s.CommitBranch(cctx, c)
+	s.commitWG.Wait()
+	s.faultHook = nil
+	if !fired.Load() {
+		t.Fatalf("commit of %s did not reach fault point %s", c, point)
+	}
 }
 
 // TestQuarantine: a tree whose recovery fails at start (a decided commit
