@@ -405,10 +405,9 @@ func TestBranchQuarantineDaemon(t *testing.T) {
 	if err := unix.Removexattr(redirect, "trusted.overlay.redirect"); err != nil {
 		t.Fatal(err)
 	}
-	// The retry completes the commit (a retried commit that already
-	// succeeded may also say so).
-	if _, err := c.Commit(ctx, branch.Ref{Root: root, Branch: kids[0].ID}); err != nil && !strings.Contains(err.Error(), "was committed") {
-		t.Fatalf("retried commit once the cause is gone: %v", err)
+	// The retry completes the commit and answers with its result.
+	if res, err := c.Commit(ctx, branch.Ref{Root: root, Branch: kids[0].ID}); err != nil || len(res.Invalidated) != 1 || res.Invalidated[0] != kids[1].ID {
+		t.Fatalf("retried commit once the cause is gone: %+v, %v; want it to report invalidating branch %s", res, err, kids[1].ID)
 	}
 	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "won\n" {
 		t.Fatalf("sandbox reads %q (%v) after the retried commit", out, err)

@@ -788,6 +788,9 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c Context) (CommitResult
 		// error said it would be.
 		if _, err := s.recoverRoot(ctx, r.id()); err == nil {
 			s.quarantined.lift(r.id())
+			// Recovered (the commit completed, perhaps): look again, so
+			// that a completed commit answers with its result.
+			return CommitResult{}, errCheckAgain
 		} else {
 			s.quarantined.add(r.id(), err)
 		}
