@@ -152,17 +152,7 @@ func BenchmarkContextFork(b *testing.B) {
 	sc, upper := benchSandbox(b, ctx, env, "bfork")
 	for _, n := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("n=%d/impl=branch", n), func(b *testing.B) {
-			quiesce(b)
-			for b.Loop() {
-				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				abortAll(b, ctx, sc, kids)
-				b.StartTimer()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+			benchForks(b, ctx, sc, n)
 		})
 		if n > 8 {
 			continue // 64 copies of 10,000 files per iteration is minutes
@@ -282,17 +272,7 @@ func BenchmarkContextForkSeccomp(b *testing.B) {
 	for _, r := range rows {
 		n, sc := r.n, scs[r.impl]
 		b.Run(fmt.Sprintf("n=%d/impl=%s", n, r.impl), func(b *testing.B) {
-			quiesce(b)
-			for b.Loop() {
-				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				abortAll(b, ctx, sc, kids)
-				b.StartTimer()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
+			benchForks(b, ctx, sc, n)
 		})
 	}
 }
@@ -591,4 +571,20 @@ func BenchmarkContextPageCache(b *testing.B) {
 			b.ReportMetric(float64(cached)/float64(b.N), "cached-bytes")
 		})
 	}
+}
+
+// benchForks times forks of n branches of sc, each aborted untimed, and
+// reports the time per branch.
+func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n int) {
+	quiesce(b)
+	for b.Loop() {
+		kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		abortAll(b, ctx, sc, kids)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
 }

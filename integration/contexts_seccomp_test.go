@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	cseccomp "github.com/containerd/containerd/v2/contrib/seccomp"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -38,29 +37,7 @@ func importSysprobeImage(t *testing.T, ctx context.Context, env *harness.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tool, err := harness.FileLayer("bin/sysprobe", 0o755, data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := harness.BusyboxLayer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(t.TempDir(), "sysprobe.tar")
-	out, err := os.Create(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = harness.WriteImage(out, sysprobeImage, ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/"}, base, tool)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Ctr(ctx, "images", "import", "--snapshotter", "branch", archive); err != nil {
-		t.Fatal(err)
-	}
+	importToolImage(t, ctx, env, sysprobeImage, "bin/sysprobe", data)
 }
 
 // runProbeSandbox runs sandbox id of the sysprobe image with ctr's extra

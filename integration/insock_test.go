@@ -40,7 +40,14 @@ func importInsockImage(t *testing.T, ctx context.Context, env *harness.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tool, err := harness.FileLayer("bin/branchctl", 0o755, data)
+	importToolImage(t, ctx, env, insockImage, "bin/branchctl", data)
+}
+
+// importToolImage imports image ref, busybox with the executable data at
+// path, unpacked into the branch snapshotter.
+func importToolImage(t *testing.T, ctx context.Context, env *harness.Env, ref, path string, data []byte) {
+	t.Helper()
+	tool, err := harness.FileLayer(path, 0o755, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,12 +55,12 @@ func importInsockImage(t *testing.T, ctx context.Context, env *harness.Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	archive := filepath.Join(t.TempDir(), "insock.tar")
+	archive := filepath.Join(t.TempDir(), "image.tar")
 	out, err := os.Create(archive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = harness.WriteImage(out, insockImage, ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/"}, base, tool)
+	err = harness.WriteImage(out, ref, ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/"}, base, tool)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
