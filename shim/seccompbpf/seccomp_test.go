@@ -53,6 +53,18 @@ func loadAndSpin(path string) {
 		os.Exit(1)
 	}
 	runtime.LockOSThread()
+	// No signal may reach the filtered thread: an allow-list profile
+	// refuses rt_sigreturn, so the thread would crash on the way back
+	// from a handler (Go's preemption signal, SIGURG, above all) and be
+	// exiting when the test attaches (ptrace: EPERM).
+	all := unix.Sigset_t{}
+	for i := range all.Val {
+		all.Val[i] = ^uint64(0)
+	}
+	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &all, nil); err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
 	fmt.Println("TID", unix.Gettid())
 	// runc loads without TSYNC: only this thread is filtered.
 	if _, err := seccomp.InitSeccomp(cfg); err != nil {
@@ -77,7 +89,9 @@ func kernelFilter(t *testing.T, profile *specs.LinuxSeccomp) []unix.SockFilter {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loadEnv+"="+path)
+	// Without asynchronous preemption the runtime sends the spinning
+	// thread no SIGURG (blocked there too, see loadAndSpin).
+	cmd.Env = append(os.Environ(), loadEnv+"="+path, "GODEBUG=asyncpreemptoff=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +117,14 @@ func kernelFilter(t *testing.T, profile *specs.LinuxSeccomp) []unix.SockFilter {
 		if time.Now().After(deadline) {
 			t.Fatalf("runc did not load the filter: %s", b)
 		}
+	}
+	// What Go's preemption does at any moment, done here on purpose: the
+	// thread must survive it (see loadAndSpin).
+	if err := unix.Tgkill(cmd.Process.Pid, tid, unix.SIGURG); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(status); !sigPending(string(b), unix.SIGURG) {
+		t.Fatalf("SIGURG was not held back on the filtered thread: %s", b)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -135,6 +157,18 @@ func kernelFilter(t *testing.T, profile *specs.LinuxSeccomp) []unix.SockFilter {
 		t.Fatal(err)
 	}
 	return prog
+}
+
+// sigPending reports whether status (a /proc task status) shows sig
+// pending for the thread.
+func sigPending(status string, sig unix.Signal) bool {
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, "SigPnd:\t"); ok {
+			mask, err := strconv.ParseUint(v, 16, 64)
+			return err == nil && mask&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	return false
 }
 
 func errnoRet(v uint) *uint { return &v }
