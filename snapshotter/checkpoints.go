@@ -552,7 +552,10 @@ func (s *Snapshotter) Rollback(ctx context.Context, c Context, name string) erro
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again completes it): sync branch metadata: %w", c, name, err)
 	}
 	s.fault(FaultRollbackDecided)
-	if err := s.finishRollback(ctx, r, id, name); err != nil {
+	// Decided: carried through even if the caller goes away (a shim
+	// killed, a client that gave up), or the context would stay pending,
+	// its checkpoint undeletable, until a restart.
+	if err := s.finishRollback(context.WithoutCancel(ctx), r, id, name); err != nil {
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again, or a restart, completes it): %w", c, name, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -458,4 +459,46 @@ func TestCheckpointOfBranch(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameTree(t, "branch after rollback", want, d)
+}
+
+// TestRollbackCallerCancelled: a rollback whose caller goes away once it is
+// decided (a shim killed, a client that gives up) is completed all the
+// same, not left pending until a restart: the context shows the
+// checkpoint and the checkpoint can be deleted at once.
+func TestRollbackCallerCancelled(t *testing.T) {
+	ctx, s0 := newTest(t)
+	s0.Close()
+	var cancelAt atomic.Pointer[context.CancelFunc]
+	s, err := New(ctx, s0.Root(), WithFaultHook(func(p string) {
+		if c := cancelAt.Load(); c != nil && p == FaultRollbackDecided {
+			(*c)()
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	live := mountAt(t, rm)
+	want := scan(t, live)
+	if _, err := s.Checkpoint(ctx, sb.ctx(""), "clean"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		if err := os.WriteFile(filepath.Join(live, fmt.Sprintf("f%04d", i)), []byte("later"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cancelAt.Store(&cancel)
+	if err := s.Rollback(cctx, sb.ctx(""), "clean"); err != nil {
+		t.Logf("the cancelled caller was told: %v", err)
+	}
+	cancelAt.Store(nil)
+	sameTree(t, "after a rollback whose caller left", want, live)
+	if err := s.DeleteCheckpoint(ctx, sb.root, "clean"); err != nil {
+		t.Fatalf("delete the checkpoint after the rollback: %v", err)
+	}
 }
