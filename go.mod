@@ -22,6 +22,7 @@ require (
 	github.com/sirupsen/logrus v1.9.3
 	go.etcd.io/bbolt v1.4.3
 	golang.org/x/sys v0.38.0
+	golang.org/x/time v0.14.0
 	google.golang.org/grpc v1.76.0
 	google.golang.org/protobuf v1.36.10
 )

@@ -36,6 +36,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -100,6 +101,11 @@ type contexts struct {
 
 	insock selfSocks // the branch sockets inside sandboxes (insock.go)
 
+	// The node's bounds on sandboxes (bounds.go), from the environment; a
+	// bad setting fails every sandbox's creation, naming it.
+	nodeBounds    bounds
+	nodeBoundsErr error
+
 	// The host's cgroup hierarchies, read once: they are mounted at boot,
 	// and reading the mount table at every fork, commit and listing
 	// costs more than the rest of a listing.
@@ -134,6 +140,9 @@ type sandbox struct {
 	id, ns, bundle string
 	upper          string
 	opts           *options.Options
+	bounds         bounds        // its live-branch, depth and fork-rate bounds (bounds.go)
+	forks          *rate.Limiter // its in-sandbox forks, at its fork rate
+	output         *outputBudget // the output kept for its socket's un-waited processes (insock.go)
 
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
@@ -244,6 +253,7 @@ func newContexts(ctx context.Context, self string, publisher cshim.Publisher, ta
 		pending:   map[int]pendingExit{},
 		events:    make(chan queuedEvent, 1024),
 	}
+	c.nodeBounds, c.nodeBoundsErr = readNodeBounds()
 	ec := reaper.Default.Subscribe()
 	go c.reap(ec)
 	go c.forward()
@@ -308,7 +318,7 @@ func (c *contexts) watch(p process.Process, started time.Time) {
 
 // addSandbox records a container as it is created; its rootfs mounts name
 // its snapshot.
-func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, opts *options.Options) {
+func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, opts *options.Options, b bounds) {
 	ns, _ := namespaces.Namespace(ctx)
 	upper := ""
 	for _, m := range r.Rootfs {
@@ -323,7 +333,10 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	if _, ok := c.sandboxes[r.ID]; ok {
 		return // added before its creation, to settle it (Create)
 	}
-	c.sandboxes[r.ID] = &sandbox{id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, stoppedCh: make(chan struct{})}
+	c.sandboxes[r.ID] = &sandbox{
+		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, stoppedCh: make(chan struct{}),
+		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
+	}
 }
 
 func (c *contexts) sandbox(id string) (*sandbox, error) {
@@ -473,6 +486,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}
 	if parent.held {
 		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
+		return nil, err
 	}
 	pid, err := c.initPid(ctx, sb, parent)
 	if err != nil {

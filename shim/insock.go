@@ -43,11 +43,9 @@ const (
 
 	// selfDir is the socket's directory in a context's bundle.
 	selfDir = "selfsock"
-	// selfOutputMax is how much of each output stream of a process started
-	// through a socket is kept for Wait: its end.
-	selfOutputMax = 1 << 20
 	// selfExecMax bounds the processes started through the sockets of one
-	// sandbox and not yet waited for, since the shim keeps their output.
+	// sandbox and not yet waited for, since the shim keeps their output
+	// (selfoutput.go).
 	selfExecMax = 256
 	// criContainerType is how CRI marks its pause container, which gets no
 	// socket: nothing in it would use one.
@@ -74,6 +72,12 @@ type selfExec struct {
 	target         string
 	io             cio.IO
 	stdout, stderr *tailBuffer
+}
+
+// release gives the memory of its output back to the sandbox's budget.
+func (e *selfExec) release() {
+	e.stdout.release()
+	e.stderr.release()
 }
 
 func selfKey(sandbox, id string) string { return sandbox + "/" + id }
@@ -248,6 +252,7 @@ func (c *contexts) closeSelf(sandboxID, id string) {
 	for _, e := range execs {
 		e.io.Cancel()
 		_ = e.io.Close()
+		e.release()
 	}
 	if s == nil {
 		return
@@ -313,34 +318,6 @@ func isBranchCgroup(name string) bool {
 	return true
 }
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu        sync.Mutex
-	b         []byte
-	max       int
-	truncated bool
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 2*t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-		t.truncated = true
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) bytes() ([]byte, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.b) > t.max {
-		return append([]byte(nil), t.b[len(t.b)-t.max:]...), true
-	}
-	return append([]byte(nil), t.b...), t.truncated
-}
-
 // selfService is the API served on one context's socket. Requests go to
 // the shim's own context API once their ids are resolved from self.
 type selfService struct {
@@ -404,6 +381,13 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
+	sb, err := s.c.sandbox(s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.throttleSelfFork(ctx, int(req.Count)); err != nil {
+		return nil, err
+	}
 	resp, err := s.c.Fork(withSelfFork(ctx), &shimv1.ForkRequest{
 		Sandbox: s.sandbox, Parent: parent, Count: req.Count, Seal: req.Seal, Net: req.Net,
 		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint,
@@ -449,10 +433,11 @@ func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ 
 	execID := fmt.Sprintf("self-%d", in.seq)
 	in.mu.Unlock()
 
-	e := &selfExec{target: target, stdout: &tailBuffer{max: selfOutputMax}, stderr: &tailBuffer{max: selfOutputMax}}
+	e := &selfExec{target: target, stdout: newTailBuffer(sb.output), stderr: newTailBuffer(sb.output)}
 	// The FIFOs go in the branch's bundle, which goes with the branch.
 	e.io, err = cio.NewCreator(cio.WithStreams(nil, e.stdout, e.stderr), cio.WithFIFODir(filepath.Join(sb.bundle, branchesDir, target)))(execID)
 	if err != nil {
+		e.release()
 		return nil, fmt.Errorf("exec in %s: set up output: %w", target, err)
 	}
 	cfg := e.io.Config()
@@ -462,6 +447,7 @@ func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ 
 	}); err != nil {
 		e.io.Cancel()
 		_ = e.io.Close()
+		e.release()
 		return nil, err
 	}
 	in.mu.Lock()
@@ -511,6 +497,7 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 	resp.Stdout, t1 = e.stdout.bytes()
 	resp.Stderr, t2 = e.stderr.bytes()
 	resp.Truncated = t1 || t2
+	e.release()
 	return resp, nil
 }
 

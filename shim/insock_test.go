@@ -3,7 +3,6 @@
 package shim
 
 import (
-	"bytes"
 	"os"
 	"strings"
 	"testing"
@@ -55,22 +54,6 @@ func TestPeerIn(t *testing.T) {
 		if err := peerIn(pid, cg); !errdefs.IsPermissionDenied(err) {
 			t.Errorf("cgroup %s: %v, want permission denied", cg, err)
 		}
-	}
-}
-
-func TestTailBuffer(t *testing.T) {
-	b := &tailBuffer{max: 4}
-	for _, s := range []string{"ab", "cdefgh", "ij"} {
-		_, _ = b.Write([]byte(s))
-	}
-	got, trunc := b.bytes()
-	if !bytes.Equal(got, []byte("ghij")) || !trunc {
-		t.Fatalf("tail %q truncated %v", got, trunc)
-	}
-	b = &tailBuffer{max: 4}
-	_, _ = b.Write([]byte("abc"))
-	if got, trunc := b.bytes(); string(got) != "abc" || trunc {
-		t.Fatalf("short output %q truncated %v", got, trunc)
 	}
 }
 

@@ -332,6 +332,10 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
 	}
 	r.Options = anyOpts
+	b, err := s.contexts.boundsFor(r.Bundle)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
+	}
 	if err := s.contexts.listenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
@@ -341,14 +345,14 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		// mounted, and the rootfs is then mounted writable, as the
 		// snapshotter would now mount it: a mount made read-only stays so
 		// in the container's mount namespace whatever its superblock does.
-		s.contexts.addSandbox(ctx, r, opts)
+		s.contexts.addSandbox(ctx, r, opts, b)
 		if s.contexts.settleNew(ctx, r.ID) {
 			r.Rootfs = writable(r.Rootfs)
 		}
 	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
-		s.contexts.addSandbox(ctx, r, opts)
+		s.contexts.addSandbox(ctx, r, opts, b)
 	} else {
 		s.contexts.dropSandbox(ctx, r.ID)
 		s.contexts.closeSelfAll(r.ID)
