@@ -23,8 +23,11 @@ annotation io.branchbox.socket=true; the socket is /run/branchbox/branch.sock)
   fork -n N [--parent ID] [--from CHECKPOINT] [--seal ro|freeze]
        [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
                           fork this context (or a descendant) into N branches
-  exec ID -- CMD...       run CMD in descendant ID, print its output, exit
-                          with its status
+  exec [-d] ID -- CMD...  run CMD in descendant ID, print its output, exit
+                          with its status; with -d, print its exec id and
+                          leave it running (the shim keeps its output, up
+                          to 1 MiB per stream, until it is waited for)
+  wait ID EXEC            wait for a process started with exec -d, as exec
   commit [ID]             commit descendant ID into its parent; without ID,
                           this context into its parent: on success every
                           process of this context is killed, this one too,
@@ -56,9 +59,13 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 		opts   branch.ForkOptions
 		memory string
 	)
-	if name == "fork" {
+	var detach bool
+	switch name {
+	case "fork":
 		forkFlags(fs, &opts, &memory)
 		fs.StringVar(&opts.Parent, "parent", "", "fork this descendant instead of this context")
+	case "exec":
+		fs.BoolVar(&detach, "d", false, "print the exec id and do not wait (see wait)")
 	}
 	pos, cmd, err := parse(fs, rest)
 	if err != nil {
@@ -103,19 +110,23 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 		if len(cmd) == 0 {
 			return 2, fmt.Errorf("no command: write `branchctl self exec %s -- CMD...`: %w", id, errdefs.ErrInvalidArgument)
 		}
-		res, err := c.Run(ctx, id, branch.SelfExecOptions{Args: cmd})
+		execID, err := c.Exec(ctx, id, branch.SelfExecOptions{Args: cmd})
 		if err != nil {
 			return 1, err
 		}
-		if g.json {
-			return res.Code, printJSON(stdout, res)
+		if detach {
+			if g.json {
+				return 0, printJSON(stdout, map[string]string{"exec_id": execID})
+			}
+			fmt.Fprintln(stdout, execID)
+			return 0, nil
 		}
-		_, _ = stdout.Write(res.Stdout)
-		_, _ = stderr.Write(res.Stderr)
-		if res.Truncated {
-			fmt.Fprintln(stderr, "branchctl self exec: output truncated to its last 1 MiB per stream")
+		return printSelfResult(ctx, g, c, id, execID, stdout, stderr)
+	case "wait":
+		if len(pos) != 2 {
+			return 2, fmt.Errorf("want a branch id and an exec id, got %v: %w", pos, errdefs.ErrInvalidArgument)
 		}
-		return res.Code, nil
+		return printSelfResult(ctx, g, c, pos[0], pos[1], stdout, stderr)
 	case "commit":
 		id, err := optional()
 		if err != nil {
@@ -198,6 +209,24 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 		return 0, nil
 	}
 	return 2, fmt.Errorf("unknown command %q (see `branchctl self help`): %w", name, errdefs.ErrInvalidArgument)
+}
+
+// printSelfResult waits for a process started through the socket and
+// prints its output; its exit status is the command's.
+func printSelfResult(ctx context.Context, g globals, c *branch.SelfClient, id, execID string, stdout, stderr io.Writer) (int, error) {
+	res, err := c.Wait(ctx, id, execID)
+	if err != nil {
+		return 1, err
+	}
+	if g.json {
+		return res.Code, printJSON(stdout, res)
+	}
+	_, _ = stdout.Write(res.Stdout)
+	_, _ = stderr.Write(res.Stderr)
+	if res.Truncated {
+		fmt.Fprintln(stderr, "branchctl self exec: output truncated: the shim keeps the last 1 MiB per stream, less once the sandbox's processes not waited for hold 16 MiB")
+	}
+	return res.Code, nil
 }
 
 // printSelfTree prints the caller's context and its live descendants as a

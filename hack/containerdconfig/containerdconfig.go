@@ -111,9 +111,10 @@ func Render(o Options) string {
   sandboxer = "podsandbox"
   # The CRI plugin passes only the annotations listed here into a container's
   # OCI spec: io.branchbox.socket = "true" on a pod (every container in it) or
-  # on one container gives its processes the branch socket.
-  pod_annotations = ["io.branchbox.socket"]
-  container_annotations = ["io.branchbox.socket"]
+  # on one container gives its processes the branch socket; the others bound
+  # its branches (docs/limits.md).
+  pod_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate"]
+  container_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate"]
 
 # Images pulled for the handler (kubelet's RuntimeClassInImageCriApi) are
 # unpacked straight into the branch snapshotter.
