@@ -34,10 +34,16 @@ const runtimeRoot = "/run/containerd/branch"
 // and then the runtime's state directory for the env's namespace.
 func shimEnv(t *testing.T) (context.Context, *harness.Env, *containerd.Client) {
 	t.Helper()
+	return shimEnvWith(t, harness.Config{})
+}
+
+// shimEnvWith is shimEnv with a harness configuration.
+func shimEnvWith(t *testing.T, cfg harness.Config) (context.Context, *harness.Env, *containerd.Client) {
+	t.Helper()
 	if _, err := os.Stat(filepath.Join(harness.BinDirFromEnv(), "containerd-shim-branch-v1")); err != nil {
 		t.Fatalf("containerd-shim-branch-v1 not built (make binaries): %v", err)
 	}
-	ctx, env := startEnv(t)
+	ctx, env := startEnvWith(t, cfg)
 	importImage(t, ctx, env, "overlayfs")
 	importImage(t, ctx, env, "branch")
 	client, err := containerd.New(env.Address)

@@ -43,6 +43,7 @@ type Env struct {
 	snapshotter *proc
 	cri         *CRIConfig
 	logLevel    string
+	extraEnv    []string
 }
 
 // Config says where the binaries are and where to put the state.
@@ -60,6 +61,9 @@ type Config struct {
 	// the daemons do by default, since debug lines on every call cost
 	// hundreds of microseconds of a fork or commit.
 	LogLevel string
+	// ContainerdEnv is added to containerd's environment, which its shims
+	// inherit (the shim's node-wide settings, BRANCHBOX_*).
+	ContainerdEnv []string
 }
 
 // BinDirFromEnv returns $BRANCHBOX_BIN, or bin/ at the module root found
@@ -109,6 +113,7 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 		ContainerdState:    filepath.Join(dir, "state"),
 		cri:                cfg.CRI,
 		logLevel:           cfg.LogLevel,
+		extraEnv:           cfg.ContainerdEnv,
 	}
 	if e.logLevel == "" {
 		e.logLevel = "debug"
@@ -196,7 +201,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(config, []byte(text), 0o600); err != nil {
 		return err
 	}
-	cmd, err := e.spawn("containerd", nil, filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", e.logLevel)
+	cmd, err := e.spawn("containerd", e.extraEnv, filepath.Join(e.BinDir, "containerd"), "--config", config, "--log-level", e.logLevel)
 	if err != nil {
 		return err
 	}
