@@ -117,22 +117,25 @@ func liveBranches(t *testing.T, ctx context.Context, env *harness.Env, id string
 	return n
 }
 
-// TestInsockBounds: the bounds of the branch socket, end to end. With a
-// node default of 16 live branches and depth 4 (the shim's environment):
-// (a) a sandbox's annotation sets its own maximum over the node's, forks
-// up to it succeed and the next is refused with resource exhausted, naming
-// the bound, with nothing changed; a bad annotation fails the create; a
-// fork over the fork rate is refused; (b) 1,000 forks from inside a
-// sandbox leave the host serving and the shim's memory bounded; (c) a
-// branch that forks itself recursively is stopped by the bounds, and
+// boundsEnv is an env whose shims have a node default of 16 live
+// branches and depth 4 (the shim's environment), with the insock image.
+func boundsEnv(t *testing.T) (context.Context, *harness.Env) {
+	ctx, env, _ := shimEnvWith(t, harness.Config{ContainerdEnv: []string{"BRANCHBOX_MAX_BRANCHES=16", "BRANCHBOX_MAX_DEPTH=4"}})
+	importInsockImage(t, ctx, env)
+	return ctx, env
+}
+
+// TestInsockBounds: the bounds of the branch socket, end to end, with the
+// node's defaults of boundsEnv: (a) a sandbox's annotation sets its own
+// maximum over the node's, forks up to it succeed and the next is refused
+// with resource exhausted, naming the bound, with nothing changed; a bad
+// annotation fails the create; a fork over the fork rate is refused; (c)
+// a branch that forks itself recursively is stopped by the bounds, and
 // aborting it leaves nothing; (d) 64 processes writing 6 MB each, never
 // waited for, leave the shim's memory bounded, and their output is there
-// for Wait.
+// for Wait. (b) is TestInsockBoundsChurn.
 func TestInsockBounds(t *testing.T) {
-	// At info, as the daemons run by default: debug lines on every call
-	// would be most of the time of 1,000 forks.
-	ctx, env, _ := shimEnvWith(t, harness.Config{LogLevel: "info", ContainerdEnv: []string{"BRANCHBOX_MAX_BRANCHES=16", "BRANCHBOX_MAX_DEPTH=4"}})
-	importInsockImage(t, ctx, env)
+	ctx, env := boundsEnv(t)
 	in := func(id string, args ...string) (string, error) { return execIn(ctx, env, id, args...) }
 	must := func(id string, args ...string) string {
 		t.Helper()
@@ -144,7 +147,10 @@ func TestInsockBounds(t *testing.T) {
 	}
 
 	phase := time.Now()
-	lap := func(what string) { t.Logf("%s: %v", what, time.Since(phase).Round(time.Millisecond)); phase = time.Now() }
+	lap := func(what string) {
+		t.Logf("%s: %v", what, time.Since(phase).Round(time.Millisecond))
+		phase = time.Now()
+	}
 	// A bad annotation fails the create, naming it.
 	args := []string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "--annotation", "io.branchbox.max-branches=0", insockImage, "bad", "true"}
 	if _, err := env.Ctr(ctx, args...); err == nil || !strings.Contains(err.Error(), "io.branchbox.max-branches") || !strings.Contains(err.Error(), "invalid argument") {
@@ -192,50 +198,6 @@ func TestInsockBounds(t *testing.T) {
 	}
 
 	lap("(a) caps and rate")
-	// (b) 1,008 forks from inside, 16 at a time (one branch, and 15 under
-	// it, aborted together), while the host keeps serving another sandbox.
-	runBoundedSandbox(t, ctx, env, "churn")
-	shim := shimOf(t, env, "churn")
-	stop := watchRSS(t, shim)
-	done := make(chan error, 1)
-	go func() {
-		_, err := in("churn", "sh", "-c", `i=0
-while [ $i -lt 63 ]; do
-	b=$(branchctl self fork -n 1) || exit 1
-	branchctl self fork --parent "$b" -n 15 >/dev/null || exit 1
-	branchctl self abort "$b" >/dev/null || exit 1
-	i=$((i+1))
-done`)
-		done <- err
-	}()
-	served := 0
-	for loop := true; loop; {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("1,008 forks from inside: %v", err)
-			}
-			loop = false
-		case <-time.After(2 * time.Second):
-			tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			out, errOut, code := branchctl(t, tctx, env, "", "tree", "capped")
-			cancel()
-			if code != 0 {
-				t.Fatalf("tree of another sandbox during the forks: %s %s", out, errOut)
-			}
-			served++
-		}
-	}
-	if peak := stop(); peak > shimRSSBound {
-		t.Fatalf("shim RSS peaked at %d MB over 1,008 in-sandbox forks, over the bound of %d MB", peak>>20, shimRSSBound>>20)
-	} else {
-		t.Logf("1,008 in-sandbox forks: shim RSS peak %d MB; the host answered %d trees meanwhile", peak>>20, served)
-	}
-	if n := liveBranches(t, ctx, env, "churn"); n != 0 || selfListeners(t, shim) != 1 || len(socketDirs(env, "churn")) != 1 {
-		t.Fatalf("after the churn: %d live branches, %d listeners, socket dirs %v", n, selfListeners(t, shim), socketDirs(env, "churn"))
-	}
-
-	lap("(b) 1,008 forks")
 	// (c) A branch forks itself, 2 at a time, recursively: stopped by the
 	// bounds (16 live, depth 4), each refusal in its init's log.
 	runBoundedSandbox(t, ctx, env, "rec")
@@ -298,7 +260,7 @@ done`)
 	fshim := shimOf(t, env, "flood")
 	before := vmRSS(t, fshim)
 	b := strings.TrimSpace(must("flood", "branchctl", "self", "fork", "-n", "1"))
-	stop = watchRSS(t, fshim)
+	stop := watchRSS(t, fshim)
 	ids := strings.Fields(must("flood", "sh", "-c", fmt.Sprintf(`i=0
 while [ $i -lt 64 ]; do
 	branchctl self exec -d %s -- sh -c "head -c 3000000 /dev/zero; head -c 3000000 /dev/zero >&2; touch /done.$i" || exit 1
@@ -327,5 +289,57 @@ done`, b)))
 		if res.Code != 0 || !res.Truncated || len(res.Stdout) < 8<<10 || len(res.Stdout) > 1<<20 || len(res.Stderr) < 8<<10 {
 			t.Fatalf("wait %s: code %d truncated %v, %d bytes of stdout, %d of stderr", id, res.Code, res.Truncated, len(res.Stdout), len(res.Stderr))
 		}
+	}
+}
+
+// TestInsockBoundsChurn: (b) 1,008 forks from inside a sandbox, 16 at a
+// time (one branch, and 15 under it, aborted together), leave the host
+// serving another sandbox and the shim's memory bounded.
+func TestInsockBoundsChurn(t *testing.T) {
+	ctx, env := boundsEnv(t)
+	in := func(id string, args ...string) (string, error) { return execIn(ctx, env, id, args...) }
+	runBoundedSandbox(t, ctx, env, "other")
+	if _, err := in("other", "branchctl", "self", "fork", "-n", "2"); err != nil {
+		t.Fatal(err)
+	}
+	runBoundedSandbox(t, ctx, env, "churn")
+	shim := shimOf(t, env, "churn")
+	stop := watchRSS(t, shim)
+	done := make(chan error, 1)
+	go func() {
+		_, err := in("churn", "sh", "-c", `i=0
+while [ $i -lt 63 ]; do
+	b=$(branchctl self fork -n 1) || exit 1
+	branchctl self fork --parent "$b" -n 15 >/dev/null || exit 1
+	branchctl self abort "$b" >/dev/null || exit 1
+	i=$((i+1))
+done`)
+		done <- err
+	}()
+	served := 0
+	for loop := true; loop; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("1,008 forks from inside: %v", err)
+			}
+			loop = false
+		case <-time.After(2 * time.Second):
+			tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			out, errOut, code := branchctl(t, tctx, env, "", "tree", "other")
+			cancel()
+			if code != 0 {
+				t.Fatalf("tree of another sandbox during the forks: %s %s", out, errOut)
+			}
+			served++
+		}
+	}
+	if peak := stop(); peak > shimRSSBound {
+		t.Fatalf("shim RSS peaked at %d MB over 1,008 in-sandbox forks, over the bound of %d MB", peak>>20, shimRSSBound>>20)
+	} else {
+		t.Logf("1,008 in-sandbox forks: shim RSS peak %d MB; the host answered %d trees meanwhile", peak>>20, served)
+	}
+	if n := liveBranches(t, ctx, env, "churn"); n != 0 || selfListeners(t, shim) != 1 || len(socketDirs(env, "churn")) != 1 {
+		t.Fatalf("after the churn: %d live branches, %d listeners, socket dirs %v", n, selfListeners(t, shim), socketDirs(env, "churn"))
 	}
 }
