@@ -76,7 +76,9 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 }
 
 // SelfResult is how a process started through the socket ended, and the
-// end of its output (the last 1 MiB of each stream).
+// end of its output (up to the last 1 MiB of each stream, less when the
+// sandbox's processes not waited for hold more than its budget:
+// docs/limits.md); Truncated says output was dropped.
 type SelfResult struct {
 	ExitStatus
 	Stdout    []byte `json:"stdout"`
