@@ -172,8 +172,8 @@ func TestInsockBounds(t *testing.T) {
 	if out, err := in("capped", "branchctl", "self", "fork", "-n", "9"); err == nil || !strings.Contains(err.Error(), "invalid argument") {
 		t.Fatalf("fork of 9 with a maximum of 8: %q %v", out, err)
 	}
-	if n := liveBranches(t, ctx, env, "capped"); n != 8 {
-		t.Fatalf("%d live branches after the refused forks, want 8", n)
+	if n, l := liveBranches(t, ctx, env, "capped"), selfListeners(t, shimOf(t, env, "capped")); n != 8 || l != 9 {
+		t.Fatalf("%d live branches and %d sockets after the refused forks, want 8 and 9", n, l)
 	}
 	must("capped", "branchctl", "self", "abort", kids[0].ID)
 	must("capped", "branchctl", "self", "fork", "-n", "1")
