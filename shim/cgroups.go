@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ type cgroupMount struct {
 	v2      bool
 	freezer bool
 	memory  bool
+	pids    bool // the pids controller is here (on v2: enabled at its root)
 }
 
 // cgroupMounts lists the host's cgroup hierarchies (v1 controllers and the
@@ -50,11 +52,18 @@ func cgroupMounts() ([]cgroupMount, error) {
 		}
 		seen[m.Mountpoint] = true
 		opts := "," + m.VFSOptions + ","
+		v2 := m.FSType == "cgroup2"
+		pids := strings.Contains(opts, ",pids,")
+		if v2 {
+			b, _ := os.ReadFile(filepath.Join(m.Mountpoint, "cgroup.controllers"))
+			pids = slices.Contains(strings.Fields(string(b)), "pids")
+		}
 		out = append(out, cgroupMount{
 			dir:     m.Mountpoint,
-			v2:      m.FSType == "cgroup2",
+			v2:      v2,
 			freezer: strings.Contains(opts, ",freezer,"),
 			memory:  strings.Contains(opts, ",memory,"),
+			pids:    pids,
 		})
 	}
 	return out, nil

@@ -106,6 +106,11 @@ type contexts struct {
 	nodeBounds    bounds
 	nodeBoundsErr error
 
+	// cloneMu makes the clones into cgroups under a process limit on a
+	// v1 pids hierarchy one at a time: the thread that forks each is
+	// moved in unchecked first (clonein.go).
+	cloneMu sync.Mutex
+
 	// The host's cgroup hierarchies, read once: they are mounted at boot,
 	// and reading the mount table at every fork, commit and listing
 	// costs more than the rest of a listing.
@@ -494,6 +499,11 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err != nil {
 		return nil, err
 	}
+	ms, _ := c.hier()
+	runtimePath := c.init == "" || fastUnsupported(parent.spec) != ""
+	if err := c.pidsRoom(sb, parent, ms, runtimePath, req); err != nil {
+		return nil, err
+	}
 	netns := ""
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
@@ -526,6 +536,12 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if c.init != "" {
 		par = 4
 	}
+	if runtimePath && len(pidsLimits(ms, parent.cgroup)) > 0 {
+		// The runtime moves its init's first process into the cgroup
+		// unchecked (a v1 move), then forks from it: one at a time, the
+		// room counted up front (pidsRoom) holds for each.
+		par = 1
+	}
 	sem := make(chan struct{}, par)
 	for i, info := range infos {
 		wg.Add(1)
@@ -538,6 +554,10 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		if pl := asPidsLimit(errs, pidsLimits(ms, parent.cgroup)); pl != nil {
+			// One line, not the runtime's story of each failed start.
+			return nil, sb.pidsRefusal(parent, pl)
+		}
 		return nil, fmt.Errorf("fork %s of %s: %w", parentID, sb.id, err)
 	}
 	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -551,9 +552,11 @@ type spawned struct {
 	joined chan error        // the move into the cgroup, once done
 }
 
-// spawn makes a cgroup and starts an init in new namespaces (flags); the
-// init is moved into the cgroup in the background, as a cgroup v1 move
-// waits for RCU grace periods, while the init can already build a root.
+// spawn makes a cgroup and starts an init in new namespaces (flags),
+// inside the cgroup's pids and memory cgroups (startIn), so that the
+// process limits above it hold from its first instant. On the other v1
+// hierarchies it is moved in the background while it can already build
+// a root; a fork refused by a process limit is a *pidsLimit.
 func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *spawned, retErr error) {
 	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
 	if err != nil {
@@ -589,7 +592,8 @@ func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) 
 	defer null.Close()
 	started := time.Now()
 	pidfd := -1
-	pid, err := syscall.ForkExec(c.init, []string{"brinit"}, &syscall.ProcAttr{
+	paths := cgm.GetPaths()
+	pid, born, err := c.startIn(ctx, cgroupPath, paths, c.init, []string{"brinit"}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   []string{},
 		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
@@ -597,16 +601,32 @@ func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) 
 	})
 	if err != nil {
 		ctl.Close()
+		var pl *pidsLimit
+		if errors.As(err, &pl) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("start the branch init: %w", err)
 	}
 	init := newFastProc("", nil)
 	init.pid, init.pidfd = pid, pidfd
 	c.watch(init, started)
-	s := &spawned{init: init, ctl: ctl, cgroup: cgroupPath, paths: cgm.GetPaths(), flags: flags, joined: make(chan error, 1)}
+	s := &spawned{init: init, ctl: ctl, cgroup: cgroupPath, paths: paths, flags: flags, joined: make(chan error, 1)}
+	var rest []string // the hierarchies it was not born in
+	for _, dir := range paths {
+		if !born[dir] && !slices.Contains(rest, dir) {
+			rest = append(rest, dir)
+		}
+	}
+	if len(rest) == 0 {
+		s.joined <- nil
+		return s, nil
+	}
 	go func() {
-		if err := cgm.Apply(pid); err != nil {
-			s.joined <- fmt.Errorf("put the branch init in cgroup %s: %w", cgroupPath, err)
-			return
+		for _, dir := range rest {
+			if err := cgroups.WriteCgroupProc(dir, pid); err != nil {
+				s.joined <- fmt.Errorf("put the branch init in cgroup %s: %w", dir, err)
+				return
+			}
 		}
 		s.joined <- nil
 	}()
@@ -767,6 +787,13 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		return nil, fmt.Errorf("branch %s: start its init: %w", n.id, err)
 	}
 	if err := initReply(ctl, 'O'); err != nil {
+		if ms, herr := c.hier(); herr == nil && eagainText(err) {
+			// Its fork of the command was refused: by a limit above it,
+			// or by the branch's own.
+			if pl := asPidsLimit([]error{err}, pidsLimits(ms, n.cgroup)); pl != nil {
+				return nil, pl
+			}
+		}
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	_ = ctl.SetReadDeadline(time.Time{})

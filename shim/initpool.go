@@ -26,7 +26,8 @@ const poolPrefix = "bbx-pool-"
 // waits for RCU grace periods) are done between forks. Each waiting init
 // is one small process in the sandbox's cgroup (counted by its pids
 // limit), and the pool holds as many as the largest fork asked for, up to
-// maxWarm.
+// maxWarm, and only while half of any process limit above the sandbox
+// stays free (roomFor).
 type initPool struct {
 	c      *contexts
 	parent string  // the sandbox's cgroup
@@ -72,6 +73,30 @@ func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spaw
 	return s
 }
 
+// count is how many started inits the pool holds.
+func (p *initPool) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+// roomFor says whether one more init may be started ahead under the
+// process limits above the sandbox: it is counted there like any process
+// of the sandbox, so the pool grows only while at least half of each limit
+// stays free for the sandbox's own processes and its forks.
+func (p *initPool) roomFor() bool {
+	ms, err := p.c.hier()
+	if err != nil {
+		return false
+	}
+	for _, l := range pidsLimits(ms, p.parent) {
+		if l.room()-1 < l.max/2 {
+			return false
+		}
+	}
+	return true
+}
+
 // fill asks for at least n inits and starts what is missing in the
 // background.
 func (p *initPool) fill(ctx context.Context, n int) {
@@ -95,7 +120,7 @@ func (p *initPool) run(ctx context.Context) {
 	defer p.filler.Done()
 	for {
 		p.mu.Lock()
-		if p.closed || len(p.ready) >= p.want {
+		if p.closed || len(p.ready) >= p.want || !p.roomFor() {
 			p.filling = false
 			p.mu.Unlock()
 			return
