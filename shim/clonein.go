@@ -93,7 +93,7 @@ func (c *contexts) startIn(ctx context.Context, cgroupPath string, paths map[str
 			if t := tightest(levels, need); t != nil {
 				return 0, nil, &pidsLimit{pidsLevel: *t}
 			}
-			if pl := asPidsLimit([]error{err}, levels); pl != nil {
+			if pl := asPidsLimit([]error{err}, levels, 0); pl != nil {
 				return 0, nil, pl
 			}
 		}

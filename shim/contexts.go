@@ -554,7 +554,11 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		if pl := asPidsLimit(errs, pidsLimits(ms, parent.cgroup)); pl != nil {
+		slack := int64(0)
+		if runtimePath {
+			slack = runtimeStartPids
+		}
+		if pl := asPidsLimit(errs, pidsLimits(ms, parent.cgroup), slack); pl != nil {
 			// One line, not the runtime's story of each failed start.
 			return nil, sb.pidsRefusal(parent, pl)
 		}

@@ -790,7 +790,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		if ms, herr := c.hier(); herr == nil && eagainText(err) {
 			// Its fork of the command was refused: by a limit above it,
 			// or by the branch's own.
-			if pl := asPidsLimit([]error{err}, pidsLimits(ms, n.cgroup)); pl != nil {
+			if pl := asPidsLimit([]error{err}, pidsLimits(ms, n.cgroup), 0); pl != nil {
 				return nil, pl
 			}
 		}

@@ -111,12 +111,22 @@ func eagainText(err error) bool {
 	return strings.Contains(s, "resource temporarily unavailable") || strings.Contains(s, "errno=11") || strings.Contains(s, "eagain")
 }
 
+// runtimeStartPids is what a branch the runtime starts may hold while it
+// starts: the runtime's init is a Go program, whose threads count as
+// processes (6 to 7 measured here, waiting for its start), besides the
+// runtime's helper processes. Its failure for want of them shows as a
+// missing thread or a lost init ("procReady not received"), rarely as an
+// EAGAIN in its words.
+const runtimeStartPids = 8
+
 // asPidsLimit finds, among the errors of a fork's starts, one refused by a
 // process limit: one a start named (the init path sees the clone's
 // EAGAIN), or an EAGAIN in the runtime's words while a limit bounds the
-// parent (levels). The runtime's helper processes are gone by the time it
-// reports, so the limit with the least room is the one named.
-func asPidsLimit(errs []error, levels []pidsLevel) *pidsLimit {
+// parent (levels), or, for starts by the runtime (slack > 0), any failure
+// while a limit leaves less room than slack. The runtime's processes are
+// gone by the time it reports, so the limit with the least room is the
+// one named.
+func asPidsLimit(errs []error, levels []pidsLevel, slack int64) *pidsLimit {
 	for _, err := range errs {
 		var pl *pidsLimit
 		if errors.As(err, &pl) {
@@ -124,7 +134,7 @@ func asPidsLimit(errs []error, levels []pidsLevel) *pidsLimit {
 		}
 	}
 	for _, err := range errs {
-		if err != nil && eagainText(err) && len(levels) > 0 {
+		if err != nil && len(levels) > 0 && (eagainText(err) || tightest(levels, slack) != nil) {
 			t := levels[0]
 			for _, l := range levels[1:] {
 				if l.room() < t.room() {
