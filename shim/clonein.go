@@ -111,8 +111,8 @@ type threadMove struct {
 	ctrl, root, to string
 }
 
-// forkIn forks argv from a locked thread that is in the cgroups of join
-// for the moment of the fork. A thread that cannot be taken back out is
+// forkIn forks argv from a locked thread (not the main one) that is in
+// the cgroups of join for the moment of the fork. A thread that cannot be taken back out is
 // never unlocked, so that it ends with its goroutine rather than run the
 // shim's code in a branch's cgroup.
 func forkIn(ctx context.Context, join []threadMove, argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
@@ -126,6 +126,16 @@ func forkIn(ctx context.Context, join []threadMove, argv0 string, argv []string,
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread leads the shim's thread group: in a cgroup,
+			// it would list the whole shim in its cgroup.procs, for a
+			// kill or the OOM killer to find. Held here, it cannot be the
+			// thread of the fork started from here.
+			pid, err := forkIn(ctx, join, argv0, argv, attr)
+			runtime.UnlockOSThread()
+			done <- result{pid, err}
+			return
+		}
 		back, err := joinThread(join)
 		pid := 0
 		if err == nil {

@@ -9,9 +9,10 @@
 //                 arguments, executed in order (see run_op); ends with the
 //                 branch ready, or 'F' and an exit.
 //   init -> shim  'R' root built, or 'F' "message".
-//   shim -> init  'G' go: the init is in the branch's cgroup now (the shim
-//                 moves it there while the root is built, as a cgroup v1
-//                 move waits for RCU grace periods).
+//   shim -> init  'G' go: the init is in all of the branch's cgroups now
+//                 (it was started in its pids and memory cgroups, so that
+//                 their limits hold from its first instant; the shim moves
+//                 it into the other v1 hierarchies while the root is built).
 //   init -> shim  'O' pid-of-command (0 for none), or 'F' "message".
 //   shim -> init  'E' process: the same encoding (see proc_key), with
 //                 SCM_RIGHTS stdin, stdout, stderr, reply socket (or, for a
