@@ -114,6 +114,22 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 		t.Errorf("only %d branches fit under a limit of %d, want %d", len(made), pidsLimit, fit)
 	}
 	t.Logf("%d branches made; refused with: %v", len(made), last)
+	if initPath {
+		// Born in its pids and memory cgroups, moved into the rest before
+		// the fork replied: an init is in its branch's cgroup on every
+		// hierarchy.
+		for _, k := range made {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", k.InitPid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[2] != k.Cgroup {
+					t.Errorf("branch %s's init (pid %d) is in %s, not its cgroup %s", k.ID, k.InitPid, l, k.Cgroup)
+				}
+			}
+		}
+	}
 
 	// Room again; a fork of more than is left is refused up front and
 	// changes nothing.
