@@ -112,9 +112,9 @@ type threadMove struct {
 }
 
 // forkIn forks argv from a locked thread (not the main one) that is in
-// the cgroups of join for the moment of the fork. A thread that cannot be taken back out is
-// never unlocked, so that it ends with its goroutine rather than run the
-// shim's code in a branch's cgroup.
+// the cgroups of join for the moment of the fork. A thread that cannot be
+// taken back out is never unlocked, so that it ends with its goroutine
+// rather than run the shim's code in a branch's cgroup.
 func forkIn(ctx context.Context, join []threadMove, argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
 	if len(join) == 0 {
 		return syscall.ForkExec(argv0, argv, attr)
