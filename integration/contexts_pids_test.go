@@ -36,8 +36,8 @@ const pidsLimit = 20
 // and the cgroups as they were, whether it was refused up front (a fork of
 // more than is left) or by the kernel and rolled back (a branch whose own
 // limit refuses its command, on the init path; a start the runtime could
-// not finish, on the runtime path). From inside, `branchctl self fork`
-// is refused the same way. Once branches are aborted, forks work again.
+// not finish, on the runtime path). `branchctl fork` from the host and
+// `branchctl self fork` from inside are refused the same way. Once branches are aborted, forks work again.
 func TestContextsPidsLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -114,6 +114,18 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 		t.Errorf("only %d branches fit under a limit of %d, want %d", len(made), pidsLimit, fit)
 	}
 	t.Logf("%d branches made; refused with: %v", len(made), last)
+	// The command line says the same, in one line.
+	before := forkState(t, ctx, env, sc, cg)
+	if stdout, stderr, code := branchctl(t, ctx, env, "", "fork", "sb", "-n", "12"); code == 0 ||
+		strings.Count(strings.TrimSpace(stderr), "\n") != 0 ||
+		!strings.HasPrefix(stderr, fmt.Sprintf("branchctl fork: fork of sandbox sb: the sandbox's process limit (pids.max %d) is reached", pidsLimit)) ||
+		!strings.HasSuffix(stderr, ": resource exhausted\n") {
+		t.Errorf("branchctl fork sb -n 12: exit %d, stdout %q, stderr %q; want one line naming the limit", code, stdout, stderr)
+	}
+	if after := forkState(t, ctx, env, sc, cg); !slices.Equal(before, after) {
+		t.Errorf("a refused branchctl fork changed the sandbox:\nbefore %v\nafter  %v", before, after)
+	}
+	check("after branchctl fork")
 	if initPath {
 		// Born in its pids and memory cgroups, moved into the rest before
 		// the fork replied: an init is in its branch's cgroup on every
@@ -140,7 +152,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	}
 	made = made[:len(made)/2]
 	current, max := check("after aborts")
-	before := forkState(t, ctx, env, sc, cg)
+	before = forkState(t, ctx, env, sc, cg)
 	_, err := sc.Fork(ctx, branch.ForkOptions{Count: int(max-current) + 1})
 	refused(err, "fork of more than is left")
 	if !strings.Contains(err.Error(), "free, the fork needs") {
