@@ -292,11 +292,11 @@ func readCount(t *testing.T, dir, file string) int64 {
 }
 
 // forkState is what a fork changes, as seen from the host: the live
-// contexts of the tree, the mounts under the sandbox's bundle, and the
-// cgroups below the sandbox's on every hierarchy (but the warm pool's,
-// which fills in the background).
-// The removal of an aborted branch's cgroups goes on after the abort
-// replies: the state is read until two reads agree.
+// contexts of the tree, the mounts under the sandbox's bundle, the branch
+// sockets' directories, and the cgroups below the sandbox's on every
+// hierarchy (but the warm pool's, which fills in the background). The
+// removal of an aborted branch's cgroups goes on after the abort replies:
+// the state is read until two reads agree.
 func forkState(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, cg string) []string {
 	t.Helper()
 	prev := readForkState(t, ctx, env, sc, cg)
@@ -328,6 +328,9 @@ func readForkState(t *testing.T, ctx context.Context, env *harness.Env, sc *bran
 	ms, _ := harness.MountsUnder(bundle)
 	for _, m := range ms {
 		out = append(out, "mount "+m)
+	}
+	for _, d := range socketDirs(env, "sb") {
+		out = append(out, "socket "+d)
 	}
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", cg))
 	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", cg))
