@@ -21,9 +21,9 @@ const poolPrefix = "bbx-pool-"
 // initPool keeps branch inits started ahead of the forks of a sandbox's
 // root: in the namespaces a branch of it gets and in a cgroup under the
 // sandbox's, waiting for their instructions. A fork takes them, so that a
-// branch starts with only its root to build: starting a process in new
-// namespaces and moving it into a cgroup on every v1 hierarchy (which
-// waits for RCU grace periods) are done between forks. Each waiting init
+// branch starts with only its root to build: making its cgroup on every
+// hierarchy and starting a process in new namespaces inside it are done
+// between forks. Each waiting init
 // is one small process in the sandbox's cgroup (counted by its pids
 // limit), and the pool holds as many as the largest fork asked for, up to
 // maxWarm, and only while half of any process limit above the sandbox
