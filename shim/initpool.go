@@ -23,11 +23,10 @@ const poolPrefix = "bbx-pool-"
 // sandbox's, waiting for their instructions. A fork takes them, so that a
 // branch starts with only its root to build: making its cgroup on every
 // hierarchy and starting a process in new namespaces inside it are done
-// between forks. Each waiting init
-// is one small process in the sandbox's cgroup (counted by its pids
-// limit), and the pool holds as many as the largest fork asked for, up to
-// maxWarm, and only while half of any process limit above the sandbox
-// stays free (roomFor).
+// between forks. Each waiting init is one small process in the sandbox's
+// cgroup (counted by its pids limit), and the pool holds as many as the
+// largest fork asked for, up to maxWarm, and only while half of any
+// process limit above the sandbox stays free (roomFor).
 type initPool struct {
 	c      *contexts
 	parent string  // the sandbox's cgroup
