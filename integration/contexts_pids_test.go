@@ -187,6 +187,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	check("after aborting every branch")
 	selfRefused := ""
 	for i := 0; i < pidsLimit && selfRefused == ""; i++ {
+		before := forkState(t, ctx, env, sc, cg)
 		stdout, stderr, code := ctrExit(ctx, env, "tasks", "exec", "--exec-id", "self"+strconv.Itoa(i), "sb", "branchctl", "self", "fork", "-n", "3")
 		check(fmt.Sprintf("after self fork %d", i+1))
 		if code != 0 {
@@ -198,12 +199,16 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 				}
 			}
 			selfRefused = strings.Join(lines, "\n")
+			if after := forkState(t, ctx, env, sc, cg); !slices.Equal(before, after) {
+				t.Errorf("a refused self fork changed the sandbox:\nbefore %v\nafter  %v", before, after)
+			}
 			break
 		}
 	}
 	if selfRefused == "" {
 		t.Fatal("self fork from inside was never refused")
 	}
+	t.Logf("self fork refused with: %s", selfRefused)
 	if strings.Contains(selfRefused, "\n") || !strings.Contains(selfRefused, fmt.Sprintf("the sandbox's process limit (pids.max %d) is reached", pidsLimit)) {
 		t.Errorf("self fork refused with %q; want one line naming the sandbox's process limit", selfRefused)
 	}
