@@ -108,7 +108,19 @@ func tightest(levels []pidsLevel, need int64) *pidsLevel {
 // init, and the branch init) word it.
 func eagainText(err error) bool {
 	s := strings.ToLower(err.Error())
-	return strings.Contains(s, "resource temporarily unavailable") || strings.Contains(s, "errno=11") || strings.Contains(s, "eagain")
+	for _, w := range []string{"resource temporarily unavailable", "errno=11", "eagain", "failed to create new os thread", "pthread_create failed"} {
+		if strings.Contains(s, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// lostInitText says whether the runtime lost its init before the init
+// said it was ready: what a Go runtime that could not start its threads
+// leaves, among other causes (so it counts only near a limit).
+func lostInitText(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "procready not received")
 }
 
 // runtimeStartPids is what a branch the runtime starts may hold while it
@@ -122,10 +134,11 @@ const runtimeStartPids = 8
 // asPidsLimit finds, among the errors of a fork's starts, one refused by a
 // process limit: one a start named (the init path sees the clone's
 // EAGAIN), or an EAGAIN in the runtime's words while a limit bounds the
-// parent (levels), or, for starts by the runtime (slack > 0), any failure
-// while a limit leaves less room than slack. The runtime's processes are
-// gone by the time it reports, so the limit with the least room is the
-// one named.
+// parent (levels), or, for starts by the runtime (slack > 0), its init
+// lost before it was ready while a limit leaves less room than slack. A
+// failure of another kind (a command not found, a bad mount) is not taken
+// for a limit, however near it is. The runtime's processes are gone by the
+// time it reports, so the limit with the least room is the one named.
 func asPidsLimit(errs []error, levels []pidsLevel, slack int64) *pidsLimit {
 	for _, err := range errs {
 		var pl *pidsLimit
@@ -134,7 +147,7 @@ func asPidsLimit(errs []error, levels []pidsLevel, slack int64) *pidsLimit {
 		}
 	}
 	for _, err := range errs {
-		if err != nil && len(levels) > 0 && (eagainText(err) || tightest(levels, slack) != nil) {
+		if err != nil && len(levels) > 0 && (eagainText(err) || slack > 0 && lostInitText(err) && tightest(levels, slack) != nil) {
 			t := levels[0]
 			for _, l := range levels[1:] {
 				if l.room() < t.room() {

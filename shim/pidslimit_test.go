@@ -48,7 +48,10 @@ func TestPidsRefusal(t *testing.T) {
 			0, "least room"},
 		{"the runtime's lost init while the limit is near", root, []error{errors.New("OCI runtime create failed: procReady not received")},
 			runtimeStartPids, "least room"},
+		{"the Go runtime's missing thread", root, []error{errors.New("runtime: failed to create new OS thread (have 5 already; errno=11)")},
+			0, "least room"},
 		{"another failure", root, []error{errors.New("mount rootfs: no such device")}, 0, ""},
+		{"another runtime failure near the limit", root, []error{errors.New(`exec: "nope": executable file not found in $PATH`)}, runtimeStartPids, ""},
 		{"another runtime failure with room", root, []error{errors.New("procReady not received")}, 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
