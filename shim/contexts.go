@@ -1296,6 +1296,9 @@ func (c *contexts) CloseIO(ctx context.Context, req *shimv1.CloseIORequest) (_ *
 
 func (c *contexts) Kill(ctx context.Context, req *shimv1.KillRequest) (_ *shimv1.Empty, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
+	if err := checkSignal(req.Signal); err != nil {
+		return nil, err
+	}
 	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
 	if err != nil {
 		return nil, err

@@ -24,6 +24,8 @@ const (
 	MaxBranchCPUs = 1 << 20
 	// MaxBranchPids is the kernel's PID_MAX_LIMIT.
 	MaxBranchPids = 1 << 22
+	// maxSignal is the kernel's highest signal number (_NSIG, SIGRTMAX).
+	maxSignal = 64
 )
 
 // checkLimits refuses limits that are out of range; zero means "the
@@ -43,6 +45,16 @@ func checkLimits(l *shimv1.Limits) error {
 	}
 	if l.Pids < 0 || l.Pids > MaxBranchPids {
 		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// checkSignal refuses a signal number the kernel does not have (it would
+// answer EINVAL, reported as an internal error); 0 is not a signal to send
+// either: it only asks whether the process exists.
+func checkSignal(sig uint32) error {
+	if sig < 1 || sig > maxSignal {
+		return fmt.Errorf("kill: signal %d is out of range: give 1 to %d: %w", sig, maxSignal, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -34,3 +34,12 @@ func TestCheckLimits(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckSignal(t *testing.T) {
+	for sig, ok := range map[uint32]bool{0: false, 1: true, 9: true, 15: true, 64: true, 65: false, 1 << 31: false} {
+		err := checkSignal(sig)
+		if ok != (err == nil) || (err != nil && !errdefs.IsInvalidArgument(err)) {
+			t.Errorf("signal %d: got %v, want ok %v (else invalid argument)", sig, err, ok)
+		}
+	}
+}
