@@ -216,7 +216,7 @@ func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextIn
 // bounds it further.
 func checkCount(n int) error {
 	if n < 1 || int64(n) > math.MaxUint32 {
-		return fmt.Errorf("fork: count must be at least 1 and at most the shim's limit, got %d: %w", n, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("fork: count %d: give at least 1 (and at most the sandbox's maximum of live branches, 64 unless set): %w", n, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
