@@ -142,7 +142,8 @@ type ContextInfo struct {
 	InitPid     int      `json:"initPid,omitempty"`
 	Pids        []int    `json:"pids,omitempty"`
 	// Status: "waiting" (its init holds it), "running" (a command runs as
-	// its init), "exited", "frozen"; empty for ended contexts.
+	// its init), "exited", "frozen", "paused" (the sandbox is paused, and
+	// its contexts with it); empty for ended contexts.
 	Status     string  `json:"status,omitempty"`
 	ExitStatus int     `json:"exitStatus,omitempty"`
 	OOMKilled  bool    `json:"oomKilled,omitempty"`

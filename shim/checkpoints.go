@@ -18,7 +18,8 @@ func (c *contexts) lockedSandbox(ctx context.Context, id string) (*sandbox, cont
 	}
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
-	if err := c.load(ctx, sb); err != nil {
+	// The snapshotter's business alone: done as well on a paused sandbox.
+	if err := c.view(ctx, sb); err != nil {
 		sb.mu.Unlock()
 		return nil, ctx, nil, err
 	}

@@ -148,6 +148,9 @@ type sandbox struct {
 	bounds         bounds        // its live-branch, depth and fork-rate bounds (bounds.go)
 	forks          *rate.Limiter // its in-sandbox forks, at its fork rate
 	output         *outputBudget // the output kept for its socket's un-waited processes (insock.go)
+	// cgroup is the sandbox's cgroup path, whose freezer says whether it
+	// is paused (pause.go); "" if its spec did not say.
+	cgroup string
 
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
@@ -159,6 +162,9 @@ type sandbox struct {
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; teardown waits for them.
 	releasing sync.WaitGroup
+	// starting counts execs starting their process outside mu; a Pause
+	// waits for them.
+	starting starts
 
 	// gen is the snapshotter client's generation when the contexts were
 	// last reconciled with the snapshotter's tree (reconciled says they
@@ -333,13 +339,17 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 			}
 		}
 	}
+	cgroup := ""
+	if spec, err := readSpec(r.Bundle); err == nil && spec.Linux != nil {
+		cgroup = spec.Linux.CgroupsPath
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.sandboxes[r.ID]; ok {
 		return // added before its creation, to settle it (Create)
 	}
 	c.sandboxes[r.ID] = &sandbox{
-		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, stoppedCh: make(chan struct{}),
+		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, stoppedCh: make(chan struct{}),
 		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
 	}
 }
@@ -354,12 +364,30 @@ func (c *contexts) sandbox(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// load prepares a sandbox for branching (under sb.mu): the snapshotter
-// connection and the root context, reconciled with the snapshotter's tree
-// on first use and after every reconnection.
+// load prepares a sandbox for an operation on its branches (under sb.mu):
+// the snapshotter connection and the root context, reconciled with the
+// snapshotter's tree on first use and after every reconnection. A paused
+// sandbox is refused (pause.go), and so is a caller that gave up while
+// the operation waited for the sandbox.
 func (c *contexts) load(ctx context.Context, sb *sandbox) error {
+	if err := c.view(ctx, sb); err != nil {
+		return err
+	}
+	if c.paused(sb) {
+		return pausedError(sb)
+	}
+	return nil
+}
+
+// view is load for an operation that only reads, or that needs no
+// process of a branch (the tree, waits, checkpoints): a paused sandbox is
+// answered, but not reconciled until it is resumed.
+func (c *contexts) view(ctx context.Context, sb *sandbox) error {
 	if sb.stopped {
 		return fmt.Errorf("sandbox %s is stopped: its branches were ended with it; start a new task of it first: %w", sb.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sandbox %s: the caller gave up before the operation could start: %w", sb.id, err)
 	}
 	if err := c.prepare(ctx, sb); err != nil {
 		return err
@@ -1077,7 +1105,7 @@ func (c *contexts) commitOutcome(ctx context.Context, sb *sandbox, id string, ca
 // Abort kills and discards a branch and its descendants.
 func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shimv1.AbortResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true, true)
 	if err != nil {
 		return nil, err
 	}
@@ -1105,7 +1133,9 @@ func (c *contexts) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shim
 // branchFor finds a running branch context; with lock, it returns with the
 // sandbox locked. A branch that is not running gets the snapshotter's word
 // on what became of it (stale, naming the winner; committed; aborted).
-func (c *contexts) branchFor(ctx context.Context, sandboxID, id string, lock bool) (*sandbox, *bctx, error) {
+// With write, the operation needs the branch's processes, and a paused
+// sandbox is refused (see load).
+func (c *contexts) branchFor(ctx context.Context, sandboxID, id string, lock, write bool) (*sandbox, *bctx, error) {
 	if id == "" || id == branch.RootID {
 		return nil, nil, fmt.Errorf("name a branch of sandbox %s (SANDBOX/BRANCH), not the sandbox itself: %w", sandboxID, errdefs.ErrInvalidArgument)
 	}
@@ -1114,7 +1144,11 @@ func (c *contexts) branchFor(ctx context.Context, sandboxID, id string, lock boo
 		return nil, nil, err
 	}
 	sb.mu.Lock()
-	if err := c.load(withNS(ctx, sb), sb); err != nil {
+	load := c.view
+	if write {
+		load = c.load
+	}
+	if err := load(withNS(ctx, sb), sb); err != nil {
 		sb.mu.Unlock()
 		return nil, nil, err
 	}
@@ -1147,7 +1181,7 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 	if req.ExecId == "" {
 		return nil, fmt.Errorf("exec: no exec id given: %w", errdefs.ErrInvalidArgument)
 	}
-	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true)
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true, true)
 	if err != nil {
 		return nil, err
 	}
@@ -1167,6 +1201,10 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 		ps.Cwd = req.Cwd
 	}
 	ps.Terminal = req.Terminal
+	// The process starts outside the sandbox's lock; a Pause waits for it,
+	// as a process starting in a frozen branch would wait for the resume.
+	sb.starting.add()
+	defer sb.starting.done()
 	if fc := n.fast; fc != nil {
 		sb.mu.Unlock()
 		p, err := fc.exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
@@ -1207,10 +1245,11 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
 }
 
-// proc finds an exec'd process ("" is the branch's init).
+// proc finds an exec'd process ("" is the branch's init); with write
+// (a signal), not in a paused sandbox.
 // The returned remove forgets an exec'd process once it is waited for.
-func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string) (*bctx, func(string), process.Process, error) {
-	sb, n, err := c.branchFor(ctx, sandboxID, id, true)
+func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string, write bool) (*bctx, func(string), process.Process, error) {
+	sb, n, err := c.branchFor(ctx, sandboxID, id, true, write)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -1237,7 +1276,7 @@ func (c *contexts) proc(ctx context.Context, sandboxID, id, execID string) (*bct
 // OOM killer ended it.
 func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.WaitResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
 	if err != nil {
 		if sb, serr := c.sandbox(req.Sandbox); serr == nil && req.ExecId != "" {
 			if p := sb.takeEnded(req.Branch, req.ExecId); p != nil {
@@ -1270,7 +1309,7 @@ func (c *contexts) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1
 
 func (c *contexts) ResizePty(ctx context.Context, req *shimv1.ResizePtyRequest) (_ *shimv1.Empty, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
 	if err != nil {
 		return nil, err
 	}
@@ -1282,7 +1321,7 @@ func (c *contexts) ResizePty(ctx context.Context, req *shimv1.ResizePtyRequest) 
 
 func (c *contexts) CloseIO(ctx context.Context, req *shimv1.CloseIORequest) (_ *shimv1.Empty, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
-	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
 	if err != nil {
 		return nil, err
 	}
@@ -1299,7 +1338,7 @@ func (c *contexts) Kill(ctx context.Context, req *shimv1.KillRequest) (_ *shimv1
 	if err := checkSignal(req.Signal); err != nil {
 		return nil, err
 	}
-	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId)
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, true)
 	if err != nil {
 		return nil, err
 	}
@@ -1320,13 +1359,14 @@ func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if err := c.load(ctx, sb); err != nil {
+	if err := c.view(ctx, sb); err != nil {
 		return nil, err
 	}
 	infos, err := sb.snapshot.Tree(ctx, sb.root())
 	if err != nil {
 		return nil, err
 	}
+	paused := c.paused(sb)
 	resp := &shimv1.TreeResponse{}
 	for i := range infos {
 		n := sb.nodes[infos[i].ID]
@@ -1341,6 +1381,14 @@ func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1
 				if d.Id == branch.RootID {
 					d.InitPid, d.Status = uint32(pid), "running"
 				}
+			}
+		}
+	}
+	if paused {
+		// Frozen with the sandbox: every context whose processes run.
+		for _, d := range resp.Nodes {
+			if d.Status != "" && d.Status != "exited" {
+				d.Status = StatusPaused
 			}
 		}
 	}
@@ -1561,7 +1609,7 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 // force delete of the sandbox freezes, kills and thaws the sandbox's
 // cgroup, but on cgroup v1 a child frozen by itself (a branch held for a
 // commit when the shim died) stays frozen, and its processes with it,
-// ignoring SIGKILL.
+// ignoring SIGKILL. A paused sandbox is killed whole and thawed first.
 func killBranchCgroups(ctx context.Context, bundle string) {
 	spec, err := readSpec(bundle)
 	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
@@ -1572,8 +1620,17 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
 		return
 	}
+	sbDirs := dirsIn(ms, spec.Linux.CgroupsPath)
+	if len(sbDirs) > 0 && cgroupFrozen(sbDirs) {
+		// Paused: thawing a branch below the frozen sandbox does nothing.
+		// Everything is killed while frozen (a frozen task takes a
+		// pending SIGKILL as it thaws, before it runs again), then
+		// thawed; the force delete that follows kills the sandbox anyway.
+		signalAll(ctx, sbDirs)
+		thaw(sbDirs)
+	}
 	seen := map[string]bool{}
-	for _, d := range dirsIn(ms, spec.Linux.CgroupsPath) {
+	for _, d := range sbDirs {
 		entries, _ := os.ReadDir(d.dir)
 		for _, e := range entries {
 			if !e.IsDir() || seen[e.Name()] {

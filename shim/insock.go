@@ -339,7 +339,7 @@ func (s *selfService) resolve(ctx context.Context, id string) (string, error) {
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if err := s.c.load(ctx, sb); err != nil {
+	if err := s.c.view(ctx, sb); err != nil {
 		return "", err
 	}
 	parents := map[string]string{}

@@ -140,6 +140,11 @@ func (c *contexts) settle(ctx context.Context, sb *sandbox) {
 // reconcile reads the snapshotter's tree and makes sb's contexts agree
 // with it (under sb.mu).
 func (c *contexts) reconcile(ctx context.Context, sb *sandbox) error {
+	if c.paused(sb) {
+		// Its branches can neither be killed nor thawed until it is
+		// resumed, which wakes the settle loop.
+		return fmt.Errorf("sandbox %s: reconcile waits for its resume: %w", sb.id, pausedError(sb))
+	}
 	gen := sb.snapshot.Generation()
 	infos, err := sb.snapshot.Tree(ctx, sb.root())
 	if err != nil {

@@ -282,6 +282,11 @@ func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 // they live in its cgroup and bundle, and nothing of theirs may outlive it.
 func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	if r.ExecID == "" {
+		// runc-v2 refuses to delete a paused container; its branches,
+		// frozen with it, could not be killed either.
+		if sb, err := s.contexts.sandbox(r.ID); err == nil && s.contexts.paused(sb) {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("delete %s: %w", r.ID, pausedError(sb)))
+		}
 		s.contexts.teardown(ctx, r.ID)
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
@@ -392,15 +397,18 @@ func writable(ms []*types.Mount) []*types.Mount {
 	return out
 }
 
-// Exec refuses a stopped container with a failed-precondition error;
-// runc-v2's own refusal carries no errdefs kind.
+// Exec refuses a stopped or paused container with a failed-precondition
+// error; runc-v2's own refusal carries no errdefs kind.
 func (s *taskService) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
 	st, err := s.TTRPCTaskService.State(ctx, &taskAPI.StateRequest{ID: r.ID})
 	if err != nil {
 		return nil, err
 	}
-	if st.Status == tasktypes.Status_STOPPED {
+	switch st.Status {
+	case tasktypes.Status_STOPPED:
 		return nil, errgrpc.ToGRPC(fmt.Errorf("exec %s in %s: container is stopped: %w", r.ExecID, r.ID, errdefs.ErrFailedPrecondition))
+	case tasktypes.Status_PAUSED:
+		return nil, errgrpc.ToGRPC(fmt.Errorf("exec %s in %s: container is paused: resume it first: %w", r.ExecID, r.ID, errdefs.ErrFailedPrecondition))
 	}
 	return s.TTRPCTaskService.Exec(ctx, r)
 }

@@ -539,6 +539,9 @@ func PrintTree(w io.Writer, sandbox string, nodes []branch.ContextInfo, now time
 		if n.ID == branch.RootID && n.Quarantine != "" {
 			fmt.Fprintf(tw, "QUARANTINED: %s\n", n.Quarantine)
 		}
+		if n.ID == branch.RootID && n.Status == "paused" {
+			fmt.Fprintf(tw, "PAUSED: %s and its branches are frozen; fork, exec, commit and abort are refused until it is resumed\n", sandbox)
+		}
 	}
 	sort.Slice(ended, func(i, j int) bool { return numLess(ended[i].ID, ended[j].ID) })
 	for _, n := range ended {

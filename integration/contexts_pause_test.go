@@ -1,0 +1,306 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+// TestContextsPause: while a sandbox is paused (containerd's task Pause,
+// as nerdctl pause and ctr task pause do), every branch operation returns
+// at once: fork, exec, commit, abort and kill of a branch process are
+// refused with failed precondition naming the sandbox, the tree answers
+// showing it paused, a checkpoint is made, a wait gives up when its caller
+// does; nothing of any of them happens after the resume (same branches,
+// parent's files unchanged, no commit applied, no process started). A
+// Pause arriving while a fork runs waits for it, and a commit whose caller
+// gave up meanwhile is not applied unless it answered. A sandbox frozen
+// behind the shim's back (a write to its freezer, as runc pause does) is
+// refused the same way. After the resume, fork and commit work. On the
+// branch-init path and the runtime path.
+func TestContextsPause(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"init", nil},
+		{"runtime", []string{"--cap-add", "CAP_SYS_PTRACE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testPause(t, tc.extra) })
+	}
+}
+
+// liveBranches is the ids of the live branches of the sandbox's tree.
+func liveBranches(t *testing.T, ctx context.Context, sc *branch.SandboxClient) []string {
+	t.Helper()
+	nodes, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatalf("tree: %v", err)
+	}
+	var ids []string
+	for _, n := range nodes {
+		if n.ID != branch.RootID && n.State == branch.Live {
+			ids = append(ids, n.ID)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func testPause(t *testing.T, extra []string) {
+	ctx, env, sc := sandboxCtxEnv(t, extra...)
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3})
+	a, b, c := kids[0], kids[1], kids[2]
+	mustRun(t, ctx, sc, b.ID, "sh", "-c", "echo from-b > /state")
+	nested := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: c.ID})[0]
+	mustRun(t, ctx, sc, nested.ID, "sh", "-c", "echo from-nested > /state")
+	// A process of a, for kill and wait while paused.
+	sleeper, err := sc.Exec(ctx, a.ID, branch.ExecOptions{Args: []string{"sleep", "100000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sleeper.Close()
+
+	client, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctr, err := client.LoadContainer(ctx, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs before the sandbox's removal (cleanups run last first), so that
+	// a failed test leaves nothing frozen.
+	t.Cleanup(func() { _ = task.Resume(context.WithoutCancel(ctx)) })
+
+	// A Pause while a fork runs: it waits for the fork; a fork and a
+	// commit whose callers give up meanwhile either answered (and were
+	// made) or leave nothing.
+	type result struct {
+		kids []branch.ContextInfo
+		err  error
+	}
+	bigFork := make(chan result, 1)
+	go func() {
+		k, err := sc.Fork(ctx, branch.ForkOptions{Count: 6})
+		bigFork <- result{k, err}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	quickFork, quickCommit := make(chan result, 1), make(chan error, 1)
+	go func() {
+		qctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		k, err := sc.Fork(qctx, branch.ForkOptions{Count: 1, Parent: a.ID})
+		quickFork <- result{k, err}
+	}()
+	go func() {
+		qctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		_, err := sc.Commit(qctx, nested.ID)
+		quickCommit <- err
+	}()
+	time.Sleep(5 * time.Millisecond)
+	if err := task.Pause(ctx); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
+		t.Fatalf("sandbox status after pause: %v %v", st.Status, err)
+	}
+	bf := <-bigFork
+	if bf.err != nil {
+		t.Fatalf("a fork under way when the pause came: %v", bf.err)
+	}
+	qf, qcErr := <-quickFork, <-quickCommit
+	t.Logf("fork and commit whose callers gave up while a fork ran and a pause came: %v, %v", qf.err, qcErr)
+	want := []string{a.ID, b.ID, c.ID}
+	if qcErr != nil {
+		want = append(want, nested.ID)
+	}
+	for _, k := range append(bf.kids, qf.kids...) {
+		want = append(want, k.ID)
+	}
+	slices.Sort(want)
+
+	wantPaused := func(what string, err error) {
+		t.Helper()
+		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "sandbox sb is paused") {
+			t.Errorf("%s on the paused sandbox: %v; want failed precondition, sandbox sb is paused", what, err)
+		}
+	}
+	// quick runs op with a generous timeout and reports one that does not
+	// return within a second.
+	quick := func(what string, op func(ctx context.Context) error) error {
+		t.Helper()
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := op(qctx)
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s on the paused sandbox took %v; want under 1 s", what, d)
+		}
+		return err
+	}
+	wantPaused("fork", quick("fork", func(ctx context.Context) error {
+		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		return err
+	}))
+	wantPaused("fork of a branch", quick("fork of a branch", func(ctx context.Context) error {
+		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1, Parent: b.ID})
+		return err
+	}))
+	wantPaused("exec", quick("exec", func(ctx context.Context) error {
+		_, _, err := runErr(ctx, sc, a.ID, "touch", "/late")
+		return err
+	}))
+	wantPaused("commit", quick("commit", func(ctx context.Context) error {
+		_, err := sc.Commit(ctx, b.ID)
+		return err
+	}))
+	wantPaused("commit of a nested branch", quick("commit of a nested branch", func(ctx context.Context) error {
+		_, err := sc.Commit(ctx, nested.ID)
+		return err
+	}))
+	wantPaused("abort", quick("abort", func(ctx context.Context) error {
+		_, err := sc.Abort(ctx, a.ID)
+		return err
+	}))
+	wantPaused("kill", quick("kill", func(ctx context.Context) error {
+		return sleeper.Kill(ctx, uint32(syscall.SIGKILL))
+	}))
+	// A wait is a wait: it ends when its caller gives up.
+	if err := quick("wait", func(ctx context.Context) error {
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := sleeper.Wait(wctx)
+		return err
+	}); !errors.Is(err, context.DeadlineExceeded) && !errdefs.IsDeadlineExceeded(err) {
+		t.Errorf("wait with a 200 ms deadline for a process of the paused sandbox: %v; want deadline exceeded", err)
+	}
+	if err := quick("checkpoint", func(ctx context.Context) error {
+		_, err := sc.Checkpoint(ctx, "", "while-paused")
+		return err
+	}); err != nil {
+		t.Errorf("checkpoint of the paused sandbox: %v", err)
+	}
+	var nodes []branch.ContextInfo
+	if err := quick("tree", func(ctx context.Context) (err error) {
+		nodes, err = sc.Tree(ctx)
+		return err
+	}); err != nil {
+		t.Fatalf("tree of the paused sandbox: %v", err)
+	}
+	for _, n := range nodes {
+		if n.State == branch.Live && n.Status != "paused" {
+			t.Errorf("context %s of the paused sandbox has status %q, want paused", n.ID, n.Status)
+		}
+	}
+	if out, errOut, code := branchctl(t, ctx, env, "", "tree", "sb"); code != 0 || !strings.Contains(out, "PAUSED: sb") {
+		t.Errorf("branchctl tree of the paused sandbox: %d %s %s; want it shown paused", code, out, errOut)
+	}
+	if _, stderr, code := ctrExit(ctx, env, "tasks", "exec", "--exec-id", "late", "sb", "touch", "/late"); code == 0 || !strings.Contains(stderr, "paused") {
+		t.Errorf("ctr tasks exec in the paused sandbox: exit %d %s; want refused, paused", code, stderr)
+	}
+
+	if err := task.Resume(ctx); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	// Whatever was refused or given up must not happen now.
+	time.Sleep(500 * time.Millisecond)
+	if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+		t.Errorf("live branches after the resume: %v, want %v", got, want)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "before\n" {
+		t.Errorf("sandbox /state after the resume: %q %v; want before (no commit applied)", out, err)
+	}
+	if qcErr != nil {
+		if out := mustRun(t, ctx, sc, c.ID, "cat", "/state"); out != "before\n" {
+			t.Errorf("a commit whose caller gave up (%v) was applied: its parent's /state is %q", qcErr, out)
+		}
+	} else {
+		t.Log("the commit under way when the pause came answered in time; it was made")
+	}
+	if out, code := run(t, ctx, sc, a.ID, "test", "-e", "/late"); code == 0 {
+		t.Errorf("/late exists in %s after the resume: an exec refused while paused ran: %s", a.ID, out)
+	}
+	if err := sleeper.Kill(ctx, uint32(syscall.SIGKILL)); err != nil {
+		t.Errorf("kill after the resume: %v", err)
+	} else if st, err := sleeper.Wait(ctx); err != nil || st.Code != 137 {
+		t.Errorf("wait after the resume: %+v %v", st, err)
+	}
+
+	// Frozen behind the shim's back, as runc pause does: refused the same.
+	thawBehind := freezeBehind(t, env)
+	wantPaused("fork of a sandbox frozen outside containerd", quick("fork of a sandbox frozen outside containerd", func(ctx context.Context) error {
+		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		return err
+	}))
+	wantPaused("commit in a sandbox frozen outside containerd", quick("commit in a sandbox frozen outside containerd", func(ctx context.Context) error {
+		_, err := sc.Commit(ctx, b.ID)
+		return err
+	}))
+	thawBehind()
+	if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+		t.Errorf("live branches after the thaw: %v, want %v", got, want)
+	}
+
+	// Everything works again.
+	again := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: b.ID})
+	if _, err := sc.Abort(ctx, again[0].ID); err != nil {
+		t.Fatalf("abort after the resume: %v", err)
+	}
+	if _, err := sc.Commit(ctx, b.ID); err != nil {
+		t.Fatalf("commit after the resume: %v", err)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "from-b\n" {
+		t.Fatalf("sandbox /state after the commit: %q %v", out, err)
+	}
+}
+
+// freezeBehind freezes the sandbox's cgroup directly, as runc pause does
+// without containerd knowing, and returns what thaws it (also run at
+// cleanup).
+func freezeBehind(t *testing.T, env *harness.Env) func() {
+	t.Helper()
+	var file, frozen, thawed string
+	for _, d := range containerCgroupDirs(env.Namespace, "sb") {
+		if _, err := os.Stat(filepath.Join(d, "freezer.state")); err == nil {
+			file, frozen, thawed = filepath.Join(d, "freezer.state"), "FROZEN", "THAWED"
+			break
+		}
+		if _, err := os.Stat(filepath.Join(d, "cgroup.freeze")); err == nil && file == "" {
+			file, frozen, thawed = filepath.Join(d, "cgroup.freeze"), "1", "0"
+		}
+	}
+	if file == "" {
+		t.Fatal("no freezer for the sandbox's cgroup")
+	}
+	thaw := func() {
+		if err := os.WriteFile(file, []byte(thawed), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("thaw %s: %v", file, err)
+		}
+	}
+	t.Cleanup(thaw)
+	if err := os.WriteFile(file, []byte(frozen), 0); err != nil {
+		t.Fatalf("freeze %s: %v", file, err)
+	}
+	return thaw
+}
