@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/integration/harness"
@@ -219,6 +221,11 @@ func testPause(t *testing.T, extra []string) {
 	if _, stderr, code := ctrExit(ctx, env, "tasks", "exec", "--exec-id", "late", "sb", "touch", "/late"); code == 0 || !strings.Contains(stderr, "paused") {
 		t.Errorf("ctr tasks exec in the paused sandbox: exit %d %s; want refused, paused", code, stderr)
 	}
+	// containerd's client refuses to delete a paused task itself; its task
+	// service passes the delete to the shim, which must not end the
+	// branches of a sandbox it cannot delete.
+	_, err = client.TaskService().Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: "sb"})
+	wantPaused("delete of the task", errgrpc.ToNative(err))
 
 	if err := task.Resume(ctx); err != nil {
 		t.Fatalf("resume: %v", err)
@@ -303,4 +310,54 @@ func freezeBehind(t *testing.T, env *harness.Env) func() {
 		t.Fatalf("freeze %s: %v", file, err)
 	}
 	return thaw
+}
+
+// TestContextsPauseShimDeath: a shim killed while its sandbox is paused
+// leaves nothing of the branches: containerd's cleanup (the shim binary's
+// delete) kills them although the frozen sandbox keeps them frozen.
+func TestContextsPauseShimDeath(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t)
+	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	daemon := `setsid sh -c 'trap "" TERM; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 & echo started`
+	var procs []hostProc
+	for _, k := range kids {
+		if out := mustRun(t, ctx, sc, k.ID, "sh", "-c", daemon); !strings.Contains(out, "started") {
+			t.Fatalf("daemon in %s: %q", k.ID, out)
+		}
+		procs = append(procs, branchProcs(env, k)...)
+	}
+	client, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctr, err := client.LoadContainer(ctx, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs = append(procs, containerHostProcs(env.Namespace, "sb", int(task.Pid()))...)
+	t.Cleanup(func() { _ = task.Resume(context.WithoutCancel(ctx)) })
+	if err := task.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	shim := shimOf(t, env, "sb")
+	sockets := existing(env.ShimSockets(shim))
+	t.Cleanup(func() { removeFiles(sockets) })
+	if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitUntil(t, "containerd to clean up after the dead shim", 20*time.Second, func() bool {
+		return len(survivors(procs)) == 0 && len(containerCgroupDirs(env.Namespace, "sb")) == 0
+	})
+	t.Logf("cleanup after the shim of a paused sandbox died: %v", time.Since(start))
+	for _, k := range kids {
+		assertBranchGone(t, env, k, nil)
+	}
+	removeContainer(t, env, "sb")
+	assertContainerGone(t, env, "sb", procs)
 }
