@@ -361,3 +361,30 @@ func TestContextsPauseShimDeath(t *testing.T) {
 	removeContainer(t, env, "sb")
 	assertContainerGone(t, env, "sb", procs)
 }
+
+// TestContextsExecFrozenBranch: exec into a branch whose processes are
+// frozen for its own branches (--seal freeze), its init among them, is
+// refused at once rather than waiting for the thaw and running after its
+// caller gave up; once its branch is aborted, exec works again.
+func TestContextsExecFrozenBranch(t *testing.T) {
+	ctx, _, sc := sandboxCtxEnv(t)
+	a := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
+	kid := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: a.ID, Seal: "freeze"})[0]
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err := runErr(qctx, sc, a.ID, "touch", "/late")
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("exec into a frozen branch took %v; want under 1 s", d)
+	}
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "frozen") {
+		t.Errorf("exec into a frozen branch: %v; want failed precondition, frozen", err)
+	}
+	if _, err := sc.Abort(ctx, kid.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if out, code := run(t, ctx, sc, a.ID, "test", "-e", "/late"); code == 0 {
+		t.Errorf("/late exists in %s after the thaw: the exec refused while it was frozen ran: %s", a.ID, out)
+	}
+}

@@ -1194,6 +1194,13 @@ func (c *contexts) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
+	if n.frozen && n.fast != nil {
+		// Its init, which starts its processes, is frozen with the rest:
+		// the request would wait for the thaw, and run after its caller
+		// gave up.
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: its processes are frozen while it has branches (forked with --seal freeze); commit or abort its branches first: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
 	ps := *n.spec.Process
 	ps.Args = req.Args
 	ps.Env = append(append([]string{}, ps.Env...), req.Env...)
