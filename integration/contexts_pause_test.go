@@ -127,12 +127,15 @@ func testPause(t *testing.T, extra []string) {
 	if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
 		t.Fatalf("sandbox status after pause: %v %v", st.Status, err)
 	}
+	// The fork was made if it held the sandbox before the pause came (the
+	// pause waited for it), and refused if it came later (a loaded
+	// machine).
 	bf := <-bigFork
-	if bf.err != nil {
-		t.Fatalf("a fork under way when the pause came: %v", bf.err)
+	if bf.err != nil && (!errdefs.IsFailedPrecondition(bf.err) || !strings.Contains(bf.err.Error(), "sandbox sb is paused")) {
+		t.Fatalf("a fork under way when the pause came: %v; want it made, or refused as paused", bf.err)
 	}
 	qf, qcErr := <-quickFork, <-quickCommit
-	t.Logf("fork and commit whose callers gave up while a fork ran and a pause came: %v, %v", qf.err, qcErr)
+	t.Logf("a fork under way when the pause came: %v; a fork and a commit whose callers gave up meanwhile: %v, %v", bf.err, qf.err, qcErr)
 	want := []string{a.ID, b.ID, c.ID}
 	if qcErr != nil {
 		want = append(want, nested.ID)
