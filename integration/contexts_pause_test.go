@@ -272,6 +272,24 @@ func testPause(t *testing.T, extra []string) {
 		t.Errorf("live branches after the thaw: %v, want %v", got, want)
 	}
 
+	// A fork whose caller gives up midway leaves no branch behind.
+	for _, timeout := range []time.Duration{20 * time.Millisecond, 60 * time.Millisecond} {
+		fctx, cancel := context.WithTimeout(ctx, timeout)
+		made, err := sc.Fork(fctx, branch.ForkOptions{Count: 6, Parent: c.ID})
+		cancel()
+		if err == nil {
+			for _, k := range made {
+				want = append(want, k.ID)
+			}
+			slices.Sort(want)
+			continue
+		}
+		time.Sleep(300 * time.Millisecond)
+		if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+			t.Errorf("live branches after a fork whose caller gave up after %v (%v): %v, want %v", timeout, err, got, want)
+		}
+	}
+
 	// Everything works again.
 	again := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: b.ID})
 	if _, err := sc.Abort(ctx, again[0].ID); err != nil {

@@ -545,6 +545,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		if retErr == nil {
 			return
 		}
+		// Undone even if the fork failed because its caller gave up: a
+		// branch it leaves would appear later with nobody knowing it.
+		ctx := context.WithoutCancel(ctx)
 		for i, info := range infos {
 			if made[i] != nil {
 				c.destroy(ctx, sb, made[i])
@@ -591,6 +594,11 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 			return nil, sb.pidsRefusal(parent, pl)
 		}
 		return nil, fmt.Errorf("fork %s of %s: %w", parentID, sb.id, err)
+	}
+	if err := ctx.Err(); err != nil {
+		// Its caller is gone and would never learn of these branches:
+		// they are undone rather than left to appear unasked.
+		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
 	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {
 		if sb.pool == nil {
