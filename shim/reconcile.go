@@ -118,8 +118,12 @@ func (c *contexts) settle(ctx context.Context, sb *sandbox) {
 				return
 			}
 			err := c.reconcile(ctx, sb)
+			paused := err != nil && c.paused(sb)
 			sb.mu.Unlock()
-			if err == nil {
+			if err == nil || paused {
+				// A paused sandbox is reconciled once resumed: Resume
+				// wakes this loop, and so does the next branch operation
+				// after a thaw done behind containerd's back.
 				break
 			}
 			log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: retrying")
