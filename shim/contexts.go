@@ -1016,6 +1016,11 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 			return nil, fmt.Errorf("commit %s/%s: freeze its processes: %w", sb.id, n.id, err)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		// Not sent: the caller gave up while its branch was frozen.
+		c.unhold(ctx, n)
+		return nil, fmt.Errorf("commit %s/%s: not made, the caller gave up; the branch runs on: %w", sb.id, n.id, err)
+	}
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
 	if err != nil {
 		if errors.Is(err, branch.ErrNotSent) {
