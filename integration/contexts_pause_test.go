@@ -286,23 +286,32 @@ func testPause(t *testing.T, extra []string) {
 		t.Errorf("live branches after the thaw: %v, want %v", got, want)
 	}
 
-	// A fork whose caller gives up midway leaves no branch behind.
-	for _, timeout := range []time.Duration{20 * time.Millisecond, 60 * time.Millisecond} {
+	// A fork whose caller gives up midway leaves no branch behind: in the
+	// shim (a 20 ms deadline), or while the snapshotter holds it (stopped),
+	// which makes the branches once it runs again.
+	giveUp := func(what string, timeout time.Duration) {
+		t.Helper()
 		fctx, cancel := context.WithTimeout(ctx, timeout)
-		made, err := sc.Fork(fctx, branch.ForkOptions{Count: 6, Parent: c.ID})
-		cancel()
+		defer cancel()
+		made, err := sc.Fork(fctx, branch.ForkOptions{Count: 4, Parent: c.ID})
 		if err == nil {
 			for _, k := range made {
 				want = append(want, k.ID)
 			}
 			slices.Sort(want)
-			continue
+			return
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(2 * time.Second) // the snapshotter runs again after 1 s
 		if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
-			t.Errorf("live branches after a fork whose caller gave up after %v (%v): %v, want %v", timeout, err, got, want)
+			t.Errorf("live branches after a fork whose caller gave up %s (%v): %v, want %v", what, err, got, want)
 		}
 	}
+	giveUp("in the shim", 20*time.Millisecond)
+	if err := syscall.Kill(snap, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(time.Second); resumeSnap() }()
+	giveUp("while the snapshotter held it", 300*time.Millisecond)
 
 	// Everything works again.
 	again := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: b.ID})

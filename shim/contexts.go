@@ -536,8 +536,17 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
-	infos, err := c.sealFork(ctx, sb, parent, pid, req)
+	// The snapshotter's answer is waited for even if the caller gives up
+	// meanwhile: branches it made are then undone rather than left live
+	// there, sealing the parent, with no context running them.
+	sctx, answered := answerCtx(ctx, answerGrace)
+	infos, err := c.sealFork(sctx, sb, parent, pid, req)
+	answered()
 	if err != nil {
+		if ctx.Err() != nil || (errdefs.IsUnavailable(err) && !errors.Is(err, branch.ErrNotSent)) {
+			// Not answered: what it did there is reconciled.
+			wake(sb.kick)
+		}
 		return nil, err
 	}
 	made := make([]*bctx, len(infos))
@@ -558,6 +567,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 		c.unsealIfIdle(ctx, sb, parent)
 	}()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
+	}
 	errs := make([]error, len(infos))
 	var wg sync.WaitGroup
 	// Two at a time with the runtime (each start runs a Go binary twice,
