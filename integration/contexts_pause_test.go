@@ -47,8 +47,8 @@ func TestContextsPause(t *testing.T) {
 	}
 }
 
-// liveBranches is the ids of the live branches of the sandbox's tree.
-func liveBranches(t *testing.T, ctx context.Context, sc *branch.SandboxClient) []string {
+// liveBranchIDs is the ids of the live branches of the sandbox's tree.
+func liveBranchIDs(t *testing.T, ctx context.Context, sc *branch.SandboxClient) []string {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)
 	if err != nil {
@@ -253,7 +253,7 @@ func testPause(t *testing.T, extra []string) {
 	}
 	// Whatever was refused or given up must not happen now.
 	time.Sleep(500 * time.Millisecond)
-	if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+	if got := liveBranchIDs(t, ctx, sc); !slices.Equal(got, want) {
 		t.Errorf("live branches after the resume: %v, want %v", got, want)
 	}
 	if out, err := execIn(ctx, env, "sb", "cat", "/state"); err != nil || out != "before\n" {
@@ -282,7 +282,7 @@ func testPause(t *testing.T, extra []string) {
 		return err
 	}))
 	thawBehind()
-	if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+	if got := liveBranchIDs(t, ctx, sc); !slices.Equal(got, want) {
 		t.Errorf("live branches after the thaw: %v, want %v", got, want)
 	}
 
@@ -302,7 +302,7 @@ func testPause(t *testing.T, extra []string) {
 			return
 		}
 		time.Sleep(2 * time.Second) // the snapshotter runs again after 1 s
-		if got := liveBranches(t, ctx, sc); !slices.Equal(got, want) {
+		if got := liveBranchIDs(t, ctx, sc); !slices.Equal(got, want) {
 			t.Errorf("live branches after a fork whose caller gave up %s (%v): %v, want %v", what, err, got, want)
 		}
 	}
