@@ -219,10 +219,14 @@ func testPause(t *testing.T, extra []string) {
 		t.Errorf("wait with a 200 ms deadline for a process of the paused sandbox: %v; want deadline exceeded", err)
 	}
 	if err := quick("checkpoint", func(ctx context.Context) error {
-		_, err := sc.Checkpoint(ctx, "", "while-paused")
+		_, err := sc.Checkpoint(ctx, b.ID, "while-paused")
 		return err
 	}); err != nil {
-		t.Errorf("checkpoint of the paused sandbox: %v", err)
+		t.Errorf("checkpoint of a branch of the paused sandbox: %v", err)
+	} else if err := quick("rollback", func(ctx context.Context) error {
+		return sc.Rollback(ctx, b.ID, "while-paused")
+	}); err != nil {
+		t.Errorf("rollback of a branch of the paused sandbox to its checkpoint: %v", err)
 	}
 	var nodes []branch.ContextInfo
 	if err := quick("tree", func(ctx context.Context) (err error) {
