@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -116,7 +117,9 @@ func testPause(t *testing.T, extra []string) {
 		k, err := sc.Fork(fctx, branch.ForkOptions{Count: 2})
 		bigFork <- result{k, err}
 	}()
-	time.Sleep(300 * time.Millisecond) // for the fork to reach the snapshotter
+	waitUntil(t, "the fork to reach the stopped snapshotter", 10*time.Second, func() bool {
+		return requestPending(t, env.SnapshotterAddress+branch.TTRPCSuffix)
+	})
 	quickFork, quickCommit := make(chan result, 1), make(chan error, 1)
 	go func() {
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -435,4 +438,23 @@ func TestContextsExecFrozenBranch(t *testing.T) {
 	if out, code := run(t, ctx, sc, a.ID, "test", "-e", "/late"); code == 0 {
 		t.Errorf("/late exists in %s after the thaw: the exec refused while it was frozen ran: %s", a.ID, out)
 	}
+}
+
+// requestPending says whether the unix socket at path has a connection
+// its server has not accepted, or one holding bytes it has not read
+// (Recv-Q in ss, of the listener or of the connection): a request that
+// reached a stopped daemon.
+func requestPending(t *testing.T, path string) bool {
+	t.Helper()
+	out, err := exec.Command("ss", "-xan").Output()
+	if err != nil {
+		t.Fatalf("ss -xn: %v", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		// Netid State Recv-Q Send-Q Local-Address Port Peer-Address Port
+		if f := strings.Fields(l); len(f) >= 5 && f[4] == path && f[2] != "0" {
+			return true
+		}
+	}
+	return false
 }
