@@ -117,6 +117,10 @@ func testSandboxStop(t *testing.T, extra []string) {
 	if _, err := env.Ctr(ctx, "tasks", "start", "-d", "sb"); err != nil {
 		t.Fatal(err)
 	}
+	// As sandboxCtxEnv: its shell has written /state and exec'd sleep, so
+	// no file of the rootfs is still open for writing by a process gone
+	// before the fork could freeze it.
+	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/state"); return out == "before\n" })
 	sc2, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
