@@ -69,9 +69,22 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 		}
 		parent.writers = false
 	}
-	infos, err := sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint)
-	var we *branch.WritersError
-	if err == nil || !errors.As(err, &we) || parent.frozen {
+	var (
+		infos []branch.Info
+		err   error
+		we    *branch.WritersError
+	)
+	// A seal refused with no writer left to name: the file was closed
+	// between the refusal and the scan (a shell that wrote a file and
+	// exec'd, say). Nothing was changed; it is tried again.
+	for try := 0; ; try++ {
+		we = nil
+		infos, err = sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint)
+		if err == nil || !errors.As(err, &we) || len(we.Writers) > 0 || try == 2 {
+			break
+		}
+	}
+	if err == nil || we == nil || parent.frozen {
 		return infos, err
 	}
 	if isSelfFork(ctx) {
