@@ -181,8 +181,18 @@ func TestCRIConfigParsed(t *testing.T) {
 			t.Errorf("containerd's reading of the documented config lacks:\n%s", want)
 		}
 	}
-	i := strings.Index(dump, "runtimes.branch]")
-	if i < 0 || !strings.Contains(dump[i:i+600], "snapshotter = 'branch'") || !strings.Contains(dump[i:i+600], "sandboxer = 'podsandbox'") {
-		t.Errorf("the branch handler's snapshotter or sandboxer is not as documented:\n%s", dump[max(i, 0):min(len(dump), max(i, 0)+600)])
+	// The branch handler's own table: up to the next table header.
+	section := ""
+	if i := strings.Index(dump, "runtimes.branch]"); i >= 0 {
+		section = dump[i:]
+		for j, line := range strings.SplitAfter(section, "\n")[1:] {
+			if strings.HasPrefix(strings.TrimSpace(line), "[") {
+				section = strings.Join(strings.SplitAfter(section, "\n")[:j+1], "")
+				break
+			}
+		}
+	}
+	if !strings.Contains(section, "snapshotter = 'branch'") || !strings.Contains(section, "sandboxer = 'podsandbox'") {
+		t.Errorf("the branch handler's snapshotter or sandboxer is not as documented:\n%s", section)
 	}
 }
