@@ -321,8 +321,17 @@ func TestContextsSealFreeze(t *testing.T) {
 	}
 	// Branches run; the sandbox's exec path still works.
 	mustRun(t, ctx, sc, kids[0].ID, "true")
-	if _, err := execIn(ctx, env, "sb", "true"); err != nil {
+	out, err := execIn(ctx, env, "sb", "cat", "/proc/self/cgroup")
+	if err != nil {
 		t.Fatalf("ctr t exec into a frozen-sealed sandbox: %v", err)
+	}
+	// It runs outside the frozen leaf: on v1 in the sandbox's own cgroup,
+	// on v2 in the leaf its processes live in beside its branches (the
+	// sandbox's own cgroup cannot hold a process there).
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasSuffix(l, "/.sealed") || (cgroupV2() && !strings.HasSuffix(l, "/.leaf")) {
+			t.Errorf("exec into a frozen-sealed sandbox runs in cgroup %q", l)
+		}
 	}
 	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
