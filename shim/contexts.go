@@ -1664,7 +1664,9 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 		// Everything is killed while frozen (a frozen task takes a
 		// pending SIGKILL as it thaws, before it runs again), then
 		// thawed; the force delete that follows kills the sandbox anyway.
-		signalAll(ctx, sbDirs)
+		if err := signalAll(ctx, sbDirs); err != nil {
+			log.G(ctx).WithError(err).Warn("kill the processes of a paused sandbox at once")
+		}
 		thaw(sbDirs)
 	}
 	seen := map[string]bool{}
