@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -99,6 +100,9 @@ func testBranchInit(t *testing.T, extra ...string) {
 func TestContextsRuntimeFallback(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t, "--seccomp", "--cap-add", "CAP_SYS_PTRACE")
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	for _, k := range kids {
+		assertDomainCgroup(t, "branch "+k.ID+" started by the runtime", k.Cgroup)
+	}
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep '^Seccomp:' /proc/self/status | tr -d '\t '; cat /proc/1/comm"); strings.HasPrefix(got, "Seccomp:2\nbrinit") || !strings.HasPrefix(got, "Seccomp:2\n") {
 		t.Fatalf("a branch of a seccomp sandbox: %q; want the filter on, from the runtime", got)
 	}
@@ -132,6 +136,7 @@ func TestContextsWarmInits(t *testing.T) {
 			if got == "0\n" {
 				t.Fatalf("round %d: branch %s's process is not in %s", i, k.ID, k.Cgroup)
 			}
+			assertDomainCgroup(t, fmt.Sprintf("round %d: branch %s", i, k.ID), k.Cgroup)
 		}
 		for _, k := range kids {
 			if _, err := sc.Abort(ctx, k.ID); err != nil {
@@ -141,6 +146,8 @@ func TestContextsWarmInits(t *testing.T) {
 	}
 	removeContainer(t, env, "sb")
 	pool, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", env.Namespace, "sb", "bbx-pool-*"))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", env.Namespace, "sb", "bbx-pool-*"))
+	pool = append(pool, v2...)
 	if len(pool) != 0 {
 		t.Fatalf("pool cgroups left after the sandbox: %v", pool)
 	}

@@ -65,16 +65,34 @@ func startAdversarialIn(t *testing.T, ctx context.Context, env *harness.Env, sc 
 		}
 		// The limit counts threads too, and the waiting init has several:
 		// the bomb is at the limit when the cgroup's count is.
-		cur, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", k.Cgroup, "pids.current"))
+		cur, _ := os.ReadFile(cgroupFile("pids", k.Cgroup, "pids.current"))
 		n, _ := strconv.Atoi(strings.TrimSpace(string(cur)))
 		return nested && n >= adversarialPidsLimit-1
 	})
 	return procs
 }
 
+// hostProcIn starts a process on the host, outside any branch's PID
+// namespace, and puts it into the cgroup cg: the kill of the branch must
+// find it there.
+func hostProcIn(t *testing.T, cg string) hostProc {
+	t.Helper()
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }() // reaped as it dies
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	moveIntoCgroup(t, cmd.Process.Pid, cg)
+	start, _ := procStart(cmd.Process.Pid)
+	return hostProc{pid: cmd.Process.Pid, start: start, cmd: "sleep 1000 (from the host)"}
+}
+
 // TestContextsKillSuite runs the shim's adversarial kill suite inside
 // branches (ignored signals, a setsid double-forked daemon, a nested PID
-// namespace, a fork bomb held by the pids limit) and checks from the host
+// namespace, a fork bomb held by the pids limit, and a process put into
+// its cgroup from the host) and checks from the host
 // that nothing survives an abort, nor the losing side of a commit race, nor
 // the winner of it.
 func TestContextsKillSuite(t *testing.T) {
@@ -82,7 +100,7 @@ func TestContextsKillSuite(t *testing.T) {
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3, Pids: adversarialPidsLimit})
 	procs := make([][]hostProc, len(kids))
 	for i, k := range kids {
-		procs[i] = startAdversarialIn(t, ctx, env, sc, k)
+		procs[i] = append(startAdversarialIn(t, ctx, env, sc, k), hostProcIn(t, k.Cgroup))
 	}
 	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
@@ -213,12 +231,23 @@ func TestContextsLimitsAndOOM(t *testing.T) {
 	}
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Memory: 32 << 20, CPUs: 0.5, Pids: 20})
 	a, b := kids[0], kids[1]
-	for file, want := range map[string]string{
-		"memory/" + a.Cgroup + "/memory.limit_in_bytes": strconv.Itoa(32 << 20),
-		"cpu/" + a.Cgroup + "/cpu.cfs_quota_us":         "50000",
-		"pids/" + a.Cgroup + "/pids.max":                "20",
-	} {
-		got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", file))
+	limits := map[string]string{
+		cgroupFile("memory", a.Cgroup, "memory.limit_in_bytes"): strconv.Itoa(32 << 20),
+		cgroupFile("cpu", a.Cgroup, "cpu.cfs_quota_us"):         "50000",
+		cgroupFile("pids", a.Cgroup, "pids.max"):                "20",
+	}
+	if cgroupV2() {
+		limits = map[string]string{
+			cgroupFile("memory", a.Cgroup, "memory.max"): strconv.Itoa(32 << 20),
+			cgroupFile("cpu", a.Cgroup, "cpu.max"):       "50000 100000",
+			cgroupFile("pids", a.Cgroup, "pids.max"):     "20",
+			// A domain cgroup, with the memory and io controllers; a
+			// threaded one has neither.
+			cgroupFile("", a.Cgroup, "cgroup.type"): "domain",
+		}
+	}
+	for file, want := range limits {
+		got, err := os.ReadFile(file)
 		if err != nil || strings.TrimSpace(string(got)) != want {
 			t.Errorf("%s = %q (%v); want %s", file, got, err, want)
 		}
@@ -244,6 +273,9 @@ func TestContextsLimitsAndOOM(t *testing.T) {
 		if n.ID == b.ID && n.OOMKilled {
 			t.Errorf("tree reports the sibling as OOM-killed")
 		}
+		if n.ID == branch.RootID && n.OOMKilled {
+			t.Errorf("tree reports the sandbox as OOM-killed for its branch's OOM")
+		}
 	}
 	if _, err := execIn(ctx, env, "sb", "true"); err != nil {
 		t.Fatalf("sandbox after a branch's OOM: %v", err)
@@ -257,34 +289,60 @@ func TestContextsSealFreeze(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
 	pid := sandboxInitPid(t, ctx, sc)
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Seal: "freeze"})
+	// The init's freezer cgroup and its state: on v1 the freezer
+	// hierarchy's, FROZEN or THAWED; on v2 the unified one's, frozen or
+	// not as its cgroup.events says. Frozen, it is the context's seal leaf.
+	leaf, frozen, thawed := "/.sealed", " FROZEN", " THAWED"
+	if cgroupV2() {
+		frozen, thawed = " frozen 1", " frozen 0"
+	}
 	state := func() string {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 		for _, l := range strings.Split(string(b), "\n") {
-			if parts := strings.SplitN(l, ":", 3); len(parts) == 3 && parts[1] == "freezer" {
+			parts := strings.SplitN(l, ":", 3)
+			switch {
+			case len(parts) == 3 && parts[1] == "freezer":
 				s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", parts[2], "freezer.state"))
 				return parts[2] + " " + strings.TrimSpace(string(s))
+			case len(parts) == 3 && parts[0] == "0" && cgroupV2():
+				s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", parts[2], "cgroup.events"))
+				for _, e := range strings.Split(string(s), "\n") {
+					if strings.HasPrefix(e, "frozen ") {
+						return parts[2] + " " + e
+					}
+				}
+				return parts[2]
 			}
 		}
 		return ""
 	}
-	if got := state(); !strings.HasSuffix(got, "/.sealed FROZEN") {
+	if got := state(); !strings.HasSuffix(got, leaf+frozen) {
 		t.Fatalf("sandbox init's freezer cgroup while forked with --seal freeze: %q", got)
 	}
 	// Branches run; the sandbox's exec path still works.
 	mustRun(t, ctx, sc, kids[0].ID, "true")
-	if _, err := execIn(ctx, env, "sb", "true"); err != nil {
+	out, err := execIn(ctx, env, "sb", "cat", "/proc/self/cgroup")
+	if err != nil {
 		t.Fatalf("ctr t exec into a frozen-sealed sandbox: %v", err)
+	}
+	// It runs outside the frozen leaf: on v1 in the sandbox's own cgroup,
+	// on v2 in the leaf its processes live in beside its branches (the
+	// sandbox's own cgroup cannot hold a process there).
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasSuffix(l, "/.sealed") || (cgroupV2() && !strings.HasSuffix(l, "/.leaf")) {
+			t.Errorf("exec into a frozen-sealed sandbox runs in cgroup %q", l)
+		}
 	}
 	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := state(); !strings.HasSuffix(got, "/.sealed FROZEN") {
+	if got := state(); !strings.HasSuffix(got, leaf+frozen) {
 		t.Fatalf("sandbox thawed while a branch lives: %q", got)
 	}
 	if _, err := sc.Abort(ctx, kids[1].ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := state(); strings.Contains(got, ".sealed") || !strings.HasSuffix(got, "THAWED") {
+	if got := state(); strings.Contains(got, ".sealed") || !strings.HasSuffix(got, thawed) {
 		t.Fatalf("sandbox after the last branch ended: %q; want thawed in its own cgroup", got)
 	}
 	if _, err := execIn(ctx, env, "sb", "sh", "-c", "echo writable > /state"); err != nil {

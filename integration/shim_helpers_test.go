@@ -257,3 +257,53 @@ func killLeftovers(t *testing.T, namespace string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// cgroupV2 says the host runs cgroup v2 alone (no v1 controllers).
+func cgroupV2() bool {
+	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
+	return err == nil
+}
+
+// cgroupFile is the path of a file of controller ctrl of the cgroup cg:
+// on the controller's v1 hierarchy, or on cgroup v2.
+func cgroupFile(ctrl, cg, file string) string {
+	if cgroupV2() {
+		return filepath.Join("/sys/fs/cgroup", cg, file)
+	}
+	return filepath.Join("/sys/fs/cgroup", ctrl, cg, file)
+}
+
+// moveIntoCgroup puts pid into the cgroup cg on every hierarchy where it
+// exists, as a process of the host would be put into a branch's cgroup
+// from outside its PID namespace.
+func moveIntoCgroup(t *testing.T, pid int, cg string) {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", cg))
+	if d := filepath.Join("/sys/fs/cgroup", cg); cgroupV2() {
+		dirs = []string{d}
+	}
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			t.Fatalf("move process %d into cgroup %s: %v", pid, d, err)
+		}
+	}
+}
+
+// assertDomainCgroup checks that the cgroup cg has the memory controller:
+// on v1 a directory on the memory hierarchy; on v2 a domain cgroup (not a
+// threaded one, which has no memory or io controller) with memory in its
+// cgroup.controllers.
+func assertDomainCgroup(t *testing.T, what, cg string) {
+	t.Helper()
+	if !cgroupV2() {
+		if !isDirPath(filepath.Join("/sys/fs/cgroup/memory", cg)) {
+			t.Errorf("%s: no memory cgroup %s", what, cg)
+		}
+		return
+	}
+	typ, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", cg, "cgroup.type"))
+	ctrls, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", cg, "cgroup.controllers"))
+	if strings.TrimSpace(string(typ)) != "domain" || !strings.Contains(" "+string(ctrls)+" ", " memory ") {
+		t.Errorf("%s: cgroup %s is %q with controllers %q; want a domain cgroup with memory", what, cg, strings.TrimSpace(string(typ)), strings.TrimSpace(string(ctrls)))
+	}
+}

@@ -122,10 +122,23 @@ func subdirs(dir string) []string {
 	return out
 }
 
+// readPids lists the processes of a cgroup.procs file, none if it cannot
+// be read: for what is shown, not for what is killed (readPidsErr).
 func readPids(file string) []int {
+	pids, _ := readPidsErr(file)
+	return pids
+}
+
+// readPidsErr lists the processes of a cgroup.procs file. A cgroup that is
+// gone has none; any other failure (a threaded cgroup's cgroup.procs
+// cannot be read) is an error, not an empty list.
+func readPidsErr(file string) ([]int, error) {
 	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	var pids []int
 	for _, f := range strings.Fields(string(b)) {
@@ -133,7 +146,7 @@ func readPids(file string) []int {
 			pids = append(pids, pid)
 		}
 	}
-	return pids
+	return pids, nil
 }
 
 // pidsIn lists the processes of a cgroup (its directories on every
@@ -142,7 +155,7 @@ func pidsIn(dirs []cgroupMount, recursive bool) []int {
 	seen := map[int]bool{}
 	var pids []int
 	for _, d := range dirs {
-		list := []string{d.dir, filepath.Join(d.dir, sealLeaf)}
+		list := ownDirs(d.dir)
 		if recursive {
 			list = subdirs(d.dir)
 		}
@@ -177,13 +190,18 @@ func thaw(dirs []cgroupMount) {
 	}
 }
 
-// subtreePids lists the processes in dirs and every cgroup below them.
-func subtreePids(dirs []cgroupMount) []int {
+// subtreePids lists the processes in dirs and every cgroup below them; a
+// list that cannot be read is an error.
+func subtreePids(dirs []cgroupMount) ([]int, error) {
 	seen := map[int]bool{}
 	var pids []int
 	for _, d := range dirs {
 		for _, dir := range subdirs(d.dir) {
-			for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+			list, err := readPidsErr(filepath.Join(dir, "cgroup.procs"))
+			if err != nil {
+				return nil, fmt.Errorf("list processes of cgroup %s: %w", dir, err)
+			}
+			for _, pid := range list {
 				if !seen[pid] {
 					seen[pid] = true
 					pids = append(pids, pid)
@@ -191,7 +209,7 @@ func subtreePids(dirs []cgroupMount) []int {
 			}
 		}
 	}
-	return pids
+	return pids, nil
 }
 
 // killDirs SIGKILLs every process in a cgroup (its directories on every
@@ -223,33 +241,50 @@ func killBranch(ctx context.Context, path string, dirs []cgroupMount, initPidfd 
 	if frozen {
 		thaw(dirs)
 	}
-	signalAll(ctx, dirs)
-	if waitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
+	if err := signalAll(ctx, dirs); err == nil && waitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
 		return nil
+	} else if err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once; killing them one by one")
 	}
-	// The init is not gone (frozen by someone else?), or something outside
-	// its namespace is in the cgroup: the slow way.
+	// The init is not gone (frozen by someone else?), something outside
+	// its namespace is in the cgroup, or the kill at once failed: the slow
+	// way, which fails unless the cgroup is seen empty.
 	return killDirs(ctx, path, dirs)
 }
 
 // signalAll kills every process of a cgroup once: all at once where
 // cgroup.kill exists (cgroup v2, Linux 5.14), one by one on the first v1
 // hierarchy.
-func signalAll(ctx context.Context, dirs []cgroupMount) {
-	killV2(dirs)
-	if !dirs[0].v2 {
-		killPids(ctx, subtreePids(dirs[:1]))
+func signalAll(ctx context.Context, dirs []cgroupMount) error {
+	if err := killV2(dirs); err != nil {
+		return err
 	}
+	if !dirs[0].v2 {
+		pids, err := subtreePids(dirs[:1])
+		if err != nil {
+			return err
+		}
+		killPids(ctx, pids)
+	}
+	return nil
 }
 
 // killV2 writes cgroup.kill (Linux 5.14) on the v2 directories of dirs,
-// which kills each whole subtree atomically.
-func killV2(dirs []cgroupMount) {
+// which kills each whole subtree atomically. A kernel without it (no such
+// file) is left to the kill one by one; any other failure (a threaded
+// cgroup refuses it) is an error.
+func killV2(dirs []cgroupMount) error {
+	var errs []error
 	for _, d := range dirs {
-		if d.v2 {
-			_ = os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
+		if !d.v2 {
+			continue
+		}
+		err := os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("kill cgroup %s: %w", d.dir, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func killPids(ctx context.Context, pids []int) {
@@ -273,20 +308,28 @@ func populated(dirs []cgroupMount) bool {
 		}
 		return !bytes.Contains(b, []byte("populated 0"))
 	}
-	return len(subtreePids(dirs[:1])) > 0
+	pids, err := subtreePids(dirs[:1])
+	return err != nil || len(pids) > 0 // unreadable: maybe populated
 }
 
 // killLoop kills the processes of dirs until none is left, watching the
 // hierarchies of watch while they die and checking all before it returns.
 func killLoop(ctx context.Context, path string, dirs, watch []cgroupMount) error {
-	killV2(dirs)
+	if err := killV2(dirs); err != nil {
+		// The processes are still killed one by one below, and the
+		// cgroup must be seen empty.
+		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once")
+	}
 	// Every process is in every hierarchy, so one hierarchy is watched
 	// while they die, and all of them are checked before returning. The
 	// poll starts short: a killed branch is usually gone within a
 	// millisecond, and a long first sleep would be most of a commit.
 	delay := 50 * time.Microsecond
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		pids := subtreePids(watch)
+		pids, err := subtreePids(watch)
+		if err != nil {
+			return fmt.Errorf("kill the processes of cgroup %s: %w", path, err)
+		}
 		if len(pids) == 0 {
 			if len(watch) == len(dirs) {
 				return nil
@@ -347,67 +390,93 @@ func removeDirs(dirs []cgroupMount) error {
 }
 
 // freezeOwn freezes the processes that are directly in a cgroup path (not
-// its children's, which are branches) by moving them into a child leaf and
-// freezing that.
+// its children's, which are branches) by moving them into a child leaf
+// (sealLeaf) and freezing that; the freeze is done once the kernel says
+// so. On cgroup v2 they come from the leaf they live in once the context
+// has branches (ownLeaf), into which an exec into the context still goes,
+// unfrozen, as one into the context's own cgroup does on v1.
 func freezeOwn(ctx context.Context, path string) error {
 	dirs, err := cgroupDirs(path)
 	if err != nil {
 		return err
 	}
 	v2 := cgroups.IsCgroup2UnifiedMode()
+	if v2 {
+		if err := prepareBranchParent(ctx, path); err != nil {
+			return fmt.Errorf("freeze %s: %w", path, err)
+		}
+	}
 	for _, d := range dirs {
 		if !(d.freezer || (v2 && d.v2)) {
 			continue
+		}
+		from := d.dir
+		if v2 {
+			from = filepath.Join(d.dir, ownLeaf)
 		}
 		leaf := filepath.Join(d.dir, sealLeaf)
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("freeze %s: make leaf cgroup: %w", path, err)
 		}
-		if d.freezer {
-			// A v1 freezer cgroup starts thawed; freeze it first so moved
-			// processes stop the moment they arrive.
-			if err := os.WriteFile(filepath.Join(leaf, "freezer.state"), []byte("FROZEN"), 0); err != nil {
-				return fmt.Errorf("freeze %s: %w", path, err)
-			}
-		} else if err := os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("1"), 0); err != nil {
+		// The leaf starts thawed; it is frozen first so moved processes
+		// stop the moment they arrive.
+		file, value, state, frozen := "freezer.state", "FROZEN", "freezer.state", "FROZEN"
+		if !d.freezer {
+			file, value, state, frozen = "cgroup.freeze", "1", "cgroup.events", "frozen 1"
+		}
+		if err := os.WriteFile(filepath.Join(leaf, file), []byte(value), 0); err != nil {
 			return fmt.Errorf("freeze %s: %w", path, err)
 		}
-		// Repeat: a process can fork while the others are being moved.
-		for i := 0; i < 100; i++ {
-			pids := readPids(filepath.Join(d.dir, "cgroup.procs"))
-			if len(pids) == 0 {
-				break
+		if v2 {
+			// A process left out would run on: a failed move fails the
+			// freeze.
+			if err := moveAll(from, leaf); err != nil {
+				return fmt.Errorf("freeze %s: %w", path, err)
 			}
-			for _, pid := range pids {
-				if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
-					log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process to seal cgroup")
+			// One that got into the context's own cgroup before its
+			// controllers were enabled.
+			if err := moveAll(d.dir, leaf); err != nil {
+				return fmt.Errorf("freeze %s: %w", path, err)
+			}
+		} else {
+			// Repeat: a process can fork while the others are being moved.
+			for i := 0; i < 100; i++ {
+				pids := readPids(filepath.Join(from, "cgroup.procs"))
+				if len(pids) == 0 {
+					break
+				}
+				for _, pid := range pids {
+					if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+						log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process to seal cgroup")
+					}
 				}
 			}
 		}
-		if d.freezer {
-			if err := waitFrozen(filepath.Join(leaf, "freezer.state")); err != nil {
-				return fmt.Errorf("freeze %s: %w", path, err)
-			}
+		if err := waitFrozen(filepath.Join(leaf, state), frozen); err != nil {
+			return fmt.Errorf("freeze %s: %w", path, err)
 		}
 	}
 	return nil
 }
 
-func waitFrozen(state string) error {
-	for i := 0; i < 1000; i++ {
-		b, err := os.ReadFile(state)
+// waitFrozen waits until file (freezer.state on v1, cgroup.events on v2)
+// has a line want.
+func waitFrozen(file, want string) error {
+	for i := 0; i < 2000; i++ {
+		b, err := os.ReadFile(file)
 		if err != nil {
 			return err
 		}
-		if strings.TrimSpace(string(b)) == "FROZEN" {
+		if slices.Contains(strings.Split(string(b), "\n"), want) {
 			return nil
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return fmt.Errorf("%s not FROZEN after 1s: %w", state, errdefs.ErrUnavailable)
+	return fmt.Errorf("%s has no %q after 2s: %w", file, want, errdefs.ErrUnavailable)
 }
 
-// thawOwn undoes freezeOwn: the processes go back to the context's cgroup.
+// thawOwn undoes freezeOwn: the processes go back to the context's cgroup
+// (on cgroup v2 its leaf).
 func thawOwn(ctx context.Context, path string) error {
 	dirs, err := cgroupDirs(path)
 	if err != nil {
@@ -419,13 +488,17 @@ func thawOwn(ctx context.Context, path string) error {
 		if _, err := os.Stat(leaf); err != nil {
 			continue
 		}
+		to := d.dir
+		if d.v2 && isDir(filepath.Join(d.dir, ownLeaf)) {
+			to = filepath.Join(d.dir, ownLeaf)
+		}
 		if d.freezer {
 			_ = os.WriteFile(filepath.Join(leaf, "freezer.state"), []byte("THAWED"), 0)
 		} else if d.v2 {
 			_ = os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("0"), 0)
 		}
 		for _, pid := range readPids(filepath.Join(leaf, "cgroup.procs")) {
-			if err := os.WriteFile(filepath.Join(d.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			if err := os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
 				log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
 			}
 		}
@@ -437,32 +510,46 @@ func thawOwn(ctx context.Context, path string) error {
 }
 
 // oomKillsIn is how many processes the kernel's OOM killer killed in a
-// cgroup (its directories on every hierarchy; memory.oom_control on v1,
-// memory.events on v2).
+// cgroup itself, not in its branches below it (its directories on every
+// hierarchy): memory.oom_control on v1, which counts its own; on v2,
+// where memory.events counts descendants too, memory.events.local of the
+// cgroup and of its leaf.
 func oomKillsIn(dirs []cgroupMount) uint64 {
 	for _, d := range dirs {
-		file := ""
 		switch {
 		case d.memory:
-			file = filepath.Join(d.dir, "memory.oom_control")
-		case d.v2:
-			file = filepath.Join(d.dir, "memory.events")
-		default:
-			continue
-		}
-		f, err := os.Open(file)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
-				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				f.Close()
+			if n, ok := oomKillLine(filepath.Join(d.dir, "memory.oom_control")); ok {
 				return n
 			}
+		case d.v2:
+			var sum uint64
+			found := false
+			for _, dir := range ownDirs(d.dir) {
+				if n, ok := oomKillLine(filepath.Join(dir, "memory.events.local")); ok {
+					sum, found = sum+n, true
+				}
+			}
+			if found {
+				return sum
+			}
 		}
-		f.Close()
 	}
 	return 0
+}
+
+// oomKillLine reads the oom_kill line of a memory controller's file.
+func oomKillLine(file string) (uint64, bool) {
+	f, err := os.Open(file)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n, true
+		}
+	}
+	return 0, false
 }

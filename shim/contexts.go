@@ -570,6 +570,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
+	if err := prepareBranchParent(ctx, parent.cgroup); err != nil {
+		return nil, fmt.Errorf("fork %s of %s: make room for branch cgroups: %w", parentID, sb.id, err)
+	}
 	errs := make([]error, len(infos))
 	var wg sync.WaitGroup
 	// Two at a time with the runtime (each start runs a Go binary twice,
@@ -823,8 +826,11 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 		if n.held && len(dirs[i]) > 0 {
 			// Signalled while still frozen, it dies as it thaws, without
 			// running another instruction.
-			signalAll(ctx, dirs[i])
-			if n.fast != nil && heldFrozen(dirs[i]) {
+			err := signalAll(ctx, dirs[i])
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("kill held branch processes at once")
+			}
+			if err == nil && n.fast != nil && heldFrozen(dirs[i]) {
 				// Frozen whole (a frozen cgroup's list of processes is
 				// complete, and none can fork), so nothing of it runs
 				// again: their exits are waited for by release, in the
@@ -1658,7 +1664,9 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 		// Everything is killed while frozen (a frozen task takes a
 		// pending SIGKILL as it thaws, before it runs again), then
 		// thawed; the force delete that follows kills the sandbox anyway.
-		signalAll(ctx, sbDirs)
+		if err := signalAll(ctx, sbDirs); err != nil {
+			log.G(ctx).WithError(err).Warn("kill the processes of a paused sandbox at once")
+		}
 		thaw(sbDirs)
 	}
 	seen := map[string]bool{}

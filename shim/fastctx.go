@@ -558,6 +558,10 @@ type spawned struct {
 // hierarchies it is moved in the background while it can already build
 // a root; a fork refused by a process limit is a *pidsLimit.
 func (c *contexts) spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *spawned, retErr error) {
+	// Also done by the fork; the pool starts inits between forks.
+	if err := prepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
+	}
 	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
 	if err != nil {
 		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)

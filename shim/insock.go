@@ -281,7 +281,7 @@ func (c *contexts) closeSelfAll(sandboxID string) {
 }
 
 // peerIn checks that a connecting process belongs to the context whose
-// cgroup is cg: in it (or its .sealed leaf), and not in one of its
+// cgroup is cg: in it (or a leaf of its: .sealed, .leaf on cgroup v2), and not in one of its
 // branches' cgroups (b<id>), whose processes have sockets of their own.
 func peerIn(pid int, cg string) error {
 	paths, err := cgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/cgroup", pid))

@@ -352,7 +352,7 @@ func freezeAll(dirs []cgroupMount, alone int) error {
 	if err := os.WriteFile(file, []byte(value), 0); err != nil {
 		return fmt.Errorf("freeze %s: %w", d.dir, err)
 	}
-	if pids := subtreePids([]cgroupMount{d}); alone > 0 && len(pids) == 1 && pids[0] == alone {
+	if pids, err := subtreePids([]cgroupMount{d}); err == nil && alone > 0 && len(pids) == 1 && pids[0] == alone {
 		return nil
 	}
 	check := file

@@ -190,7 +190,7 @@ func writersOutside(cgroup string, writers []branch.Writer) []branch.Writer {
 	return out
 }
 
-// inCgroup says whether pid is in cgroup (or its seal leaf) on some
+// inCgroup says whether pid is in cgroup (or its seal or v2 leaf) on some
 // hierarchy, or is gone: a writer that ended (a short-lived child that
 // inherited a descriptor, such as a sleep in a shell loop) is no writer.
 func inCgroup(pid int, cgroup string) bool {
@@ -201,7 +201,7 @@ func inCgroup(pid int, cgroup string) bool {
 	cgroup = filepath.Clean("/" + cgroup)
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && (parts[2] == cgroup || parts[2] == cgroup+"/"+sealLeaf) {
+		if len(parts) == 3 && (parts[2] == cgroup || parts[2] == cgroup+"/"+sealLeaf || parts[2] == cgroup+"/"+ownLeaf) {
 			return true
 		}
 	}

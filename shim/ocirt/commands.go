@@ -162,8 +162,37 @@ func execProcess(c *cmdline) error {
 		consoleSocket: c.str("console-socket"),
 		pidFile:       c.str("pid-file"),
 		preserveFDs:   atoi(c.str("preserve-fds")),
+		subCgroup:     execCgroup(container),
 	}
 	return r.run(&p)
+}
+
+// OwnLeaf is the child cgroup, on cgroup v2, that the processes of a
+// container with branch cgroups below its own live in (the shim moves them
+// there before the first branch cgroup): the container's cgroup then gives
+// its children domain controllers and cannot take a process itself.
+const OwnLeaf = ".leaf"
+
+// execCgroup is the sub-cgroup an exec into container goes to: its
+// OwnLeaf if it has one (cgroup v2). Without this, libcontainer's fallback
+// for a cgroup that refuses processes is the init's cgroup, which is a
+// frozen one while the container is sealed frozen for its branches.
+func execCgroup(container *libcontainer.Container) string {
+	if !cgroups.IsCgroup2UnifiedMode() {
+		return ""
+	}
+	st, err := container.State()
+	if err != nil {
+		return ""
+	}
+	dir, ok := st.CgroupPaths[""]
+	if !ok || dir == "" {
+		return ""
+	}
+	if fi, err := os.Stat(filepath.Join(dir, OwnLeaf)); err != nil || !fi.IsDir() {
+		return ""
+	}
+	return OwnLeaf
 }
 
 func parseSignal(raw string) (unix.Signal, error) {

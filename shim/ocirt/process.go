@@ -36,6 +36,7 @@ type runner struct {
 	consoleSocket string
 	pidFile       string
 	preserveFDs   int
+	subCgroup     string // cgroup v2: where below the container's an exec goes
 }
 
 func (r *runner) run(config *specs.Process) (retErr error) {
@@ -58,6 +59,9 @@ func (r *runner) run(config *specs.Process) (retErr error) {
 	}
 	process.LogLevel = strconv.Itoa(int(logrus.GetLevel()))
 	process.Init = r.init
+	if r.subCgroup != "" {
+		process.SubCgroupPaths = map[string]string{"": r.subCgroup}
+	}
 	baseFd := 3 + len(process.ExtraFiles)
 	for i := baseFd; i < baseFd+r.preserveFDs; i++ {
 		if _, err := os.Stat("/proc/self/fd/" + strconv.Itoa(i)); err != nil {
