@@ -79,19 +79,7 @@ func testPause(t *testing.T, extra []string) {
 	}
 	defer sleeper.Close()
 
-	client, err := containerd.New(env.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctr, err := client.LoadContainer(ctx, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, task := sandboxTask(t, ctx, env, "sb")
 	// Runs before the sandbox's removal (cleanups run last first), so that
 	// a failed test leaves nothing frozen.
 	t.Cleanup(func() { _ = task.Resume(context.WithoutCancel(ctx)) })
@@ -377,19 +365,7 @@ func TestContextsPauseShimDeath(t *testing.T) {
 		}
 		procs = append(procs, branchProcs(env, k)...)
 	}
-	client, err := containerd.New(env.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctr, err := client.LoadContainer(ctx, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, task := sandboxTask(t, ctx, env, "sb")
 	procs = append(procs, containerHostProcs(env.Namespace, "sb", int(task.Pid()))...)
 	t.Cleanup(func() { _ = task.Resume(context.WithoutCancel(ctx)) })
 	if err := task.Pause(ctx); err != nil {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
@@ -50,19 +49,7 @@ func testSandboxStop(t *testing.T, extra []string) {
 		procs = append(procs, ps)
 	}
 
-	client, err := containerd.New(env.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ctr, err := client.LoadContainer(ctx, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, task := sandboxTask(t, ctx, env, "sb")
 	exitCh, err := task.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
@@ -56,6 +57,26 @@ func runErr(ctx context.Context, sc *branch.SandboxClient, b string, args ...str
 	var out branch.Output
 	st, err := sc.Run(ctx, b, branch.ExecOptions{Args: args, Stdout: &out, Stderr: &out})
 	return out.String(), st, err
+}
+
+// sandboxTask is the containerd task of the sandbox container id, and the
+// client it came through, closed when the test ends.
+func sandboxTask(t *testing.T, ctx context.Context, env *harness.Env, id string) (*containerd.Client, containerd.Task) {
+	t.Helper()
+	client, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	ctr, err := client.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, task
 }
 
 func mustRun(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b string, args ...string) string {
