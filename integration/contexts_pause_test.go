@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -98,6 +99,13 @@ func testPause(t *testing.T, extra []string) {
 	}
 	resumeSnap := func() { _ = syscall.Kill(snap, syscall.SIGCONT) }
 	t.Cleanup(resumeSnap)
+	// kill returns before every thread has stopped: one whose CPU is slow
+	// to take the interrupt (a loaded VM) could still read the fork's
+	// request off the socket, where it would be out of requestPending's
+	// sight.
+	waitUntil(t, "every thread of the snapshotter to stop", 10*time.Second, func() bool {
+		return allStopped(t, snap)
+	})
 	bigFork := make(chan result, 1)
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -414,6 +422,27 @@ func TestContextsExecFrozenBranch(t *testing.T) {
 	if out, code := run(t, ctx, sc, a.ID, "test", "-e", "/late"); code == 0 {
 		t.Errorf("/late exists in %s after the thaw: the exec refused while it was frozen ran: %s", a.ID, out)
 	}
+}
+
+// allStopped reports whether every thread of pid is stopped by a signal.
+func allStopped(t *testing.T, pid int) bool {
+	t.Helper()
+	stats, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "stat"))
+	if err != nil || len(stats) == 0 {
+		t.Fatalf("threads of %d: %v", pid, err)
+	}
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // requestPending says whether the unix socket at path has a connection
