@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Runs branchbox's tests on a cgroup-v2-only Linux: a Debian 6.18 kernel
+# (trixie-backports) booted under QEMU with cgroup_no_v1=all, the host's /
+# shared read-only over 9p as the guest's root (so the guest has the host's
+# runc, busybox, iproute2 ... and this repo's bin/), state on guest tmpfs.
+# No network in the guest. Needs root, apt (the host's Debian mirror), ~1 GB disk.
+#
+#   hack/cgroupv2-vm.sh [TEST_SPEC ...]   (run from the project's root; default: every integration test,
+#                                            one by one, then the unit packages)
+# TEST_SPEC: <pkg>:<TestName> or <pkg>:ALL, pkg = package path with / -> _,
+#   e.g. integration:TestContextsKillSuite shim:ALL
+# Env: REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
+#   SMP (2), ACCEL (auto: kvm if /dev/kvm runs a stock kernel, else tcg),
+#   PER_TEST_TIMEOUT (s, default 600), KERNEL_PKG (trixie-backports package,
+#   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
+#   snapshotter's *xattrat syscalls).
+set -euo pipefail
+REPO=${REPO:-$(git rev-parse --show-toplevel)}
+WORK=${WORK:-/tmp/bbx-cgv2}
+MEM=${MEM:-8G}; SMP=${SMP:-2}
+mkdir -p $WORK/apt/lists/partial $WORK/apt/cache/archives/partial $WORK/out
+# 1. host packages: qemu, and the kernel + kmod debs unpacked under $WORK (not installed)
+command -v qemu-system-x86_64 >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86; }
+APTO=(-o Dir::Etc::SourceList=$WORK/apt/sources.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$WORK/apt/lists -o Dir::Cache=$WORK/apt/cache -o APT::Get::List-Cleanup=0)
+if [ ! -f $WORK/kernel/vmlinux ]; then
+  # the same Debian mirror the host's apt uses, trixie-backports suite
+  uri=$(grep -hoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null | head -1 | tr -d ' ' || true)
+  echo "deb ${uri%/} trixie-backports main" > $WORK/apt/sources.list
+  apt-get "${APTO[@]}" update -qq
+  # the tested kernel; newer ones may be split (a small linux-image-X
+  # depending on linux-image-X-unsigned): KERNEL_PKG=...-unsigned then
+  pkg=${KERNEL_PKG:-linux-image-6.18.15+deb13-amd64}
+  # the kernel from trixie-backports; kmod (depmod/modprobe for the guest,
+  # run from the host's /) from the host's own suite, so that it runs here
+  (cd $WORK/apt/cache && apt-get "${APTO[@]}" download "$pkg" && { apt-get download kmod || { apt-get update -qq && apt-get download kmod; }; })
+  rm -rf $WORK/kernel $WORK/kmod; mkdir -p $WORK/kernel $WORK/kmod/wrap
+  dpkg-deb -x $WORK/apt/cache/${pkg}_*.deb $WORK/kernel
+  dpkg-deb -x $WORK/apt/cache/kmod_*.deb $WORK/kmod
+  ln -s usr/lib $WORK/kernel/lib
+  for n in depmod modprobe; do ln -sf $WORK/kmod/bin/kmod $WORK/kmod/wrap/$n; done
+  KV=$(ls $WORK/kernel/usr/lib/modules | head -1)
+  $WORK/kmod/wrap/depmod -b $WORK/kernel $KV
+  # PVH boot of the uncompressed kernel (QEMU -kernel takes the ELF)
+  python3 - $WORK/kernel/boot/vmlinuz-$KV $WORK/kernel/vmlinux <<'PY'
+import subprocess, sys
+d = open(sys.argv[1], 'rb').read()
+for magic, cmd in ((b'\x28\xb5\x2f\xfd', ['zstd', '-dc']), (b'\xfd7zXZ\x00', ['xz', '-dc'])):
+    i = d.find(magic)
+    while i >= 0:
+        out = subprocess.run(cmd, input=d[i:], capture_output=True).stdout
+        if out[:4] == b'\x7fELF':
+            open(sys.argv[2], 'wb').write(out); sys.exit(0)
+        i = d.find(magic, i + 1)
+sys.exit("no vmlinux found in " + sys.argv[1])
+PY
+fi
+KV=$(ls $WORK/kernel/usr/lib/modules | head -1)
+# 2. binaries and test binaries, built on the host
+make -C $REPO binaries
+rm -rf $WORK/tests; mkdir -p $WORK/tests
+for p in $(cd $REPO && go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
+  rel=${p#github.com/branchbox/branchbox/}
+  (cd $REPO && go test -c -tags seccomp -o $WORK/tests/$(echo $rel | tr / _).test ./$rel)
+done
+# 3. initramfs: busybox + the 9p modules; /init mounts the host's / and switch_roots
+I=$(mktemp -d); trap 'rm -rf $I' EXIT
+mkdir -p $I/bin $I/proc $I/sys $I/dev $I/newroot $I/mod
+cp /bin/busybox $I/bin/
+for m in netfs 9pnet 9pnet_virtio 9p; do xz -dc $(find $WORK/kernel/usr/lib/modules/$KV -name "$m.ko.xz") > $I/mod/$m.ko; done
+cat > $I/init <<EOI
+#!/bin/busybox sh
+/bin/busybox mkdir -p /usr/bin /sbin /usr/sbin; /bin/busybox --install -s
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in netfs 9pnet 9pnet_virtio 9p; do insmod /mod/\$m.ko; done
+o=trans=virtio,version=9p2000.L,msize=1048576
+mount -t 9p -o \$o,ro,cache=loose hostroot /newroot || exec sh
+mount -t tmpfs -o size=80% tmpfs /newroot/tmp
+mkdir -p /newroot$WORK /newroot$REPO
+mount -t 9p -o \$o,cache=mmap work /newroot$WORK
+mount -t 9p -o \$o,ro,cache=loose repo /newroot$REPO
+mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
+exec switch_root /newroot /bin/bash $WORK/guest-init.sh
+EOI
+chmod +x $I/init
+(cd $I && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 > $WORK/initramfs.cpio.gz)
+# 4. the guest's PID 1: writable dirs, cgroup2 only (every controller on,
+#    no process in the root cgroup, as under systemd), modules, the tests.
+SPECS=${*:-}
+if [ -z "$SPECS" ]; then
+  SPECS=$(cd $REPO && grep -h '^func Test' integration/*_test.go | sed 's/func \(Test[A-Za-z0-9_]*\)(.*/\1/' | grep -vx TestMain | sed 's/^/integration:/' | tr '\n' ' ')
+  for b in $WORK/tests/*.test; do b=$(basename $b .test); [ $b = integration ] || SPECS="$SPECS $b:ALL"; done
+fi
+cat > $WORK/guest-init.sh <<EOG
+#!/bin/bash
+export PATH=$REPO/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin
+mkdir -p \$HOME /dev/pts /dev/shm
+mount -t tmpfs -o mode=755 tmpfs /run; mount -t tmpfs tmpfs /var/tmp; mount -t tmpfs tmpfs /var/lib
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -sf pts/ptmx /dev/ptmx
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup
+mkdir /sys/fs/cgroup/init.scope; echo \$\$ > /sys/fs/cgroup/init.scope/cgroup.procs
+for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do echo +\$c > /sys/fs/cgroup/cgroup.subtree_control; done
+hostname bbx-cgv2; ip link set lo up; ulimit -n 1048576
+for m in overlay loop veth bridge br_netfilter nf_tables nft_chain_nat nft_compat; do $WORK/kmod/wrap/modprobe -d $WORK/kernel \$m || true; done
+O=$WORK/out; rm -rf \$O/*; mkdir -p \$O/tests
+for spec in $SPECS; do
+  bin=\${spec%%:*}; t=\${spec#*:}; run=(); [ "\$t" = ALL ] || run=(-test.run "^\$t\\\$")
+  s=\$(date +%s)
+  (cd $REPO/\$(echo \$bin | tr _ /) && timeout -k 10 ${PER_TEST_TIMEOUT:-600} $WORK/tests/\$bin.test -test.v -test.count=1 -test.timeout ${GO_TIMEOUT:-9m} "\${run[@]}") > \$O/tests/\$bin.\$t.log 2>&1
+  rc=\$?
+  echo "\$bin \$t rc=\$rc \$((\$(date +%s)-s))s" >> \$O/summary.txt
+done
+echo done >> \$O/summary.txt
+sync; echo o > /proc/sysrq-trigger; sleep 10
+EOG
+# 5. boot. KVM only if it can run a stock kernel (nested PVM cannot: TCG then).
+ACCEL=${ACCEL:-auto}
+if [ "$ACCEL" = auto ]; then ACCEL=tcg; [ -w /dev/kvm ] && ! [ -d /sys/module/kvm_pvm ] && ACCEL=kvm; fi
+A=(-accel tcg,thread=multi,tb-size=512 -cpu max); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
+start=$(date +%s)
+timeout -k 10 ${VM_TIMEOUT:-7200} qemu-system-x86_64 "${A[@]}" -smp $SMP -m $MEM -nographic -no-reboot \
+  -kernel $WORK/kernel/vmlinux -initrd $WORK/initramfs.cpio.gz \
+  -append "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap \
+  -virtfs local,path=$WORK,mount_tag=work,security_model=passthrough,multidevs=remap \
+  -virtfs local,path=$REPO,mount_tag=repo,security_model=passthrough,readonly=on,multidevs=remap \
+  -nic none < /dev/null > $WORK/out/console.log 2>&1 || true
+echo "VM ($ACCEL) ran $(( $(date +%s) - start ))s"
+cat $WORK/out/summary.txt
+grep -q '^done$' $WORK/out/summary.txt && ! grep -q ' rc=[1-9]' $WORK/out/summary.txt
