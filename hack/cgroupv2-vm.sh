@@ -58,8 +58,11 @@ KV=$(ls $WORK/kernel/usr/lib/modules | head -1)
 # 2. binaries and test binaries, built on the host
 make -C $REPO binaries
 rm -rf $WORK/tests; mkdir -p $WORK/tests
+# (only the packages named, when tests are named)
+pkgs=$(for s in "$@"; do echo ${s%%:*}; done | sort -u)
 for p in $(cd $REPO && go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
   rel=${p#github.com/branchbox/branchbox/}
+  [ -z "$pkgs" ] || grep -qx "$(echo $rel | tr / _)" <<<"$pkgs" || continue
   (cd $REPO && go test -c -tags seccomp -o $WORK/tests/$(echo $rel | tr / _).test ./$rel)
 done
 # 3. initramfs: busybox + the 9p modules; /init mounts the host's / and switch_roots
