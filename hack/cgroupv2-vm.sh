@@ -20,7 +20,11 @@ WORK=${WORK:-/tmp/bbx-cgv2}
 MEM=${MEM:-8G}; SMP=${SMP:-2}
 mkdir -p $WORK/apt/lists/partial $WORK/apt/cache/archives/partial $WORK/out
 # 1. host packages: qemu, and the kernel + kmod debs unpacked under $WORK (not installed)
-command -v qemu-system-x86_64 >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86; }
+#    (and what unpacks the kernel: zstd or xz, whichever Debian compressed it with)
+need=(); for c in qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-static; do
+  command -v ${c%%:*} >/dev/null || need+=(${c#*:})
+done
+[ ${#need[@]} = 0 ] || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; }
 APTO=(-o Dir::Etc::SourceList=$WORK/apt/sources.list -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists=$WORK/apt/lists -o Dir::Cache=$WORK/apt/cache -o APT::Get::List-Cleanup=0)
 if [ ! -f $WORK/kernel/vmlinux ]; then
   # the same Debian mirror the host's apt uses, trixie-backports suite
