@@ -151,6 +151,11 @@ type sandbox struct {
 	// cgroup is the sandbox's cgroup path, whose freezer says whether it
 	// is paused (pause.go); "" if its spec did not say.
 	cgroup string
+	// systemdCgroup: the sandbox runs with runc's option SystemdCgroup
+	// (the CRI handler's options, ctr --runc-systemd-cgroup), so cgroup is
+	// a systemd "slice:prefix:name" and its branches' cgroups are to be
+	// made through systemd as well.
+	systemdCgroup bool
 
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
@@ -349,7 +354,7 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		return // added before its creation, to settle it (Create)
 	}
 	c.sandboxes[r.ID] = &sandbox{
-		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, stoppedCh: make(chan struct{}),
+		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, systemdCgroup: opts != nil && opts.SystemdCgroup, stoppedCh: make(chan struct{}),
 		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
 	}
 }
@@ -676,8 +681,12 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
 	}
 	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
-	if sb.opts != nil && sb.opts.Root != "" {
-		opts.Root = sb.opts.Root
+	if sb.opts != nil {
+		if sb.opts.Root != "" {
+			opts.Root = sb.opts.Root
+		}
+		// A branch is run as its sandbox is (runcopts.go).
+		opts.NoPivotRoot, opts.NoNewKeyring = sb.opts.NoPivotRoot, sb.opts.NoNewKeyring
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {

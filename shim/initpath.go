@@ -43,6 +43,8 @@ func (c *contexts) useInit(ctx context.Context, sb *sandbox, spec *specs.Spec) b
 	reason := ""
 	if c.init == "" {
 		reason = "the branch init (" + InitBinary + ") is not installed beside the shim"
+	} else if sb.opts != nil && sb.opts.NoPivotRoot {
+		reason = "runtime option NoPivotRoot: the branch init always pivots"
 	} else if reason = fastUnsupported(spec); reason == "" && spec.Linux.Seccomp != nil {
 		if _, err := sb.initPath.seccomp(ctx, spec.Linux.Seccomp); err != nil {
 			reason = "seccomp profile not compiled for the branch init: " + err.Error()

@@ -323,8 +323,8 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		}
 		opts = o
 	}
-	if opts.BinaryName != "" && opts.BinaryName != s.self {
-		log.G(ctx).WithField("binary", opts.BinaryName).Warn("BinaryName ignored: this runtime runs containers itself")
+	if err := checkRuncOptions(s.self, opts); err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
 	// The task service runs its "runc" as BinaryName with --root first;
 	// ocirt recognises that command line.

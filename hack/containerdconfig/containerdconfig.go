@@ -20,6 +20,10 @@ const DefaultSnapshotterAddress = "/run/containerd-branch-snapshotter/snapshotte
 // RuntimeHandler is the CRI runtime handler (RuntimeClass handler) name.
 const RuntimeHandler = "branch"
 
+// DefaultShimPath is where `make install` puts the shim with the default
+// PREFIX; the CRI handler names it by path (see Render).
+const DefaultShimPath = "/usr/local/bin/containerd-shim-branch-v1"
+
 // Options says what to render. The zero value gives the node configuration
 // of the docs for this machine's architecture.
 type Options struct {
@@ -27,6 +31,14 @@ type Options struct {
 	SnapshotterAddress string
 	// Platform for the transfer service's unpack entries; linux/GOARCH if empty.
 	Platform string
+	// ShimPath is the absolute path of containerd-shim-branch-v1, which
+	// the CRI handler runs; DefaultShimPath if empty.
+	ShimPath string
+	// CgroupfsDriver renders SystemdCgroup = false in the CRI handler's
+	// options, for nodes whose cgroups are not managed by systemd (kubelet's
+	// cgroupDriver: cgroupfs). The default is the systemd driver of a
+	// kubeadm-style node.
+	CgroupfsDriver bool
 
 	// The rest is for a private containerd (tests); empty leaves
 	// containerd's default.
@@ -60,6 +72,9 @@ func Render(o Options) string {
 	}
 	if o.Platform == "" {
 		o.Platform = "linux/" + runtime.GOARCH
+	}
+	if o.ShimPath == "" {
+		o.ShimPath = DefaultShimPath
 	}
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -100,13 +115,20 @@ func Render(o Options) string {
   snapshotter = "branch"
 
 # CRI (Kubernetes): the runtime handler "branch", named by a RuntimeClass
-# (docs/runtimeclass.yaml), runs pods on io.containerd.branch.v1 with their
-# sandbox and container root filesystems on the branch snapshotter. Images are
-# unpacked into it when a container is created; other handlers (runc, the
-# default) keep overlayfs. The pause container is run by the runtime like any
-# container (sandboxer podsandbox, as for runc). No options table is needed.
+# (docs/runtimeclass.yaml), runs pods on branchbox's shim with their sandbox and
+# container root filesystems on the branch snapshotter. Images are unpacked into
+# it when a container is created; other handlers (runc, the default) keep
+# overlayfs. The pause container is run by the runtime like any container
+# (sandboxer podsandbox, as for runc).
+#
+# runtime_type is runc-v2's on purpose, with runtime_path naming the branch shim:
+# containerd's CRI passes the options table below (runc's options) and asks the
+# shim for its features (recursive read-only mounts, user namespaces) only for
+# that type. The shim serves the same protocol as runc-v2 plus branch contexts
+# (docs/cri.md). ctr and nerdctl keep naming it io.containerd.branch.v1.
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s]
-  runtime_type = "io.containerd.branch.v1"
+  runtime_type = "io.containerd.runc.v2"
+  runtime_path = %q
   snapshotter = "branch"
   sandboxer = "podsandbox"
   # The CRI plugin passes only the annotations listed here into a container's
@@ -116,11 +138,18 @@ func Render(o Options) string {
   pod_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate"]
   container_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate"]
 
+# runc's options, as for the runc handler. SystemdCgroup must match kubelet's
+# cgroupDriver (systemd on kubeadm-style nodes; false for cgroupfs). BinaryName
+# is refused (the shim is its own runtime); Root is where the runtime keeps its
+# state (default /run/containerd/branch). See docs/cri.md for every option.
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s.options]
+  SystemdCgroup = %t
+
 # Images pulled for the handler (kubelet's RuntimeClassInImageCriApi) are
 # unpacked straight into the branch snapshotter.
 [plugins."io.containerd.cri.v1.images".runtime_platforms.%s]
   snapshotter = "branch"
-`, o.SnapshotterAddress, o.Platform, o.Platform, RuntimeHandler, RuntimeHandler)
+`, o.SnapshotterAddress, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
 	if o.SandboxImage != "" {
 		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
 	}

@@ -30,6 +30,10 @@ type CRIConfig struct {
 	// CNIConfDir and CNIBinDir default to empty directories under the
 	// env: no pod network, so pods can only use the host's.
 	CNIConfDir, CNIBinDir string
+	// SystemdCgroup renders the branch handler's runc option SystemdCgroup
+	// = true (the node default of the docs); the tests' default is the
+	// cgroupfs driver, as this host has no systemd.
+	SystemdCgroup bool
 }
 
 func (e *Env) criContainerdConfig() (string, error) {
@@ -47,6 +51,8 @@ func (e *Env) criContainerdConfig() (string, error) {
 	}
 	return containerdconfig.Render(containerdconfig.Options{
 		SnapshotterAddress: e.SnapshotterAddress,
+		ShimPath:           filepath.Join(e.BinDir, "containerd-shim-branch-v1"),
+		CgroupfsDriver:     !c.SystemdCgroup,
 		Root:               e.ContainerdRoot,
 		State:              e.ContainerdState,
 		Address:            e.Address,
