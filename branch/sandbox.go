@@ -22,7 +22,9 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
@@ -71,12 +73,14 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 		return nil, fmt.Errorf("look up container %s: %w", id, err)
 	}
 	c := resp.Container
-	if c.Runtime == nil || c.Runtime.Name != RuntimeName {
-		rt := "none"
-		if c.Runtime != nil {
-			rt = c.Runtime.Name
-		}
-		return nil, fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch): %w", id, rt, RuntimeName, RuntimeName, errdefs.ErrFailedPrecondition)
+	rt := "none"
+	if c.Runtime != nil {
+		rt = c.Runtime.Name
+	}
+	// A CRI pod on the branch handler is recorded as runc-v2's type (its
+	// runtime_path names the branch shim; docs/cri.md): its shim is asked.
+	if rt != RuntimeName && rt != criRuntimeType {
+		return nil, notBranchRuntime(id, rt)
 	}
 	group := id
 	if c.Spec != nil {
@@ -96,7 +100,22 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 		return nil, fmt.Errorf("container %s has no running shim at %s (start its task: ctr -n %s tasks start %s): %w", id, sock, namespace, id, errdefs.ErrFailedPrecondition)
 	}
 	tc := ttrpc.NewClient(conn)
-	return &SandboxClient{ID: id, Namespace: namespace, conn: tc, api: shimv1.NewContextsClient(tc)}, nil
+	sc := &SandboxClient{ID: id, Namespace: namespace, conn: tc, api: shimv1.NewContextsClient(tc)}
+	if rt == criRuntimeType {
+		if _, err := sc.api.Tree(sc.ctx(ctx), &shimv1.TreeRequest{Sandbox: id}); status.Code(err) == codes.Unimplemented {
+			tc.Close()
+			return nil, notBranchRuntime(id, rt+" (runc's shim, not branchbox's)")
+		}
+	}
+	return sc, nil
+}
+
+// criRuntimeType is the runtime type the CRI handler "branch" records its
+// containers with: runc-v2's, with runtime_path naming the branch shim.
+const criRuntimeType = "io.containerd.runc.v2"
+
+func notBranchRuntime(id, rt string) error {
+	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, RuntimeName, RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
 // Close closes the connection to the shim.

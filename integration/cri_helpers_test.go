@@ -32,6 +32,11 @@ const (
 // runcRoot is where containerd-shim-runc-v2 keeps runc's state.
 const runcRoot = "/run/containerd/runc"
 
+// criBranchType is the runtime type containerd records for the branch
+// handler's pods and containers: runc-v2's, with runtime_path naming the
+// branch shim (docs/cri.md); the shim process tells them apart.
+const criBranchType = "io.containerd.runc.v2"
+
 const pauseSource = `package main
 
 import (

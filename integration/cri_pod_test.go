@@ -17,7 +17,7 @@ type criHandler struct{ handler, runtime, shim string }
 // containerd's default runc-v2 with Debian's runc.
 func criHandlers() []criHandler {
 	return []criHandler{
-		{"branch", branchRuntime, "containerd-shim-branch-v1"},
+		{"branch", criBranchType, "containerd-shim-branch-v1"},
 		{"runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"},
 	}
 }

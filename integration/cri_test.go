@@ -4,9 +4,11 @@ package integration
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,14 +33,17 @@ func TestCRIPodLifecycle(t *testing.T) {
 	if h := field(m, "status", "runtimeHandler"); h != "branch" {
 		t.Errorf("pod runtime handler %v, want branch", h)
 	}
-	if rt, sn := c.containerInfo(pod); rt != branchRuntime || sn != "branch" {
-		t.Errorf("pod sandbox container runs on runtime %q, snapshotter %q; want %s on branch", rt, sn, branchRuntime)
+	if rt, sn := c.containerInfo(pod); rt != criBranchType || sn != "branch" {
+		t.Errorf("pod sandbox container runs on runtime %q, snapshotter %q; want %s on branch", rt, sn, criBranchType)
+	}
+	if shims := c.shims(); len(shims) != 1 || slices.Collect(maps.Values(shims))[0] != "containerd-shim-branch-v1" {
+		t.Errorf("the pod's shims are %v, want one containerd-shim-branch-v1", shims)
 	}
 
 	ctr := c.createContainer(pod, podCfg, "app", ns, "/bin/sh", "-c",
 		`trap 'echo bye; exit 0' TERM; echo hello from branch; echo to stderr >&2; sleep 1000 & wait`)
-	if rt, sn := c.containerInfo(ctr); rt != branchRuntime || sn != "branch" {
-		t.Errorf("container runs on runtime %q, snapshotter %q; want %s on branch", rt, sn, branchRuntime)
+	if rt, sn := c.containerInfo(ctr); rt != criBranchType || sn != "branch" {
+		t.Errorf("container runs on runtime %q, snapshotter %q; want %s on branch", rt, sn, criBranchType)
 	}
 	// The image was imported into overlayfs only: creating the container
 	// unpacked it into branch, where the container's rootfs is.
@@ -171,7 +176,10 @@ func TestCRIConfigParsed(t *testing.T) {
 	}
 	dump := string(out)
 	for _, want := range []string{
-		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.branch]\n          runtime_type = 'io.containerd.branch.v1'",
+		// runc-v2's type, so that the CRI passes runc's options and asks
+		// for features, run by the branch shim (docs/cri.md).
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.branch]\n          runtime_type = 'io.containerd.runc.v2'\n          runtime_path = '/usr/local/bin/containerd-shim-branch-v1'",
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.branch.options]\n            SystemdCgroup = true\n",
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n          runtime_type = 'io.containerd.runc.v2'",
 		"[plugins.'io.containerd.cri.v1.images'.runtime_platforms.branch]",
 		"[proxy_plugins.branch]\n    type = 'snapshot'\n    address = '/run/containerd-branch-snapshotter/snapshotter.sock'",
