@@ -1662,12 +1662,17 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
 		return
 	}
+	killCgroupsBelow(ctx, spec.Linux.CgroupsPath)
+}
+
+// killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath.
+func killCgroupsBelow(ctx context.Context, sbPath string) {
 	ms, err := cgroupMounts()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
 		return
 	}
-	sbDirs := dirsIn(ms, spec.Linux.CgroupsPath)
+	sbDirs := dirsIn(ms, sbPath)
 	if len(sbDirs) > 0 && cgroupFrozen(sbDirs) {
 		// Paused: thawing a branch below the frozen sandbox does nothing.
 		// Everything is killed while frozen (a frozen task takes a
@@ -1686,7 +1691,7 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 				continue
 			}
 			seen[e.Name()] = true
-			path := spec.Linux.CgroupsPath + "/" + e.Name()
+			path := sbPath + "/" + e.Name()
 			if err := killDirs(ctx, path, dirsIn(ms, path)); err != nil {
 				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
 			}

@@ -97,6 +97,11 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 		return cshim.StopStatus{}, fmt.Errorf("find own executable: %w", err)
 	}
 	r := process.NewRunc(root, path, ns, self, false)
+	// A dead shim served other containers too (a pod's): containerd runs
+	// this only for the one it started the shim for (deadshim.go).
+	if address, err := shimAddress(path); err == nil && !shimServed(address) {
+		stopDeadGroup(ctx, r, filepath.Join(root, ns), id, address)
+	}
 	stopBranches(ctx, r, path, id)
 	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
 		log.G(ctx).WithError(err).Warn("failed to remove container")
@@ -357,6 +362,10 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
+		ns, _ := namespaces.Namespace(ctx)
+		if err := recordMember(filepath.Join(opts.Root, ns), r.ID, r.Bundle); err != nil {
+			log.G(ctx).WithError(err).WithField("container", r.ID).Error("container not recorded: if this shim is killed, its cleanup will not find it")
+		}
 		s.contexts.addSandbox(ctx, r, opts, b)
 	} else {
 		s.contexts.dropSandbox(ctx, r.ID)
