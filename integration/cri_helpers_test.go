@@ -105,6 +105,13 @@ type criTest struct {
 // bug left in the env's cgroups, and checks that no runtime state is left.
 func criEnv(t *testing.T) *criTest {
 	t.Helper()
+	return criEnvWith(t, harness.CRIConfig{})
+}
+
+// criEnvWith is criEnv with the CRI settings of cfg (its image and CNI
+// fields are the test's own).
+func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
+	t.Helper()
 	requireRoot(t)
 	for _, b := range []string{"crictl", "containerd-shim-branch-v1"} {
 		if _, err := os.Stat(filepath.Join(harness.BinDirFromEnv(), b)); err != nil {
@@ -129,7 +136,8 @@ func criEnv(t *testing.T) *criTest {
 	if err := os.WriteFile(filepath.Join(cniConf, "10-bbx.conflist"), []byte(`{"cniVersion":"1.0.0","name":"bbx","plugins":[{"type":"bbx-dummy"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, env := startEnvWith(t, harness.Config{CRI: &harness.CRIConfig{SandboxImage: criPauseImage, CNIConfDir: cniConf, CNIBinDir: cniBin}})
+	cfg.SandboxImage, cfg.CNIConfDir, cfg.CNIBinDir = criPauseImage, cniConf, cniBin
+	ctx, env := startEnvWith(t, harness.Config{CRI: &cfg})
 	client, err := containerd.New(env.Address)
 	if err != nil {
 		t.Fatal(err)

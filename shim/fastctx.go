@@ -56,6 +56,20 @@ func fastInit(self string) string {
 
 // fastUnsupported says why a branch of this spec must be run by the
 // runtime (libcontainer) instead of the init, or "" if the init can.
+// recursiveMountAttr says whether o is a mount option the runtime applies
+// to a mount and every mount below it (mount_setattr AT_RECURSIVE), as
+// runc's specconv knows them ("rro" is what the CRI gives a recursive
+// read-only mount).
+func recursiveMountAttr(o string) bool {
+	switch o {
+	case "rro", "rrw", "rnosuid", "rsuid", "rnodev", "rdev", "rnoexec", "rexec",
+		"rnodiratime", "rdiratime", "rrelatime", "rnorelatime", "rnoatime", "ratime",
+		"rstrictatime", "rnostrictatime", "rnosymfollow", "rsymfollow":
+		return true
+	}
+	return false
+}
+
 func fastUnsupported(s *specs.Spec) string {
 	if s.Process == nil || s.Linux == nil {
 		return "no process or linux section"
@@ -94,6 +108,14 @@ func fastUnsupported(s *specs.Spec) string {
 	for _, m := range s.Mounts {
 		if len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0 {
 			return "id-mapped mount"
+		}
+		for _, o := range m.Options {
+			if recursiveMountAttr(o) {
+				// The init's bind sets flags on the top mount only: a
+				// recursive read-only mount would leave its submounts
+				// writable in the branch.
+				return "recursive mount attribute " + o
+			}
 		}
 	}
 	return ""

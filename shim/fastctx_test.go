@@ -134,6 +134,9 @@ func TestFastUnsupported(t *testing.T) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_PTRACE")
 		},
 		"selinux": func(s *specs.Spec) { s.Process.SelinuxLabel = "l" },
+		"recursive read-only mount": func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/tmp", Options: []string{"rbind", "rprivate", "rro"}})
+		},
 		"user namespace": func(s *specs.Spec) {
 			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 		},

@@ -1,0 +1,171 @@
+//go:build linux
+
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/cgroups/systemd"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
+)
+
+// TestCRIBranchFeatures checks that, through the CRI, the branch handler
+// is asked for its features as the runc handler is (crictl info reports
+// recursive read-only mounts for it), and that a container with a
+// recursive read-only mount, the request that made containerd 2.2.1 panic
+// on a handler without features, runs: its mount and the mount below it are
+// read-only inside the container and in its branches, where a plain
+// read-only mount of the same directory leaves the mount below writable.
+func TestCRIBranchFeatures(t *testing.T) {
+	c := criEnv(t)
+	out, err := c.env.Crictl(c.ctx, "info", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		RuntimeHandlers []struct {
+			Name     string `json:"name"`
+			Features struct {
+				RecursiveReadOnlyMounts bool `json:"recursive_read_only_mounts"`
+			} `json:"features"`
+		} `json:"runtimeHandlers"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatalf("decode crictl info: %v\n%s", err, out)
+	}
+	rro := map[string]bool{}
+	for _, h := range info.RuntimeHandlers {
+		rro[h.Name] = h.Features.RecursiveReadOnlyMounts
+	}
+	if !rro["branch"] || !rro["runc"] {
+		t.Fatalf("recursive read-only mounts by handler %v, want true for branch as for runc; crictl info:\n%s", rro, out)
+	}
+
+	// A host directory with a mount below it.
+	data := t.TempDir()
+	sub := filepath.Join(data, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(sub, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", sub, err)
+		}
+	})
+
+	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
+	pod, podCfg := c.runPod("rro", "branch", ns)
+	cfg := c.writeJSON("rro-container.json", map[string]any{
+		"metadata": map[string]any{"name": "rro", "attempt": 0},
+		"image":    map[string]any{"image": criAppImage},
+		"command":  []string{"sleep", "1000"},
+		"log_path": "rro.log",
+		"mounts": []map[string]any{
+			{"container_path": "/rro", "host_path": data, "readonly": true, "recursive_read_only": true},
+			{"container_path": "/plain", "host_path": data, "readonly": true},
+		},
+		"linux": map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
+	})
+	out, err = c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := lastLine(out)
+	c.ids = append(c.ids, ctr)
+	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
+		t.Fatal(err)
+	}
+	canWrite := func(path string, run func(...string) error) bool {
+		return run("touch", path) == nil
+	}
+	inContainer := func(args ...string) error {
+		_, err := c.env.Crictl(c.ctx, append([]string{"exec", "-s", ctr}, args...)...)
+		return err
+	}
+	for path, want := range map[string]bool{"/rro/top": false, "/rro/sub/f": false, "/plain/top": false, "/plain/sub/f": true} {
+		if got := canWrite(path, inContainer); got != want {
+			t.Errorf("in the container, writing %s succeeded: %v, want %v", path, got, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sub, "f")); err != nil {
+		t.Errorf("the write through the plain read-only mount's submount is not on the host: %v", err)
+	}
+
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inBranch := func(args ...string) error {
+		st, err := sc.Run(c.ctx, kids[0].ID, branch.ExecOptions{Args: args})
+		if err == nil && st.Code != 0 {
+			return os.ErrPermission
+		}
+		return err
+	}
+	if err := inBranch("test", "-d", "/rro/sub"); err != nil {
+		t.Fatalf("the branch does not see the mount: %v", err)
+	}
+	for path, want := range map[string]bool{"/rro/top": false, "/rro/sub/g": false} {
+		if got := canWrite(path, inBranch); got != want {
+			t.Errorf("in the branch, writing %s succeeded: %v, want %v", path, got, want)
+		}
+	}
+	if _, err := sc.Abort(c.ctx, kids[0].ID); err != nil {
+		t.Error(err)
+	}
+	// containerd is still there to answer.
+	if _, err := c.env.Crictl(c.ctx, "version"); err != nil {
+		t.Errorf("containerd no longer answers: %v", err)
+	}
+}
+
+// TestCRIBranchSystemdCgroup runs the branch handler with the runc option
+// SystemdCgroup = true, as docs/containerd-config.toml has it for a
+// kubeadm-style node: the option reaches the shim. This host's init is not
+// systemd, so the shim refuses the pod with the fix, instead of the
+// runtime failing on systemd's bus later (the systemd driver's own test
+// runs a pod in a VM whose init is systemd).
+func TestCRIBranchSystemdCgroup(t *testing.T) {
+	if systemd.IsRunningSystemd() {
+		t.Skip("systemd is this host's init: the shim takes the option; the systemd cgroup driver's tests run pods with it")
+	}
+	requireRoot(t)
+	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
+	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
+	cfg := c.writeJSON("sd-pod.json", map[string]any{
+		"metadata":      map[string]any{"name": "sd", "namespace": "default", "uid": "sd-uid", "attempt": 0},
+		"log_directory": filepath.Join(c.dir, "logs", "sd"),
+		"linux": map[string]any{
+			"cgroup_parent":    "kubepods.slice",
+			"security_context": map[string]any{"namespace_options": ns.options()},
+		},
+	})
+	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
+	if err == nil {
+		c.ids = append(c.ids, lastLine(out))
+		t.Fatalf("a pod with SystemdCgroup = true ran on a host whose init is not systemd")
+	}
+	if !strings.Contains(err.Error(), "runtime option SystemdCgroup = true, but systemd is not this host's init") {
+		t.Errorf("runp failed, but not with the shim's refusal of SystemdCgroup:\n%v", err)
+	}
+	// The runc handler of the same containerd has no such option.
+	id, _ := c.runPod("plain", "runc", ns)
+	if s := field(c.inspect("inspectp", id), "status", "state"); s != "SANDBOX_READY" {
+		t.Errorf("runc pod state %v, want SANDBOX_READY", s)
+	}
+}
