@@ -143,7 +143,10 @@ install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
 	install -m 0644 hack/systemd/containerd-branchbox.conf $(DESTDIR)$(UNITDIR)/containerd.service.d/10-branchbox.conf
-	install -D -m 0644 docs/containerd-config.toml $(DESTDIR)$(DATADIR)/containerd-config.toml
+	install -d $(DESTDIR)$(DATADIR)
+	# The CRI handler names the shim by path: the one installed here.
+	sed 's|runtime_path = "/usr/local/bin/containerd-shim-branch-v1"|runtime_path = "$(BINDIR)/containerd-shim-branch-v1"|' docs/containerd-config.toml > $(DESTDIR)$(DATADIR)/containerd-config.toml
+	chmod 0644 $(DESTDIR)$(DATADIR)/containerd-config.toml
 	install -D -m 0644 docs/runtimeclass.yaml $(DESTDIR)$(DATADIR)/runtimeclass.yaml
 
 proto:

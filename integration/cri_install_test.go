@@ -120,6 +120,10 @@ func TestMakeInstall(t *testing.T) {
 	if !strings.Contains(string(readFile(t, filepath.Join(prefix, "lib/systemd/system/containerd-branch-snapshotter.service"))), "ExecStart="+prefix+"/bin/containerd-branch-snapshotter ") {
 		t.Errorf("unit installed with PREFIX=%s does not run %s/bin/containerd-branch-snapshotter", prefix, prefix)
 	}
+	// The CRI handler runs the shim by path: the one installed.
+	if !strings.Contains(string(readFile(t, filepath.Join(prefix, "share/branchbox/containerd-config.toml"))), `runtime_path = "`+prefix+`/bin/containerd-shim-branch-v1"`) {
+		t.Errorf("containerd config installed with PREFIX=%s does not run the shim at %s/bin/containerd-shim-branch-v1", prefix, prefix)
+	}
 }
 
 func readFile(t *testing.T, p string) []byte {
