@@ -384,7 +384,9 @@ func Features() *features.Features {
 		Linux: &features.Linux{
 			Namespaces:   specconv.KnownNamespaces(),
 			Capabilities: capabilities.KnownCapabilities(),
-			Cgroup:       &features.Cgroup{V1: &t, V2: &t},
+			// Systemd: --systemd-cgroup (runc's option SystemdCgroup) is
+			// libcontainer's systemd manager, as in runc.
+			Cgroup: &features.Cgroup{V1: &t, V2: &t, Systemd: &t},
 		},
 	}
 	if seccomp.Enabled {
