@@ -1,8 +1,8 @@
 // Package containerdconfig renders the containerd 2.x configuration that
 // runs branchbox: the branch snapshotter as a proxy plugin, the transfer
 // service unpacking into it, and the CRI runtime handler "branch" (what a
-// Kubernetes RuntimeClass names) mapped to io.containerd.branch.v1 on that
-// snapshotter. docs/containerd-config.toml is its output with the default
+// Kubernetes RuntimeClass names) running the branch shim on that snapshotter
+// (as runc-v2's type with runtime_path, docs/cri.md). docs/containerd-config.toml is its output with the default
 // options (`make containerd-config`), and the CRI tests run containerd on
 // its output with private paths, so the documented file is the tested one.
 package containerdconfig

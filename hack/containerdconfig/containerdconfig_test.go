@@ -35,3 +35,24 @@ func TestRenderOptional(t *testing.T) {
 		}
 	}
 }
+
+// The CRI handler is runc-v2's type running the branch shim by path, with
+// the systemd cgroup driver unless asked for cgroupfs.
+func TestRenderCRIHandler(t *testing.T) {
+	node := Render(Options{})
+	for _, s := range []string{
+		`runtime_type = "io.containerd.runc.v2"`,
+		`runtime_path = "` + DefaultShimPath + `"`,
+		`[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.branch.options]` + "\n  SystemdCgroup = true\n",
+	} {
+		if !strings.Contains(node, s) {
+			t.Errorf("node config lacks %q:\n%s", s, node)
+		}
+	}
+	other := Render(Options{ShimPath: "/opt/bbx/bin/containerd-shim-branch-v1", CgroupfsDriver: true})
+	for _, s := range []string{`runtime_path = "/opt/bbx/bin/containerd-shim-branch-v1"`, "SystemdCgroup = false\n"} {
+		if !strings.Contains(other, s) {
+			t.Errorf("config with ShimPath and CgroupfsDriver lacks %q:\n%s", s, other)
+		}
+	}
+}
