@@ -158,8 +158,9 @@ func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
 		killLeftovers(t, env.Namespace)
 		for _, id := range c.ids {
 			for _, root := range []string{runtimeRoot, runcRoot} {
-				state := filepath.Join(root, harness.CRINamespace, id)
-				if _, err := os.Stat(state); err == nil {
+				// The container's and its branches' (<id>.b<n>).
+				states, _ := filepath.Glob(filepath.Join(root, harness.CRINamespace, id+"*"))
+				for _, state := range states {
 					t.Errorf("runtime state %s left", state)
 					_ = os.RemoveAll(state)
 				}

@@ -14,8 +14,8 @@ import (
 )
 
 // TestCRIShimKilled kills -9 the shim of a pod on the branch handler (one
-// shim serves the pause container and both app containers, one of which
-// has branches), then removes the pod with crictl as a kubelet would: no
+// shim serves the pause container and both app containers, each with
+// branches), then removes the pod with crictl as a kubelet would: no
 // process, cgroup (on any hierarchy) or runtime state of the pod, its
 // containers or the branches may remain. containerd runs the shim's
 // cleanup only for the ids it knows a task of; runc-v2 leaves the app
@@ -26,28 +26,47 @@ func TestCRIShimKilled(t *testing.T) {
 	pod, podCfg := c.runPod("shimkill", "branch", ns)
 	ids := []string{pod}
 	var procs []hostProc
-	for _, name := range []string{"a", "b"} {
-		ctr := c.createContainer(pod, podCfg, name, ns, "sleep", "1000")
+	// a's branches are started by the branch init; b's by the runtime (a
+	// recursive read-only mount keeps them off the init), with runtime
+	// state of their own.
+	a := c.createContainer(pod, podCfg, "a", ns, "sleep", "1000")
+	cfg := c.writeJSON("b-container.json", map[string]any{
+		"metadata": map[string]any{"name": "b", "attempt": 0},
+		"image":    map[string]any{"image": criAppImage},
+		"command":  []string{"sleep", "1000"},
+		"log_path": "b.log",
+		"mounts":   []map[string]any{{"container_path": "/data", "host_path": t.TempDir(), "readonly": true, "recursive_read_only": true}},
+		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
+	})
+	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := lastLine(out)
+	c.ids = append(c.ids, b)
+	ids = append(ids, a, b)
+	for _, ctr := range []string{a, b} {
 		if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, ctr)
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ids[1])
-	if err != nil {
-		t.Fatal(err)
+	for ctr, n := range map[string]int{a: 2, b: 1} {
+		sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: n})
+		sc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kids) != n {
+			t.Fatalf("forked %d branches, want %d", len(kids), n)
+		}
 	}
-	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 2})
-	sc.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(kids) != 2 {
-		t.Fatalf("forked %d branches, want 2", len(kids))
-	}
-	branchStates, _ := filepath.Glob(filepath.Join(runtimeRoot, harness.CRINamespace, ids[1]+".b*"))
-	if len(branchStates) == 0 {
-		t.Logf("branches started by the branch init keep no runtime state")
+	branchStates, _ := filepath.Glob(filepath.Join(runtimeRoot, harness.CRINamespace, b+".b*"))
+	if len(branchStates) != 1 {
+		t.Fatalf("runtime state of b's branch: %v, want one", branchStates)
 	}
 	for _, id := range ids {
 		procs = append(procs, containerHostProcs(harness.CRINamespace, id, 0)...)
@@ -56,8 +75,8 @@ func TestCRIShimKilled(t *testing.T) {
 			t.Fatalf("no cgroup of %s under /%s before the kill: the checks below would prove nothing", id, c.env.Namespace)
 		}
 	}
-	if len(procs) < 5 { // pause, a, b and the two branch inits
-		t.Fatalf("found %d processes of the pod before the kill, want at least 5: %v", len(procs), procs)
+	if len(procs) < 6 { // pause, a, b and the three branch inits
+		t.Fatalf("found %d processes of the pod before the kill, want at least 6: %v", len(procs), procs)
 	}
 
 	shims := c.shims()
