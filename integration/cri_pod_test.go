@@ -8,6 +8,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
 )
 
 // criHandler is a runtime handler, the runtime it names and its shim.
@@ -66,6 +71,20 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 			p.pids[name] = c.pidOf("inspect", ctr)
 			if rt, sn := c.containerInfo(ctr); rt != h.runtime {
 				t.Errorf("%s: container %s on runtime %q (snapshotter %q), want %s", h.handler, name, rt, sn, h.runtime)
+			}
+			// Both record runc-v2's type: the branch contexts are found
+			// by asking the shim, and runc's has none.
+			if name == "a" {
+				sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+				switch {
+				case h.handler == "branch" && err != nil:
+					t.Errorf("branch: container a is not taken as a sandbox: %v", err)
+				case h.handler != "branch" && (!errdefs.IsFailedPrecondition(err) || !strings.Contains(fmt.Sprint(err), "runc's shim")):
+					t.Errorf("%s: container a taken as a sandbox, or refused for another reason: %v", h.handler, err)
+				}
+				if err == nil {
+					sc.Close()
+				}
 			}
 			// The pause container is PID 1 of the pod's PID namespace.
 			init, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/proc/1/cmdline")
