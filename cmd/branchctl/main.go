@@ -31,7 +31,8 @@ import (
 const usageHead = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
 
 Branch contexts of a live sandbox (a container run with
---runtime io.containerd.branch.v1 --snapshotter branch):
+--runtime io.containerd.branch.v1 --snapshotter branch, or on the CRI
+runtime handler branch, in namespace k8s.io):
 
   fork SANDBOX[/BRANCH] -n N [--from CHECKPOINT] [--seal ro|freeze]
        [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
