@@ -152,7 +152,7 @@ type sandbox struct {
 	// is paused (pause.go); "" if its spec did not say.
 	cgroup string
 	// systemdCgroup: the sandbox runs with runc's option SystemdCgroup
-	// (the CRI handler's options, ctr --runc-systemd-cgroup), so cgroup is
+	// (the CRI handler's options, or a client's), so cgroup is
 	// a systemd "slice:prefix:name" and its branches' cgroups are to be
 	// made through systemd as well.
 	systemdCgroup bool

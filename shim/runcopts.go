@@ -13,7 +13,7 @@ import (
 
 // checkRuncOptions decides, for each of runc's options a container is
 // created with (what containerd's CRI passes from a handler's options
-// table, or ctr's --runc-* flags), whether this runtime honours it or
+// table, or a Go client's runtime options), whether this runtime honours it or
 // refuses the container, so that none is silently ignored (docs/cri.md):
 //
 //   - BinaryName: refused unless it names this runtime itself; the shim runs
