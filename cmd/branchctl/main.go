@@ -54,6 +54,10 @@ Branch contexts of a live sandbox (a container run with
                                   its layer while they need it
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
+  push SANDBOX[/BRANCH] REF [--plain-http] [--user USER[:SECRET]]
+       [--hosts-dir DIR]          push the context as an OCI image: the
+                                  sandbox image's layers, then one layer
+                                  of its change (see docs/registry.md)
   self fork|exec|commit|abort|tree|checkpoint|rollback ...
                                   from inside a sandbox: the same on its own
                                   context, through /run/branchbox/branch.sock
@@ -171,6 +175,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCheckpoint(ctx, g, rest, stdout)
 	case "rollback":
 		err = cmdRollback(ctx, g, rest, stdout)
+	case "push":
+		err = cmdPush(ctx, g, rest, stdout)
 	case "self":
 		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
 	case "speculate":

@@ -116,7 +116,9 @@ storage:
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		return err
 	}
-	p, err := r.env.spawn("registry", nil, filepath.Join(r.BinDir, "registry"), "serve", path)
+	// No OpenTelemetry collector: the registry would retry exporting to
+	// one on localhost.
+	p, err := r.env.spawn("registry", []string{"OTEL_TRACES_EXPORTER=none"}, filepath.Join(r.BinDir, "registry"), "serve", path)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,216 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/mount"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/snapshotter/fstree"
+)
+
+// startRegistry starts a registry on loopback for one test and removes it
+// and its storage when the test ends.
+func startRegistry(t *testing.T, cfg harness.RegistryConfig) *harness.Registry {
+	t.Helper()
+	requireRoot(t)
+	reg, err := harness.StartRegistry(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("registry log:\n%s", lastLines(reg.Log(), 60))
+		}
+		if err := reg.Stop(); err != nil {
+			t.Errorf("stop registry: %v", err)
+		}
+	})
+	return reg
+}
+
+// compareAsLayers is fstree.Compare up to what an OCI layer carries:
+// containerd's layer writer keeps mtimes to the second (reproducible
+// layers), and no layer holds the root directory's own mtime.
+func compareAsLayers(a, b string) error {
+	diffs, err := fstree.Diff(a, b)
+	if err != nil {
+		return err
+	}
+	var real []string
+	for _, d := range diffs {
+		if d.What == "mtime" {
+			ta, _ := strconv.ParseInt(d.A, 10, 64)
+			tb, _ := strconv.ParseInt(d.B, 10, 64)
+			if d.Path == "." || ta/1e9 == tb/1e9 {
+				continue
+			}
+		}
+		real = append(real, d.String())
+	}
+	if len(real) > 0 {
+		return fmt.Errorf("trees %s and %s differ:\n  %s", a, b, strings.Join(real, "\n  "))
+	}
+	return nil
+}
+
+// pushOut is what branchctl push --json prints.
+type pushOut struct {
+	Ref      string `json:"ref"`
+	Manifest string `json:"manifest"`
+	Change   struct {
+		Digest string `json:"digest"`
+		Size   int64  `json:"size"`
+	} `json:"change"`
+	SentBlobs    int   `json:"sentBlobs"`
+	SentBytes    int64 `json:"sentBytes"`
+	SkippedBlobs int   `json:"skippedBlobs"`
+}
+
+// TestRegistryPushBranchRunElsewhere pushes a branch of a running sandbox
+// on node A to a real registry, pulls it on node B (which has the base
+// image, as a node that ran it before) with ctr into the branch
+// snapshotter, and runs it there as a sandbox: B's rootfs equals the
+// branch's file by file, B's running process sees the change, and B forks
+// it at once. A second push after a 1 KB change sends one new layer and
+// nothing of the base.
+func TestRegistryPushBranchRunElsewhere(t *testing.T) {
+	reg := startRegistry(t, harness.RegistryConfig{})
+	ctx, envA, scA := sandboxCtxEnv(t)
+	_, envB, _ := shimEnv(t)
+
+	// Node A: the sandbox changes its root (a deleted base file, a hard
+	// link, a symlink, modes), then a branch changes more over it.
+	sh := func(script string) {
+		t.Helper()
+		if out, err := execIn(ctx, envA, "sb", "sh", "-c", script); err != nil {
+			t.Fatalf("%s in the sandbox: %v: %s", script, err, out)
+		}
+	}
+	sh("mkdir -p /data/sub && echo root > /data/f && ln /data/f /data/hard && ln -s ../f /data/sub/link && chmod 0751 /data/sub && rm /bin/true")
+	kids := fork(t, ctx, scA, branch.ForkOptions{Count: 1})
+	b := kids[0].ID
+	mustRun(t, ctx, scA, b, "sh", "-c", "echo branch > /data/g && rm -r /etc && mkdir /etc && echo fresh > /etc/only && echo more >> /state")
+
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := branchctl(t, ctx, envA, "", args...)
+		if code != 0 {
+			t.Fatalf("branchctl %v: exit %d: %s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	ref := reg.Ref("branchbox/sb:v1")
+	var first pushOut
+	if err := json.Unmarshal([]byte(ctl("push", "sb/"+b, ref, "--plain-http", "--json")), &first); err != nil {
+		t.Fatal(err)
+	}
+	// Layer (base and change), config, manifest: all new to this registry.
+	if first.SentBlobs != 4 {
+		t.Fatalf("first push sent %d blobs, want 4 (base layer, change layer, config, manifest): %+v", first.SentBlobs, first)
+	}
+
+	// Node B pulls with containerd's own client into the branch
+	// snapshotter and runs it as a sandbox.
+	if _, err := envB.Ctr(ctx, "images", "pull", "--plain-http", "--snapshotter", "branch", ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envB.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ref, "sb2", "sh", "-c", "exec sleep 100000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "sb2") })
+
+	// B's rootfs equals A's branch file by file: A's branch through a
+	// read-only mount of its mounts, B's through its task's rootfs.
+	upperA, err := envA.RootfsUpperdir("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc, err := branch.Dial(envA.SnapshotterAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	msA, err := bc.Mounts(ctx, branch.Ref{Root: branch.Root{Upperdir: upperA}, Branch: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfsB := envB.ContainerdState + "/io.containerd.runtime.v2.task/" + envB.Namespace + "/sb2/rootfs"
+	if err := mount.WithReadonlyTempMount(ctx, msA, func(rootA string) error {
+		return compareAsLayers(rootA, rootfsB)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// B's running process sees the branch's files.
+	out, err := execIn(ctx, envB, "sb2", "sh", "-c", "cat /data/g /data/hard /data/sub/link /etc/only /state; ls /etc; test -e /bin/true || echo no-true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "branch\nroot\nroot\nfresh\nbefore\nmore\nonly\nno-true\n"; out != want {
+		t.Fatalf("sandbox on node B sees %q, want %q", out, want)
+	}
+
+	// A fork on B works at once, over the pulled state.
+	scB, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "sb2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer scB.Close()
+	kidsB := fork(t, ctx, scB, branch.ForkOptions{Count: 1})
+	if got := mustRun(t, ctx, scB, kidsB[0].ID, "sh", "-c", "cat /data/g; echo onB > /data/g"); got != "branch\n" {
+		t.Fatalf("branch on node B reads %q", got)
+	}
+	if _, err := scB.Commit(ctx, kidsB[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, envB, "sb2", "cat", "/data/g"); err != nil || out != "onB\n" {
+		t.Fatalf("after commit on node B: %q %v", out, err)
+	}
+
+	// A second push after a 1 KB change: one new layer reaches the
+	// registry, with the new config and manifest; the base is not sent.
+	before, err := reg.Blobs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uploadsBefore := reg.BlobUploads()
+	mustRun(t, ctx, scA, b, "sh", "-c", "head -c 1024 /dev/urandom > /data/kb")
+	var second pushOut
+	if err := json.Unmarshal([]byte(ctl("push", "sb/"+b, reg.Ref("branchbox/sb:v2"), "--plain-http", "--json")), &second); err != nil {
+		t.Fatal(err)
+	}
+	after, err := reg.Blobs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var added []string
+	for _, d := range after {
+		if !slices.Contains(before, d) {
+			added = append(added, d)
+		}
+	}
+	slices.Sort(added)
+	want := []string{second.Manifest, second.Change.Digest}
+	if len(added) != 3 || !slices.Contains(added, second.Manifest) || !slices.Contains(added, second.Change.Digest) {
+		t.Fatalf("second push added blobs %v to the registry; want 3: the manifest and change layer %v, and the config", added, want)
+	}
+	if n := reg.BlobUploads() - uploadsBefore; n != 2 {
+		t.Fatalf("second push uploaded %d blobs (registry access log), want 2: the change layer and the config", n)
+	}
+	if second.SentBlobs != 3 || second.SkippedBlobs != 1 {
+		t.Fatalf("second push reports %d sent, %d skipped; want 3 (layer, config, manifest) and 1 (the base layer)", second.SentBlobs, second.SkippedBlobs)
+	}
+	if !strings.HasPrefix(second.Change.Digest, "sha256:") || second.Change.Digest == first.Change.Digest {
+		t.Fatalf("second push's change layer %s is the first's %s", second.Change.Digest, first.Change.Digest)
+	}
+}
