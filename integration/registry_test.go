@@ -214,3 +214,92 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 		t.Fatalf("second push's change layer %s is the first's %s", second.Change.Digest, first.Change.Digest)
 	}
 }
+
+// TestRegistryPushFaults: bad input and registry faults each end in a
+// clear error with nothing half-made: no image recorded under the
+// reference, the tag absent from the registry. A registry that refuses
+// authentication, one that is down, and one killed in the middle of an
+// upload: after each, a retry works.
+func TestRegistryPushFaults(t *testing.T) {
+	reg := startRegistry(t, harness.RegistryConfig{User: "agent", Password: "s3cret"})
+	ctx, env, _ := sandboxCtxEnv(t)
+	push := func(args ...string) (string, int) {
+		t.Helper()
+		out, errOut, code := branchctl(t, ctx, env, "", append([]string{"push"}, args...)...)
+		return out + errOut, code
+	}
+	ref := reg.Ref("branchbox/faults:v1")
+	noImage := func(what string) {
+		t.Helper()
+		out, err := env.Ctr(ctx, "images", "ls", "-q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, ref) {
+			t.Fatalf("after %s an image %s is recorded:\n%s", what, ref, out)
+		}
+		if reg.Pid() != 0 && reg.HasTag("branchbox/faults", "v1", "agent", "s3cret") {
+			t.Fatalf("after %s the registry has the tag", what)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nosuch", ref, "--plain-http", "--user", "agent:s3cret"}, `no sandbox "nosuch"`},
+		{[]string{"sb/99", ref, "--plain-http", "--user", "agent:s3cret"}, "sandbox sb has no branch 99"},
+		{[]string{"sb", "Not A Ref", "--plain-http"}, `image reference "Not A Ref"`},
+		{[]string{"sb@nope", ref, "--plain-http"}, "checkpoints are not made yet"},
+		{[]string{"sb"}, "want push SANDBOX[/BRANCH] REF"},
+		{[]string{"sb", ref, "--plain-http"}, "refused the credentials"},
+		{[]string{"sb", ref, "--plain-http", "--user", "agent:wrong"}, "refused the credentials"},
+	} {
+		out, code := push(c.args...)
+		if code == 0 || !strings.Contains(out, c.want) {
+			t.Fatalf("push %v: exit %d, want an error with %q:\n%s", c.args, code, c.want, out)
+		}
+		noImage(fmt.Sprintf("push %v", c.args))
+	}
+
+	// A registry that is down.
+	if err := reg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := push("sb", ref, "--plain-http", "--user", "agent:s3cret"); code == 0 || !strings.Contains(out, "does not answer") {
+		t.Fatalf("push to a registry that is down: exit %d:\n%s", code, out)
+	}
+	noImage("a push to a registry that is down")
+	if err := reg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A registry killed while the change layer is being uploaded: 64 MB
+	// that does not compress, so the upload takes a while.
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 67108864 /dev/urandom > /big"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	killed := make(chan error, 1)
+	go func() { killed <- reg.KillWhenUploading(ctx, 1<<20) }()
+	out, code := push("sb", ref, "--plain-http", "--user", "agent:s3cret")
+	if err := <-killed; err != nil {
+		t.Fatalf("kill the registry mid-upload: %v (push: exit %d: %s)", err, code, out)
+	}
+	if code == 0 {
+		t.Fatalf("push through a registry killed mid-upload succeeded:\n%s", out)
+	}
+	t.Logf("push interrupted: %s", out)
+	noImage("an interrupted push")
+	if err := reg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if reg.HasTag("branchbox/faults", "v1", "agent", "s3cret") {
+		t.Fatal("the registry has the tag of an interrupted push")
+	}
+	// The retry works, and the tag is there.
+	if out, code := push("sb", ref, "--plain-http", "--user", "agent:s3cret"); code != 0 {
+		t.Fatalf("retry: exit %d: %s", code, out)
+	}
+	if !reg.HasTag("branchbox/faults", "v1", "agent", "s3cret") {
+		t.Fatal("the registry has no tag after the retry")
+	}
+}

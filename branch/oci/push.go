@@ -46,7 +46,7 @@ func Push(ctx context.Context, client *containerd.Client, src Source, ref string
 	sent := &Transfer{}
 	resolver := countingResolver{Resolver: remote.resolver(ctx), t: sent}
 	if err := client.Push(ctx, ref, img.Manifest, containerd.WithResolver(resolver)); err != nil {
-		return PushResult{}, fmt.Errorf("push %s to %s: %w", src, ref, err)
+		return PushResult{}, fmt.Errorf("push %s to %s: %w", src, ref, remoteError(ref, err))
 	}
 	if err := record(ctx, client.ImageService(), ref, img); err != nil {
 		return PushResult{}, fmt.Errorf("push %s: record image %s: %w", src, ref, err)

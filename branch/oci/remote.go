@@ -2,12 +2,19 @@ package oci
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"sync"
+	"syscall"
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/containerd/containerd/v2/core/remotes/docker/config"
+	remoteserrors "github.com/containerd/containerd/v2/core/remotes/errors"
+	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -86,4 +93,21 @@ func (c countingResolver) Pusher(ctx context.Context, ref string) (remotes.Pushe
 		}
 		return w, err
 	}), nil
+}
+
+// remoteError says what a registry error means for the user: refused
+// credentials, a registry that does not answer, or a reference it does not
+// know, each with its errdefs kind.
+func remoteError(ref string, err error) error {
+	var st remoteserrors.ErrUnexpectedStatus
+	switch {
+	case errors.As(err, &st) && (st.StatusCode == http.StatusUnauthorized || st.StatusCode == http.StatusForbidden),
+		errors.Is(err, docker.ErrInvalidAuthorization):
+		return fmt.Errorf("the registry of %s refused the credentials (give --user USER:SECRET, or the registry's credentials in containerd's hosts configuration): %w: %w", ref, err, errdefs.ErrPermissionDenied)
+	case errors.As(err, &st) && st.StatusCode == http.StatusNotFound, errdefs.IsNotFound(err):
+		return fmt.Errorf("the registry has no %s: %w: %w", ref, err, errdefs.ErrNotFound)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE):
+		return fmt.Errorf("the registry of %s does not answer or broke off the transfer (is it up? push again once it is): %w: %w", ref, err, errdefs.ErrUnavailable)
+	}
+	return err
 }

@@ -239,3 +239,52 @@ func isSignalExit(err error) bool {
 	var ee interface{ ExitCode() int }
 	return errors.As(err, &ee) && ee.ExitCode() == -1
 }
+
+// HasTag says whether the registry answers for repo:tag (a HEAD of its
+// manifest), with basic auth if user is set.
+func (r *Registry) HasTag(repo, tag, user, password string) bool {
+	req, err := http.NewRequest(http.MethodHead, "http://"+r.Host+"/v2/"+repo+"/manifests/"+tag, nil)
+	if err != nil {
+		return false
+	}
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// KillWhenUploading waits until an upload in progress has more than n
+// bytes in the registry's storage, then kills the registry: a registry
+// that dies in the middle of a transfer. It gives up after a minute.
+func (r *Registry) KillWhenUploading(ctx context.Context, n int64) error {
+	repos := filepath.Join(r.Storage, "docker", "registry", "v2", "repositories")
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		found := false
+		_ = filepath.WalkDir(repos, func(p string, d os.DirEntry, err error) error {
+			if err != nil || found {
+				return nil
+			}
+			if d.Name() == "data" && strings.Contains(p, "/_uploads/") {
+				if fi, err := d.Info(); err == nil && fi.Size() > n {
+					found = true
+				}
+			}
+			return nil
+		})
+		if found {
+			return r.Kill()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return errors.New("no upload of that size began within a minute")
+}
