@@ -303,3 +303,43 @@ func TestRegistryPushFaults(t *testing.T) {
 		t.Fatal("the registry has no tag after the retry")
 	}
 }
+
+// TestRegistrySaveLoad moves a branch without a registry: saved on node A
+// as an OCI layout tar, loaded on node B into the branch snapshotter, run
+// there as a sandbox that sees the branch's files and forks.
+func TestRegistrySaveLoad(t *testing.T) {
+	ctx, envA, scA := sandboxCtxEnv(t)
+	_, envB, _ := shimEnv(t)
+	kids := fork(t, ctx, scA, branch.ForkOptions{Count: 1})
+	mustRun(t, ctx, scA, kids[0].ID, "sh", "-c", "echo saved > /data; rm /bin/true")
+	file := t.TempDir() + "/sb.tar"
+	if out, errOut, code := branchctl(t, ctx, envA, "", "save", "sb/"+kids[0].ID, file, "--name", "branchbox/moved:v1"); code != 0 {
+		t.Fatalf("save: exit %d: %s%s", code, out, errOut)
+	}
+	if out, errOut, code := branchctl(t, ctx, envB, "", "load", file); code != 0 || !strings.Contains(out, "docker.io/branchbox/moved:v1") {
+		t.Fatalf("load: exit %d: %s%s", code, out, errOut)
+	}
+	if _, err := envB.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "docker.io/branchbox/moved:v1", "moved", "sh", "-c", "exec sleep 100000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "moved") })
+	if out, err := execIn(ctx, envB, "moved", "sh", "-c", "cat /data /state; test -e /bin/true || echo no-true"); err != nil || out != "saved\nbefore\nno-true\n" {
+		t.Fatalf("the loaded sandbox sees %q (%v)", out, err)
+	}
+	scB, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "moved")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer scB.Close()
+	kidsB := fork(t, ctx, scB, branch.ForkOptions{Count: 1})
+	if got := mustRun(t, ctx, scB, kidsB[0].ID, "cat", "/data"); got != "saved\n" {
+		t.Fatalf("a branch of the loaded sandbox reads %q", got)
+	}
+	// A missing file and a file that is no archive fail clearly.
+	if _, errOut, code := branchctl(t, ctx, envB, "", "load", file+".nope"); code == 0 || !strings.Contains(errOut, "no such file") {
+		t.Fatalf("load of a missing file: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := branchctl(t, ctx, envA, "", "save", "sb/77", file); code == 0 || !strings.Contains(errOut, "no branch 77") {
+		t.Fatalf("save of an unknown branch: exit %d: %s", code, errOut)
+	}
+}

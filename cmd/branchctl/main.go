@@ -58,6 +58,10 @@ Branch contexts of a live sandbox (a container run with
        [--hosts-dir DIR]          push the context as an OCI image: the
                                   sandbox image's layers, then one layer
                                   of its change (see docs/registry.md)
+  save SANDBOX[/BRANCH] FILE [--name NAME]
+                                  the same image as an OCI layout tar
+  load FILE [--snapshotter branch]
+                                  import such a tar, unpacked, to run
   self fork|exec|commit|abort|tree|checkpoint|rollback ...
                                   from inside a sandbox: the same on its own
                                   context, through /run/branchbox/branch.sock
@@ -177,6 +181,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdRollback(ctx, g, rest, stdout)
 	case "push":
 		err = cmdPush(ctx, g, rest, stdout)
+	case "save":
+		err = cmdSave(ctx, g, rest, stdout)
+	case "load":
+		err = cmdLoad(ctx, g, rest, stdout)
 	case "self":
 		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
 	case "speculate":

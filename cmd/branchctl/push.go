@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -58,5 +59,85 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	}
 	fmt.Fprintf(stdout, "pushed %s as %s (%s): change layer %s, %d bytes in %d blobs sent, %d already there\n",
 		src, res.Ref, res.Image.Manifest.Digest, res.Image.Change.Digest, res.Sent.Bytes, len(res.Sent.Blobs), res.Sent.Skipped)
+	return nil
+}
+
+// cmdSave: save SANDBOX[/BRANCH] FILE [--name NAME].
+func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("save", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var name string
+	fs.StringVar(&name, "name", "", "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want save SANDBOX[/BRANCH] FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	src, err := oci.ParseSource(pos[0])
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		c := src.Branch
+		if c == "" {
+			c = "0"
+		}
+		name = "branchbox/" + strings.ToLower(src.Sandbox) + ":" + c
+	}
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), client, src, name, pos[1])
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"file": pos[1], "name": name, "manifest": img.Manifest.Digest, "change": img.Change})
+	}
+	fmt.Fprintf(stdout, "saved %s as %s (%s) in %s\n", src, name, img.Manifest.Digest, pos[1])
+	return nil
+}
+
+// cmdLoad: load FILE [--snapshotter NAME].
+func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var sn string
+	fs.StringVar(&sn, "snapshotter", "branch", "the snapshotter to unpack into")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("want load FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(pos[0])
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), client, f, sn)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"images": names})
+	}
+	for _, n := range names {
+		fmt.Fprintf(stdout, "loaded %s\n", n)
+	}
 	return nil
 }
