@@ -249,7 +249,7 @@ func TestRegistryPushFaults(t *testing.T) {
 		{[]string{"nosuch", ref, "--plain-http", "--user", "agent:s3cret"}, `no sandbox "nosuch"`},
 		{[]string{"sb/99", ref, "--plain-http", "--user", "agent:s3cret"}, "sandbox sb has no branch 99"},
 		{[]string{"sb", "Not A Ref", "--plain-http"}, `image reference "Not A Ref"`},
-		{[]string{"sb@nope", ref, "--plain-http"}, "checkpoints are not made yet"},
+		{[]string{"sb@nope", ref, "--plain-http", "--user", "agent:s3cret"}, `sandbox sb has no checkpoint "nope"`},
 		{[]string{"sb"}, "want push SANDBOX[/BRANCH] REF"},
 		{[]string{"sb", ref, "--plain-http"}, "refused the credentials"},
 		{[]string{"sb", ref, "--plain-http", "--user", "agent:wrong"}, "refused the credentials"},
@@ -341,5 +341,110 @@ func TestRegistrySaveLoad(t *testing.T) {
 	}
 	if _, errOut, code := branchctl(t, ctx, envA, "", "save", "sb/77", file); code == 0 || !strings.Contains(errOut, "no branch 77") {
 		t.Fatalf("save of an unknown branch: exit %d: %s", code, errOut)
+	}
+}
+
+// TestRegistryPushCheckpoints pushes a sandbox with two checkpoints: its
+// image holds one layer per checkpoint on the path and one for the change
+// since the last, the lineage names them; pushing SANDBOX@CHECKPOINT then
+// makes the same checkpoint layer (the registry receives only a config and
+// a manifest). Node B runs both images: the first equals the sandbox now
+// file by file, the second the checkpoint's state.
+func TestRegistryPushCheckpoints(t *testing.T) {
+	reg := startRegistry(t, harness.RegistryConfig{})
+	ctx, envA, _ := sandboxCtxEnv(t)
+	_, envB, _ := shimEnv(t)
+	sh := func(script string) {
+		t.Helper()
+		if out, err := execIn(ctx, envA, "sb", "sh", "-c", script); err != nil {
+			t.Fatalf("%s in the sandbox: %v: %s", script, err, out)
+		}
+	}
+	ctl := func(env *harness.Env, args ...string) string {
+		t.Helper()
+		out, errOut, code := branchctl(t, ctx, env, "", args...)
+		if code != 0 {
+			t.Fatalf("branchctl %v: exit %d: %s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	sh("echo one > /state; mkdir /w; echo a > /w/a")
+	ctl(envA, "checkpoint", "sb", "first")
+	sh("echo two > /state; rm /w/a; echo b > /w/b")
+	ctl(envA, "checkpoint", "sb", "second")
+	sh("echo three > /state; echo c > /w/c")
+
+	type layersOut struct {
+		pushOut
+		Layers []struct {
+			Digest string `json:"digest"`
+		} `json:"layers"`
+		Checkpoints []struct {
+			Name  string `json:"name"`
+			Layer string `json:"layer"`
+		} `json:"checkpoints"`
+	}
+	var now layersOut
+	if err := json.Unmarshal([]byte(ctl(envA, "push", "sb", reg.Ref("branchbox/ck:now"), "--plain-http", "--json")), &now); err != nil {
+		t.Fatal(err)
+	}
+	if len(now.Layers) != 4 || len(now.Checkpoints) != 2 || now.Checkpoints[0].Name != "first" || now.Checkpoints[1].Name != "second" ||
+		now.Checkpoints[0].Layer != now.Layers[1].Digest || now.Checkpoints[1].Layer != now.Layers[2].Digest || now.Change.Digest != now.Layers[3].Digest {
+		t.Fatalf("push of a sandbox with two checkpoints: want the base layer, one per checkpoint and the change: %+v", now)
+	}
+	var first layersOut
+	if err := json.Unmarshal([]byte(ctl(envA, "push", "sb@first", reg.Ref("branchbox/ck:first"), "--plain-http", "--json")), &first); err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Layers) != 2 || first.Layers[1].Digest != now.Layers[1].Digest {
+		t.Fatalf("push of checkpoint first: layers %+v, want the base and checkpoint first's layer %s", first.Layers, now.Layers[1].Digest)
+	}
+	if first.SentBlobs != 2 || first.SkippedBlobs != 2 {
+		t.Fatalf("push of checkpoint first after the sandbox sent %d blobs and skipped %d; want 2 (config, manifest) and 2 (both layers)", first.SentBlobs, first.SkippedBlobs)
+	}
+	if _, errOut, code := branchctl(t, ctx, envA, "", "push", "sb@nope", reg.Ref("branchbox/ck:nope"), "--plain-http"); code == 0 || !strings.Contains(errOut, `no checkpoint "nope"`) {
+		t.Fatalf("push of an unknown checkpoint: exit %d: %s", code, errOut)
+	}
+
+	// Node B runs both; each equals its state on A.
+	upperA, err := envA.RootfsUpperdir("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc, err := branch.Dial(envA.SnapshotterAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	sbRef := branch.Ref{Root: branch.Root{Upperdir: upperA}}
+	for _, c := range []struct{ tag, id, ck, want string }{
+		{"now", "bnow", "", "three\nb\nc\n"},
+		{"first", "bfirst", "first", "one\na\n"},
+	} {
+		ref := reg.Ref("branchbox/ck:" + c.tag)
+		if _, err := envB.Ctr(ctx, "images", "pull", "--plain-http", "--snapshotter", "branch", ref); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := envB.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ref, c.id, "sh", "-c", "exec sleep 100000"); err != nil {
+			t.Fatal(err)
+		}
+		id := c.id
+		t.Cleanup(func() { removeContainer(t, envB, id) })
+		if out, err := execIn(ctx, envB, c.id, "sh", "-c", "cat /state; cat /w/*"); err != nil || out != c.want {
+			t.Fatalf("%s on node B reads %q (%v), want %q", c.tag, out, err, c.want)
+		}
+		var ms []mount.Mount
+		if c.ck == "" {
+			ms, err = bc.Mounts(ctx, sbRef)
+		} else {
+			ms, err = bc.CheckpointMounts(ctx, sbRef, c.ck)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rootfsB := envB.ContainerdState + "/io.containerd.runtime.v2.task/" + envB.Namespace + "/" + c.id + "/rootfs"
+		if err := mount.WithReadonlyTempMount(ctx, ms, func(rootA string) error { return compareAsLayers(rootA, rootfsB) }); err != nil {
+			t.Fatalf("%s: %v", c.tag, err)
+		}
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +25,6 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -50,9 +47,6 @@ type Image struct {
 // caller holds a lease on ctx (Push does), or the blobs may be collected
 // before they are referenced.
 func Build(ctx context.Context, client *containerd.Client, src Source) (Image, error) {
-	if src.Checkpoint != "" {
-		return Image{}, fmt.Errorf("%s: images of checkpoints are not made yet; push the sandbox or a branch: %w", src, errdefs.ErrNotImplemented)
-	}
 	ctr, err := client.LoadContainer(ctx, src.Sandbox)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
@@ -76,13 +70,9 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	if _, err := snapshotter.RootOfUpper(upper); err != nil {
 		return Image{}, fmt.Errorf("sandbox %s: its rootfs is not from the branch snapshotter (snapshotter %q); run it with --snapshotter branch: %w", src.Sandbox, info.Snapshotter, errdefs.ErrFailedPrecondition)
 	}
-	ctxMounts := rootMounts
-	branchID := branch.RootID
-	if src.Branch != "" {
-		branchID = src.Branch
-		if ctxMounts, err = branchMounts(ctx, upper, src); err != nil {
-			return Image{}, err
-		}
+	path, ctxID, err := statePath(ctx, upper, rootMounts, src)
+	if err != nil {
+		return Image{}, err
 	}
 
 	img, err := client.GetImage(ctx, info.Image)
@@ -116,26 +106,29 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 			log.G(ctx).WithError(err).WithField("key", viewKey).Warn("remove the image view of a push")
 		}
 	}()
-	change, err := client.DiffService().Compare(ctx, lower, ctxMounts, diff.WithMediaType(ocispec.MediaTypeImageLayerGzip))
-	if err != nil {
-		return Image{}, fmt.Errorf("%s: make the layer of its change: %w", src, err)
-	}
-	cinfo, err := cs.Info(ctx, change.Digest)
-	if err != nil {
-		return Image{}, fmt.Errorf("%s: the layer of its change: %w", src, err)
-	}
-	diffID, err := digest.Parse(cinfo.Labels[labels.LabelUncompressed])
-	if err != nil {
-		return Image{}, fmt.Errorf("%s: the layer of its change has no uncompressed digest: %w", src, err)
-	}
-
+	// One layer per state: its difference from the state before it.
 	now := time.Now().UTC()
-	config.RootFS.DiffIDs = append(config.RootFS.DiffIDs, diffID)
-	config.History = append(config.History, ocispec.History{
-		Created:   &now,
-		CreatedBy: "branchbox push " + src.String(),
-		Comment:   "the change of context " + branchID + " of sandbox " + src.Sandbox,
-	})
+	var layers []ocispec.Descriptor
+	var cks []CheckpointLayer
+	prev := lower
+	for _, st := range path {
+		what := "the change of context " + ctxID + " of sandbox " + src.Sandbox
+		if st.Checkpoint != "" {
+			what = "checkpoint " + st.Checkpoint + " of context " + ctxID + " of sandbox " + src.Sandbox
+		}
+		l, diffID, err := compare(ctx, client, prev, st.Mounts)
+		if err != nil {
+			return Image{}, fmt.Errorf("%s: make the layer of %s: %w", src, what, err)
+		}
+		layers = append(layers, l)
+		config.RootFS.DiffIDs = append(config.RootFS.DiffIDs, diffID)
+		config.History = append(config.History, ocispec.History{Created: &now, CreatedBy: "branchbox push " + src.String(), Comment: what})
+		if st.Checkpoint != "" {
+			cks = append(cks, CheckpointLayer{Name: st.Checkpoint, Layer: l.Digest})
+		}
+		prev = st.Mounts
+	}
+	change := layers[len(layers)-1]
 	config.Created = &now
 	configBlob, err := json.Marshal(config)
 	if err != nil {
@@ -144,8 +137,8 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	configDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: digest.FromBytes(configBlob), Size: int64(len(configBlob))}
 
 	lineage := Lineage{
-		Sandbox: src.Sandbox, Branch: branchID, BaseName: info.Image, BaseDigest: baseManifest.Digest,
-		ChangeLayer: change.Digest, Version: Version,
+		Sandbox: src.Sandbox, Branch: ctxID, BaseName: info.Image, BaseDigest: baseManifest.Digest,
+		ChangeLayer: change.Digest, Checkpoints: cks, Version: Version,
 	}
 	for _, l := range manifest.Layers {
 		lineage.ParentLayers = append(lineage.ParentLayers, l.Digest)
@@ -154,7 +147,7 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 		Versioned:   specs.Versioned{SchemaVersion: 2},
 		MediaType:   ocispec.MediaTypeImageManifest,
 		Config:      configDesc,
-		Layers:      append(append([]ocispec.Descriptor{}, manifest.Layers...), change),
+		Layers:      append(append([]ocispec.Descriptor{}, manifest.Layers...), layers...),
 		Annotations: lineage.Annotations(),
 	}
 	manifestBlob, err := json.Marshal(out)
@@ -181,32 +174,6 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 		return Image{}, fmt.Errorf("%s: store the image manifest: %w", src, err)
 	}
 	return Image{Manifest: manifestDesc, Config: configDesc, Layers: out.Layers, Change: change, Lineage: lineage}, nil
-}
-
-// branchMounts asks the branch snapshotter that owns upper (the sandbox's
-// root upper) for the mounts of the branch src names.
-func branchMounts(ctx context.Context, upper string, src Source) ([]mount.Mount, error) {
-	root, err := snapshotter.RootOfUpper(upper)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", src.Sandbox, err)
-	}
-	addr, err := os.ReadFile(filepath.Join(root, snapshotter.AddressFile))
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: find the branch snapshotter's socket: %v: %w", src.Sandbox, err, errdefs.ErrUnavailable)
-	}
-	c, err := branch.Dial(strings.TrimSpace(string(addr)))
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: connect to the branch snapshotter: %w", src.Sandbox, err)
-	}
-	defer c.Close()
-	ms, err := c.Mounts(ctx, branch.Ref{Root: branch.Root{Upperdir: upper}, Branch: src.Branch})
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, src.Branch, src.Sandbox, err)
-		}
-		return nil, fmt.Errorf("%s: mounts of the branch: %w", src, err)
-	}
-	return ms, nil
 }
 
 func upperOf(ms []mount.Mount) string {
@@ -258,4 +225,22 @@ func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor
 		opts = append(opts, content.WithLabels(lbls))
 	}
 	return content.WriteBlob(ctx, cs, "branchbox-"+desc.Digest.String(), bytes.NewReader(blob), desc, opts...)
+}
+
+// compare makes the layer of the difference between two states with
+// containerd's diff service, and returns it with its diff id.
+func compare(ctx context.Context, client *containerd.Client, lower, upper []mount.Mount) (ocispec.Descriptor, digest.Digest, error) {
+	l, err := client.DiffService().Compare(ctx, lower, upper, diff.WithMediaType(ocispec.MediaTypeImageLayerGzip))
+	if err != nil {
+		return ocispec.Descriptor{}, "", err
+	}
+	info, err := client.ContentStore().Info(ctx, l.Digest)
+	if err != nil {
+		return ocispec.Descriptor{}, "", err
+	}
+	diffID, err := digest.Parse(info.Labels[labels.LabelUncompressed])
+	if err != nil {
+		return ocispec.Descriptor{}, "", fmt.Errorf("the layer has no uncompressed digest: %w", err)
+	}
+	return l, diffID, nil
 }

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"encoding/json"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -18,7 +19,10 @@ const (
 	AnnotationBranch       = "io.branchbox.source.branch"
 	AnnotationParentLayers = "io.branchbox.parent.layers"
 	AnnotationChangeLayer  = "io.branchbox.change.layer"
-	AnnotationVersion      = "io.branchbox.version"
+	// AnnotationCheckpoints is a JSON list of the checkpoints on the path,
+	// oldest first, each with its layer's digest.
+	AnnotationCheckpoints = "io.branchbox.checkpoints"
+	AnnotationVersion     = "io.branchbox.version"
 )
 
 // Lineage is what an image's annotations say of its origin.
@@ -34,9 +38,19 @@ type Lineage struct {
 	// ParentLayers are the base image's layers, bottom first: the layers
 	// a node that has the base need not pull.
 	ParentLayers []digest.Digest
-	// ChangeLayer is the layer of the context's change.
+	// ChangeLayer is the image's top layer: the context's change since its
+	// last checkpoint, or the named checkpoint's.
 	ChangeLayer digest.Digest
+	// Checkpoints are the checkpoints on the path, oldest first, each one
+	// layer of the image, right above the base's.
+	Checkpoints []CheckpointLayer
 	Version     string
+}
+
+// CheckpointLayer is a checkpoint on an image's path and its layer.
+type CheckpointLayer struct {
+	Name  string        `json:"name"`
+	Layer digest.Digest `json:"layer"`
 }
 
 // Annotations renders l as manifest annotations.
@@ -45,7 +59,12 @@ func (l Lineage) Annotations() map[string]string {
 	for i, d := range l.ParentLayers {
 		parents[i] = d.String()
 	}
+	cks, _ := json.Marshal(l.Checkpoints)
+	if l.Checkpoints == nil {
+		cks = []byte("[]")
+	}
 	return map[string]string{
+		AnnotationCheckpoints:             string(cks),
 		AnnotationSandbox:                 l.Sandbox,
 		AnnotationBranch:                  l.Branch,
 		ocispec.AnnotationBaseImageName:   l.BaseName,
@@ -66,6 +85,9 @@ func LineageOf(a map[string]string) (l Lineage, ok bool) {
 		Sandbox: a[AnnotationSandbox], Branch: a[AnnotationBranch], BaseName: a[ocispec.AnnotationBaseImageName],
 		BaseDigest: digest.Digest(a[ocispec.AnnotationBaseImageDigest]), ChangeLayer: digest.Digest(a[AnnotationChangeLayer]),
 		Version: a[AnnotationVersion],
+	}
+	if c := a[AnnotationCheckpoints]; c != "" {
+		_ = json.Unmarshal([]byte(c), &l.Checkpoints)
 	}
 	if p := a[AnnotationParentLayers]; p != "" {
 		for _, d := range strings.Split(p, ",") {

@@ -53,7 +53,7 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if g.json {
 		return printJSON(stdout, map[string]any{
 			"ref": res.Ref, "manifest": res.Image.Manifest.Digest, "layers": res.Image.Layers,
-			"change": res.Image.Change, "sentBlobs": len(res.Sent.Blobs), "sentBytes": res.Sent.Bytes,
+			"change": res.Image.Change, "checkpoints": res.Image.Lineage.Checkpoints, "sentBlobs": len(res.Sent.Blobs), "sentBytes": res.Sent.Bytes,
 			"skippedBlobs": res.Sent.Skipped,
 		})
 	}
