@@ -447,4 +447,57 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 			t.Fatalf("%s: %v", c.tag, err)
 		}
 	}
+
+	// branchctl pull on B restores the checkpoints on the path as named
+	// checkpoints of the new sandbox: rollback and fork --from work there.
+	var pulled struct {
+		Sandbox     string   `json:"sandbox"`
+		Checkpoints []string `json:"checkpoints"`
+	}
+	if err := json.Unmarshal([]byte(ctl(envB, "pull", reg.Ref("branchbox/ck:now"), "restored", "--plain-http", "--json", "--", "sh", "-c", "exec sleep 100000")), &pulled); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "restored") })
+	if pulled.Sandbox != "restored" || strings.Join(pulled.Checkpoints, ",") != "first,second" {
+		t.Fatalf("pull made %+v, want sandbox restored with checkpoints first, second", pulled)
+	}
+	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "restored"); err != nil {
+		t.Fatal(err)
+	}
+	readB := func(id string) string {
+		out, err := execIn(ctx, envB, id, "sh", "-c", "cat /state; cat /w/*")
+		if err != nil {
+			t.Fatalf("read on node B: %v: %s", err, out)
+		}
+		return out
+	}
+	if got := readB("restored"); got != "three\nb\nc\n" {
+		t.Fatalf("the pulled sandbox reads %q, want the pushed state", got)
+	}
+	out := ctl(envB, "checkpoint", "ls", "restored")
+	for _, want := range []string{"first", "second *"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("checkpoints of the pulled sandbox: no %q in\n%s", want, out)
+		}
+	}
+	scR, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "restored")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer scR.Close()
+	kid := fork(t, ctx, scR, branch.ForkOptions{Count: 1, From: "second"})[0]
+	if got := mustRun(t, ctx, scR, kid.ID, "sh", "-c", "cat /state; cat /w/*"); got != "two\nb\n" {
+		t.Fatalf("fork --from second on node B reads %q", got)
+	}
+	if _, err := scR.Abort(ctx, kid.ID); err != nil {
+		t.Fatal(err)
+	}
+	ctl(envB, "rollback", "restored", "first")
+	if got := readB("restored"); got != "one\na\n" {
+		t.Fatalf("rollback to first on node B reads %q, want A's state at first", got)
+	}
+	ctl(envB, "rollback", "restored", "second")
+	if got := readB("restored"); got != "two\nb\n" {
+		t.Fatalf("rollback to second on node B reads %q, want A's state at second", got)
+	}
 }

@@ -30,17 +30,9 @@ type state struct {
 // then, unless src names a checkpoint, the context now. ctxID is the
 // context the path is of.
 func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, ctxID string, err error) {
-	root, err := snapshotter.RootOfUpper(upper)
+	c, err := dialSnapshotterOf(upper)
 	if err != nil {
 		return nil, "", fmt.Errorf("sandbox %s: %w", src.Sandbox, err)
-	}
-	addr, err := os.ReadFile(filepath.Join(root, snapshotter.AddressFile))
-	if err != nil {
-		return nil, "", fmt.Errorf("sandbox %s: find the branch snapshotter's socket: %v: %w", src.Sandbox, err, errdefs.ErrUnavailable)
-	}
-	c, err := branch.Dial(strings.TrimSpace(string(addr)))
-	if err != nil {
-		return nil, "", fmt.Errorf("sandbox %s: connect to the branch snapshotter: %w", src.Sandbox, err)
 	}
 	defer c.Close()
 	sbRoot := branch.Root{Upperdir: upper}
@@ -106,4 +98,23 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 	}
 	return append(path, state{Mounts: now}), ctxID, nil
+}
+
+// dialSnapshotterOf connects to the branch API of the snapshotter that
+// owns upper (a root snapshot's upper directory), found as the shim finds
+// it: its address file, in the snapshotter's root.
+func dialSnapshotterOf(upper string) (*branch.Client, error) {
+	root, err := snapshotter.RootOfUpper(upper)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := os.ReadFile(filepath.Join(root, snapshotter.AddressFile))
+	if err != nil {
+		return nil, fmt.Errorf("find the branch snapshotter's socket: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	c, err := branch.Dial(strings.TrimSpace(string(addr)))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the branch snapshotter: %w", err)
+	}
+	return c, nil
 }

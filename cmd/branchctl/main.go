@@ -54,10 +54,14 @@ Branch contexts of a live sandbox (a container run with
                                   its layer while they need it
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
-  push SANDBOX[/BRANCH] REF [--plain-http] [--user USER[:SECRET]]
+  push SANDBOX[/BRANCH|@CHECKPOINT] REF [--plain-http] [--user USER[:SECRET]]
        [--hosts-dir DIR]          push the context as an OCI image: the
-                                  sandbox image's layers, then one layer
-                                  of its change (see docs/registry.md)
+                                  sandbox image's layers, one layer per
+                                  checkpoint on the path, one of the change
+                                  since (see docs/registry.md)
+  pull REF SANDBOX [--plain-http] [--user U[:S]] [-- CMD...]
+                                  make a sandbox (not started) of an image
+                                  push made, with its checkpoints restored
   save SANDBOX[/BRANCH] FILE [--name NAME]
                                   the same image as an OCI layout tar
   load FILE [--snapshotter branch]
@@ -181,6 +185,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdRollback(ctx, g, rest, stdout)
 	case "push":
 		err = cmdPush(ctx, g, rest, stdout)
+	case "pull":
+		err = cmdPull(ctx, g, rest, stdout)
 	case "save":
 		err = cmdSave(ctx, g, rest, stdout)
 	case "load":

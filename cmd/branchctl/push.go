@@ -141,3 +141,40 @@ func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	}
 	return nil
 }
+
+// cmdPull: pull REF SANDBOX [--plain-http] [--hosts-dir DIR]
+// [--user USER[:SECRET]] [-- CMD...].
+func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var remote oci.Remote
+	var user string
+	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
+	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
+	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	pos, cmd, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	remote.User, remote.Secret, _ = strings.Cut(user, ":")
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), client, pos[0], pos[1], remote, cmd...)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"ref": res.Ref, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
+	}
+	fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
+		res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
+	return nil
+}
