@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 
@@ -499,5 +500,64 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 	ctl(envB, "rollback", "restored", "second")
 	if got := readB("restored"); got != "two\nb\n" {
 		t.Fatalf("rollback to second on node B reads %q, want A's state at second", got)
+	}
+}
+
+// TestRegistryCRIPod runs a pushed sandbox as a Kubernetes pod would on
+// node B: the image pulled as a kubelet pulls (into containerd's CRI
+// namespace and default snapshotter), a pod on RuntimeClass handler
+// branch, a container of that image that sees the pushed change, and a
+// fork of it.
+func TestRegistryCRIPod(t *testing.T) {
+	reg := startRegistry(t, harness.RegistryConfig{})
+	ctx, envA, _ := sandboxCtxEnv(t)
+	if out, err := execIn(ctx, envA, "sb", "sh", "-c", "echo pushed > /data"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	ref := reg.Ref("branchbox/cri:v1")
+	if out, errOut, code := branchctl(t, ctx, envA, "", "push", "sb", ref, "--plain-http"); code != 0 {
+		t.Fatalf("push: exit %d: %s%s", code, out, errOut)
+	}
+
+	c := criEnv(t)
+	if _, err := c.env.CtrIn(c.ctx, harness.CRINamespace, "images", "pull", "--plain-http", "--snapshotter", "overlayfs", ref); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the CRI plugin to see "+ref, 10*time.Second, func() bool {
+		_, err := c.env.Crictl(c.ctx, "inspecti", ref)
+		return err == nil
+	})
+	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
+	pod, podCfg := c.runPod("moved", "branch", ns)
+	cfg := c.writeJSON("moved-container.json", map[string]any{
+		"metadata": map[string]any{"name": "app", "attempt": 0},
+		"image":    map[string]any{"image": ref},
+		"command":  []string{"/bin/sh", "-c", "exec sleep 1000"},
+		"log_path": "app.log",
+		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
+	})
+	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := lastLine(out)
+	c.ids = append(c.ids, ctr)
+	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/data", "/state"); err != nil || strings.TrimSpace(out) != "pushed\nbefore" {
+		t.Fatalf("the pod's container reads %q (%v), want the pushed sandbox's files", out, err)
+	}
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	kids := fork(t, c.ctx, sc, branch.ForkOptions{Count: 1})
+	if got := mustRun(t, c.ctx, sc, kids[0].ID, "cat", "/data"); got != "pushed\n" {
+		t.Fatalf("a branch of the pod's container reads %q", got)
+	}
+	if _, err := sc.Abort(c.ctx, kids[0].ID); err != nil {
+		t.Fatal(err)
 	}
 }
