@@ -122,9 +122,21 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 
 	// Node B pulls with containerd's own client into the branch
 	// snapshotter and runs it as a sandbox.
+	gets := len(reg.BlobDownloads())
 	if _, err := envB.Ctr(ctx, "images", "pull", "--plain-http", "--snapshotter", "branch", ref); err != nil {
 		t.Fatal(err)
 	}
+	// B has the base: it fetches the config and the change layer only.
+	var fetched []string
+	var moved int64
+	for _, d := range reg.BlobDownloads()[gets:] {
+		fetched = append(fetched, d.Digest)
+		moved += d.Bytes
+	}
+	if len(fetched) != 2 || !slices.Contains(fetched, first.Change.Digest) {
+		t.Fatalf("node B, which has the base, fetched blobs %v; want the config and the change layer %s only", fetched, first.Change.Digest)
+	}
+	t.Logf("pull on a node with the base moved %d bytes (change layer %d)", moved, first.Change.Size)
 	if _, err := envB.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ref, "sb2", "sh", "-c", "exec sleep 100000"); err != nil {
 		t.Fatal(err)
 	}

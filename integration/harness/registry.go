@@ -288,3 +288,37 @@ func (r *Registry) KillWhenUploading(ctx context.Context, n int64) error {
 	}
 	return errors.New("no upload of that size began within a minute")
 }
+
+// BlobDownloads lists, from the registry's access log, every blob it
+// served whole (GET answered 200), in order, with the bytes it sent.
+func (r *Registry) BlobDownloads() []Download {
+	var out []Download
+	for _, l := range strings.Split(r.Log(), "\n") {
+		// 127.0.0.1 - - [date] "GET /v2/NAME/blobs/sha256:HEX HTTP/1.1" 200 BYTES "" "agent"
+		_, req, ok := strings.Cut(l, `"GET /v2/`)
+		if !ok {
+			continue
+		}
+		path, rest, ok := strings.Cut(req, ` HTTP/1.1" `)
+		if !ok {
+			continue
+		}
+		i := strings.Index(path, "/blobs/")
+		if i < 0 {
+			continue
+		}
+		var status int
+		var n int64
+		if _, err := fmt.Sscanf(rest, "%d %d", &status, &n); err != nil || status != http.StatusOK {
+			continue
+		}
+		out = append(out, Download{Digest: path[i+len("/blobs/"):], Bytes: n})
+	}
+	return out
+}
+
+// Download is one blob a registry served.
+type Download struct {
+	Digest string
+	Bytes  int64
+}
