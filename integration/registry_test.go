@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -297,8 +299,8 @@ func TestRegistryPushFaults(t *testing.T) {
 	if err := <-killed; err != nil {
 		t.Fatalf("kill the registry mid-upload: %v (push: exit %d: %s)", err, code, out)
 	}
-	if code == 0 {
-		t.Fatalf("push through a registry killed mid-upload succeeded:\n%s", out)
+	if code == 0 || !strings.Contains(out, "does not answer or broke off") {
+		t.Fatalf("push through a registry killed mid-upload: exit %d:\n%s", code, out)
 	}
 	t.Logf("push interrupted: %s", out)
 	noImage("an interrupted push")
@@ -315,6 +317,70 @@ func TestRegistryPushFaults(t *testing.T) {
 	if !reg.HasTag("branchbox/faults", "v1", "agent", "s3cret") {
 		t.Fatal("the registry has no tag after the retry")
 	}
+
+	// A pull on node B that the registry dies in the middle of (64 MB
+	// being fetched) fails clearly and makes no sandbox; the retry does.
+	_, envB, clientB := shimEnv(t)
+	pull := func() (string, int) {
+		out, errOut, code := branchctl(t, ctx, envB, "", "pull", ref, "moved", "--plain-http", "--user", "agent:s3cret", "--", "sleep", "1000")
+		return out + errOut, code
+	}
+	ingest := filepath.Join(envB.ContainerdRoot, "io.containerd.content.v1.content", "ingest")
+	go func() {
+		killed <- waitFile(ctx, ingest, "data", 1<<20, reg.Kill)
+	}()
+	out, code = pull()
+	if err := <-killed; err != nil {
+		t.Fatalf("kill the registry mid-download: %v (pull: exit %d: %s)", err, code, out)
+	}
+	if code == 0 || !strings.Contains(out, "does not answer or broke off") {
+		t.Fatalf("pull from a registry killed mid-download: exit %d:\n%s", code, out)
+	}
+	t.Logf("pull interrupted: %s", out)
+	if cs, err := clientB.Containers(ctx); err != nil || len(cs) != 0 {
+		t.Fatalf("an interrupted pull left containers %v (%v)", cs, err)
+	}
+	if out, err := envB.Ctr(ctx, "images", "ls", "-q"); err != nil || strings.Contains(out, ref) {
+		t.Fatalf("an interrupted pull left an image record: %q %v", out, err)
+	}
+	if err := reg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := pull(); code != 0 {
+		t.Fatalf("retry of the pull: exit %d: %s", code, out)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "moved") })
+	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "moved"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, envB, "moved", "wc", "-c", "/big"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), "67108864") {
+		t.Fatalf("the pulled sandbox's /big: %q %v", out, err)
+	}
+}
+
+// waitFile waits until a file named name under dir holds more than n
+// bytes, then calls fn; it gives up after a minute.
+func waitFile(ctx context.Context, dir, name string, n int64, fn func() error) error {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		found := false
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !found && d.Name() == name {
+				if fi, err := d.Info(); err == nil && fi.Size() > n {
+					found = true
+				}
+			}
+			return nil
+		})
+		if found {
+			return fn()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("no file %s of more than %d bytes under %s within a minute", name, n, dir)
 }
 
 // TestRegistrySaveLoad moves a branch without a registry: saved on node A

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"syscall"
 
@@ -106,8 +107,11 @@ func remoteError(ref string, err error) error {
 		return fmt.Errorf("the registry of %s refused the credentials (give --user USER:SECRET, or the registry's credentials in containerd's hosts configuration): %w: %w", ref, err, errdefs.ErrPermissionDenied)
 	case errors.As(err, &st) && st.StatusCode == http.StatusNotFound, errdefs.IsNotFound(err):
 		return fmt.Errorf("the registry has no %s: %w: %w", ref, err, errdefs.ErrNotFound)
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE):
-		return fmt.Errorf("the registry of %s does not answer or broke off the transfer (is it up? push again once it is): %w: %w", ref, err, errdefs.ErrUnavailable)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.EPIPE), errors.As(err, new(*url.Error)):
+		// A *url.Error is the HTTP client's: the request never got an
+		// answer (a registry gone, or gone in the middle).
+		return fmt.Errorf("the registry of %s does not answer or broke off the transfer (is it up? try again once it is): %w: %w", ref, err, errdefs.ErrUnavailable)
 	}
 	return err
 }
