@@ -288,9 +288,9 @@ func TestRegistryPushFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A registry killed while the change layer is being uploaded: 64 MB
+	// A registry killed while the change layer is being uploaded: 32 MB
 	// that does not compress, so the upload takes a while.
-	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 67108864 /dev/urandom > /big"); err != nil {
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 33554432 /dev/urandom > /big"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	killed := make(chan error, 1)
@@ -318,7 +318,7 @@ func TestRegistryPushFaults(t *testing.T) {
 		t.Fatal("the registry has no tag after the retry")
 	}
 
-	// A pull on node B that the registry dies in the middle of (64 MB
+	// A pull on node B that the registry dies in the middle of (32 MB
 	// being fetched) fails clearly and makes no sandbox; the retry does.
 	_, envB, clientB := shimEnv(t)
 	pull := func() (string, int) {
@@ -353,7 +353,7 @@ func TestRegistryPushFaults(t *testing.T) {
 	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "moved"); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := execIn(ctx, envB, "moved", "wc", "-c", "/big"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), "67108864") {
+	if out, err := execIn(ctx, envB, "moved", "wc", "-c", "/big"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), "33554432") {
 		t.Fatalf("the pulled sandbox's /big: %q %v", out, err)
 	}
 }
