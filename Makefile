@@ -7,6 +7,8 @@ CONTAINERD_VERSION := v2.2.1
 STATICCHECK_VERSION := v0.8.2
 # crictl, the CRI client the CRI tests drive containerd with.
 CRICTL_VERSION := v1.37.0
+# The CNCF distribution registry the push and pull tests run on loopback.
+REGISTRY_VERSION := v3.0.0
 
 GO ?= go
 BIN := $(CURDIR)/bin
@@ -14,6 +16,7 @@ export BRANCHBOX_BIN := $(BIN)
 
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
 CRI_BINS := $(BIN)/crictl
+REGISTRY_BINS := $(BIN)/registry
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
@@ -44,6 +47,14 @@ $(BIN)/.crictl-$(CRICTL_VERSION):
 
 $(CRI_BINS): $(BIN)/.crictl-$(CRICTL_VERSION) ;
 
+$(BIN)/.registry-$(REGISTRY_VERSION):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install github.com/distribution/distribution/v3/cmd/registry@$(REGISTRY_VERSION)
+	@rm -f $(BIN)/.registry-*
+	@touch $@
+
+$(REGISTRY_BINS): $(BIN)/.registry-$(REGISTRY_VERSION) ;
+
 # Our own binaries are always rebuilt; go's cache makes that cheap.
 $(OUR_BINS) $(DEMO): FORCE
 	@mkdir -p $(BIN)
@@ -72,7 +83,7 @@ $(SHIM_INIT): FORCE
 
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.

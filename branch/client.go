@@ -161,6 +161,16 @@ func (c *Client) Mounts(ctx context.Context, ref Ref) ([]mount.Mount, error) {
 	return mountsFromProto(resp.Mounts), nil
 }
 
+// CheckpointMounts returns a read-only mount of the state of checkpoint
+// name, one of ref's own.
+func (c *Client) CheckpointMounts(ctx context.Context, ref Ref, name string) ([]mount.Mount, error) {
+	resp := &branchv1.MountsResponse{}
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: refToProto(ref), Checkpoint: name}, resp); err != nil {
+		return nil, fromGRPC(err)
+	}
+	return mountsFromProto(resp.Mounts), nil
+}
+
 // ToGRPC converts an error for a gRPC or ttrpc reply: errdefs kinds become
 // status codes, and a *StaleError also carries its winner and epoch as
 // status details, so that clients get a *StaleError back, not only text.

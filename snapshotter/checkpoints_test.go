@@ -21,34 +21,16 @@ import (
 	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
-// mountCheckpoint mounts checkpoint name's state read-only, as rollback
-// does, for comparing it with what the context showed when it was taken.
+// mountCheckpoint mounts checkpoint name (of the sandbox's root context)
+// read-only through CheckpointMounts, as a push mounts it, for comparing
+// it with what the context showed when it was taken.
 func mountCheckpoint(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox, name string) string {
 	t.Helper()
-	var lowers []string
-	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		r, _, err := s.resolve(ctx, Context{Root: sb.root})
-		if err != nil {
-			return err
-		}
-		tree, d, err := s.loadBoth(tx, r)
-		if err != nil {
-			return err
-		}
-		ck := d.Checkpoints[name]
-		if ck == nil {
-			return fmt.Errorf("no checkpoint %q", name)
-		}
-		for _, seq := range ck.Chain {
-			lowers = append(lowers, filepath.Join(s.checkpointDir(r.id(), seq), "fs"))
-		}
-		lowers = append(lowers, s.lowerDirs(r, tree, ck.Context)...)
-		return nil
-	})
+	ms, err := s.CheckpointMounts(ctx, sb.ctx(""), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mountAt(t, []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{"ro", "index=off", "lowerdir=" + strings.Join(lowers, ":")}}})
+	return mountAt(t, ms)
 }
 
 func scan(t *testing.T, dir string) fstree.Tree {
@@ -220,6 +202,15 @@ func TestCheckpointRefusals(t *testing.T) {
 	check("rollback to another context's", s.Rollback(ctx, sb.ctx(kids[0].ID), "a"), errdefs.IsInvalidArgument, "is of context 0")
 	_, err = s.ForkFrom(ctx, sb.ctx(""), 1, "kid")
 	check("fork from another context's", err, errdefs.IsInvalidArgument, "fork that context")
+	_, err = s.CheckpointMounts(ctx, sb.ctx(""), "nope")
+	check("mounts of no checkpoint", err, errdefs.IsNotFound, `no checkpoint "nope"`)
+	_, err = s.CheckpointMounts(ctx, sb.ctx(""), "kid")
+	check("mounts of another context's", err, errdefs.IsInvalidArgument, "is of context "+kids[0].ID)
+	if ms, err := s.CheckpointMounts(ctx, sb.ctx(kids[0].ID), "kid"); err != nil {
+		t.Fatal(err)
+	} else if b, err := os.ReadFile(filepath.Join(mountAt(t, ms), "f")); err != nil || string(b) != "1" {
+		t.Fatalf("checkpoint kid's state reads f = %q (%v)", b, err)
+	}
 
 	// A branch's checkpoints end with it.
 	kidDir := s.checkpointDir(mustRootID(t, ctx, s, sb), 3)

@@ -73,7 +73,13 @@ func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*b
 }
 
 func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest) (*branchv1.MountsResponse, error) {
-	m, err := b.s.BranchMounts(ctx, contextFromProto(req.GetContext()))
+	var m []mount.Mount
+	var err error
+	if req.GetCheckpoint() != "" {
+		m, err = b.s.CheckpointMounts(ctx, contextFromProto(req.GetContext()), req.GetCheckpoint())
+	} else {
+		m, err = b.s.BranchMounts(ctx, contextFromProto(req.GetContext()))
+	}
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}

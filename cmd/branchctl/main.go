@@ -55,6 +55,18 @@ runtime handler branch, in namespace k8s.io):
                                   its layer while they need it
   rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
                                   under its running processes
+  push SANDBOX[/BRANCH|@CHECKPOINT] REF [--plain-http] [--user USER[:SECRET]]
+       [--hosts-dir DIR]          push the context as an OCI image: the
+                                  sandbox image's layers, one layer per
+                                  checkpoint on the path, one of the change
+                                  since (see docs/registry.md)
+  pull REF SANDBOX [--plain-http] [--user U[:S]] [-- CMD...]
+                                  make a sandbox (not started) of an image
+                                  push made, with its checkpoints restored
+  save SANDBOX[/BRANCH] FILE [--name NAME]
+                                  the same image as an OCI layout tar
+  load FILE [--snapshotter branch]
+                                  import such a tar, unpacked, to run
   self fork|exec|commit|abort|tree|checkpoint|rollback ...
                                   from inside a sandbox: the same on its own
                                   context, through /run/branchbox/branch.sock
@@ -172,6 +184,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCheckpoint(ctx, g, rest, stdout)
 	case "rollback":
 		err = cmdRollback(ctx, g, rest, stdout)
+	case "push":
+		err = cmdPush(ctx, g, rest, stdout)
+	case "pull":
+		err = cmdPull(ctx, g, rest, stdout)
+	case "save":
+		err = cmdSave(ctx, g, rest, stdout)
+	case "load":
+		err = cmdLoad(ctx, g, rest, stdout)
 	case "self":
 		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
 	case "speculate":

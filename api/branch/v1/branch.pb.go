@@ -849,8 +849,11 @@ func (x *TreeResponse) GetQuarantine() string {
 }
 
 type MountsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	// With a checkpoint named (one of the context's own): a read-only mount
+	// of that checkpoint's state instead of the context's.
+	Checkpoint    string `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -890,6 +893,13 @@ func (x *MountsRequest) GetContext() *Context {
 		return x.Context
 	}
 	return nil
+}
+
+func (x *MountsRequest) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
 }
 
 type MountsResponse struct {
@@ -1654,9 +1664,12 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x05nodes\x18\x02 \x03(\v2\x1b.branchbox.branch.v1.BranchR\x05nodes\x12\x1e\n" +
 	"\n" +
 	"quarantine\x18\x03 \x01(\tR\n" +
-	"quarantine\"G\n" +
+	"quarantine\"g\n" +
 	"\rMountsRequest\x126\n" +
-	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\"D\n" +
+	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x02 \x01(\tR\n" +
+	"checkpoint\"D\n" +
 	"\x0eMountsResponse\x122\n" +
 	"\x06mounts\x18\x01 \x03(\v2\x1a.branchbox.branch.v1.MountR\x06mounts\"`\n" +
 	"\vStaleDetail\x12\x16\n" +

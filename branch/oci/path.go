@@ -1,0 +1,120 @@
+//go:build linux
+
+package oci
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter"
+)
+
+// state is one state of a context on the way from its image to what is
+// pushed: a checkpoint (Checkpoint set) or the context now. Each becomes
+// one layer: the difference from the state before it.
+type state struct {
+	Checkpoint string
+	Mounts     []mount.Mount
+}
+
+// statePath returns the states src's image holds, oldest first: the
+// checkpoints on the path to it (the context's head checkpoint, or the one
+// src names, and the checkpoints each was built on, back to the first),
+// then, unless src names a checkpoint, the context now. ctxID is the
+// context the path is of.
+func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, ctxID string, err error) {
+	c, err := dialSnapshotterOf(upper)
+	if err != nil {
+		return nil, "", fmt.Errorf("sandbox %s: %w", src.Sandbox, err)
+	}
+	defer c.Close()
+	sbRoot := branch.Root{Upperdir: upper}
+	cks, err := c.Checkpoints(ctx, sbRoot)
+	if err != nil {
+		return nil, "", fmt.Errorf("sandbox %s: its checkpoints: %w", src.Sandbox, err)
+	}
+	byName := map[string]branch.Checkpoint{}
+	for _, ck := range cks {
+		byName[ck.Name] = ck
+	}
+
+	ctxID = branch.RootID
+	if src.Branch != "" {
+		ctxID = src.Branch
+	}
+	var last string // the newest checkpoint on the path
+	if src.Checkpoint != "" {
+		ck, ok := byName[src.Checkpoint]
+		if !ok {
+			return nil, "", fmt.Errorf("sandbox %s has no checkpoint %q (list them with: branchctl checkpoint ls %s): %w", src.Sandbox, src.Checkpoint, src.Sandbox, errdefs.ErrNotFound)
+		}
+		ctxID, last = ck.Context, ck.Name
+	} else {
+		for _, ck := range cks {
+			if ck.Context == ctxID && ck.Head {
+				last = ck.Name
+			}
+		}
+	}
+	// Back along the parents, within the context: a deleted parent ends
+	// the path (the next layer then holds its change too).
+	var names []string
+	for n := last; n != ""; {
+		ck, ok := byName[n]
+		if !ok || ck.Context != ctxID {
+			break
+		}
+		names = append([]string{n}, names...)
+		n = ck.Parent
+	}
+	ref := branch.Ref{Root: sbRoot, Branch: ctxID}
+	if ctxID == branch.RootID {
+		ref.Branch = ""
+	}
+	for _, n := range names {
+		ms, err := c.CheckpointMounts(ctx, ref, n)
+		if err != nil {
+			return nil, "", fmt.Errorf("sandbox %s: checkpoint %s: %w", src.Sandbox, n, err)
+		}
+		path = append(path, state{Checkpoint: n, Mounts: ms})
+	}
+	if src.Checkpoint != "" {
+		return path, ctxID, nil
+	}
+	now := rootMounts
+	if ctxID != branch.RootID {
+		if now, err = c.Mounts(ctx, ref); err != nil {
+			if errdefs.IsNotFound(err) {
+				return nil, "", fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, src.Branch, src.Sandbox, err)
+			}
+			return nil, "", fmt.Errorf("%s: mounts of the branch: %w", src, err)
+		}
+	}
+	return append(path, state{Mounts: now}), ctxID, nil
+}
+
+// dialSnapshotterOf connects to the branch API of the snapshotter that
+// owns upper (a root snapshot's upper directory), found as the shim finds
+// it: its address file, in the snapshotter's root.
+func dialSnapshotterOf(upper string) (*branch.Client, error) {
+	root, err := snapshotter.RootOfUpper(upper)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := os.ReadFile(filepath.Join(root, snapshotter.AddressFile))
+	if err != nil {
+		return nil, fmt.Errorf("find the branch snapshotter's socket: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	c, err := branch.Dial(strings.TrimSpace(string(addr)))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the branch snapshotter: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,71 @@
+//go:build linux
+
+package oci
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+)
+
+// PushResult is what a push made and sent.
+type PushResult struct {
+	Ref   string
+	Image Image
+	Sent  *Transfer
+}
+
+// Push makes an image of src (Build) and pushes it to ref through
+// containerd's remotes, as `ctr images push` does: a blob the registry has
+// already (the base image's layers) is not sent again. The image is also
+// recorded in containerd under ref. A lease holds everything until the
+// image record does, so containerd collects nothing halfway; a push that
+// fails leaves no image record and the tag in the registry as it was (the
+// manifest goes last, once every blob is there).
+func Push(ctx context.Context, client *containerd.Client, src Source, ref string, remote Remote) (PushResult, error) {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return PushResult{}, fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+	}
+	ref = reference.TagNameOnly(named).String()
+	ctx, done, err := client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		return PushResult{}, fmt.Errorf("push %s: take a lease: %w", src, err)
+	}
+	defer done(context.WithoutCancel(ctx))
+	img, err := Build(ctx, client, src)
+	if err != nil {
+		return PushResult{}, err
+	}
+	sent := &Transfer{}
+	resolver := countingResolver{Resolver: remote.resolver(ctx), t: sent}
+	if err := client.Push(ctx, ref, img.Manifest, containerd.WithResolver(resolver)); err != nil {
+		return PushResult{}, fmt.Errorf("push %s to %s: %w", src, ref, remoteError(ref, err))
+	}
+	if err := record(ctx, client.ImageService(), ref, img); err != nil {
+		return PushResult{}, fmt.Errorf("push %s: record image %s: %w", src, ref, err)
+	}
+	return PushResult{Ref: ref, Image: img, Sent: sent}, nil
+}
+
+// record creates or updates the image named ref to point at img.
+func record(ctx context.Context, is images.Store, ref string, img Image) error {
+	rec := images.Image{Name: ref, Target: img.Manifest, Labels: map[string]string{
+		AnnotationSandbox: img.Lineage.Sandbox, AnnotationBranch: img.Lineage.Branch,
+	}}
+	if _, err := is.Create(ctx, rec); err != nil {
+		if !errdefs.IsAlreadyExists(err) {
+			return err
+		}
+		if _, err := is.Update(ctx, rec, "target", "labels"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

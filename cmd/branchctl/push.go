@@ -1,0 +1,180 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch/oci"
+)
+
+// cmdPush: push SANDBOX[/BRANCH] REF [--plain-http] [--hosts-dir DIR]
+// [--user USER[:SECRET]].
+func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("push", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var remote oci.Remote
+	var user string
+	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
+	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
+	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want push SANDBOX[/BRANCH] REF, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	src, err := oci.ParseSource(pos[0])
+	if err != nil {
+		return err
+	}
+	remote.User, remote.Secret, _ = strings.Cut(user, ":")
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), client, src, pos[1], remote)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{
+			"ref": res.Ref, "manifest": res.Image.Manifest.Digest, "layers": res.Image.Layers,
+			"change": res.Image.Change, "checkpoints": res.Image.Lineage.Checkpoints, "sentBlobs": len(res.Sent.Blobs), "sentBytes": res.Sent.Bytes,
+			"skippedBlobs": res.Sent.Skipped,
+		})
+	}
+	fmt.Fprintf(stdout, "pushed %s as %s (%s): change layer %s, %d bytes in %d blobs sent, %d already there\n",
+		src, res.Ref, res.Image.Manifest.Digest, res.Image.Change.Digest, res.Sent.Bytes, len(res.Sent.Blobs), res.Sent.Skipped)
+	return nil
+}
+
+// cmdSave: save SANDBOX[/BRANCH] FILE [--name NAME].
+func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("save", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var name string
+	fs.StringVar(&name, "name", "", "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want save SANDBOX[/BRANCH] FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	src, err := oci.ParseSource(pos[0])
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		c := src.Branch
+		if c == "" {
+			c = "0"
+		}
+		name = "branchbox/" + strings.ToLower(src.Sandbox) + ":" + c
+	}
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), client, src, name, pos[1])
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"file": pos[1], "name": name, "manifest": img.Manifest.Digest, "change": img.Change})
+	}
+	fmt.Fprintf(stdout, "saved %s as %s (%s) in %s\n", src, name, img.Manifest.Digest, pos[1])
+	return nil
+}
+
+// cmdLoad: load FILE [--snapshotter NAME].
+func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var sn string
+	fs.StringVar(&sn, "snapshotter", "branch", "the snapshotter to unpack into")
+	pos, _, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("want load FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(pos[0])
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), client, f, sn)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"images": names})
+	}
+	for _, n := range names {
+		fmt.Fprintf(stdout, "loaded %s\n", n)
+	}
+	return nil
+}
+
+// cmdPull: pull REF SANDBOX [--plain-http] [--hosts-dir DIR]
+// [--user USER[:SECRET]] [-- CMD...].
+func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	var remote oci.Remote
+	var user string
+	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
+	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
+	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	pos, cmd, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	remote.User, remote.Secret, _ = strings.Cut(user, ":")
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	defer client.Close()
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), client, pos[0], pos[1], remote, cmd...)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(stdout, map[string]any{"ref": res.Ref, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
+	}
+	fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
+		res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
+	return nil
+}
