@@ -341,7 +341,9 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	cgroup := ""
 	if spec, err := readSpec(r.Bundle); err == nil && spec.Linux != nil {
-		cgroup = spec.Linux.CgroupsPath
+		// Not resolvable: no cgroup of its own to look at (prepare
+		// refuses its branches and says why).
+		cgroup, _ = sandboxCgroup(spec.Linux.CgroupsPath)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -422,18 +424,19 @@ func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 		client.Close()
 		return err
 	}
-	if err := checkCgroupPath(spec.Linux.CgroupsPath); err != nil {
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
 		client.Close()
-		return err
+		return fmt.Errorf("sandbox %s: %w", sb.id, err)
 	}
 	sb.snapshot = client
 	sb.nodes = map[string]*bctx{branch.RootID: {
-		id: branch.RootID, bundle: sb.bundle, cgroup: spec.Linux.CgroupsPath, spec: spec, net: NetShared,
+		id: branch.RootID, bundle: sb.bundle, cgroup: cg, spec: spec, net: NetShared,
 	}}
 	sb.kick, sb.done = kick, make(chan struct{})
 	go c.settle(context.WithoutCancel(ctx), sb)
 	if ms, err := c.hier(); err == nil {
-		holdFreezerKey(ms, spec.Linux.CgroupsPath)
+		holdFreezerKey(ms, cg)
 	}
 	return nil
 }
@@ -1650,7 +1653,11 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 // ignoring SIGKILL. A paused sandbox is killed whole and thawed first.
 func killBranchCgroups(ctx context.Context, bundle string) {
 	spec, err := readSpec(bundle)
-	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
 		return
 	}
 	ms, err := cgroupMounts()
@@ -1658,7 +1665,7 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
 		return
 	}
-	sbDirs := dirsIn(ms, spec.Linux.CgroupsPath)
+	sbDirs := dirsIn(ms, cg)
 	if len(sbDirs) > 0 && cgroupFrozen(sbDirs) {
 		// Paused: thawing a branch below the frozen sandbox does nothing.
 		// Everything is killed while frozen (a frozen task takes a
@@ -1677,7 +1684,7 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 				continue
 			}
 			seen[e.Name()] = true
-			path := spec.Linux.CgroupsPath + "/" + e.Name()
+			path := cg + "/" + e.Name()
 			if err := killDirs(ctx, path, dirsIn(ms, path)); err != nil {
 				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
 			}
