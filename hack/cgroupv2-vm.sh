@@ -129,6 +129,8 @@ EOG
 # shell (GUEST_INIT=shell: cgroup2 mounted here, every controller on, no
 # process in the root cgroup, the tests run by PID 1's child).
 GUEST_INIT=${GUEST_INIT:-systemd}
+# systemd: the tests' target, no fstab (the host's is not the guest's)
+SYSTEMD_ARGS=; [ $GUEST_INIT = systemd ] && SYSTEMD_ARGS="systemd.unit=bbx-tests.target fstab=no systemd.hostname=bbx-cgv2 systemd.show_status=error"
 cat > $WORK/guest-init.sh <<EOG
 #!/bin/bash
 mkdir -p /dev/pts /dev/shm
@@ -163,7 +165,11 @@ TimeoutStartSec=infinity
 StandardOutput=journal+console
 StandardError=journal+console
 EOT
-  exec /lib/systemd/systemd
+  # The host's / may have /.dockerenv, which makes systemd think it runs
+  # in a container (and read its options from its own argv, not the
+  # kernel's command line): an empty "container" variable says it does not; the
+  # options are given on both, for whatever a generator decides.
+  exec env container= /lib/systemd/systemd $SYSTEMD_ARGS
 fi
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -sf pts/ptmx /dev/ptmx
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
@@ -176,8 +182,6 @@ EOG
 ACCEL=${ACCEL:-auto}
 if [ "$ACCEL" = auto ]; then ACCEL=tcg; [ -w /dev/kvm ] && ! [ -d /sys/module/kvm_pvm ] && ACCEL=kvm; fi
 A=(-accel tcg,thread=multi,tb-size=512 -cpu max); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
-# systemd: the tests' target, no fstab (the host's is not the guest's)
-SYSTEMD_ARGS=; [ $GUEST_INIT = systemd ] && SYSTEMD_ARGS="systemd.unit=bbx-tests.target fstab=no systemd.hostname=bbx-cgv2 systemd.show_status=error"
 rm -f $WORK/out/summary.txt
 start=$(date +%s)
 timeout -k 10 ${VM_TIMEOUT:-7200} qemu-system-x86_64 "${A[@]}" -smp $SMP -m $MEM -nographic -no-reboot \
