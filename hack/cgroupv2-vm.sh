@@ -2,14 +2,18 @@
 # Runs branchbox's tests on a cgroup-v2-only Linux: a Debian 6.18 kernel
 # (trixie-backports) booted under QEMU with cgroup_no_v1=all, the host's /
 # shared read-only over 9p as the guest's root (so the guest has the host's
-# runc, busybox, iproute2 ... and this repo's bin/), state on guest tmpfs.
+# runc, busybox, iproute2, systemd, dbus ... and this repo's bin/), state on
+# guest tmpfs. PID 1 is systemd with its system D-Bus (what the systemd
+# cgroup driver needs), booted into bbx-tests.target, whose one service
+# runs the tests; its units that need a writable / fail, harmlessly.
 # No network in the guest. Needs root, apt (the host's Debian mirror), ~1 GB disk.
 #
 #   hack/cgroupv2-vm.sh [TEST_SPEC ...]   (run from the project's root; default: every integration test,
 #                                            one by one, then the unit packages)
 # TEST_SPEC: <pkg>:<TestName> or <pkg>:ALL, pkg = package path with / -> _,
 #   e.g. integration:TestContextsKillSuite shim:ALL
-# Env: REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
+# Env: GUEST_INIT (systemd, default; shell: a shell as PID 1, no systemd),
+#   REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
 #   SMP (2), ACCEL (auto: kvm if /dev/kvm runs a stock kernel, else tcg),
 #   PER_TEST_TIMEOUT (s, default 600), KERNEL_PKG (trixie-backports package,
 #   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
@@ -20,8 +24,12 @@ WORK=${WORK:-/tmp/bbx-cgv2}
 MEM=${MEM:-8G}; SMP=${SMP:-2}
 mkdir -p $WORK/apt/lists/partial $WORK/apt/cache/archives/partial $WORK/out
 # 1. host packages: qemu, and the kernel + kmod debs unpacked under $WORK (not installed)
-#    (and what unpacks the kernel: zstd or xz, whichever Debian compressed it with)
-need=(); for c in qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-static; do
+GUEST_INIT=${GUEST_INIT:-systemd}
+#    (and what unpacks the kernel: zstd or xz, whichever Debian compressed it
+#    with; and the systemd and dbus-daemon the guest runs, from the host's /)
+want=(qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-static)
+[ $GUEST_INIT != systemd ] || want+=(systemctl:systemd dbus-daemon:dbus)
+need=(); for c in "${want[@]}"; do
   command -v ${c%%:*} >/dev/null || need+=(${c#*:})
 done
 [ ${#need[@]} = 0 ] || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; }
@@ -128,7 +136,6 @@ EOG
 # runs the tests in bbx-tests.service, whose cgroup is delegated) or this
 # shell (GUEST_INIT=shell: cgroup2 mounted here, every controller on, no
 # process in the root cgroup, the tests run by PID 1's child).
-GUEST_INIT=${GUEST_INIT:-systemd}
 # systemd: the tests' target, no fstab (the host's is not the guest's)
 SYSTEMD_ARGS=; [ $GUEST_INIT = systemd ] && SYSTEMD_ARGS="systemd.unit=bbx-tests.target fstab=no systemd.hostname=bbx-cgv2 systemd.show_status=error"
 cat > $WORK/guest-init.sh <<EOG
