@@ -114,9 +114,11 @@ test: binaries lint
 
 # The tests `make test` also runs on a cgroup-v2-only kernel in a VM when
 # the host is not cgroup v2 only (under emulation, 10-30x slower): those
-# of the cgroup code that differs between v1 and v2.
+# of the cgroup code that differs between v1 and v2, and the systemd cgroup
+# driver's (the VM's PID 1 is systemd).
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
-	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback
+	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
+	integration:TestContextsSystemdCgroup
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.

@@ -2,14 +2,18 @@
 # Runs branchbox's tests on a cgroup-v2-only Linux: a Debian 6.18 kernel
 # (trixie-backports) booted under QEMU with cgroup_no_v1=all, the host's /
 # shared read-only over 9p as the guest's root (so the guest has the host's
-# runc, busybox, iproute2 ... and this repo's bin/), state on guest tmpfs.
+# runc, busybox, iproute2, systemd, dbus ... and this repo's bin/), state on
+# guest tmpfs. PID 1 is systemd with its system D-Bus (what the systemd
+# cgroup driver needs), booted into bbx-tests.target, whose one service
+# runs the tests; its units that need a writable / fail, harmlessly.
 # No network in the guest. Needs root, apt (the host's Debian mirror), ~1 GB disk.
 #
 #   hack/cgroupv2-vm.sh [TEST_SPEC ...]   (run from the project's root; default: every integration test,
 #                                            one by one, then the unit packages)
 # TEST_SPEC: <pkg>:<TestName> or <pkg>:ALL, pkg = package path with / -> _,
 #   e.g. integration:TestContextsKillSuite shim:ALL
-# Env: REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
+# Env: GUEST_INIT (systemd, default; shell: a shell as PID 1, no systemd),
+#   REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
 #   SMP (2), ACCEL (auto: kvm if /dev/kvm runs a stock kernel, else tcg),
 #   PER_TEST_TIMEOUT (s, default 600), KERNEL_PKG (trixie-backports package,
 #   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
@@ -20,8 +24,12 @@ WORK=${WORK:-/tmp/bbx-cgv2}
 MEM=${MEM:-8G}; SMP=${SMP:-2}
 mkdir -p $WORK/apt/lists/partial $WORK/apt/cache/archives/partial $WORK/out
 # 1. host packages: qemu, and the kernel + kmod debs unpacked under $WORK (not installed)
-#    (and what unpacks the kernel: zstd or xz, whichever Debian compressed it with)
-need=(); for c in qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-static; do
+GUEST_INIT=${GUEST_INIT:-systemd}
+#    (and what unpacks the kernel: zstd or xz, whichever Debian compressed it
+#    with; and the systemd and dbus-daemon the guest runs, from the host's /)
+want=(qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-static)
+[ $GUEST_INIT != systemd ] || want+=(systemctl:systemd dbus-daemon:dbus)
+need=(); for c in "${want[@]}"; do
   command -v ${c%%:*} >/dev/null || need+=(${c#*:})
 done
 [ ${#need[@]} = 0 ] || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; }
@@ -97,37 +105,95 @@ if [ -z "$SPECS" ]; then
   SPECS=$(cd $REPO && grep -h '^func Test' integration/*_test.go | sed 's/func \(Test[A-Za-z0-9_]*\)(.*/\1/' | grep -vx TestMain | sed 's/^/integration:/' | tr '\n' ' ')
   for b in $WORK/tests/*.test; do b=$(basename $b .test); [ $b = integration ] || SPECS="$SPECS $b:ALL"; done
 fi
-cat > $WORK/guest-init.sh <<EOG
+# The tests, run by the guest's PID 1 (shell mode) or by a systemd unit.
+cat > $WORK/guest-tests.sh <<EOG
 #!/bin/bash
 export PATH=$REPO/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin
-mkdir -p \$HOME /dev/pts /dev/shm
-mount -t tmpfs -o mode=755 tmpfs /run; mount -t tmpfs tmpfs /var/tmp; mount -t tmpfs tmpfs /var/lib
-mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -sf pts/ptmx /dev/ptmx
-mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup
-mkdir /sys/fs/cgroup/init.scope; echo \$\$ > /sys/fs/cgroup/init.scope/cgroup.procs
-for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do echo +\$c > /sys/fs/cgroup/cgroup.subtree_control; done
-hostname bbx-cgv2; ip link set lo up; ulimit -n 1048576
-for m in overlay loop veth bridge br_netfilter nf_tables nft_chain_nat nft_compat; do $WORK/kmod/wrap/modprobe -d $WORK/kernel \$m || true; done
-O=$WORK/out; rm -rf \$O/*; mkdir -p \$O/tests
+mkdir -p \$HOME
+# Every controller on for the cgroups the tests make at the root and, under
+# systemd, in system.slice (systemd enables only those its units use).
+for d in /sys/fs/cgroup /sys/fs/cgroup/system.slice; do
+  [ -d \$d ] || continue
+  for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do echo +\$c > \$d/cgroup.subtree_control || echo "cannot enable \$c in \$d"; done
+done
+ulimit -n 1048576
+for m in overlay loop veth bridge br_netfilter nf_tables nft_chain_nat nft_compat unix_diag; do $WORK/kmod/wrap/modprobe -d $WORK/kernel \$m || true; done
+O=$WORK/out; rm -rf \$O/summary.txt \$O/tests \$O/journal.txt; mkdir -p \$O/tests
 for spec in $SPECS; do
   bin=\${spec%%:*}; t=\${spec#*:}; run=(); [ "\$t" = ALL ] || run=(-test.run "^\$t\\\$")
   s=\$(date +%s)
   (cd $REPO/\$(echo \$bin | tr _ /) && timeout -k 10 ${PER_TEST_TIMEOUT:-600} $WORK/tests/\$bin.test -test.v -test.count=1 -test.timeout ${GO_TIMEOUT:-9m} "\${run[@]}") > \$O/tests/\$bin.\$t.log 2>&1
   rc=\$?
-  echo "\$bin \$t rc=\$rc \$((\$(date +%s)-s))s" >> \$O/summary.txt
+  echo "\$bin \$t rc=\$rc \$((\$(date +%s)-s))s" | tee -a \$O/summary.txt
 done
 echo done >> \$O/summary.txt
+[ -d /run/systemd/system ] && { systemctl list-units --all --no-pager > \$O/units.txt 2>&1; journalctl -b --no-pager > \$O/journal.txt 2>&1; }
 sync; echo o > /proc/sysrq-trigger; sleep 10
+EOG
+# The guest's PID 1 after switch_root: writable dirs, then either systemd
+# (GUEST_INIT=systemd, the default: PID 1 systemd with its system D-Bus, as
+# libcontainer's systemd cgroup driver needs; it mounts cgroup2 itself and
+# runs the tests in bbx-tests.service, whose cgroup is delegated) or this
+# shell (GUEST_INIT=shell: cgroup2 mounted here, every controller on, no
+# process in the root cgroup, the tests run by PID 1's child).
+# systemd: the tests' target, no fstab (the host's is not the guest's)
+SYSTEMD_ARGS=; [ $GUEST_INIT = systemd ] && SYSTEMD_ARGS="systemd.unit=bbx-tests.target fstab=no systemd.hostname=bbx-cgv2 systemd.show_status=error"
+cat > $WORK/guest-init.sh <<EOG
+#!/bin/bash
+mkdir -p /dev/pts /dev/shm
+mount -t tmpfs -o mode=755 tmpfs /run; mount -t tmpfs tmpfs /var/tmp; mount -t tmpfs tmpfs /var/lib
+if [ $GUEST_INIT = systemd ]; then
+  # The root is the host's, read-only: systemd's units that write to it
+  # fail, which is tolerated; what they need to write goes to tmpfs.
+  mount -t tmpfs tmpfs /var/log; mount -t tmpfs tmpfs /var/cache
+  mkdir -p /run/systemd/system
+  cat > /run/systemd/system/bbx-tests.target <<EOT
+[Unit]
+Description=branchbox tests
+Wants=basic.target dbus.socket bbx-tests.service
+After=basic.target
+AllowIsolate=yes
+EOT
+  cat > /run/systemd/system/bbx-tests.service <<EOT
+[Unit]
+Description=branchbox tests, one at a time
+Wants=dbus.socket
+After=basic.target dbus.socket
+[Service]
+Type=oneshot
+ExecStart=/bin/bash $WORK/guest-tests.sh
+# The tests make cgroups below their own (containerd's, the shim's) and
+# OOMs happen in them: the unit's cgroup is theirs, an OOM is not its end.
+Delegate=yes
+OOMPolicy=continue
+TasksMax=infinity
+LimitNOFILE=1048576
+TimeoutStartSec=infinity
+StandardOutput=journal+console
+StandardError=journal+console
+EOT
+  # The host's / may have /.dockerenv, which makes systemd think it runs
+  # in a container (and read its options from its own argv, not the
+  # kernel's command line): an empty "container" variable says it does not; the
+  # options are given on both, for whatever a generator decides.
+  exec env container= /lib/systemd/systemd $SYSTEMD_ARGS
+fi
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -sf pts/ptmx /dev/ptmx
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup
+mkdir /sys/fs/cgroup/init.scope; echo \$\$ > /sys/fs/cgroup/init.scope/cgroup.procs
+hostname bbx-cgv2; ip link set lo up
+exec /bin/bash $WORK/guest-tests.sh
 EOG
 # 5. boot. KVM only if it can run a stock kernel (nested PVM cannot: TCG then).
 ACCEL=${ACCEL:-auto}
 if [ "$ACCEL" = auto ]; then ACCEL=tcg; [ -w /dev/kvm ] && ! [ -d /sys/module/kvm_pvm ] && ACCEL=kvm; fi
 A=(-accel tcg,thread=multi,tb-size=512 -cpu max); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
+rm -f $WORK/out/summary.txt
 start=$(date +%s)
 timeout -k 10 ${VM_TIMEOUT:-7200} qemu-system-x86_64 "${A[@]}" -smp $SMP -m $MEM -nographic -no-reboot \
   -kernel $WORK/kernel/vmlinux -initrd $WORK/initramfs.cpio.gz \
-  -append "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all" \
+  -append "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all $SYSTEMD_ARGS" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap \
   -virtfs local,path=$WORK,mount_tag=work,security_model=passthrough,multidevs=remap \
   -virtfs local,path=$REPO,mount_tag=repo,security_model=passthrough,readonly=on,multidevs=remap \

@@ -151,11 +151,6 @@ type sandbox struct {
 	// cgroup is the sandbox's cgroup path, whose freezer says whether it
 	// is paused (pause.go); "" if its spec did not say.
 	cgroup string
-	// systemdCgroup: the sandbox runs with runc's option SystemdCgroup
-	// (the CRI handler's options, or a client's), so cgroup is
-	// a systemd "slice:prefix:name" and its branches' cgroups are to be
-	// made through systemd as well.
-	systemdCgroup bool
 
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
@@ -346,7 +341,9 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 	}
 	cgroup := ""
 	if spec, err := readSpec(r.Bundle); err == nil && spec.Linux != nil {
-		cgroup = spec.Linux.CgroupsPath
+		// Not resolvable: no cgroup of its own to look at (prepare
+		// refuses its branches and says why).
+		cgroup, _ = sandboxCgroup(spec.Linux.CgroupsPath)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -354,7 +351,7 @@ func (c *contexts) addSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest,
 		return // added before its creation, to settle it (Create)
 	}
 	c.sandboxes[r.ID] = &sandbox{
-		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, systemdCgroup: opts != nil && opts.SystemdCgroup, stoppedCh: make(chan struct{}),
+		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, stoppedCh: make(chan struct{}),
 		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
 	}
 }
@@ -427,18 +424,19 @@ func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 		client.Close()
 		return err
 	}
-	if err := checkCgroupPath(spec.Linux.CgroupsPath); err != nil {
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
 		client.Close()
-		return err
+		return fmt.Errorf("sandbox %s: %w", sb.id, err)
 	}
 	sb.snapshot = client
 	sb.nodes = map[string]*bctx{branch.RootID: {
-		id: branch.RootID, bundle: sb.bundle, cgroup: spec.Linux.CgroupsPath, spec: spec, net: NetShared,
+		id: branch.RootID, bundle: sb.bundle, cgroup: cg, spec: spec, net: NetShared,
 	}}
 	sb.kick, sb.done = kick, make(chan struct{})
 	go c.settle(context.WithoutCancel(ctx), sb)
 	if ms, err := c.hier(); err == nil {
-		holdFreezerKey(ms, spec.Linux.CgroupsPath)
+		holdFreezerKey(ms, cg)
 	}
 	return nil
 }
@@ -1659,13 +1657,18 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 // ignoring SIGKILL. A paused sandbox is killed whole and thawed first.
 func killBranchCgroups(ctx context.Context, bundle string) {
 	spec, err := readSpec(bundle)
-	if err != nil || spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+	if err != nil || spec.Linux == nil {
 		return
 	}
-	killCgroupsBelow(ctx, spec.Linux.CgroupsPath)
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
+		return
+	}
+	killCgroupsBelow(ctx, cg)
 }
 
-// killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath.
+// killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath (a
+// cgroupfs path: sandboxCgroup's).
 func killCgroupsBelow(ctx context.Context, sbPath string) {
 	ms, err := cgroupMounts()
 	if err != nil {

@@ -114,8 +114,8 @@ func stopDeadGroup(ctx context.Context, r *runcC.Runc, stateRoot, id, address st
 func stopMember(ctx context.Context, r *runcC.Runc, stateRoot, cid string, m member) {
 	l := log.G(ctx).WithField("container", cid)
 	l.Info("ending a container of the dead shim")
-	if m.CgroupsPath != "" {
-		killCgroupsBelow(ctx, m.CgroupsPath)
+	if cg, err := sandboxCgroup(m.CgroupsPath); err == nil {
+		killCgroupsBelow(ctx, cg)
 	}
 	// Branches run by the runtime have their own runtime state.
 	if entries, err := os.ReadDir(stateRoot); err == nil {

@@ -97,10 +97,11 @@ func (c *contexts) listenSelfRoot(ctx context.Context, id, bundle string) error 
 	if spec.Linux == nil {
 		return fmt.Errorf("%s: %s needs a linux section in the spec: %w", id, SocketAnnotation, errdefs.ErrInvalidArgument)
 	}
-	if err := checkCgroupPath(spec.Linux.CgroupsPath); err != nil {
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
 		return fmt.Errorf("%s: %s: %w", id, SocketAnnotation, err)
 	}
-	if err := c.listenSelf(ctx, id, branch.RootID, bundle, spec.Linux.CgroupsPath, spec); err != nil {
+	if err := c.listenSelf(ctx, id, branch.RootID, bundle, cg, spec); err != nil {
 		return err
 	}
 	if err := writeSpec(bundle, spec); err != nil {

@@ -334,6 +334,9 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	// The task service runs its "runc" as BinaryName with --root first;
 	// ocirt recognises that command line.
 	opts.BinaryName = s.self
+	if spec, err := readSpec(r.Bundle); err == nil && spec.Linux != nil {
+		keyDriverOnSpec(ctx, r.ID, spec.Linux.CgroupsPath, opts)
+	}
 	if opts.Root == "" {
 		opts.Root = DefaultRoot
 	}

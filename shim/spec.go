@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -139,13 +138,4 @@ func limitsOf(s *specs.Spec) *shimv1.Limits {
 		l.Pids = *r.Pids.Limit
 	}
 	return l
-}
-
-// checkCgroupPath refuses cgroup paths a branch cannot nest under: systemd
-// slices ("slice:prefix:name") name units, not directories.
-func checkCgroupPath(p string) error {
-	if p == "" || strings.Contains(p, ":") || !strings.HasPrefix(p, "/") {
-		return fmt.Errorf("sandbox cgroup path %q is not a cgroupfs path; branch contexts nest their cgroups under the sandbox's and need the cgroupfs driver (SystemdCgroup = false): %w", p, errdefs.ErrNotImplemented)
-	}
-	return nil
 }

@@ -275,18 +275,38 @@ func openMount(m nsMount) (int, error) {
 
 // writableMounts lists the mounts of upper's overlay that a per-mount seal
 // makes read-only: every mount not read-only of its own (one that is was
-// made so by someone else, and stays so).
+// made so by someone else, and stays so) and not covered in its namespace
+// (coveredMount).
 func writableMounts(upper string) (all, writable []nsMount, err error) {
 	all, err = overlayMountsEverywhere(upper)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, m := range all {
-		if !m.readonly {
+		if !m.readonly && !coveredMount(m) {
 			writable = append(writable, m)
 		}
 	}
 	return all, writable, nil
+}
+
+// coveredMount says whether m, a mount of another namespace, is one no
+// path of its namespace reaches, with no file open for writing through
+// it: a copy propagated from the host's shared mounts (systemd makes them
+// shared) beneath a mount that covers that place in a namespace of its
+// own, as a PrivateTmp= service's /tmp covers the host's. Nothing there
+// can open a file through it, so it needs no seal, and it could not be
+// given one: mount_setattr needs the mount opened, by its path.
+func coveredMount(m nsMount) bool {
+	if m.pid == 0 {
+		return false
+	}
+	fd, err := openMount(m)
+	if err == nil {
+		unix.Close(fd)
+		return false
+	}
+	return errors.Is(err, unix.ENOENT) && stillMounted(m) && len(findWriters([]nsMount{m})) == 0
 }
 
 func sealedMounts(ms []nsMount) []branch.SealedMount {

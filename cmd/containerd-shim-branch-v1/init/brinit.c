@@ -353,6 +353,11 @@ static void op_root(char **a) {
 		fail("attach rootfs at %s: %s", a[0], strerror(errno));
 	close(cfg_fds[0]);
 	cfg_fds[0] = -1;
+	// The attached tree is a clone of the shim's mount, and keeps its
+	// shared propagation where the host's mounts are shared (systemd as
+	// PID 1 makes them so): pivot_root refuses a shared new root (EINVAL).
+	if (mount(NULL, a[0], NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		fail("make rootfs mounts private: %s", strerror(errno));
 	rootfd = open(a[0], O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
 		fail("open rootfs %s: %s", a[0], strerror(errno));
