@@ -122,8 +122,9 @@ CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSeal
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.
+# A package's whole run (pkg:ALL) takes up to half an hour there.
 test-cgroupv2: binaries
-	hack/test-cgroupv2.sh $(TESTS)
+	VM_TIMEOUT=14400 PER_TEST_TIMEOUT=2400 GO_TIMEOUT=38m hack/test-cgroupv2.sh $(TESTS)
 
 bench: binaries
 	@hack/bench.sh

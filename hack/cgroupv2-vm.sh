@@ -15,7 +15,8 @@
 # Env: GUEST_INIT (systemd, default; shell: a shell as PID 1, no systemd),
 #   REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
 #   SMP (2), ACCEL (auto: kvm if /dev/kvm runs a stock kernel, else tcg),
-#   PER_TEST_TIMEOUT (s, default 600), KERNEL_PKG (trixie-backports package,
+#   PER_TEST_TIMEOUT (s, default 600), GO_TIMEOUT (go test -timeout, 9m),
+#   VM_TIMEOUT (s, the whole VM, 7200), KERNEL_PKG (trixie-backports package,
 #   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
 #   snapshotter's *xattrat syscalls).
 set -euo pipefail
@@ -77,6 +78,11 @@ for p in $(cd $REPO && go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.Import
   [ -z "$pkgs" ] || grep -qx "$(echo $rel | tr / _)" <<<"$pkgs" || continue
   (cd $REPO && go test -c -tags seccomp -o $WORK/tests/$(echo $rel | tr / _).test ./$rel)
 done
+# The build cache the guest's go uses (some tests build a static program
+# for an image): the standard library compiled here, as those builds ask
+# for it, since compiling it under emulation takes minutes.
+mkdir -p $WORK/gocache
+(cd $REPO && for f in "" -trimpath; do CGO_ENABLED=0 GOCACHE=$WORK/gocache go build $f -o /dev/null ./integration/sysprobe; done)
 # 3. initramfs: busybox + the 9p modules; /init mounts the host's / and switch_roots
 I=$(mktemp -d); trap 'rm -rf $I' EXIT
 mkdir -p $I/bin $I/proc $I/sys $I/dev $I/newroot $I/mod
@@ -105,10 +111,15 @@ if [ -z "$SPECS" ]; then
   SPECS=$(cd $REPO && grep -h '^func Test' integration/*_test.go | sed 's/func \(Test[A-Za-z0-9_]*\)(.*/\1/' | grep -vx TestMain | sed 's/^/integration:/' | tr '\n' ' ')
   for b in $WORK/tests/*.test; do b=$(basename $b .test); [ $b = integration ] || SPECS="$SPECS $b:ALL"; done
 fi
+# The host's go for the tests that build a program (an image's binary):
+# its module cache read-only over 9p, nothing fetched (no network there).
+GOBIN_DIR=$(dirname "$(command -v go)")
+GOMODCACHE_DIR=$(go env GOMODCACHE)
 # The tests, run by the guest's PID 1 (shell mode) or by a systemd unit.
 cat > $WORK/guest-tests.sh <<EOG
 #!/bin/bash
-export PATH=$REPO/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin
+export PATH=$REPO/bin:$GOBIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin
+export GOMODCACHE=$GOMODCACHE_DIR GOPROXY=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOCACHE=$WORK/gocache
 mkdir -p \$HOME
 # Every controller on for the cgroups the tests make at the root and, under
 # systemd, in system.slice (systemd enables only those its units use).
@@ -117,7 +128,7 @@ for d in /sys/fs/cgroup /sys/fs/cgroup/system.slice; do
   for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do echo +\$c > \$d/cgroup.subtree_control || echo "cannot enable \$c in \$d"; done
 done
 ulimit -n 1048576
-for m in overlay loop veth bridge br_netfilter nf_tables nft_chain_nat nft_compat unix_diag; do $WORK/kmod/wrap/modprobe -d $WORK/kernel \$m || true; done
+for m in overlay loop ext4 veth bridge br_netfilter nf_tables nft_chain_nat nft_compat unix_diag; do $WORK/kmod/wrap/modprobe -d $WORK/kernel \$m || true; done
 O=$WORK/out; rm -rf \$O/summary.txt \$O/tests \$O/journal.txt; mkdir -p \$O/tests
 for spec in $SPECS; do
   bin=\${spec%%:*}; t=\${spec#*:}; run=(); [ "\$t" = ALL ] || run=(-test.run "^\$t\\\$")
