@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
@@ -140,11 +141,16 @@ func TestCRIBranchFeatures(t *testing.T) {
 // systemd, so the shim refuses the pod with the fix, instead of the
 // runtime failing on systemd's bus later (the systemd driver's own test
 // runs a pod in a VM whose init is systemd).
+//
+// Where systemd is the init (the cgroup-v2 VM), a pod runs with it: its
+// container's branch gets its own limited cgroup inside the container's
+// scope, and nothing of either is left once the branch and the pod end.
 func TestCRIBranchSystemdCgroup(t *testing.T) {
-	if systemd.IsRunningSystemd() {
-		t.Skip("systemd is this host's init: the shim takes the option; the systemd cgroup driver's tests run pods with it")
-	}
 	requireRoot(t)
+	if systemd.IsRunningSystemd() {
+		testCRISystemdPod(t)
+		return
+	}
 	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	cfg := c.writeJSON("sd-pod.json", map[string]any{
@@ -168,4 +174,67 @@ func TestCRIBranchSystemdCgroup(t *testing.T) {
 	if s := field(c.inspect("inspectp", id), "status", "state"); s != "SANDBOX_READY" {
 		t.Errorf("runc pod state %v, want SANDBOX_READY", s)
 	}
+}
+
+func testCRISystemdPod(t *testing.T) {
+	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
+	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
+	// Under the systemd driver a pod's parent is a slice, as kubelet's.
+	cfg := c.writeJSON("sd-pod.json", map[string]any{
+		"metadata":      map[string]any{"name": "sd", "namespace": "default", "uid": "sd-uid", "attempt": 0},
+		"log_directory": filepath.Join(c.dir, "logs", "sd"),
+		"linux": map[string]any{
+			"cgroup_parent":    "bbxcri.slice",
+			"security_context": map[string]any{"namespace_options": ns.options()},
+		},
+	})
+	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
+	if err != nil {
+		t.Fatalf("a pod with SystemdCgroup = true on a host whose init is systemd: %v", err)
+	}
+	pod := lastLine(out)
+	c.ids = append(c.ids, pod)
+	ctr := c.createContainer(pod, cfg, "app", ns, "/bin/sh", "-c", "exec sleep 1000")
+	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 1, Memory: 32 << 20})
+	if err != nil {
+		t.Fatalf("fork in a pod under the systemd driver: %v", err)
+	}
+	k := kids[0]
+	// The container's cgroup is its scope in the pod's slice, the
+	// branch's a cgroup inside it with its own limit.
+	if !strings.Contains(k.Cgroup, "bbxcri.slice/") || !strings.Contains(k.Cgroup, ".scope/") {
+		t.Errorf("branch cgroup %q: want it inside the container's scope in bbxcri.slice", k.Cgroup)
+	}
+	branchDir := filepath.Join("/sys/fs/cgroup", k.Cgroup)
+	if b, err := os.ReadFile(filepath.Join(branchDir, "memory.max")); err != nil || strings.TrimSpace(string(b)) != "33554432" {
+		t.Errorf("branch memory.max %q (%v), want 33554432", b, err)
+	}
+	if got := mustRun(t, c.ctx, sc, k.ID, "sh", "-c", "echo ok > /x && cat /x"); got != "ok\n" {
+		t.Errorf("run in the branch: %q", got)
+	}
+	if _, err := sc.Abort(c.ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(branchDir); !os.IsNotExist(err) {
+		t.Errorf("branch cgroup %s after abort: %v, want it gone", branchDir, err)
+	}
+	scope := branchDir
+	for filepath.Ext(scope) != ".scope" && scope != "/sys/fs/cgroup" {
+		scope = filepath.Dir(scope)
+	}
+	if _, err := c.env.Crictl(c.ctx, "rmp", "--force", pod); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the container's scope to go", 20*time.Second, func() bool {
+		_, err := os.Stat(scope)
+		return os.IsNotExist(err)
+	})
 }
