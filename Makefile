@@ -118,7 +118,7 @@ test: binaries lint
 # driver's (the VM's PID 1 is systemd).
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
-	integration:TestContextsSystemdCgroup
+	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.
