@@ -153,14 +153,7 @@ func TestCRIBranchSystemdCgroup(t *testing.T) {
 	}
 	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
-	cfg := c.writeJSON("sd-pod.json", map[string]any{
-		"metadata":      map[string]any{"name": "sd", "namespace": "default", "uid": "sd-uid", "attempt": 0},
-		"log_directory": filepath.Join(c.dir, "logs", "sd"),
-		"linux": map[string]any{
-			"cgroup_parent":    "kubepods.slice",
-			"security_context": map[string]any{"namespace_options": ns.options()},
-		},
-	})
+	cfg := systemdPodConfig(c, ns, "kubepods.slice")
 	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
 	if err == nil {
 		c.ids = append(c.ids, lastLine(out))
@@ -179,15 +172,7 @@ func TestCRIBranchSystemdCgroup(t *testing.T) {
 func testCRISystemdPod(t *testing.T) {
 	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
-	// Under the systemd driver a pod's parent is a slice, as kubelet's.
-	cfg := c.writeJSON("sd-pod.json", map[string]any{
-		"metadata":      map[string]any{"name": "sd", "namespace": "default", "uid": "sd-uid", "attempt": 0},
-		"log_directory": filepath.Join(c.dir, "logs", "sd"),
-		"linux": map[string]any{
-			"cgroup_parent":    "bbxcri.slice",
-			"security_context": map[string]any{"namespace_options": ns.options()},
-		},
-	})
+	cfg := systemdPodConfig(c, ns, "bbxcri.slice")
 	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
 	if err != nil {
 		t.Fatalf("a pod with SystemdCgroup = true on a host whose init is systemd: %v", err)
@@ -236,5 +221,18 @@ func testCRISystemdPod(t *testing.T) {
 	waitUntil(t, "the container's scope to go", 20*time.Second, func() bool {
 		_, err := os.Stat(scope)
 		return os.IsNotExist(err)
+	})
+}
+
+// systemdPodConfig writes the config of pod "sd" under the systemd cgroup
+// driver, whose pod parent is a slice (as kubelet's), and returns its path.
+func systemdPodConfig(c *criTest, ns podNS, slice string) string {
+	return c.writeJSON("sd-pod.json", map[string]any{
+		"metadata":      map[string]any{"name": "sd", "namespace": "default", "uid": "sd-uid", "attempt": 0},
+		"log_directory": filepath.Join(c.dir, "logs", "sd"),
+		"linux": map[string]any{
+			"cgroup_parent":    slice,
+			"security_context": map[string]any{"namespace_options": ns.options()},
+		},
 	})
 }

@@ -18,9 +18,7 @@ import (
 // checkpoint rm SANDBOX NAME.
 func cmdCheckpoint(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("checkpoint", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	pos, _, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -131,9 +129,7 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 
 func cmdRollback(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("rollback", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	pos, _, err := parse(fs, args)
 	if err != nil {
 		return err

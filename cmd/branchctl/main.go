@@ -107,6 +107,14 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.BoolVar(&g.json, "json", false, "print JSON")
 }
 
+// commandFlags lets a command's own flags set the globals again after its
+// name (branchctl push --namespace k8s.io ...).
+func (g *globals) commandFlags(fs *flag.FlagSet) {
+	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
+	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+}
+
 // parse parses flags anywhere before "--" (Go's flag package stops at the
 // first positional argument) and returns the positional arguments and the
 // command after "--".
@@ -273,9 +281,7 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
 	var opts branch.ForkOptions
 	var memory string
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	forkFlags(fs, &opts, &memory)
 	pos, cmd, err := parse(fs, args)
 	if err != nil {
@@ -433,9 +439,7 @@ func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
 func refCmd(g *globals, name string, args []string) (string, string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	pos, _, err := parse(fs, args)
 	if err != nil {
 		return "", "", err

@@ -21,14 +21,8 @@ import (
 // [--user USER[:SECRET]].
 func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("push", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
-	var remote oci.Remote
-	var user string
-	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
-	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
-	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	g.commandFlags(fs)
+	remote := remoteFlags(fs)
 	pos, _, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -40,13 +34,12 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
-	remote.User, remote.Secret, _ = strings.Cut(user, ":")
-	client, err := containerd.New(g.address)
+	client, err := g.dial()
 	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+		return err
 	}
 	defer client.Close()
-	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), client, src, pos[1], remote)
+	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), client, src, pos[1], remote())
 	if err != nil {
 		return err
 	}
@@ -65,9 +58,7 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 // cmdSave: save SANDBOX[/BRANCH] FILE [--name NAME].
 func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("save", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	var name string
 	fs.StringVar(&name, "name", "", "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)")
 	pos, _, err := parse(fs, args)
@@ -88,9 +79,9 @@ func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		}
 		name = "branchbox/" + strings.ToLower(src.Sandbox) + ":" + c
 	}
-	client, err := containerd.New(g.address)
+	client, err := g.dial()
 	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+		return err
 	}
 	defer client.Close()
 	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), client, src, name, pos[1])
@@ -107,9 +98,7 @@ func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) er
 // cmdLoad: load FILE [--snapshotter NAME].
 func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
+	g.commandFlags(fs)
 	var sn string
 	fs.StringVar(&sn, "snapshotter", "branch", "the snapshotter to unpack into")
 	pos, _, err := parse(fs, args)
@@ -124,9 +113,9 @@ func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	defer f.Close()
-	client, err := containerd.New(g.address)
+	client, err := g.dial()
 	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+		return err
 	}
 	defer client.Close()
 	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), client, f, sn)
@@ -146,14 +135,8 @@ func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) er
 // [--user USER[:SECRET]] [-- CMD...].
 func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
-	var remote oci.Remote
-	var user string
-	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
-	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
-	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	g.commandFlags(fs)
+	remote := remoteFlags(fs)
 	pos, cmd, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -161,13 +144,12 @@ func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if len(pos) != 2 {
 		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
-	remote.User, remote.Secret, _ = strings.Cut(user, ":")
-	client, err := containerd.New(g.address)
+	client, err := g.dial()
 	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+		return err
 	}
 	defer client.Close()
-	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), client, pos[0], pos[1], remote, cmd...)
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), client, pos[0], pos[1], remote(), cmd...)
 	if err != nil {
 		return err
 	}
@@ -177,4 +159,27 @@ func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
 		res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
 	return nil
+}
+
+// remoteFlags registers the registry flags of push and pull; what it
+// returns gives the registry options they set, once parsed.
+func remoteFlags(fs *flag.FlagSet) func() oci.Remote {
+	var remote oci.Remote
+	var user string
+	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
+	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
+	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
+	return func() oci.Remote {
+		remote.User, remote.Secret, _ = strings.Cut(user, ":")
+		return remote
+	}
+}
+
+// dial connects to containerd at the address the flags gave.
+func (g globals) dial() (*containerd.Client, error) {
+	client, err := containerd.New(g.address)
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+	}
+	return client, nil
 }
