@@ -116,7 +116,7 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 		if st.Checkpoint != "" {
 			what = "checkpoint " + st.Checkpoint + " of context " + ctxID + " of sandbox " + src.Sandbox
 		}
-		l, diffID, err := compare(ctx, client, prev, st.Mounts)
+		l, diffID, err := layerOf(ctx, client, prev, st.Mounts)
 		if err != nil {
 			return Image{}, fmt.Errorf("%s: make the layer of %s: %w", src, what, err)
 		}
@@ -225,6 +225,18 @@ func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor
 		opts = append(opts, content.WithLabels(lbls))
 	}
 	return content.WriteBlob(ctx, cs, "branchbox-"+desc.Digest.String(), bytes.NewReader(blob), desc, opts...)
+}
+
+// layerOf makes the layer of the difference between two states, and
+// returns it with its diff id: from the directories the two stack over
+// their common layers (layer.go) where both are such stacks, else with
+// containerd's diff service.
+func layerOf(ctx context.Context, client *containerd.Client, lower, upper []mount.Mount) (ocispec.Descriptor, digest.Digest, error) {
+	if dirs, ok := diffDirs(lower, upper); ok {
+		return writeLayer(ctx, client.ContentStore(), lower, upper, dirs)
+	}
+	log.G(ctx).Debug("states are not layer stacks: the diff service compares them whole")
+	return compare(ctx, client, lower, upper)
 }
 
 // compare makes the layer of the difference between two states with
