@@ -179,6 +179,21 @@ func (r *Registry) Restart(ctx context.Context) error {
 // Blobs lists the digests ("sha256:...") of every blob in the registry's
 // storage: layers, configs and manifests alike.
 func (r *Registry) Blobs() ([]string, error) {
+	sizes, err := r.BlobSizes()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(sizes))
+	for d := range sizes {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// BlobSizes maps the digest of every blob in the registry's storage to
+// its size.
+func (r *Registry) BlobSizes() (map[string]int64, error) {
 	base := filepath.Join(r.Storage, "docker", "registry", "v2", "blobs", "sha256")
 	prefixes, err := os.ReadDir(base)
 	if errors.Is(err, os.ErrNotExist) {
@@ -187,7 +202,7 @@ func (r *Registry) Blobs() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	out := map[string]int64{}
 	for _, p := range prefixes {
 		ents, err := os.ReadDir(filepath.Join(base, p.Name()))
 		if err != nil {
@@ -196,12 +211,11 @@ func (r *Registry) Blobs() ([]string, error) {
 		for _, e := range ents {
 			// A blob is there once its data is: an upload in progress
 			// lives elsewhere (_uploads) until committed.
-			if _, err := os.Stat(filepath.Join(base, p.Name(), e.Name(), "data")); err == nil {
-				out = append(out, "sha256:"+e.Name())
+			if fi, err := os.Stat(filepath.Join(base, p.Name(), e.Name(), "data")); err == nil {
+				out["sha256:"+e.Name()] = fi.Size()
 			}
 		}
 	}
-	sort.Strings(out)
 	return out, nil
 }
 
