@@ -579,6 +579,47 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 	if got := readB("restored"); got != "two\nb\n" {
 		t.Fatalf("rollback to second on node B reads %q, want A's state at second", got)
 	}
+
+	// A branch's path starts with its parent's: sb's checkpoints up to
+	// its head (second), then the branch's own (mine), then its change.
+	scA, err := branch.NewSandboxClient(ctx, envA.Address, envA.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer scA.Close()
+	b := fork(t, ctx, scA, branch.ForkOptions{Count: 1})[0].ID
+	mustRun(t, ctx, scA, b, "sh", "-c", "echo four > /state; echo d > /w/d")
+	ctl(envA, "checkpoint", "sb/"+b, "mine")
+	mustRun(t, ctx, scA, b, "sh", "-c", "echo five > /state; rm /w/b")
+	var br layersOut
+	if err := json.Unmarshal([]byte(ctl(envA, "push", "sb/"+b, reg.Ref("branchbox/ck:branch"), "--plain-http", "--json")), &br); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, ck := range br.Checkpoints {
+		names = append(names, ck.Name)
+	}
+	if len(br.Layers) != 5 || strings.Join(names, ",") != "first,second,mine" || br.Checkpoints[0].Layer != now.Layers[1].Digest {
+		t.Fatalf("push of a branch of a sandbox with checkpoints: want the base layer, sb's first and second (as before), the branch's mine and its change: %+v", br)
+	}
+	if err := json.Unmarshal([]byte(ctl(envB, "pull", reg.Ref("branchbox/ck:branch"), "restoredb", "--plain-http", "--json", "--", "sh", "-c", "exec sleep 100000")), &pulled); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "restoredb") })
+	if strings.Join(pulled.Checkpoints, ",") != "first,second,mine" {
+		t.Fatalf("pull of the branch restored checkpoints %v, want first, second, mine", pulled.Checkpoints)
+	}
+	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "restoredb"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ ck, want string }{{"", "five\nc\nd\n"}, {"mine", "four\nb\nc\nd\n"}, {"first", "one\na\n"}} {
+		if c.ck != "" {
+			ctl(envB, "rollback", "restoredb", c.ck)
+		}
+		if got := readB("restoredb"); got != c.want {
+			t.Fatalf("the pulled branch at %q reads %q, want A's branch's state there %q", c.ck, got, c.want)
+		}
+	}
 }
 
 // TestRegistryCRIPod runs a pushed sandbox as a Kubernetes pod would on

@@ -26,9 +26,11 @@ type state struct {
 
 // statePath returns the states src's image holds, oldest first: the
 // checkpoints on the path to it (the context's head checkpoint, or the one
-// src names, and the checkpoints each was built on, back to the first),
-// then, unless src names a checkpoint, the context now. ctxID is the
-// context the path is of.
+// src names, and the checkpoints each was built on, back to the first; for
+// a branch, before them, those on its parent's path to the state it was
+// forked from: the checkpoint it was forked from, or its parent's head, as
+// far back as its root), then, unless src names a checkpoint, the context
+// now. ctxID is the context the path is of.
 func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, ctxID string, err error) {
 	c, err := dialSnapshotterOf(upper)
 	if err != nil {
@@ -57,40 +59,65 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 		ctxID, last = ck.Context, ck.Name
 	} else {
-		for _, ck := range cks {
-			if ck.Context == ctxID && ck.Head {
-				last = ck.Name
+		last = headOf(byName, ctxID)
+	}
+	// Back along the parents, within each context: a deleted parent ends
+	// that context's part (the next layer then holds its change too).
+	chain := func(last, ctxID string) []branch.Checkpoint {
+		var cks []branch.Checkpoint
+		for n := last; n != ""; {
+			ck, ok := byName[n]
+			if !ok || ck.Context != ctxID {
+				break
 			}
+			cks = append([]branch.Checkpoint{ck}, cks...)
+			n = ck.Parent
 		}
+		return cks
 	}
-	// Back along the parents, within the context: a deleted parent ends
-	// the path (the next layer then holds its change too).
-	var names []string
-	for n := last; n != ""; {
-		ck, ok := byName[n]
-		if !ok || ck.Context != ctxID {
-			break
-		}
-		names = append([]string{n}, names...)
-		n = ck.Parent
-	}
-	ref := branch.Ref{Root: sbRoot, Branch: ctxID}
-	if ctxID == branch.RootID {
-		ref.Branch = ""
-	}
-	for _, n := range names {
-		ms, err := c.CheckpointMounts(ctx, ref, n)
+	onPath := chain(last, ctxID)
+	if ctxID != branch.RootID {
+		// A branch holds its parent's state at the fork: the parent is
+		// sealed while the branch lives, so its head (or the checkpoint
+		// the branch was forked from) is on the branch's path.
+		nodes, err := c.Tree(ctx, sbRoot)
 		if err != nil {
-			return nil, "", fmt.Errorf("sandbox %s: checkpoint %s: %w", src.Sandbox, n, err)
+			return nil, "", fmt.Errorf("sandbox %s: its branches: %w", src.Sandbox, err)
 		}
-		path = append(path, state{Checkpoint: n, Mounts: ms})
+		byID := map[string]branch.Info{}
+		for _, n := range nodes {
+			byID[n.ID] = n
+		}
+		for cur := ctxID; cur != branch.RootID; {
+			n, ok := byID[cur]
+			if !ok {
+				return nil, "", fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, cur, src.Sandbox, errdefs.ErrNotFound)
+			}
+			from := n.FromCheckpoint
+			if from == "" {
+				from = headOf(byName, n.Parent)
+			}
+			onPath = append(chain(from, n.Parent), onPath...)
+			cur = n.Parent
+		}
+	}
+	for _, ck := range onPath {
+		ref := branch.Ref{Root: sbRoot, Branch: ck.Context}
+		if ck.Context == branch.RootID {
+			ref.Branch = ""
+		}
+		ms, err := c.CheckpointMounts(ctx, ref, ck.Name)
+		if err != nil {
+			return nil, "", fmt.Errorf("sandbox %s: checkpoint %s: %w", src.Sandbox, ck.Name, err)
+		}
+		path = append(path, state{Checkpoint: ck.Name, Mounts: ms})
 	}
 	if src.Checkpoint != "" {
 		return path, ctxID, nil
 	}
 	now := rootMounts
 	if ctxID != branch.RootID {
-		if now, err = c.Mounts(ctx, ref); err != nil {
+		if now, err = c.Mounts(ctx, branch.Ref{Root: sbRoot, Branch: ctxID}); err != nil {
 			if errdefs.IsNotFound(err) {
 				return nil, "", fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, src.Branch, src.Sandbox, err)
 			}
@@ -98,6 +125,16 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 	}
 	return append(path, state{Mounts: now}), ctxID, nil
+}
+
+// headOf names context ctxID's head checkpoint ("" if it has none).
+func headOf(byName map[string]branch.Checkpoint, ctxID string) string {
+	for _, ck := range byName {
+		if ck.Context == ctxID && ck.Head {
+			return ck.Name
+		}
+	}
+	return ""
 }
 
 // dialSnapshotterOf connects to the branch API of the snapshotter that
