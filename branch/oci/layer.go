@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -128,20 +129,14 @@ func changesIn(ctx context.Context, dirs []string, lowerRoot, upperRoot string) 
 			return nil, fmt.Errorf("walk the change in %s: %w", d, err)
 		}
 	}
-	exists := func(p string) (bool, error) {
-		_, err := os.Lstat(p)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
-			return false, nil
-		}
-		return err == nil, err
-	}
+	lowerTree, upperTree := newTree(lowerRoot), newTree(upperRoot)
 	var out []change
 	for p := range named {
-		inUpper, err := exists(upperRoot + p)
+		inUpper, err := upperTree.exists(p)
 		if err != nil {
 			return nil, err
 		}
-		inLower, err := exists(lowerRoot + p)
+		inLower, err := lowerTree.exists(p)
 		if err != nil {
 			return nil, err
 		}
@@ -149,7 +144,13 @@ func changesIn(ctx context.Context, dirs []string, lowerRoot, upperRoot string) 
 		case inUpper && !inLower:
 			out = append(out, change{path: p})
 		case inLower && !inUpper:
-			out = append(out, change{path: p, deleted: true})
+			// Under what is no directory now, the replacement (or the
+			// parent's own whiteout) covers it.
+			if ok, err := upperTree.isDir(path.Dir(p)); err != nil {
+				return nil, err
+			} else if ok {
+				out = append(out, change{path: p, deleted: true})
+			}
 		}
 		if !inUpper || !inLower {
 			continue
@@ -189,6 +190,48 @@ func changesIn(ctx context.Context, dirs []string, lowerRoot, upperRoot string) 
 		kept = append(kept, c)
 	}
 	return kept, nil
+}
+
+// tree looks paths up in one mounted tree without following a symlink on
+// the way: the paths come from directories a sandbox wrote, and a symlink
+// it made where another layer has a directory (/a -> / over /a/b) must
+// not lead a lookup out of the tree. A path under anything that is not a
+// directory is not in the tree, as a walk of it would not find it.
+type tree struct {
+	root string
+	dirs map[string]bool // path: a directory, reached through directories
+}
+
+func newTree(root string) *tree { return &tree{root: root, dirs: map[string]bool{"/": true}} }
+
+func (t *tree) exists(p string) (bool, error) {
+	if ok, err := t.isDir(path.Dir(p)); err != nil || !ok {
+		return false, err
+	}
+	_, err := os.Lstat(t.root + p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (t *tree) isDir(p string) (bool, error) {
+	if v, ok := t.dirs[p]; ok {
+		return v, nil
+	}
+	v, err := t.exists(p)
+	if err != nil {
+		return false, err
+	}
+	if v {
+		fi, err := os.Lstat(t.root + p)
+		if err != nil {
+			return false, err
+		}
+		v = fi.IsDir()
+	}
+	t.dirs[p] = v
+	return v, nil
 }
 
 // sameFile says whether two files are the same by the rules containerd's

@@ -109,3 +109,36 @@ func TestChangesIn(t *testing.T) {
 		t.Errorf("changesIn =\n%v\nwant\n%v", got, want)
 	}
 }
+
+// TestChangesInSymlinkedDir: a directory replaced by a symlink that
+// points out of the tree (/a -> outside, where a b exists) while another
+// layer names /a/b: nothing is looked up through the link, so nothing of
+// outside gets into the layer; /a is the symlink, and what was under it
+// goes with the replaced directory.
+func TestChangesInSymlinkedDir(t *testing.T) {
+	tmp := t.TempDir()
+	lower, upper, outside := filepath.Join(tmp, "lower"), filepath.Join(tmp, "upper"), filepath.Join(tmp, "outside")
+	d1, d2 := filepath.Join(tmp, "d1"), filepath.Join(tmp, "d2")
+	for _, d := range []string{filepath.Join(lower, "a"), upper, outside, d1, filepath.Join(d2, "a")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{filepath.Join(lower, "a", "b"), filepath.Join(outside, "b"), filepath.Join(d2, "a", "b")} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []string{filepath.Join(upper, "a"), filepath.Join(d1, "a")} {
+		if err := os.Symlink(outside, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := changesIn(context.Background(), []string{d1, d2}, lower, upper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []change{{path: "/a"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("changesIn = %v, want %v", got, want)
+	}
+}
