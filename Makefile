@@ -20,7 +20,7 @@ REGISTRY_BINS := $(BIN)/registry
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test test-cgroupv2 unit integration bench crash-loop lint check-version clean containerd-config install
+.PHONY: proto all deps binaries demo test test-cgroupv2 bench crash-loop lint check-version clean containerd-config install
 
 all: binaries
 

@@ -36,13 +36,13 @@ import (
 //	<root>/mnt/<root snapshot id>-<context>              a temporary mount of
 //	                                                     a context being committed into
 //
-// The branch trees are stored in the snapshot metadata database, one JSON
-// document per root snapshot, so a tree changes in the same transactions
-// as the snapshots themselves. Branches are not containerd snapshots:
+// The branch trees are stored in the branch database (branches.db, see
+// branchdb.go), one JSON document per root snapshot, apart from
+// containerd's snapshot metadata. Branches are not containerd snapshots:
 // containerd's Walk never lists them, so its garbage collector cannot
 // remove them; removing the root snapshot removes its whole tree.
 
-// Bucket names in the metadata database.
+// Bucket names in the branch database.
 const (
 	bucketBranchbox = "branchbox.v1"
 	bucketTrees     = "trees" // root snapshot id -> JSON tree of live nodes
