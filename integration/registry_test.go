@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -381,6 +382,77 @@ func waitFile(ctx context.Context, dir, name string, n int64, fn func() error) e
 		}
 	}
 	return fmt.Errorf("no file %s of more than %d bytes under %s within a minute", name, n, dir)
+}
+
+// TestRegistryPushKilled kills branchctl push with SIGKILL while it writes
+// the change's layer (its two read-only mounts of the states are up): no
+// mount of the sandbox's layers is left on the host, no image recorded, no
+// tag in the registry; a retry works.
+func TestRegistryPushKilled(t *testing.T) {
+	reg := startRegistry(t, harness.RegistryConfig{})
+	ctx, env, _ := sandboxCtxEnv(t)
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 200000000 /dev/urandom > /big"); err != nil {
+		t.Fatalf("write 200 MB in the sandbox: %v: %s", err, out)
+	}
+	upper, err := env.RootfsUpperdir("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Mounts on the host that name the sandbox's upper directory: its
+	// rootfs, and any a push left.
+	mountsOfUpper := func() int {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(b), upper)
+	}
+	before := mountsOfUpper()
+	ref := reg.Ref("branchbox/killed:v1")
+	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "branchctl"), "push", "sb", ref, "--plain-http")
+	// The (empty) directories its mounts were on stay when it is killed:
+	// in a directory the test removes.
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "CONTAINERD_ADDRESS="+env.Address, "CONTAINERD_NAMESPACE="+env.Namespace, "TMPDIR="+tmp, "XDG_RUNTIME_DIR="+tmp)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The layer is being written once a thread of the push has a mount
+	// namespace of its own (or once the host shows a mount of the states).
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inLayer := func() bool {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/ns/mnt", cmd.Process.Pid))
+		for _, ns := range tasks {
+			if l, err := os.Readlink(ns); err == nil && l != self {
+				return true
+			}
+		}
+		return mountsOfUpper() > before
+	}
+	waitFor(t, inLayer)
+	time.Sleep(200 * time.Millisecond)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if n := mountsOfUpper(); n != before {
+		t.Fatalf("after the push was killed the host has %d mounts naming the sandbox's upper directory, before it %d", n, before)
+	}
+	if out, err := env.Ctr(ctx, "images", "ls", "-q"); err != nil || strings.Contains(out, ref) {
+		t.Fatalf("after the push was killed: images %q (%v)", out, err)
+	}
+	if reg.HasTag("branchbox/killed", "v1", "", "") {
+		t.Fatal("after the push was killed the registry has the tag")
+	}
+	if out, errOut, code := branchctl(t, ctx, env, "", "push", "sb", ref, "--plain-http"); code != 0 {
+		t.Fatalf("retry after the kill: exit %d: %s%s", code, out, errOut)
+	}
+	if !reg.HasTag("branchbox/killed", "v1", "", "") {
+		t.Fatal("the retry did not push the tag")
+	}
 }
 
 // TestRegistrySaveLoad moves a branch without a registry: saved on node A

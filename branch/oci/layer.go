@@ -364,14 +364,22 @@ func lostNames(lower, upper string) ([]string, error) {
 // mounted by lower and upper (whose overlay stacks dirs over lower's) into
 // the content store, as containerd's walking differ writes one (the same
 // tar writer, reading the upper tree), and returns it with its diff id.
+// The two states are mounted in a mount namespace of the writer's own.
 func writeLayer(ctx context.Context, cs content.Store, lower, upper []mount.Mount, dirs []string) (desc ocispec.Descriptor, diffID digest.Digest, retErr error) {
-	err := mount.WithReadonlyTempMount(ctx, lower, func(lowerRoot string) error {
+	err := inOwnMountNamespace(func() error {
+		return mountAndWrite(ctx, cs, lower, upper, dirs, &desc, &diffID)
+	})
+	return desc, diffID, err
+}
+
+func mountAndWrite(ctx context.Context, cs content.Store, lower, upper []mount.Mount, dirs []string, desc *ocispec.Descriptor, diffID *digest.Digest) error {
+	return mount.WithReadonlyTempMount(ctx, lower, func(lowerRoot string) error {
 		return mount.WithReadonlyTempMount(ctx, upper, func(upperRoot string) error {
 			changes, err := changesIn(ctx, dirs, lowerRoot, upperRoot)
 			if err != nil {
 				return err
 			}
-			desc, diffID, err = storeLayer(ctx, cs, func(w io.Writer) error {
+			*desc, *diffID, err = storeLayer(ctx, cs, func(w io.Writer) error {
 				tw := archive.NewChangeWriter(w, upperRoot)
 				for _, c := range changes {
 					kind, fi := cfs.ChangeKind(cfs.ChangeKindDelete), os.FileInfo(nil)
@@ -390,7 +398,6 @@ func writeLayer(ctx context.Context, cs content.Store, lower, upper []mount.Moun
 			return err
 		})
 	})
-	return desc, diffID, err
 }
 
 // storeLayer writes the gzip-compressed stream write makes into the
