@@ -22,6 +22,7 @@ func makeInstall(t *testing.T, vars ...string) {
 		"-o", filepath.Join(bin, "containerd-branch-snapshotter"),
 		"-o", filepath.Join(bin, "containerd-shim-branch-v1"),
 		"-o", filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
+		"-o", filepath.Join(bin, "containerd-shim-branch-v1-init"),
 		"-o", filepath.Join(bin, "branchctl"), "install"}
 	out, err := exec.Command("make", append(args, vars...)...).CombinedOutput()
 	if err != nil {
