@@ -32,7 +32,8 @@ import (
 // layer (64 files of random data) and whose change is 1 MB, against the
 // same rootfs flattened into one layer (what a commit that does not share
 // the base moves), in the same run, with the bytes each moves (moved-bytes:
-// blobs the registry gained on push, blobs it served on pull).
+// on push, the blobs sent, which the registry lacked in that repository;
+// on pull, the blobs the registry served).
 //
 // push/impl=branch: branchbox's push of the sandbox to a registry that has
 // the base (a fresh 1 MB change each time); push/impl=flattened: one layer
