@@ -385,14 +385,16 @@ func waitFile(ctx context.Context, dir, name string, n int64, fn func() error) e
 }
 
 // TestRegistryPushKilled kills branchctl push with SIGKILL while it writes
-// the change's layer (its two read-only mounts of the states are up): no
+// the change's 64 MB layer (its two read-only mounts of the states are up): no
 // mount of the sandbox's layers is left on the host, no image recorded, no
 // tag in the registry; a retry works.
 func TestRegistryPushKilled(t *testing.T) {
 	reg := startRegistry(t, harness.RegistryConfig{})
 	ctx, env, _ := sandboxCtxEnv(t)
-	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 200000000 /dev/urandom > /big"); err != nil {
-		t.Fatalf("write 200 MB in the sandbox: %v: %s", err, out)
+	// 64 MB that does not compress: the layer takes a while to write
+	// (and minutes under emulation, in the cgroup-v2 VM).
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 67108864 /dev/urandom > /big"); err != nil {
+		t.Fatalf("write 64 MB in the sandbox: %v: %s", err, out)
 	}
 	upper, err := env.RootfsUpperdir("sb")
 	if err != nil {
