@@ -275,10 +275,12 @@ func (r *Registry) HasTag(repo, tag, user, password string) bool {
 
 // KillWhenUploading waits until an upload in progress has more than n
 // bytes in the registry's storage, then kills the registry: a registry
-// that dies in the middle of a transfer. It gives up after a minute.
+// that dies in the middle of a transfer. It gives up after five minutes
+// (a push makes its layer first, which under emulation, in the cgroup-v2
+// VM, takes minutes).
 func (r *Registry) KillWhenUploading(ctx context.Context, n int64) error {
 	repos := filepath.Join(r.Storage, "docker", "registry", "v2", "repositories")
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); {
 		found := false
 		_ = filepath.WalkDir(repos, func(p string, d os.DirEntry, err error) error {
 			if err != nil || found {
@@ -300,7 +302,7 @@ func (r *Registry) KillWhenUploading(ctx context.Context, n int64) error {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
-	return errors.New("no upload of that size began within a minute")
+	return errors.New("no upload of that size began within five minutes")
 }
 
 // BlobDownloads lists, from the registry's access log, every blob it
