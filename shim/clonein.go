@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/lockedthread"
 )
 
 // startIn starts argv inside its cgroup (paths: a cgroup manager's
@@ -124,18 +126,9 @@ func forkIn(ctx context.Context, join []threadMove, argv0 string, argv []string,
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			// The main thread leads the shim's thread group: in a cgroup,
-			// it would list the whole shim in its cgroup.procs, for a
-			// kill or the OOM killer to find. Held here, it cannot be the
-			// thread of the fork started from here.
-			pid, err := forkIn(ctx, join, argv0, argv, attr)
-			runtime.UnlockOSThread()
-			done <- result{pid, err}
-			return
-		}
+	// Not the main thread: in a cgroup it would list the whole shim in
+	// its cgroup.procs, for a kill or the OOM killer to find.
+	lockedthread.Go(func() {
 		back, err := joinThread(join)
 		pid := 0
 		if err == nil {
@@ -148,7 +141,7 @@ func forkIn(ctx context.Context, join []threadMove, argv0 string, argv []string,
 		}
 		runtime.UnlockOSThread()
 		done <- result{pid, err}
-	}()
+	})
 	r := <-done
 	return r.pid, r.err
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/lockedthread"
 )
 
 // The per-mount seal: when the superblock's read-only remount is refused
@@ -129,25 +129,7 @@ type nsThread struct {
 func newNSThread() (*nsThread, error) {
 	t := &nsThread{req: make(chan func())}
 	ready := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			// The main thread cannot end (the runtime parks it for good
-			// instead), and a process's own namespaces are its main
-			// thread's: hold it while another thread, which this one being
-			// taken cannot be, does the work.
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				runtime.LockOSThread()
-				t.run(ready)
-			}()
-			<-done
-			runtime.UnlockOSThread()
-			return
-		}
-		t.run(ready)
-	}()
+	lockedthread.Go(func() { t.run(ready) })
 	if err := <-ready; err != nil {
 		return nil, err
 	}

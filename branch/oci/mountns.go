@@ -4,9 +4,10 @@ package oci
 
 import (
 	"fmt"
-	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/lockedthread"
 )
 
 // inOwnMountNamespace runs fn on a thread of its own in a mount namespace
@@ -16,24 +17,7 @@ import (
 // unmounts it. Files fn reads must be read on its goroutine.
 func inOwnMountNamespace(fn func() error) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			// The main thread cannot end, and a process's namespaces are
-			// its main thread's: hold it while another thread, which this
-			// one being taken cannot be, does the work.
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				runtime.LockOSThread()
-				errc <- inNewNamespace(fn)
-			}()
-			<-done
-			runtime.UnlockOSThread()
-			return
-		}
-		errc <- inNewNamespace(fn)
-	}()
+	lockedthread.Go(func() { errc <- inNewNamespace(fn) })
 	return <-errc
 }
 
