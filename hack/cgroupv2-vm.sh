@@ -115,10 +115,16 @@ fi
 # its module cache read-only over 9p, nothing fetched (no network there).
 GOBIN_DIR=$(dirname "$(command -v go)")
 GOMODCACHE_DIR=$(go env GOMODCACHE)
+# KVM only if it can run a stock kernel (nested PVM cannot: TCG then). The
+# tests learn which (BRANCHBOX_TEST_EMULATED): under TCG some make their
+# data smaller to fit their time.
+ACCEL=${ACCEL:-auto}
+if [ "$ACCEL" = auto ]; then ACCEL=tcg; [ -w /dev/kvm ] && ! [ -d /sys/module/kvm_pvm ] && ACCEL=kvm; fi
+EMULATED=0; [ $ACCEL = tcg ] && EMULATED=1
 # The tests, run by the guest's PID 1 (shell mode) or by a systemd unit.
 cat > $WORK/guest-tests.sh <<EOG
 #!/bin/bash
-export PATH=$REPO/bin:$GOBIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin
+export PATH=$REPO/bin:$GOBIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN=$REPO/bin BRANCHBOX_TEST_EMULATED=$EMULATED
 export GOMODCACHE=$GOMODCACHE_DIR GOPROXY=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOCACHE=$WORK/gocache
 mkdir -p \$HOME
 # Every controller on for the cgroups the tests make at the root and, under
@@ -196,9 +202,7 @@ mkdir /sys/fs/cgroup/init.scope; echo \$\$ > /sys/fs/cgroup/init.scope/cgroup.pr
 hostname bbx-cgv2; ip link set lo up
 exec /bin/bash $WORK/guest-tests.sh
 EOG
-# 5. boot. KVM only if it can run a stock kernel (nested PVM cannot: TCG then).
-ACCEL=${ACCEL:-auto}
-if [ "$ACCEL" = auto ]; then ACCEL=tcg; [ -w /dev/kvm ] && ! [ -d /sys/module/kvm_pvm ] && ACCEL=kvm; fi
+# 5. boot.
 A=(-accel tcg,thread=multi,tb-size=512 -cpu max); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
 rm -f $WORK/out/summary.txt
 start=$(date +%s)

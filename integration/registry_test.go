@@ -237,7 +237,9 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 // authentication, one that is down, and one killed in the middle of an
 // upload: after each, a retry works.
 func TestRegistryPushFaults(t *testing.T) {
-	reg := startRegistry(t, harness.RegistryConfig{User: "agent", Password: "s3cret"})
+	// Behind a link of 1 MB/s each way: a transfer of the 4 MB below
+	// lasts long enough to be cut in the middle, here and under emulation.
+	reg := startRegistry(t, harness.RegistryConfig{User: "agent", Password: "s3cret", Rate: 1 << 20})
 	ctx, env, _ := sandboxCtxEnv(t)
 	push := func(args ...string) (string, int) {
 		t.Helper()
@@ -289,9 +291,10 @@ func TestRegistryPushFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A registry killed while the change layer is being uploaded: 32 MB
-	// that does not compress, so the upload takes a while.
-	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 33554432 /dev/urandom > /big"); err != nil {
+	// A registry killed while the change layer is being uploaded: 4 MB
+	// that does not compress, which the link takes 4 s to carry.
+	big := int64(4 << 20)
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /big", big)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	killed := make(chan error, 1)
@@ -319,7 +322,7 @@ func TestRegistryPushFaults(t *testing.T) {
 		t.Fatal("the registry has no tag after the retry")
 	}
 
-	// A pull on node B that the registry dies in the middle of (32 MB
+	// A pull on node B that the registry dies in the middle of (/big
 	// being fetched) fails clearly and makes no sandbox; the retry does.
 	_, envB, clientB := shimEnv(t)
 	pull := func() (string, int) {
@@ -354,7 +357,7 @@ func TestRegistryPushFaults(t *testing.T) {
 	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "moved"); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := execIn(ctx, envB, "moved", "wc", "-c", "/big"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), "33554432") {
+	if out, err := execIn(ctx, envB, "moved", "wc", "-c", "/big"); err != nil || !strings.HasPrefix(strings.TrimSpace(out), strconv.FormatInt(big, 10)) {
 		t.Fatalf("the pulled sandbox's /big: %q %v", out, err)
 	}
 }
@@ -385,16 +388,22 @@ func waitFile(ctx context.Context, dir, name string, n int64, fn func() error) e
 }
 
 // TestRegistryPushKilled kills branchctl push with SIGKILL while it writes
-// the change's 64 MB layer (its two read-only mounts of the states are up): no
+// the change's 64 MB layer (8 MB under emulation; its two read-only mounts
+// of the states are up): no
 // mount of the sandbox's layers is left on the host, no image recorded, no
 // tag in the registry; a retry works.
 func TestRegistryPushKilled(t *testing.T) {
 	reg := startRegistry(t, harness.RegistryConfig{})
 	ctx, env, _ := sandboxCtxEnv(t)
-	// 64 MB that does not compress: the layer takes a while to write
-	// (and minutes under emulation, in the cgroup-v2 VM).
-	if out, err := execIn(ctx, env, "sb", "sh", "-c", "head -c 67108864 /dev/urandom > /big"); err != nil {
-		t.Fatalf("write 64 MB in the sandbox: %v: %s", err, out)
+	// 64 MB that does not compress: the layer takes a while to write. Under
+	// emulation 8 MB takes longer than that here, and the test's five
+	// minutes hold two pushes of it.
+	big := 64 << 20
+	if harness.Emulated() {
+		big = 8 << 20
+	}
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /big", big)); err != nil {
+		t.Fatalf("write %d bytes in the sandbox: %v: %s", big, err, out)
 	}
 	upper, err := env.RootfsUpperdir("sb")
 	if err != nil {

@@ -66,6 +66,14 @@ type Config struct {
 	ContainerdEnv []string
 }
 
+// Emulated reports whether the tests run in a VM without hardware
+// virtualisation ($BRANCHBOX_TEST_EMULATED=1, set by hack/cgroupv2-vm.sh
+// under TCG), 10-30 times slower than on the host: tests that move tens
+// of megabytes to have time to interrupt something move less there.
+func Emulated() bool {
+	return os.Getenv("BRANCHBOX_TEST_EMULATED") == "1"
+}
+
 // BinDirFromEnv returns $BRANCHBOX_BIN, or bin/ at the module root found
 // from the working directory.
 func BinDirFromEnv() string {

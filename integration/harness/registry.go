@@ -28,8 +28,11 @@ type Registry struct {
 	BinDir  string
 
 	user, password string
-	p              *proc
-	env            *Env // for spawn and Log: the registry has no containerd
+	// addr is where the registry listens: Host, or the far end of link.
+	addr string
+	link *slowLink
+	p    *proc
+	env  *Env // for spawn and Log: the registry has no containerd
 }
 
 // RegistryConfig says how to run a registry.
@@ -39,6 +42,11 @@ type RegistryConfig struct {
 	// User and Password, if set, make the registry refuse requests without
 	// them (htpasswd basic auth).
 	User, Password string
+	// Rate, if set, puts the registry behind a link that carries each
+	// direction of each connection at this many bytes per second (Host is
+	// the link's address): transfers that a test interrupts take their
+	// time whatever the machine's speed.
+	Rate int
 }
 
 // StartRegistry starts a registry and waits until it answers. Stop it with
@@ -68,6 +76,12 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (_ *Registry, retErr
 	if err := r.start(ctx, ""); err != nil {
 		return nil, err
 	}
+	if cfg.Rate > 0 {
+		if r.link, err = newSlowLink(r.addr, cfg.Rate); err != nil {
+			return nil, err
+		}
+		r.Host = r.link.Addr()
+	}
 	return r, nil
 }
 
@@ -84,7 +98,7 @@ func (r *Registry) start(ctx context.Context, addr string) error {
 		addr = l.Addr().String()
 		l.Close()
 	}
-	r.Host = addr
+	r.Host, r.addr = addr, addr
 	auth := ""
 	if r.user != "" {
 		hash, err := bcrypt.GenerateFromPassword([]byte(r.password), bcrypt.MinCost)
@@ -158,13 +172,19 @@ func (r *Registry) Pid() int {
 }
 
 // Kill stops the registry at once (SIGKILL), keeping its storage, as a
-// registry that dies in the middle of a transfer.
+// registry that dies in the middle of a transfer; behind a link, the
+// link's connections are cut.
 func (r *Registry) Kill() error {
 	if r.p == nil {
 		return nil
 	}
 	err := r.p.stop(syscall.SIGKILL, 15*time.Second)
 	r.p = nil
+	if r.link != nil {
+		// What the registry had written into its sockets dies with it,
+		// rather than reaching the client from the link's buffers.
+		r.link.Cut()
+	}
 	return err
 }
 
@@ -173,7 +193,10 @@ func (r *Registry) Restart(ctx context.Context) error {
 	if r.p != nil {
 		return errors.New("registry already running")
 	}
-	return r.start(ctx, r.Host)
+	host := r.Host
+	err := r.start(ctx, r.addr)
+	r.Host = host
+	return err
 }
 
 // Blobs lists the digests ("sha256:...") of every blob in the registry's
@@ -234,6 +257,10 @@ func (r *Registry) BlobUploads() int {
 // Stop kills the registry and removes its directory.
 func (r *Registry) Stop() error {
 	var errs []error
+	if r.link != nil {
+		errs = append(errs, r.link.Close())
+		r.link = nil
+	}
 	if r.p != nil {
 		if err := r.p.stop(syscall.SIGTERM, 15*time.Second); err != nil && !isSignalExit(err) {
 			errs = append(errs, fmt.Errorf("stop registry: %w", err))
@@ -257,7 +284,7 @@ func isSignalExit(err error) bool {
 // HasTag says whether the registry answers for repo:tag (a HEAD of its
 // manifest), with basic auth if user is set.
 func (r *Registry) HasTag(repo, tag, user, password string) bool {
-	req, err := http.NewRequest(http.MethodHead, "http://"+r.Host+"/v2/"+repo+"/manifests/"+tag, nil)
+	req, err := http.NewRequest(http.MethodHead, "http://"+r.addr+"/v2/"+repo+"/manifests/"+tag, nil)
 	if err != nil {
 		return false
 	}
