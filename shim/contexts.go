@@ -666,11 +666,11 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		return nil, err
 	}
 	if c.useInit(ctx, sb, spec) {
-		var warm *spawned
-		if sb.pool != nil && parent.id == branch.RootID {
-			warm = sb.pool.take(ctx, cloneFlags(spec), n.cgroup)
+		var pool *initPool
+		if parent.id == branch.RootID {
+			pool = sb.pool
 		}
-		if err := c.startWithInit(ctx, sb, n, info, warm); err != nil {
+		if err := c.startWithInit(ctx, sb, n, info, pool); err != nil {
 			return nil, err
 		}
 		return n, nil
@@ -725,23 +725,26 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 
 // startWithInit starts a branch context with the branch init: its rootfs
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
-// the rest.
-func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, warm *spawned) (retErr error) {
-	// Without an init started ahead, one is started while the rootfs is
-	// mounted.
+// the rest. The init is taken from pool if it has one (nil: none).
+func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, pool *initPool) (retErr error) {
+	// The init is taken from the pool (its cgroup renamed to the
+	// branch's), or started, while the rootfs is mounted.
 	type spawnResult struct {
 		s   *spawned
 		err error
 	}
 	spawnDone := make(chan spawnResult, 1)
-	if warm != nil {
-		spawnDone <- spawnResult{s: warm}
-	} else {
-		go func() {
-			s, err := c.spawn(ctx, n.cgroup, cloneFlags(n.spec))
-			spawnDone <- spawnResult{s, err}
-		}()
-	}
+	go func() {
+		flags := cloneFlags(n.spec)
+		if pool != nil {
+			if s := pool.take(ctx, flags, n.cgroup); s != nil {
+				spawnDone <- spawnResult{s: s}
+				return
+			}
+		}
+		s, err := c.spawn(ctx, n.cgroup, flags)
+		spawnDone <- spawnResult{s, err}
+	}()
 	rootfs := filepath.Join(n.bundle, "rootfs")
 	var ms []mount.Mount
 	for _, m := range info.Mounts {

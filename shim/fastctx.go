@@ -667,6 +667,18 @@ func (s *spawned) waitJoined() error {
 	return err
 }
 
+// joinedYet says, without waiting, whether the init's move into its
+// cgroup is done, and how it went.
+func (s *spawned) joinedYet() (bool, error) {
+	select {
+	case err := <-s.joined:
+		s.joined <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
 // ended says whether the init has exited (killed while it waited, say by
 // the sandbox's OOM killer).
 func (s *spawned) ended() bool {
@@ -793,24 +805,36 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		oob = unix.UnixRights(rootMnt, int(null.Fd()), int(out.Fd()), int(out.Fd()))
 	}
 	ctl := s.ctl
+	// An init in its cgroups already (one started ahead) goes on from its
+	// root to the command without waiting for a word: one round trip
+	// less.
+	joined, err := s.joinedYet()
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: %w", n.id, err)
+	}
+	if joined {
+		plan.conf.op("joined")
+	}
 	msg := append([]byte{'C'}, plan.conf.Bytes()...)
 	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
 		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", n.id, err)
-	}
-	// The init builds the root while it is moved into its cgroup.
-	if err := s.waitJoined(); err != nil {
-		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = ctl.SetReadDeadline(dl)
 	} else {
 		_ = ctl.SetReadDeadline(time.Now().Add(time.Minute))
 	}
-	if err := initReply(ctl, 'R'); err != nil {
-		return nil, fmt.Errorf("branch %s: %w", n.id, err)
-	}
-	if _, err := ctl.Write([]byte{'G'}); err != nil {
-		return nil, fmt.Errorf("branch %s: start its init: %w", n.id, err)
+	if !joined {
+		// The init builds the root while it is moved into its cgroup.
+		if err := s.waitJoined(); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", n.id, err)
+		}
+		if err := initReply(ctl, 'R'); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", n.id, err)
+		}
+		if _, err := ctl.Write([]byte{'G'}); err != nil {
+			return nil, fmt.Errorf("branch %s: start its init: %w", n.id, err)
+		}
 	}
 	if err := initReply(ctl, 'O'); err != nil {
 		if ms, herr := c.hier(); herr == nil && eagainText(err) {

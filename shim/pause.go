@@ -52,7 +52,21 @@ func (c *contexts) paused(sb *sandbox) bool {
 	if err != nil {
 		return false
 	}
-	return cgroupFrozen(dirsIn(ms, sb.cgroup))
+	// Only the hierarchies that can freeze are looked at: this is asked
+	// before every operation, and a stat of each v1 hierarchy cost more
+	// than the answer.
+	return cgroupFrozen(dirsIn(freezers(ms), sb.cgroup))
+}
+
+// freezers is the hierarchies of ms that freeze: the v1 freezer, cgroup2.
+func freezers(ms []cgroupMount) []cgroupMount {
+	var out []cgroupMount
+	for _, m := range ms {
+		if m.freezer || m.v2 {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // cgroupFrozen says whether a cgroup is frozen or being frozen, by itself

@@ -13,6 +13,8 @@
 //                 (it was started in its pids and memory cgroups, so that
 //                 their limits hold from its first instant; the shim moves
 //                 it into the other v1 hierarchies while the root is built).
+//                 A config with the op 'joined' (an init started ahead,
+//                 long in its cgroups) has neither 'R' nor 'G'.
 //   init -> shim  'O' pid-of-command (0 for none), or 'F' "message".
 //   shim -> init  'E' process: the same encoding (see proc_key), with
 //                 SCM_RIGHTS stdin, stdout, stderr, reply socket (or, for a
@@ -416,6 +418,13 @@ static void op_cgroupns(char **a) {
 	want_cgroupns = 1; // once in the branch's cgroup
 }
 
+static int joined;
+
+static void op_joined(char **a) {
+	(void)a;
+	joined = 1; // in every cgroup already: no 'R' and 'G' round trip
+}
+
 static void op_rootro(char **a) {
 	(void)a;
 	if (mount(NULL, "/", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
@@ -476,6 +485,7 @@ static const struct op ops[] = {
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
+    {"joined", 0, op_joined},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -918,15 +928,17 @@ void brinit(void) {
 	int sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (sfd < 0)
 		fail("signalfd: %s", strerror(errno));
-	sendf("R");
-	int gfds[8], ngfds;
-	n = recv_msg(msgbuf, sizeof(msgbuf), gfds, &ngfds);
-	if (n <= 0)
-		_exit(1);
-	for (int i = 0; i < ngfds; i++)
-		close(gfds[i]);
-	if (msgbuf[0] != 'G')
-		fail("expected go");
+	if (!joined) {
+		sendf("R");
+		int gfds[8], ngfds;
+		n = recv_msg(msgbuf, sizeof(msgbuf), gfds, &ngfds);
+		if (n <= 0)
+			_exit(1);
+		for (int i = 0; i < ngfds; i++)
+			close(gfds[i]);
+		if (msgbuf[0] != 'G')
+			fail("expected go");
+	}
 	if (want_cgroupns && unshare(CLONE_NEWCGROUP) < 0)
 		fail("new cgroup namespace: %s", strerror(errno));
 	pid_t cmd = 0;
