@@ -121,12 +121,35 @@ func TestContextsRuntimeFallback(t *testing.T) {
 }
 
 // TestContextsWarmInits forks and aborts back to back, so that forks take
-// inits started ahead (some still being moved into their cgroups): every
-// branch runs in the cgroup it reports, under its own name, and nothing of
-// the pool is left once the sandbox is gone.
+// inits started ahead (some still being moved into their cgroups, renamed
+// to the names the next branch ids give while the snapshotter makes the
+// branches): every branch runs in the cgroup it reports, under its own
+// name, and nothing of the pool is left once the sandbox is gone. Every
+// fourth round a fork and abort made in the snapshotter behind the shim's
+// back uses up the id the shim expects next, so that its guessed names
+// are wrong.
 func TestContextsWarmInits(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
+	upper, err := env.RootfsUpperdir("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc, err := branch.Dial(env.SnapshotterAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	root := branch.Ref{Root: branch.Root{Upperdir: upper}}
 	for i := 0; i < 12; i++ {
+		if i%4 == 3 {
+			behind, err := bc.Fork(ctx, root, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := bc.Abort(ctx, branch.Ref{Root: root.Root, Branch: behind[0].ID}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1 + i%3})
 		for _, k := range kids {
 			if !strings.HasSuffix(k.Cgroup, "/b"+k.ID) {

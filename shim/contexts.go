@@ -158,6 +158,7 @@ type sandbox struct {
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branch.Client
 	pool     *initPool // inits started ahead of forks of the root, or nil
+	nextID   uint64    // the branch id the snapshotter likely gives next (0: not known)
 	initPath initPath  // how its branches start (initpath.go)
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; teardown waits for them.
@@ -539,12 +540,35 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if req.Net == NetShared {
 		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
+	// Inits started ahead are taken now, their cgroups renamed to the
+	// names the next branch ids give while the snapshotter makes the
+	// branches; each start claims its own (start).
+	var aheads []*ahead
+	if !runtimePath && parentID == branch.RootID && req.Net == NetShared && sb.pool != nil && sb.nextID > 0 {
+		for i := range uint64(req.Count) {
+			a := sb.pool.takeAhead(ctx, parent.cgroup+"/b"+strconv.FormatUint(sb.nextID+i, 10))
+			if a == nil {
+				break
+			}
+			aheads = append(aheads, a)
+		}
+	}
+	defer func() {
+		for _, a := range aheads {
+			a.release(ctx)
+		}
+	}()
 	// The snapshotter's answer is waited for even if the caller gives up
 	// meanwhile: branches it made are then undone rather than left live
 	// there, sealing the parent, with no context running them.
 	sctx, answered := answerCtx(ctx, answerGrace)
 	infos, err := c.sealFork(sctx, sb, parent, pid, req)
 	answered()
+	for _, in := range infos {
+		if id, err := strconv.ParseUint(in.ID, 10, 64); err == nil && id >= sb.nextID {
+			sb.nextID = id + 1
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil || (errdefs.IsUnavailable(err) && !errors.Is(err, branch.ErrNotSent)) {
 			// Not answered: what it did there is reconciled.
@@ -573,6 +597,19 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
+	for i, a := range aheads {
+		if i >= len(infos) || a.guess != parent.cgroup+"/b"+infos[i].ID {
+			// A wrong guess (ids used behind the shim's back): the
+			// guessed names may be other branches' of this fork, so
+			// every init taken ahead goes, cgroup and all, before any
+			// start makes one.
+			for _, a := range aheads {
+				a.release(ctx)
+			}
+			aheads = nil
+			break
+		}
+	}
 	if err := prepareBranchParent(ctx, parent.cgroup); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: make room for branch cgroups: %w", parentID, sb.id, err)
 	}
@@ -598,7 +635,11 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req)
+			var a *ahead
+			if i < len(aheads) {
+				a = aheads[i]
+			}
+			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req, a)
 		}()
 	}
 	wg.Wait()
@@ -641,7 +682,8 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 
 // start creates one branch context: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
-func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest) (_ *bctx, retErr error) {
+// An init taken ahead for it (nil: none) is claimed or released.
+func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest, warm *ahead) (_ *bctx, retErr error) {
 	n := &bctx{
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
@@ -670,7 +712,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		if parent.id == branch.RootID {
 			pool = sb.pool
 		}
-		if err := c.startWithInit(ctx, sb, n, info, pool); err != nil {
+		if err := c.startWithInit(ctx, sb, n, info, pool, warm); err != nil {
 			return nil, err
 		}
 		return n, nil
@@ -725,8 +767,9 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 
 // startWithInit starts a branch context with the branch init: its rootfs
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
-// the rest. The init is taken from pool if it has one (nil: none).
-func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, pool *initPool) (retErr error) {
+// the rest. The init is warm's if given, else taken from pool if it has
+// one (nil: none), else started.
+func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, pool *initPool, warm *ahead) (retErr error) {
 	// The init is taken from the pool (its cgroup renamed to the
 	// branch's), or started, while the rootfs is mounted.
 	type spawnResult struct {
@@ -736,7 +779,15 @@ func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info
 	spawnDone := make(chan spawnResult, 1)
 	go func() {
 		flags := cloneFlags(n.spec)
-		if pool != nil {
+		if warm != nil {
+			if s := warm.claim(ctx, n.cgroup); s != nil {
+				if s.flags == flags {
+					spawnDone <- spawnResult{s: s}
+					return
+				}
+				s.discard(ctx)
+			}
+		} else if pool != nil {
 			if s := pool.take(ctx, flags, n.cgroup); s != nil {
 				spawnDone <- spawnResult{s: s}
 				return

@@ -49,19 +49,8 @@ func newInitPool(c *contexts, parentCgroup string, flags uintptr) *initPool {
 // cgroup and with that cgroup renamed to cgroup; or nil, and the branch
 // starts one of its own.
 func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spawned {
-	p.mu.Lock()
-	if p.closed || flags != p.flags || len(p.ready) == 0 {
-		p.mu.Unlock()
-		return nil
-	}
-	s := p.ready[0]
-	p.ready = p.ready[1:]
-	p.mu.Unlock()
-	// The rename waits for the move into the cgroup, which writes to the
-	// cgroup's files by their path; an init that died while it waited
-	// (the sandbox's OOM killer, say) is no use.
-	if err := s.waitJoined(); err != nil || s.ended() {
-		s.discard(ctx)
+	s := p.takeReady(ctx, flags)
+	if s == nil {
 		return nil
 	}
 	if err := s.rename(cgroup); err != nil {
@@ -70,6 +59,78 @@ func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spaw
 		return nil
 	}
 	return s
+}
+
+// takeReady takes a started init cloned with flags out of the pool, or
+// returns nil.
+func (p *initPool) takeReady(ctx context.Context, flags uintptr) *spawned {
+	p.mu.Lock()
+	if p.closed || flags != p.flags || len(p.ready) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	s := p.ready[0]
+	p.ready = p.ready[1:]
+	p.mu.Unlock()
+	// A rename waits for the move into the cgroup, which writes to the
+	// cgroup's files by their path; an init that died while it waited
+	// (the sandbox's OOM killer, say) is no use.
+	if err := s.waitJoined(); err != nil || s.ended() {
+		s.discard(ctx)
+		return nil
+	}
+	return s
+}
+
+// ahead is an init taken from the pool before the snapshotter named its
+// branch: its cgroup is renamed, meanwhile, to the name the branch id the
+// sandbox gives next would have (guess). The rename, a third of a start
+// on a v1 host, then overlaps the snapshotter's work.
+type ahead struct {
+	s       *spawned
+	guess   string
+	renamed chan error
+	claimed bool
+}
+
+// takeAhead takes an init for a branch whose cgroup will likely be guess
+// and starts renaming its cgroup to it; nil if the pool has none.
+func (p *initPool) takeAhead(ctx context.Context, guess string) *ahead {
+	s := p.takeReady(ctx, p.flags)
+	if s == nil {
+		return nil
+	}
+	a := &ahead{s: s, guess: guess, renamed: make(chan error, 1)}
+	go func() { a.renamed <- s.rename(guess) }()
+	return a
+}
+
+// claim returns the init for the branch whose cgroup is cgroup (the
+// guess: Fork drops every init taken ahead if one guess is wrong), renamed
+// again if its rename failed; nil if it cannot be used, and it is
+// discarded.
+func (a *ahead) claim(ctx context.Context, cgroup string) *spawned {
+	a.claimed = true
+	err := <-a.renamed
+	if err == nil && a.guess == cgroup {
+		return a.s
+	}
+	if err := a.s.rename(cgroup); err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
+		a.s.discard(ctx)
+		return nil
+	}
+	return a.s
+}
+
+// release discards an init taken ahead that no branch claimed.
+func (a *ahead) release(ctx context.Context) {
+	if a.claimed {
+		return
+	}
+	a.claimed = true
+	<-a.renamed
+	a.s.discard(ctx)
 }
 
 // count is how many started inits the pool holds.
