@@ -43,7 +43,23 @@ func testBranchInit(t *testing.T, extra ...string) {
 	if !strings.Contains(want, "\n1024\nhb\n") || strings.Contains(want, "CapBnd:000001ffffffffff") {
 		t.Fatalf("the sandbox's confinement is not what it was run with:\n%s", want)
 	}
+	// The first fork's branches have inits started for them; once they
+	// are gone, the next fork's take inits started ahead, which made the
+	// early part of their roots before it: both are checked, and their
+	// mounts (all but the rootfs, without ids and device numbers) must be
+	// the same.
 	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	const mounts = `awk '$5 != "/" {$1=$2=$3=""; print}' /proc/self/mountinfo`
+	first := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", mounts)
+	for _, k := range kids {
+		if _, err := sc.Abort(ctx, k.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kids = fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", mounts); got != first {
+		t.Errorf("mounts of a branch whose init was started ahead:\n%s\nwant as a first fork's:\n%s", got, first)
+	}
 	a, b := kids[0], kids[1]
 	if got := mustRun(t, ctx, sc, a.ID, "sh", "-c", confinement); got != want {
 		t.Errorf("a branch's process:\n%s\nwant as in the sandbox:\n%s", got, want)
@@ -168,6 +184,11 @@ func TestContextsWarmInits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+	// Inits started ahead made the early part of their roots (their
+	// filesystems, /dev's nodes) before the forks.
+	if n := strings.Count(env.Log("containerd"), "made the early part of its root"); n == 0 {
+		t.Fatal("no branch was started by an init that made the early part of its root ahead")
 	}
 	removeContainer(t, env, "sb")
 	pool, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", env.Namespace, "sb", "bbx-pool-*"))

@@ -661,7 +661,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}
 	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {
 		if sb.pool == nil {
-			sb.pool = newInitPool(c, parent.cgroup, cloneFlags(made[0].spec))
+			sb.pool = newInitPool(c, parent.cgroup, cloneFlags(made[0].spec), prepOf(ctx, made[0].spec))
 		}
 		sb.pool.fill(ctx, int(req.Count))
 	}

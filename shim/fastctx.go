@@ -121,10 +121,15 @@ func fastUnsupported(s *specs.Spec) string {
 	return ""
 }
 
-// cfgWriter encodes the init's instructions: NUL-terminated strings.
-type cfgWriter struct{ bytes.Buffer }
+// cfgWriter encodes the init's instructions: NUL-terminated strings. It
+// keeps them as ops too, for splitPrep.
+type cfgWriter struct {
+	bytes.Buffer
+	ops [][]string
+}
 
 func (w *cfgWriter) op(name string, args ...string) {
+	w.ops = append(w.ops, append([]string{name}, args...))
 	w.WriteString(name)
 	w.WriteByte(0)
 	for _, a := range args {
@@ -572,6 +577,8 @@ type spawned struct {
 	paths  map[string]string // its cgroup's directories, by controller
 	flags  uintptr           // the namespaces it was cloned with
 	joined chan error        // the move into the cgroup, once done
+	// prepped is the early part of a plan it ran (splitPrep), or nil.
+	prepped []byte
 }
 
 // spawn makes a cgroup and starts an init in new namespaces (flags),
@@ -787,11 +794,21 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 	}
 	defer unix.Close(rootMnt)
 	oob := unix.UnixRights(rootMnt)
+	conf := &plan.conf
+	if s.prepped != nil {
+		// An init started ahead did the early part already: if it is
+		// this plan's (it is, unless the sandbox's namespaces moved), it
+		// gets the rest; otherwise all of it, and drops what it made.
+		if early, late, ok := splitPrep(plan.conf.ops); ok && bytes.Equal(early.Bytes(), s.prepped) {
+			conf = &late
+			log.G(ctx).WithField("branch", n.id).Debug("the branch's init, started ahead, made the early part of its root")
+		}
+	}
 	if n.hasCommand {
-		if err := writeProc(&plan.conf, n.spec.Process, plan.cfg, false); err != nil {
+		if err := writeProc(conf, n.spec.Process, plan.cfg, false); err != nil {
 			return nil, err
 		}
-		plan.conf.op("run")
+		conf.op("run")
 		null, err := os.Open(os.DevNull)
 		if err != nil {
 			return nil, err
@@ -813,9 +830,9 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	if joined {
-		plan.conf.op("joined")
+		conf.op("joined")
 	}
-	msg := append([]byte{'C'}, plan.conf.Bytes()...)
+	msg := append([]byte{'C'}, conf.Bytes()...)
 	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
 		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", n.id, err)
 	}

@@ -31,6 +31,9 @@ type initPool struct {
 	c      *contexts
 	parent string  // the sandbox's cgroup
 	flags  uintptr // the namespaces its inits are cloned with
+	// prep is the early part of a branch's plan (splitPrep) that each
+	// init runs once started, or nil.
+	prep []byte
 
 	mu      sync.Mutex
 	ready   []*spawned
@@ -41,8 +44,8 @@ type initPool struct {
 	filler  sync.WaitGroup
 }
 
-func newInitPool(c *contexts, parentCgroup string, flags uintptr) *initPool {
-	return &initPool{c: c, parent: parentCgroup, flags: flags}
+func newInitPool(c *contexts, parentCgroup string, flags uintptr, prep []byte) *initPool {
+	return &initPool{c: c, parent: parentCgroup, flags: flags, prep: prep}
 }
 
 // take returns a started init for a branch cloned with flags, in its
@@ -189,6 +192,17 @@ func (p *initPool) run(ctx context.Context) {
 		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
 		p.mu.Unlock()
 		s, err := p.c.spawn(ctx, cg, p.flags)
+		if err == nil && p.prep != nil {
+			if perr := s.prep(p.prep); perr != nil {
+				// Inits from now on build all of their roots at the fork.
+				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
+				s.discard(ctx)
+				p.mu.Lock()
+				p.prep = nil
+				p.mu.Unlock()
+				continue
+			}
+		}
 		p.mu.Lock()
 		if err != nil || p.closed {
 			p.filling = false

@@ -15,6 +15,9 @@
 //                 it into the other v1 hierarchies while the root is built).
 //                 A config with the op 'joined' (an init started ahead,
 //                 long in its cgroups) has neither 'R' nor 'G'.
+// An init started ahead of a fork may first get
+//   shim -> init  'P' early set-up: ops only (joins, filesystems made in
+//                 slots); then init -> shim 'p', or 'F' "message".
 //   init -> shim  'O' pid-of-command (0 for none), or 'F' "message".
 //   shim -> init  'E' process: the same encoding (see proc_key), with
 //                 SCM_RIGHTS stdin, stdout, stderr, reply socket (or, for a
@@ -418,6 +421,114 @@ static void op_cgroupns(char **a) {
 	want_cgroupns = 1; // once in the branch's cgroup
 }
 
+// Slots hold filesystems made before the fork (fsmount), not yet attached
+// anywhere: an init started ahead makes them in its early set-up ('P'),
+// the config attaches them (see the shim's splitPrep).
+#define NSLOTS 64
+static int slots[NSLOTS];
+
+static int slot_at(const char *s) {
+	unsigned long i = num(s);
+	if (i >= NSLOTS)
+		fail("slot %s out of range", s);
+	return (int)i;
+}
+
+// mount_attrs maps mount(2) flags to fsmount(2) attributes.
+static unsigned int mount_attrs(unsigned long f) {
+	unsigned int a = 0;
+	if (f & MS_RDONLY)
+		a |= 0x1; // MOUNT_ATTR_RDONLY
+	if (f & MS_NOSUID)
+		a |= 0x2; // MOUNT_ATTR_NOSUID
+	if (f & MS_NODEV)
+		a |= 0x4; // MOUNT_ATTR_NODEV
+	if (f & MS_NOEXEC)
+		a |= 0x8; // MOUNT_ATTR_NOEXEC
+	if (f & MS_NOATIME)
+		a |= 0x10; // MOUNT_ATTR_NOATIME
+	else if (f & MS_STRICTATIME)
+		a |= 0x20; // MOUNT_ATTR_STRICTATIME
+	if (f & MS_NODIRATIME)
+		a |= 0x80; // MOUNT_ATTR_NODIRATIME
+	return a;
+}
+
+static void op_fsmount(char **a) {
+	// fsmount SLOT SRC FSTYPE FLAGS DATA: a new filesystem, as mount SRC
+	// DST FSTYPE FLAGS DATA would make it, held detached in SLOT.
+	int i = slot_at(a[0]);
+	int fs = syscall(SYS_fsopen, a[2], 0x1 /* FSOPEN_CLOEXEC */);
+	if (fs < 0)
+		fail("make %s: fsopen: %s", a[2], strerror(errno));
+	if (syscall(SYS_fsconfig, fs, 1 /* FSCONFIG_SET_STRING */, "source", a[1], 0) < 0)
+		fail("make %s: source %s: %s", a[2], a[1], strerror(errno));
+	char data[4096];
+	snprintf(data, sizeof(data), "%s", a[4]);
+	for (char *save = NULL, *kv = strtok_r(data, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+		char *v = strchr(kv, '=');
+		int r;
+		if (v) {
+			*v++ = 0;
+			r = syscall(SYS_fsconfig, fs, 1 /* FSCONFIG_SET_STRING */, kv, v, 0);
+		} else
+			r = syscall(SYS_fsconfig, fs, 0 /* FSCONFIG_SET_FLAG */, kv, NULL, 0);
+		if (r < 0)
+			fail("make %s: option %s: %s", a[2], kv, strerror(errno));
+	}
+	// Read-only, as mount(2) makes it: the superblock and the mount.
+	if ((num(a[3]) & MS_RDONLY) && syscall(SYS_fsconfig, fs, 0 /* FSCONFIG_SET_FLAG */, "ro", NULL, 0) < 0)
+		fail("make %s: ro: %s", a[2], strerror(errno));
+	if (syscall(SYS_fsconfig, fs, 6 /* FSCONFIG_CMD_CREATE */, NULL, NULL, 0) < 0)
+		fail("make %s: %s", a[2], strerror(errno));
+	int m = syscall(SYS_fsmount, fs, 0x1 /* FSMOUNT_CLOEXEC */, mount_attrs(num(a[3])));
+	if (m < 0)
+		fail("make %s: fsmount: %s", a[2], strerror(errno));
+	close(fs);
+	if (slots[i] >= 0)
+		close(slots[i]);
+	slots[i] = m;
+}
+
+static void op_attach(char **a) {
+	// attach SLOT DST: the slot's mount on DST inside the root.
+	int i = slot_at(a[0]);
+	if (slots[i] < 0)
+		fail("attach %s: empty slot %s", a[1], a[0]);
+	int fd = resolve(a[1], 1);
+	if (fd < 0)
+		fail("attach on %s: resolve target: %s", a[1], strerror(errno));
+	if (syscall(SYS_move_mount, slots[i], "", fd, "", 0x4 | 0x40 /* MOVE_MOUNT_F_EMPTY_PATH | T_EMPTY_PATH */) < 0)
+		fail("attach on %s: %s", a[1], strerror(errno));
+	close(fd);
+	close(slots[i]);
+	slots[i] = -1;
+}
+
+static void op_mknodat(char **a) {
+	// mknodat SLOT NAME MODE MAJOR MINOR UID GID: a node in the root of
+	// the slot's filesystem, as mknod would make it.
+	int i = slot_at(a[0]);
+	if (slots[i] < 0)
+		fail("mknod %s: empty slot %s", a[1], a[0]);
+	if (mknodat(slots[i], a[1], num(a[2]), makedev(num(a[3]), num(a[4]))) < 0 && errno != EEXIST)
+		fail("mknod %s: %s", a[1], strerror(errno));
+	if (fchmodat(slots[i], a[1], num(a[2]) & 07777, 0) < 0)
+		fail("chmod %s: %s", a[1], strerror(errno));
+	if (fchownat(slots[i], a[1], num(a[5]), num(a[6]), AT_SYMLINK_NOFOLLOW) < 0)
+		fail("chown %s: %s", a[1], strerror(errno));
+}
+
+static void op_symlinkat(char **a) {
+	// symlinkat SLOT TARGET NAME
+	int i = slot_at(a[0]);
+	if (slots[i] < 0)
+		fail("symlink %s: empty slot %s", a[2], a[0]);
+	unlinkat(slots[i], a[2], 0);
+	if (symlinkat(a[1], slots[i], a[2]) < 0)
+		fail("symlink %s: %s", a[2], strerror(errno));
+}
+
 static int joined;
 
 static void op_joined(char **a) {
@@ -485,7 +596,8 @@ static const struct op ops[] = {
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
-    {"joined", 0, op_joined},
+    {"joined", 0, op_joined},   {"fsmount", 5, op_fsmount},  {"attach", 2, op_attach},
+    {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -879,35 +991,18 @@ static char msgbuf[MSGMAX];
 static char *words[MSGMAX / 2];
 static struct proc cmdproc, execproc;
 
-void brinit(void) {
-	sigset_t all;
-	sigfillset(&all);
-	sigprocmask(SIG_BLOCK, &all, NULL);
-	// Nothing in the branch may ptrace or read this privileged process.
-	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
-	// The control socket is not the branch's processes' either.
-	if (fcntl(CTL, F_SETFD, FD_CLOEXEC) < 0)
-		_exit(1);
-	// Only the control socket (and stdio) is ours; whatever else the shim
-	// had open without close-on-exec is not the branch's.
-	syscall(SYS_close_range, CTL + 1, ~0U, 0);
-	int *fds = cfg_fds, nfds;
-	ssize_t n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
-	cfg_nfds = nfds;
-	if (n <= 0)
-		_exit(1);
-	if (msgbuf[0] != 'C')
-		fail("expected a config");
-	int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
+// run_ops executes the ops of a config in words, and takes the keys of
+// its command into cmd (NULL: none allowed); it says whether the config
+// has a command ('run').
+static int run_ops(int nw, struct proc *cmd) {
 	int have_cmd = 0;
 	for (int i = 0; i < nw;) {
 		const char *name = words[i++];
-		if (!strcmp(name, "run")) {
+		if (cmd && !strcmp(name, "run")) {
 			have_cmd = 1;
 			continue;
 		}
-		int used = proc_key(&cmdproc, name, words + i, nw - i);
+		int used = cmd ? proc_key(cmd, name, words + i, nw - i) : -1;
 		if (used >= 0) {
 			i += used;
 			continue;
@@ -923,8 +1018,54 @@ void brinit(void) {
 		o->fn(words + i);
 		i += o->nargs;
 	}
+	return have_cmd;
+}
+
+void brinit(void) {
+	sigset_t all;
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, NULL);
+	// Nothing in the branch may ptrace or read this privileged process.
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
+	// The control socket is not the branch's processes' either.
+	if (fcntl(CTL, F_SETFD, FD_CLOEXEC) < 0)
+		_exit(1);
+	// Only the control socket (and stdio) is ours; whatever else the shim
+	// had open without close-on-exec is not the branch's.
+	syscall(SYS_close_range, CTL + 1, ~0U, 0);
+	for (int i = 0; i < NSLOTS; i++)
+		slots[i] = -1;
+	int *fds = cfg_fds, nfds;
+	ssize_t n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
+	if (n > 0 && msgbuf[0] == 'P') {
+		// An init started ahead: the early part of a branch's root
+		// (namespaces joined, filesystems made in slots), then the
+		// config at the fork.
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
+		if (run_ops(nw, NULL))
+			fail("early set-up with a process");
+		sendf("p");
+		n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);
+	}
+	cfg_nfds = nfds;
+	if (n <= 0)
+		_exit(1);
+	if (msgbuf[0] != 'C')
+		fail("expected a config");
+	int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
+	int have_cmd = run_ops(nw, &cmdproc);
 	if (!pivoted)
 		fail("config has no pivot");
+	// What was made early and not attached (a config that did not use
+	// it) goes.
+	for (int i = 0; i < NSLOTS; i++)
+		if (slots[i] >= 0) {
+			close(slots[i]);
+			slots[i] = -1;
+		}
 	int sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (sfd < 0)
 		fail("signalfd: %s", strerror(errno));
