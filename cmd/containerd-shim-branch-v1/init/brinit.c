@@ -464,7 +464,9 @@ static void op_fsmount(char **a) {
 	if (syscall(SYS_fsconfig, fs, 1 /* FSCONFIG_SET_STRING */, "source", a[1], 0) < 0)
 		fail("make %s: source %s: %s", a[2], a[1], strerror(errno));
 	char data[4096];
-	snprintf(data, sizeof(data), "%s", a[4]);
+	if (strlen(a[4]) >= sizeof(data))
+		fail("make %s: options too long", a[2]);
+	strcpy(data, a[4]);
 	for (char *save = NULL, *kv = strtok_r(data, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
 		char *v = strchr(kv, '=');
 		int r;
