@@ -7,6 +7,8 @@
 # cgroup driver needs), booted into bbx-tests.target, whose one service
 # runs the tests; its units that need a writable / fail, harmlessly.
 # No network in the guest. Needs root, apt (the host's Debian mirror), ~1 GB disk.
+# The guest runs the repo's bin/ over 9p: rebuilding it on the host while the
+# VM runs hands the guest torn binaries (tests fail at random).
 #
 #   hack/cgroupv2-vm.sh [TEST_SPEC ...]   (run from the project's root; default: every integration test,
 #                                            one by one, then the unit packages)
