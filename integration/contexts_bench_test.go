@@ -152,7 +152,7 @@ func BenchmarkContextFork(b *testing.B) {
 	sc, upper := benchSandbox(b, ctx, env, "bfork")
 	for _, n := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("n=%d/impl=branch", n), func(b *testing.B) {
-			benchForks(b, ctx, sc, n)
+			benchForks(b, ctx, sc, n, 0)
 		})
 		if n > 8 {
 			continue // 64 copies of 10,000 files per iteration is minutes
@@ -265,14 +265,24 @@ func BenchmarkContextForkSeccomp(b *testing.B) {
 	}
 	// The runtime's rows come last: the containers they start and delete
 	// leave work behind that would fall on whichever row came next.
+	// The "rest" rows fork 1 of a sandbox at rest (100 ms after the
+	// previous abort): the latency one fork has, apart from the clean-up
+	// of the one before, which the back-to-back rows share the CPUs with.
 	rows := []struct {
 		n    int
 		impl string
-	}{{1, "unconfined"}, {1, "branch"}, {8, "unconfined"}, {8, "branch"}, {1, "runtime"}, {8, "runtime"}}
+		rest time.Duration
+	}{{1, "unconfined", 0}, {1, "branch", 0}, {8, "unconfined", 0}, {8, "branch", 0},
+		{1, "unconfined", 100 * time.Millisecond}, {1, "branch", 100 * time.Millisecond},
+		{1, "runtime", 0}, {8, "runtime", 0}}
 	for _, r := range rows {
 		n, sc := r.n, scs[r.impl]
-		b.Run(fmt.Sprintf("n=%d/impl=%s", n, r.impl), func(b *testing.B) {
-			benchForks(b, ctx, sc, n)
+		name := fmt.Sprintf("n=%d/impl=%s", n, r.impl)
+		if r.rest > 0 {
+			name = "rest/" + name
+		}
+		b.Run(name, func(b *testing.B) {
+			benchForks(b, ctx, sc, n, r.rest)
 		})
 	}
 }
@@ -574,8 +584,12 @@ func BenchmarkContextPageCache(b *testing.B) {
 }
 
 // benchForks times forks of n branches of sc, each aborted untimed, and
-// reports the time per branch.
-func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n int) {
+// reports the time per branch. With rest, each fork comes that long after
+// the previous one's abort (untimed): the sandbox at rest, its clean-up
+// and its pool's refill done, as an agent that works in its branches for
+// a while before it forks again finds it; without, the forks come back to
+// back and each shares the CPUs with the previous one's clean-up.
+func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n int, rest time.Duration) {
 	quiesce(b)
 	for b.Loop() {
 		kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
@@ -584,6 +598,7 @@ func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n i
 		}
 		b.StopTimer()
 		abortAll(b, ctx, sc, kids)
+		time.Sleep(rest)
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
