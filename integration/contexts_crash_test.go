@@ -85,9 +85,10 @@ func rootMarkers(t *testing.T, ctx context.Context, env *harness.Env, id string)
 	}
 }
 
-// liveInSnapshotter lists the live branches of a sandbox as the
-// snapshotter's own tree has them.
-func liveInSnapshotter(t *testing.T, ctx context.Context, env *harness.Env, id string) []string {
+// snapshotterRoot dials env's snapshotter directly (behind the shim's
+// back) and names the root of sandbox id there; the caller closes the
+// client.
+func snapshotterRoot(t *testing.T, env *harness.Env, id string) (*branch.Client, branch.Root) {
 	t.Helper()
 	upper, err := env.RootfsUpperdir(id)
 	if err != nil {
@@ -97,11 +98,20 @@ func liveInSnapshotter(t *testing.T, ctx context.Context, env *harness.Env, id s
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, branch.Root{Upperdir: upper}
+}
+
+// liveInSnapshotter lists the live branches of a sandbox as the
+// snapshotter's own tree has them.
+func liveInSnapshotter(t *testing.T, ctx context.Context, env *harness.Env, id string) []string {
+	t.Helper()
+	c, root := snapshotterRoot(t, env, id)
 	defer c.Close()
 	var nodes []branch.Info
+	var err error
 	for try := 0; ; try++ {
 		// The first call after a restart may find the socket not yet served.
-		if nodes, err = c.Tree(ctx, branch.Root{Upperdir: upper}); err == nil || try == 20 {
+		if nodes, err = c.Tree(ctx, root); err == nil || try == 20 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)

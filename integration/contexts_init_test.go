@@ -148,23 +148,15 @@ func TestContextsRuntimeFallback(t *testing.T) {
 // are wrong.
 func TestContextsWarmInits(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	upper, err := env.RootfsUpperdir("sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc, err := branch.Dial(env.SnapshotterAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bc, root := snapshotterRoot(t, env, "sb")
 	defer bc.Close()
-	root := branch.Ref{Root: branch.Root{Upperdir: upper}}
 	for i := 0; i < 12; i++ {
 		if i%4 == 3 {
-			behind, err := bc.Fork(ctx, root, 1)
+			behind, err := bc.Fork(ctx, branch.Ref{Root: root}, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := bc.Abort(ctx, branch.Ref{Root: root.Root, Branch: behind[0].ID}); err != nil {
+			if _, err := bc.Abort(ctx, branch.Ref{Root: root, Branch: behind[0].ID}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -147,16 +147,9 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 
 	// B's rootfs equals A's branch file by file: A's branch through a
 	// read-only mount of its mounts, B's through its task's rootfs.
-	upperA, err := envA.RootfsUpperdir("sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc, err := branch.Dial(envA.SnapshotterAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bc, rootA := snapshotterRoot(t, envA, "sb")
 	defer bc.Close()
-	msA, err := bc.Mounts(ctx, branch.Ref{Root: branch.Root{Upperdir: upperA}, Branch: b})
+	msA, err := bc.Mounts(ctx, branch.Ref{Root: rootA, Branch: b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,16 +562,9 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 	}
 
 	// Node B runs both; each equals its state on A.
-	upperA, err := envA.RootfsUpperdir("sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc, err := branch.Dial(envA.SnapshotterAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bc, rootA := snapshotterRoot(t, envA, "sb")
 	defer bc.Close()
-	sbRef := branch.Ref{Root: branch.Root{Upperdir: upperA}}
+	sbRef := branch.Ref{Root: rootA}
 	for _, c := range []struct{ tag, id, ck, want string }{
 		{"now", "bnow", "", "three\nb\nc\n"},
 		{"first", "bfirst", "first", "one\na\n"},
@@ -596,6 +582,7 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 			t.Fatalf("%s on node B reads %q (%v), want %q", c.tag, out, err, c.want)
 		}
 		var ms []mount.Mount
+		var err error
 		if c.ck == "" {
 			ms, err = bc.Mounts(ctx, sbRef)
 		} else {
