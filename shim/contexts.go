@@ -546,7 +546,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	var aheads []*ahead
 	if !runtimePath && parentID == branch.RootID && req.Net == NetShared && sb.pool != nil && sb.nextID > 0 {
 		for i := range uint64(req.Count) {
-			a := sb.pool.takeAhead(ctx, parent.cgroup+"/b"+strconv.FormatUint(sb.nextID+i, 10))
+			a := sb.pool.takeAhead(ctx, branchCgroup(parent.cgroup, strconv.FormatUint(sb.nextID+i, 10)))
 			if a == nil {
 				break
 			}
@@ -598,7 +598,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
 	for i, a := range aheads {
-		if i >= len(infos) || a.guess != parent.cgroup+"/b"+infos[i].ID {
+		if i >= len(infos) || a.guess != branchCgroup(parent.cgroup, infos[i].ID) {
 			// A wrong guess (ids used behind the shim's back): the
 			// guessed names may be other branches' of this fork, so
 			// every init taken ahead goes, cgroup and all, before any
@@ -680,6 +680,10 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	return resp, nil
 }
 
+// branchCgroup is the cgroup of branch id whose parent context's cgroup
+// is parent (abortLost finds a lost branch's by the same rule).
+func branchCgroup(parent, id string) string { return parent + "/b" + id }
+
 // start creates one branch context: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
 // An init taken ahead for it (nil: none) is claimed or released.
@@ -687,7 +691,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	n := &bctx{
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
-		cgroup: parent.cgroup + "/b" + info.ID,
+		cgroup: branchCgroup(parent.cgroup, info.ID),
 		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0, limits: req.Limits,
 	}
 	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)

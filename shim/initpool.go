@@ -56,6 +56,13 @@ func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spaw
 	if s == nil {
 		return nil
 	}
+	return s.renamedOrDiscarded(ctx, cgroup)
+}
+
+// renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
+// returns it, or discards it if the rename fails (nil: the branch starts
+// an init of its own).
+func (s *spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *spawned {
 	if err := s.rename(cgroup); err != nil {
 		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
 		s.discard(ctx)
@@ -118,12 +125,7 @@ func (a *ahead) claim(ctx context.Context, cgroup string) *spawned {
 	if err == nil && a.guess == cgroup {
 		return a.s
 	}
-	if err := a.s.rename(cgroup); err != nil {
-		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
-		a.s.discard(ctx)
-		return nil
-	}
-	return a.s
+	return a.s.renamedOrDiscarded(ctx, cgroup)
 }
 
 // release discards an init taken ahead that no branch claimed.

@@ -230,14 +230,17 @@ func (c *contexts) abortLost(ctx context.Context, sb *sandbox, state map[string]
 	// Its cgroup nests in its ancestors' as start makes them.
 	var chain []string
 	for cur := id; cur != branch.RootID && cur != ""; {
-		chain = append([]string{"b" + cur}, chain...)
+		chain = append([]string{cur}, chain...)
 		in := state[cur]
 		if in == nil {
 			break
 		}
 		cur = in.Parent
 	}
-	cgroup := root.cgroup + "/" + strings.Join(chain, "/")
+	cgroup := root.cgroup
+	for _, c := range chain {
+		cgroup = branchCgroup(cgroup, c)
+	}
 	if ms, err := c.hier(); err == nil {
 		dirs := dirsIn(ms, cgroup)
 		if err := killDirs(ctx, cgroup, dirs); err != nil {

@@ -260,6 +260,27 @@ static int open_parent(const char *op, const char *path, char *buf, size_t size,
 	return d;
 }
 
+// make_node makes the device node name in dir from MODE MAJOR MINOR UID
+// GID in a, with the mode the spec gives, not the umask's share of it
+// (runc makes devices with umask 0): /dev/null must stay writable for a
+// user. An existing node is left (exist_ok) or is an error; errors name
+// the node as shown.
+static void make_node(int dir, const char *name, char **a, int exist_ok, const char *shown) {
+	if (mknodat(dir, name, num(a[0]), makedev(num(a[1]), num(a[2]))) < 0 && !(exist_ok && errno == EEXIST))
+		fail("mknod %s: %s", shown, strerror(errno));
+	if (fchmodat(dir, name, num(a[0]) & 07777, 0) < 0)
+		fail("chmod %s: %s", shown, strerror(errno));
+	if (fchownat(dir, name, num(a[3]), num(a[4]), AT_SYMLINK_NOFOLLOW) < 0)
+		fail("chown %s: %s", shown, strerror(errno));
+}
+
+// make_link makes name in dir a symlink to target, replacing what is there.
+static void make_link(int dir, const char *target, const char *name, const char *shown) {
+	unlinkat(dir, name, 0);
+	if (symlinkat(target, dir, name) < 0)
+		fail("symlink %s: %s", shown, strerror(errno));
+}
+
 static void op_mknod(char **a) {
 	// mknod DST MODE MAJOR MINOR UID GID
 	int fd = resolve(a[0], 0);
@@ -270,14 +291,7 @@ static void op_mknod(char **a) {
 	char buf[4096];
 	const char *name;
 	int d = open_parent("mknod", a[0], buf, sizeof(buf), &name);
-	if (mknodat(d, name, num(a[1]), makedev(num(a[2]), num(a[3]))) < 0)
-		fail("mknod %s: %s", a[0], strerror(errno));
-	// The mode the spec gives, not the umask's share of it (runc makes
-	// devices with umask 0): /dev/null must stay writable for a user.
-	if (fchmodat(d, name, num(a[1]) & 07777, 0) < 0)
-		fail("chmod %s: %s", a[0], strerror(errno));
-	if (fchownat(d, name, num(a[4]), num(a[5]), AT_SYMLINK_NOFOLLOW) < 0)
-		fail("chown %s: %s", a[0], strerror(errno));
+	make_node(d, name, a + 1, 0, a[0]);
 	close(d);
 }
 
@@ -286,9 +300,7 @@ static void op_symlink(char **a) {
 	char buf[4096];
 	const char *name;
 	int d = open_parent("symlink", a[1], buf, sizeof(buf), &name);
-	unlinkat(d, name, 0);
-	if (symlinkat(a[0], d, name) < 0)
-		fail("symlink %s: %s", a[1], strerror(errno));
+	make_link(d, a[0], name, a[1]);
 	close(d);
 }
 
@@ -513,12 +525,7 @@ static void op_mknodat(char **a) {
 	int i = slot_at(a[0]);
 	if (slots[i] < 0)
 		fail("mknod %s: empty slot %s", a[1], a[0]);
-	if (mknodat(slots[i], a[1], num(a[2]), makedev(num(a[3]), num(a[4]))) < 0 && errno != EEXIST)
-		fail("mknod %s: %s", a[1], strerror(errno));
-	if (fchmodat(slots[i], a[1], num(a[2]) & 07777, 0) < 0)
-		fail("chmod %s: %s", a[1], strerror(errno));
-	if (fchownat(slots[i], a[1], num(a[5]), num(a[6]), AT_SYMLINK_NOFOLLOW) < 0)
-		fail("chown %s: %s", a[1], strerror(errno));
+	make_node(slots[i], a[1], a + 2, 1, a[1]);
 }
 
 static void op_symlinkat(char **a) {
@@ -526,9 +533,7 @@ static void op_symlinkat(char **a) {
 	int i = slot_at(a[0]);
 	if (slots[i] < 0)
 		fail("symlink %s: empty slot %s", a[2], a[0]);
-	unlinkat(slots[i], a[2], 0);
-	if (symlinkat(a[1], slots[i], a[2]) < 0)
-		fail("symlink %s: %s", a[2], strerror(errno));
+	make_link(slots[i], a[1], a[2], a[2]);
 }
 
 static int joined;
