@@ -3,7 +3,6 @@
 package oci
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -217,14 +216,6 @@ func readJSON(ctx context.Context, cs content.Provider, desc ocispec.Descriptor,
 		return err
 	}
 	return json.Unmarshal(b, v)
-}
-
-func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor, blob []byte, lbls map[string]string) error {
-	var opts []content.Opt
-	if lbls != nil {
-		opts = append(opts, content.WithLabels(lbls))
-	}
-	return content.WriteBlob(ctx, cs, "branchbox-"+desc.Digest.String(), bytes.NewReader(blob), desc, opts...)
 }
 
 // layerOf makes the layer of the difference between two states, and

@@ -433,7 +433,7 @@ func storeLayer(ctx context.Context, cs content.Store, write func(io.Writer) err
 	diffID := uncompressed.Digest()
 	lbls := map[string]string{labels.LabelUncompressed: diffID.String()}
 	dgst := w.Digest()
-	if err := w.Commit(ctx, 0, dgst, content.WithLabels(lbls)); err != nil && !errdefs.IsAlreadyExists(err) {
+	if err := commitHeld(ctx, w, 0, dgst, content.WithLabels(lbls)); err != nil {
 		return ocispec.Descriptor{}, "", fmt.Errorf("commit the layer: %w", err)
 	}
 	committed = true // or already there: the same layer, made before
