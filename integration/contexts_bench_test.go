@@ -590,7 +590,7 @@ func BenchmarkContextPageCache(b *testing.B) {
 // and its pool's refill done, as an agent that works in its branches for
 // a while before it forks again finds it; without, the forks come back to
 // back and each shares the CPUs with the previous one's clean-up. Besides
-// the mean it reports the median fork (p50-ns/branch), which a few forks
+// the mean it reports the median fork (ns/branch-p50), which a few forks
 // that met the machine's other work do not move.
 func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n int, rest time.Duration) {
 	quiesce(b)
@@ -609,5 +609,5 @@ func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n i
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
 	slices.Sort(each)
-	b.ReportMetric(float64(each[len(each)/2].Nanoseconds())/float64(n), "p50-ns/branch")
+	b.ReportMetric(float64(each[len(each)/2].Nanoseconds())/float64(n), "ns/branch-p50")
 }
