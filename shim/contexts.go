@@ -1625,6 +1625,7 @@ func (c *contexts) endAll(ctx context.Context, sb *sandbox) {
 		sb.pool.close(ctx)
 		sb.pool = nil
 	}
+	defer sb.initPath.close()
 	for _, d := range sb.descendants(branch.RootID) {
 		c.destroy(ctx, sb, d)
 		delete(sb.nodes, d.id)

@@ -793,7 +793,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		return nil, fmt.Errorf("branch %s: clone its rootfs mount: %w", n.id, err)
 	}
 	defer unix.Close(rootMnt)
-	oob := unix.UnixRights(rootMnt)
+	fds := []int{rootMnt}
 	conf := &plan.conf
 	if s.prepped != nil {
 		// An init started ahead did the early part already: if it is
@@ -819,8 +819,12 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 			return nil, fmt.Errorf("branch %s: command log: %w", n.id, err)
 		}
 		defer out.Close()
-		oob = unix.UnixRights(rootMnt, int(null.Fd()), int(out.Fd()), int(out.Fd()))
+		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
 	}
+	if prog != nil {
+		fds = append(fds, int(prog.file.Fd())) // last: seccompPlan
+	}
+	oob := unix.UnixRights(fds...)
 	ctl := s.ctl
 	// An init in its cgroups already (one started ahead) goes on from its
 	// root to the command without waiting for a word: one round trip

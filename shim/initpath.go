@@ -5,6 +5,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/shim/seccompbpf"
 )
@@ -31,9 +33,31 @@ type initPath struct {
 
 // compiledSeccomp is a profile compiled for the branch init.
 type compiledSeccomp struct {
-	flags uint   // SECCOMP_FILTER_FLAG_*
-	hex   string // the program as the init takes it
-	len   int    // its instructions
+	flags uint // SECCOMP_FILTER_FLAG_*
+	// file holds the program's instructions, sealed: every init is
+	// handed it with its config (containerd's default profile is 10 KB of
+	// instructions, which as config text cost every branch a fraction of
+	// a millisecond to write, copy and parse).
+	file *os.File
+	len  int // its instructions
+}
+
+// sealedProgram puts a program into a memfd sealed against any change.
+func sealedProgram(prog []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("branchbox-seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd for the seccomp program: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "branchbox-seccomp")
+	if _, err := f.Write(prog); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write the seccomp program: %w", err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seal the seccomp program: %w", err)
+	}
+	return f, nil
 }
 
 // useInit says whether the branch of spec is started by the branch init,
@@ -81,7 +105,8 @@ func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*c
 		return p.prog, p.progErr
 	}
 	started := time.Now()
-	p.profile, p.prog, p.progErr = profile, nil, nil
+	p.closeProg()
+	p.profile, p.progErr = profile, nil
 	cfg, err := specconv.SetupSeccomp(profile)
 	if err != nil {
 		p.progErr = fmt.Errorf("convert: %w", err)
@@ -91,14 +116,32 @@ func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*c
 		return nil, nil
 	} else {
 		var prog *seccompbpf.Program
+		var file *os.File
 		if prog, p.progErr = seccompbpf.Compile(cfg); p.progErr == nil {
-			p.prog = &compiledSeccomp{flags: prog.Flags, hex: prog.Hex(), len: len(prog.Filter)}
+			if file, p.progErr = sealedProgram(prog.Bytes()); p.progErr == nil {
+				p.prog = &compiledSeccomp{flags: prog.Flags, file: file, len: len(prog.Filter)}
+			}
 		}
 	}
 	if p.progErr == nil {
 		log.G(ctx).WithField("instructions", p.prog.len).WithField("took", time.Since(started)).Debug("compiled the sandbox's seccomp profile for the branch init")
 	}
 	return p.prog, p.progErr
+}
+
+// close lets the compiled program go, with its sandbox.
+func (p *initPath) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeProg()
+	p.profile, p.progErr = nil, nil
+}
+
+func (p *initPath) closeProg() {
+	if p.prog != nil {
+		p.prog.file.Close()
+		p.prog = nil
+	}
 }
 
 // seccompNotifies says whether a profile hands syscalls to a user-space
@@ -116,10 +159,11 @@ func seccompNotifies(s *specs.LinuxSeccomp) bool {
 }
 
 // seccompPlan has the init install prog in every process it starts, where
-// runc would (see brinit.c).
+// runc would (see brinit.c). The program comes as the config's last
+// descriptor (configure).
 func seccompPlan(w *cfgWriter, prog *compiledSeccomp) {
 	if prog == nil {
 		return
 	}
-	w.op("seccomp", strconv.FormatUint(uint64(prog.flags), 10), prog.hex)
+	w.op("seccomp", strconv.FormatUint(uint64(prog.flags), 10), strconv.Itoa(prog.len))
 }

@@ -70,6 +70,7 @@ func (c *contexts) dropSandbox(ctx context.Context, id string) {
 		sb.closed = true
 		close(sb.done)
 		sb.snapshot.Close()
+		sb.initPath.close()
 		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
 			releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 		}

@@ -6,7 +6,6 @@ package seccompbpf
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"golang.org/x/sys/unix"
@@ -19,16 +18,16 @@ type Program struct {
 	Flags  uint // SECCOMP_FILTER_FLAG_*
 }
 
-// Hex is the program as hex of its instructions in the host's byte order
-// (struct sock_filter: u16 code, u8 jt, u8 jf, u32 k).
-func (p *Program) Hex() string {
+// Bytes is the program's instructions in the host's byte order, as the
+// kernel takes them (struct sock_filter: u16 code, u8 jt, u8 jf, u32 k).
+func (p *Program) Bytes() []byte {
 	b := make([]byte, 0, 8*len(p.Filter))
 	for _, in := range p.Filter {
 		b = binary.NativeEndian.AppendUint16(b, in.Code)
 		b = append(b, in.Jt, in.Jf)
 		b = binary.NativeEndian.AppendUint32(b, in.K)
 	}
-	return hex.EncodeToString(b)
+	return b
 }
 
 // HasNotify says whether a profile hands syscalls to a user-space agent

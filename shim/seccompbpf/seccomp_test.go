@@ -325,8 +325,8 @@ func TestCompileIsRuncsFilter(t *testing.T) {
 				t.Fatalf("flags %#x, want %#x", p.Flags, flags)
 			}
 			t.Logf("%d instructions, same verdicts as runc's on %d inputs", len(p.Filter), inputs)
-			if len(p.Hex()) != 16*len(p.Filter) {
-				t.Fatalf("hex of %d characters for %d instructions", len(p.Hex()), len(p.Filter))
+			if len(p.Bytes()) != 8*len(p.Filter) {
+				t.Fatalf("%d bytes for %d instructions", len(p.Bytes()), len(p.Filter))
 			}
 		})
 	}

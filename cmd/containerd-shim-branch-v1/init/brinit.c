@@ -574,19 +574,21 @@ static int unhex(char c) {
 }
 
 static void op_seccomp(char **a) {
-	// seccomp FLAGS PROGRAM: the program as hex of its struct sock_filter
-	// array in host byte order.
-	size_t n = strlen(a[1]);
-	if (n == 0 || n % (2 * sizeof(struct sock_filter)) || n / (2 * sizeof(struct sock_filter)) > BPF_MAXINSNS)
-		fail("seccomp: a program of %zu hex digits", n);
-	unsigned char *out = (unsigned char *)seccomp_prog;
-	for (size_t i = 0; i < n; i += 2) {
-		int hi = unhex(a[1][i]), lo = unhex(a[1][i + 1]);
-		if (hi < 0 || lo < 0)
-			fail("seccomp: bad program");
-		out[i / 2] = (unsigned char)(hi << 4 | lo);
-	}
-	seccomp_len = n / (2 * sizeof(struct sock_filter));
+	// seccomp FLAGS COUNT: the program, COUNT struct sock_filter in host
+	// byte order, is the file of the config's last descriptor (a sealed
+	// memfd), which is taken off the list.
+	unsigned long count = num(a[1]);
+	if (count == 0 || count > BPF_MAXINSNS)
+		fail("seccomp: a program of %lu instructions", count);
+	if (cfg_nfds < 2)
+		fail("seccomp: no program descriptor");
+	int fd = cfg_fds[--cfg_nfds];
+	size_t want = count * sizeof(struct sock_filter);
+	ssize_t got = pread(fd, seccomp_prog, want, 0);
+	if (got != (ssize_t)want)
+		fail("seccomp: read the program: %zd of %zu bytes: %s", got, want, got < 0 ? strerror(errno) : "short");
+	close(fd);
+	seccomp_len = (unsigned short)count;
 	seccomp_flags = num(a[0]);
 }
 
@@ -1093,7 +1095,7 @@ void brinit(void) {
 	if (have_cmd) {
 		// The command's stdio came with the config, after the rootfs:
 		// stdin, stdout, stderr.
-		if (nfds < 4)
+		if (cfg_nfds < 4)
 			fail("run: no stdio");
 		fds = cfg_fds + 1;
 		int sp[2];
