@@ -292,6 +292,31 @@ func BenchmarkContextForkSeccomp(b *testing.B) {
 			benchForksAlternate(b, ctx, sc, other, n, r.rest)
 		})
 	}
+	// Not a way to fork but the machine's yardstick: a call that goes
+	// through the shim to the snapshotter and back doing almost nothing
+	// (list the sandbox's checkpoints: none), at rest as the fork above.
+	// It wakes four sleeping processes in turn (client, shim, snapshotter,
+	// shim, client) where a fork wakes six: what this machine's wake-ups
+	// cost on the day, beside the fork. (A tree call walks the sandbox's
+	// upper directory for its size: tens of milliseconds here.)
+	b.Run("rest/n=1/impl=list-call", func(b *testing.B) {
+		sc := scs["branch"]
+		quiesce(b)
+		var each []time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			if _, err := sc.Checkpoints(ctx); err != nil {
+				b.Fatal(err)
+			}
+			each = append(each, time.Since(t0))
+			b.StopTimer()
+			time.Sleep(100 * time.Millisecond)
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/branch")
+		slices.Sort(each)
+		b.ReportMetric(float64(each[len(each)/2].Nanoseconds()), "ns/branch-p50")
+	})
 }
 
 // BenchmarkContextExec: exec of `true` in a branch to its exit status,
