@@ -31,8 +31,14 @@ func commitHeld(ctx context.Context, w content.Writer, size int64, dgst digest.D
 		}
 		return err
 	}
-	if got := w.Digest(); got != dgst {
-		return fmt.Errorf("the content store made %s of content whose digest is %s: %w", got, dgst, errdefs.ErrDataLoss)
+	return madeAs(w.Digest(), dgst)
+}
+
+// madeAs checks the digest the content store gives a committed write
+// against the content's own.
+func madeAs(got, want digest.Digest) error {
+	if got != want {
+		return fmt.Errorf("the content store made %s of content whose digest is %s: %w", got, want, errdefs.ErrDataLoss)
 	}
 	return nil
 }
@@ -58,8 +64,8 @@ func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor
 	if err := content.Copy(ctx, w, bytes.NewReader(blob), desc.Size, "", opts...); err != nil {
 		return err
 	}
-	if got := w.Digest(); got != "" && got != desc.Digest {
-		return fmt.Errorf("the content store made %s of content whose digest is %s: %w", got, desc.Digest, errdefs.ErrDataLoss)
+	if got := w.Digest(); got != "" {
+		return madeAs(got, desc.Digest)
 	}
 	return nil
 }

@@ -77,21 +77,21 @@ func TestCommitHeldByLease(t *testing.T) {
 	if again != layer {
 		t.Fatalf("the same content made layer %s, then %s", layer, again)
 	}
-	gone := func() bool {
+	// gone ends l and says whether the layer or the config went with it.
+	gone := func(l leases.Lease) bool {
 		t.Helper()
 		// Ending a lease this way collects at once what nothing else holds.
-		if err := ls.Delete(ctx, first, leases.SynchronousDelete); err != nil {
+		if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
 			t.Fatal(err)
 		}
 		_, err := cs.Info(ctx, layer)
 		_, cerr := cs.Info(ctx, configDesc.Digest)
 		return errdefs.IsNotFound(err) || errdefs.IsNotFound(cerr)
 	}
-	if gone() {
+	if gone(first) {
 		t.Fatal("the second lease holds the layer and the config, yet they were collected when the first lease ended")
 	}
-	first = second
-	if !gone() {
+	if !gone(second) {
 		t.Fatal("the layer and the config outlived both leases: the test did not make containerd collect")
 	}
 }
