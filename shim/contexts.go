@@ -42,7 +42,6 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter"
 )
 
 // Event topics published to containerd's event service.
@@ -407,7 +406,7 @@ func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 	if sb.upper == "" {
 		return fmt.Errorf("sandbox %s: its rootfs is not an overlay with an upper directory; run it with --snapshotter branch: %w", sb.id, errdefs.ErrFailedPrecondition)
 	}
-	root, err := snapshotter.RootOfUpper(sb.upper)
+	root, err := branch.RootOfUpper(sb.upper)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: rootfs not from the branch snapshotter (run it with --snapshotter branch): %w", sb.id, err)
 	}

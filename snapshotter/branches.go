@@ -428,7 +428,7 @@ func (s *Snapshotter) parseUpperdir(dir string) (snapID, branchID string, err er
 	if !strings.HasPrefix(dir, s.root+"/") {
 		return bad("is not inside the snapshotter root " + s.root)
 	}
-	root, snapID, branchID, ok := splitUpper(dir)
+	root, snapID, branchID, ok := branch.SplitUpper(dir)
 	if !ok || root != s.root {
 		return bad("is not a snapshot's or a branch's upper directory")
 	}

@@ -24,7 +24,7 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/branchbox/branchbox/snapshotter"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // Image is an image Build made, in containerd's content store.
@@ -66,7 +66,7 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 		return Image{}, fmt.Errorf("sandbox %s: mounts of its rootfs: %w", src.Sandbox, err)
 	}
 	upper := upperOf(rootMounts)
-	if _, err := snapshotter.RootOfUpper(upper); err != nil {
+	if _, err := branch.RootOfUpper(upper); err != nil {
 		return Image{}, fmt.Errorf("sandbox %s: its rootfs is not from the branch snapshotter (snapshotter %q); run it with --snapshotter branch: %w", src.Sandbox, info.Snapshotter, errdefs.ErrFailedPrecondition)
 	}
 	path, ctxID, err := statePath(ctx, upper, rootMounts, src)

@@ -13,7 +13,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter"
 )
 
 // state is one state of a context on the way from its image to what is
@@ -141,11 +140,11 @@ func headOf(byName map[string]branch.Checkpoint, ctxID string) string {
 // owns upper (a root snapshot's upper directory), found as the shim finds
 // it: its address file, in the snapshotter's root.
 func dialSnapshotterOf(upper string) (*branch.Client, error) {
-	root, err := snapshotter.RootOfUpper(upper)
+	root, err := branch.RootOfUpper(upper)
 	if err != nil {
 		return nil, err
 	}
-	addr, err := os.ReadFile(filepath.Join(root, snapshotter.AddressFile))
+	addr, err := os.ReadFile(filepath.Join(root, branch.AddressFile))
 	if err != nil {
 		return nil, fmt.Errorf("find the branch snapshotter's socket: %v: %w", err, errdefs.ErrUnavailable)
 	}

@@ -131,7 +131,7 @@ func run(ctx context.Context, root, address string, reapInterval time.Duration) 
 
 	// A shim knows a sandbox's rootfs only by its upper directory, inside
 	// root: this file tells it where the branch API is served.
-	addrFile := filepath.Join(root, snapshotter.AddressFile)
+	addrFile := filepath.Join(root, branch.AddressFile)
 	if err := os.WriteFile(addrFile, []byte(address+"\n"), 0o600); err != nil {
 		l.Close()
 		tl.Close()
