@@ -436,7 +436,7 @@ func fromTTRPC(err error) error {
 	if err == nil {
 		return nil
 	}
-	return fromGRPC(err)
+	return FromGRPC(err)
 }
 
 // Output is a buffer safe for a process's stdout and stderr together:

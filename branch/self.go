@@ -171,7 +171,7 @@ func (s *SelfClient) Checkpoint(ctx context.Context, branch, name string) (Check
 	if err != nil {
 		return Checkpoint{}, fromTTRPC(err)
 	}
-	return checkpointFromShim(resp.Checkpoint), nil
+	return CheckpointFromShim(resp.Checkpoint), nil
 }
 
 // Checkpoints lists the checkpoints of the caller's context and its
@@ -183,7 +183,7 @@ func (s *SelfClient) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
 	}
 	out := make([]Checkpoint, len(resp.Checkpoints))
 	for i, c := range resp.Checkpoints {
-		out[i] = checkpointFromShim(c)
+		out[i] = CheckpointFromShim(c)
 	}
 	return out, nil
 }

@@ -1,0 +1,69 @@
+package branch
+
+// The names and results of the branch API that every side shares: the
+// snapshotter and the shim serve them, the clients return them.
+
+import (
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+)
+
+// Root names a root snapshot by key or by upper directory.
+type Root struct {
+	Key      string
+	Upperdir string
+}
+
+// Ref names a context: the root (Branch "" or RootID) or a branch of it.
+type Ref struct {
+	Root   Root
+	Branch string
+}
+
+// Info is one node of a branch tree as the snapshotter reports it.
+type Info struct {
+	Node
+	Sealed      bool
+	Children    []string
+	UpperSize   int64
+	UpperInodes int64
+	Mounts      []mount.Mount
+	// Quarantine, on the root context (RootID) of a tree whose recovery
+	// failed in the snapshotter, says why; its branch operations are
+	// refused until a retry succeeds.
+	Quarantine string
+}
+
+// CommitResult is the parent after a commit and the branches it invalidated.
+type CommitResult struct {
+	Parent      Info
+	Invalidated []string
+}
+
+// Age is how long ago the context was created.
+func (i Info) Age(now time.Time) time.Duration { return now.Sub(i.Created) }
+
+// Checkpoint is an immutable, named state of a context's rootfs.
+type Checkpoint struct {
+	Name string `json:"name"`
+	// Context is the id of the context it is a state of ("0": the root).
+	Context string `json:"context"`
+	// Parent is the checkpoint whose state this one's layer holds the
+	// changes since ("" for a full one, "(deleted)" once that was deleted).
+	Parent  string    `json:"parent,omitempty"`
+	Created time.Time `json:"created"`
+	// Size and Entries are what its own layer holds.
+	Size    int64 `json:"size"`
+	Entries int64 `json:"entries"`
+	Depth   int   `json:"depth"`
+	// Head: the context's next checkpoint builds on this one.
+	Head bool `json:"head"`
+	// Children are the checkpoints built on it; Branches the live branches
+	// forked from it, which keep it from being deleted.
+	Children []string `json:"children,omitempty"`
+	Branches []string `json:"branches,omitempty"`
+}
+
+// Age is how long ago the checkpoint was taken.
+func (c Checkpoint) Age(now time.Time) time.Duration { return now.Sub(c.Created) }
