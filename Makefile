@@ -166,7 +166,7 @@ install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 proto:
 	@hack/proto.sh
 
-# docs/containerd-config.toml is generated (hack/containerdconfig); a unit
+# docs/containerd-config.toml is generated (internal/containerdconfig); a unit
 # test fails when it is stale.
 containerd-config:
 	$(GO) run ./hack/gen-containerd-config --platform linux/amd64 > docs/containerd-config.toml

@@ -17,7 +17,8 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // benchShared is one private containerd for all benchmarks, started on
@@ -25,7 +26,7 @@ import (
 // daemon start-up.
 type benchShared struct {
 	once   sync.Once
-	env    *harness.Env
+	env    *daemons.Env
 	client *containerd.Client
 	err    error
 	// Fixtures of the checkpoint benchmarks, and what undoes them.
@@ -54,16 +55,16 @@ func TestMain(m *testing.M) {
 
 // benchEnv returns the shared env, its client, a namespaced context, and the
 // chain ID of the test image, unpacked into both overlayfs and branch.
-func benchEnv(b *testing.B) (context.Context, *harness.Env, *containerd.Client, string) {
+func benchEnv(b *testing.B) (context.Context, *daemons.Env, *containerd.Client, string) {
 	b.Helper()
 	requireRoot(b)
 	bench.once.Do(func() {
 		ctx := context.Background()
-		if bench.env, bench.err = harness.Start(ctx, harness.Config{LogLevel: "info"}); bench.err != nil {
+		if bench.env, bench.err = daemons.Start(ctx, daemons.Config{LogLevel: "info"}); bench.err != nil {
 			return
 		}
 		archive := bench.env.Dir + "/busybox.tar"
-		if bench.err = harness.WriteBusyboxImageFile(archive); bench.err != nil {
+		if bench.err = ociimage.WriteBusyboxImageFile(archive); bench.err != nil {
 			return
 		}
 		for _, sn := range []string{"overlayfs", "branch"} {
@@ -77,7 +78,7 @@ func benchEnv(b *testing.B) (context.Context, *harness.Env, *containerd.Client, 
 		b.Fatal(bench.err)
 	}
 	ctx := namespaces.WithNamespace(context.Background(), bench.env.Namespace)
-	img, err := bench.client.GetImage(ctx, harness.ImageRef)
+	img, err := bench.client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		b.Fatal(err)
 	}

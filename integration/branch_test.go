@@ -17,17 +17,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
 // sandboxEnv runs a container "sb" on the branch snapshotter that keeps
 // running, and returns a branch client and the root naming its rootfs.
-func sandboxEnv(t *testing.T) (context.Context, *harness.Env, *branch.Client, branch.Root) {
+func sandboxEnv(t *testing.T) (context.Context, *daemons.Env, *branch.Client, branch.Root) {
 	t.Helper()
 	ctx, env := startEnv(t)
 	importImage(t, ctx, env, "branch")
-	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", harness.ImageRef, "sb",
+	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", ociimage.ImageRef, "sb",
 		"sh", "-c", "echo before > /state && exec sleep 600"); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func sandboxEnv(t *testing.T) (context.Context, *harness.Env, *branch.Client, br
 	return ctx, env, c, branch.Root{Upperdir: upper}
 }
 
-func dialBranches(t *testing.T, env *harness.Env) *branch.Client {
+func dialBranches(t *testing.T, env *daemons.Env) *branch.Client {
 	t.Helper()
 	c, err := branch.Dial(env.SnapshotterAddress)
 	if err != nil {
@@ -51,7 +52,7 @@ func dialBranches(t *testing.T, env *harness.Env) *branch.Client {
 	return c
 }
 
-func removeContainer(t *testing.T, env *harness.Env, id string) {
+func removeContainer(t *testing.T, env *daemons.Env, id string) {
 	ctx := context.Background()
 	env.Ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
 	for i := 0; i < 100; i++ {
@@ -65,7 +66,7 @@ func removeContainer(t *testing.T, env *harness.Env, id string) {
 	}
 }
 
-func execIn(ctx context.Context, env *harness.Env, id string, args ...string) (string, error) {
+func execIn(ctx context.Context, env *daemons.Env, id string, args ...string) (string, error) {
 	return env.Ctr(ctx, append([]string{"tasks", "exec", "--exec-id", "e" + time.Now().Format("150405.000000000"), id}, args...)...)
 }
 
@@ -157,7 +158,7 @@ func TestBranchesSurviveGCAndGoWithTheirRoot(t *testing.T) {
 	if _, err := env.Ctr(ctx, "snapshots", "--snapshotter", "branch", "rm", "throwaway"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.Ctr(ctx, "images", "tag", harness.ImageRef, "docker.io/branchbox/other:gc"); err != nil {
+	if _, err := env.Ctr(ctx, "images", "tag", ociimage.ImageRef, "docker.io/branchbox/other:gc"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.Ctr(ctx, "images", "rm", "--sync", "docker.io/branchbox/other:gc"); err != nil {
@@ -332,7 +333,7 @@ func TestBranchCrashSafety(t *testing.T) {
 			t.Fatalf("%s: %d live branches, %d layers, writable %v", point, len(k), layers(), writable())
 		}
 	}
-	if m, _ := harness.MountsUnder(filepath.Join(env.SnapshotterRoot, "mnt")); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(filepath.Join(env.SnapshotterRoot, "mnt")); len(m) != 0 {
 		t.Fatalf("temporary mounts left: %v", m)
 	}
 }

@@ -22,17 +22,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // benchSandbox runs a sandbox on the branch runtime and snapshotter whose
 // rootfs holds 10,000 more files (the size the fork targets are set for),
 // and returns a branch context client and its rootfs upper directory.
 // extra are more flags for ctr run.
-func benchSandbox(b *testing.B, ctx context.Context, env *harness.Env, id string, extra ...string) (*branch.SandboxClient, string) {
+func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string, extra ...string) (*branch.SandboxClient, string) {
 	b.Helper()
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
-	args = append(args, harness.ImageRef, id,
+	args = append(args, ociimage.ImageRef, id,
 		"sh", "-c", "mkdir -p /tree && cd /tree && seq 1 10000 | xargs touch && touch /ready && exec sleep 100000")
 	if _, err := env.Ctr(ctx, args...); err != nil {
 		b.Fatal(err)
@@ -58,7 +59,7 @@ func benchSandbox(b *testing.B, ctx context.Context, env *harness.Env, id string
 	return sc, upper
 }
 
-func benchRemoveCtr(env *harness.Env, id string) {
+func benchRemoveCtr(env *daemons.Env, id string) {
 	ctx := context.Background()
 	_, _ = env.Ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
 	for i := 0; i < 100; i++ {
@@ -81,7 +82,7 @@ type copyFork struct {
 
 func startCopy(b *testing.B, ctx context.Context, client *containerd.Client, sandboxUpper, id string) copyFork {
 	b.Helper()
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -31,7 +31,7 @@ func daemonScript(marker string) string {
 // startDaemon writes a marker in branch k and leaves a daemon running in it;
 // it returns the branch's processes seen from the host once the daemon is
 // among them.
-func startDaemon(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, k branch.ContextInfo, marker string) []hostProc {
+func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, k branch.ContextInfo, marker string) []hostProc {
 	t.Helper()
 	mustRun(t, ctx, sc, k.ID, "sh", "-c", daemonScript(marker))
 	var procs []hostProc
@@ -59,7 +59,7 @@ func runsFreely(ctx context.Context, sc *branch.SandboxClient, k, want string, a
 // rootMarkers lists the marker files the sandbox's running processes see
 // under /m (besides /m/base, there from the start, which tells an empty
 // read of ctr's from an empty directory).
-func rootMarkers(t *testing.T, ctx context.Context, env *harness.Env, id string) []string {
+func rootMarkers(t *testing.T, ctx context.Context, env *daemons.Env, id string) []string {
 	t.Helper()
 	for try := 0; ; try++ {
 		out, err := execIn(ctx, env, id, "ls", "/m")
@@ -88,7 +88,7 @@ func rootMarkers(t *testing.T, ctx context.Context, env *harness.Env, id string)
 // snapshotterRoot dials env's snapshotter directly (behind the shim's
 // back) and names the root of sandbox id there; the caller closes the
 // client.
-func snapshotterRoot(t *testing.T, env *harness.Env, id string) (*branch.Client, branch.Root) {
+func snapshotterRoot(t *testing.T, env *daemons.Env, id string) (*branch.Client, branch.Root) {
 	t.Helper()
 	upper, err := env.RootfsUpperdir(id)
 	if err != nil {
@@ -103,7 +103,7 @@ func snapshotterRoot(t *testing.T, env *harness.Env, id string) (*branch.Client,
 
 // liveInSnapshotter lists the live branches of a sandbox as the
 // snapshotter's own tree has them.
-func liveInSnapshotter(t *testing.T, ctx context.Context, env *harness.Env, id string) []string {
+func liveInSnapshotter(t *testing.T, ctx context.Context, env *daemons.Env, id string) []string {
 	t.Helper()
 	c, root := snapshotterRoot(t, env, id)
 	defer c.Close()

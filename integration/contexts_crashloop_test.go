@@ -24,7 +24,8 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -77,7 +78,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	// longer (go test's -timeout bounds it).
 	ctx = context.WithoutCancel(ctx)
 	const id = "cl"
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +388,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 // and aborts the branches left live, so that the next round starts from
 // the sandbox alone; state becomes the sandbox's markers. It says whether
 // the sandbox holds the last of the allowed states.
-func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
+func checkCrashRound(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
 	t.Helper()
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -438,7 +439,7 @@ func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *br
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		left = survivors(procs)
 		dirs, pids = branchCgroupsOf(env.Namespace, id)
-		mounts, _ = harness.MountsUnder(bundle)
+		mounts, _ = daemons.MountsUnder(bundle)
 		layers, _ = filepath.Glob(filepath.Join(env.SnapshotterRoot, "branches", "*", "*"))
 		if len(left)+len(dirs)+len(pids)+len(mounts)+len(layers) == 0 || time.Now().After(end) {
 			break
@@ -459,7 +460,7 @@ func checkCrashRound(t *testing.T, ctx context.Context, env *harness.Env, sc *br
 	if tmp, _ := os.ReadDir(filepath.Join(env.SnapshotterRoot, "mnt")); len(tmp) != 0 {
 		fail("temporary mounts left in the snapshotter's mnt: %d", len(tmp))
 	}
-	if m, _ := harness.MountsUnder(filepath.Join(env.SnapshotterRoot, "mnt")); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(filepath.Join(env.SnapshotterRoot, "mnt")); len(m) != 0 {
 		fail("temporary mounts left: %v", m)
 	}
 	if _, err := execIn(ctx, env, id, "sh", "-c", "echo x > /probe && rm /probe"); err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // schedReport is what a process says of its scheduling and clocks: its
@@ -29,7 +29,7 @@ const schedReport = `cut -d' ' -f19,41 /proc/self/stat; ionice -p $$; grep Cpus_
 // process exec'd into a branch gets what one exec'd into the sandbox gets.
 func TestContextsInitSchedTimens(t *testing.T) {
 	ctx, env, client := shimEnv(t)
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestContextsPause: while a sandbox is paused (containerd's task Pause,
@@ -332,7 +332,7 @@ func testPause(t *testing.T, extra []string) {
 // freezeBehind freezes the sandbox's cgroup directly, as runc pause does
 // without containerd knowing, and returns what thaws it (also run at
 // cleanup).
-func freezeBehind(t *testing.T, env *harness.Env) func() {
+func freezeBehind(t *testing.T, env *daemons.Env) func() {
 	t.Helper()
 	var file, frozen, thawed string
 	for _, d := range containerCgroupDirs(env.Namespace, "sb") {

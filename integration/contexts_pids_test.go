@@ -19,7 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // pidsLimit is the sandboxes' process limit: room for a dozen branches
@@ -251,7 +251,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 // runPidsSandbox runs sandbox id of the insock image (busybox and
 // branchctl) with the branch socket and the process limit pidsLimit, and
 // caps added to its process.
-func runPidsSandbox(t *testing.T, ctx context.Context, env *harness.Env, client *containerd.Client, id string, caps []string) *branch.SandboxClient {
+func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, client *containerd.Client, id string, caps []string) *branch.SandboxClient {
 	t.Helper()
 	img, err := client.GetImage(ctx, insockImage)
 	if err != nil {
@@ -321,7 +321,7 @@ func readCount(t *testing.T, dir, file string) int64 {
 // hierarchy (but the warm pool's, which fills in the background). The
 // removal of an aborted branch's cgroups goes on after the abort replies:
 // the state is read until two reads agree.
-func forkState(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, cg string) []string {
+func forkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, cg string) []string {
 	t.Helper()
 	prev := readForkState(t, ctx, env, sc, cg)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
@@ -336,7 +336,7 @@ func forkState(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.S
 	return nil
 }
 
-func readForkState(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, cg string) []string {
+func readForkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, cg string) []string {
 	t.Helper()
 	tree, err := sc.Tree(ctx)
 	if err != nil {
@@ -349,7 +349,7 @@ func readForkState(t *testing.T, ctx context.Context, env *harness.Env, sc *bran
 		}
 	}
 	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")
-	ms, _ := harness.MountsUnder(bundle)
+	ms, _ := daemons.MountsUnder(bundle)
 	for _, m := range ms {
 		out = append(out, "mount "+m)
 	}

@@ -16,13 +16,13 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // startInSandbox starts a long-running shell script in the sandbox (an
 // exec whose shell leaves it running in the background), and waits until
 // the file ready exists in the sandbox.
-func startInSandbox(t *testing.T, ctx context.Context, env *harness.Env, script, ready string) {
+func startInSandbox(t *testing.T, ctx context.Context, env *daemons.Env, script, ready string) {
 	t.Helper()
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", "("+script+") </dev/null >/dev/null 2>&1 &"); err != nil {
 		t.Fatalf("start %q in the sandbox: %v: %s", script, err, out)
@@ -32,14 +32,14 @@ func startInSandbox(t *testing.T, ctx context.Context, env *harness.Env, script,
 
 // sandboxWriteRefused checks that a write by the sandbox's processes to
 // its rootfs fails as sealed (EROFS).
-func sandboxWriteRefused(t *testing.T, ctx context.Context, env *harness.Env, what string) {
+func sandboxWriteRefused(t *testing.T, ctx context.Context, env *daemons.Env, what string) {
 	t.Helper()
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", "exec 2>&1; echo x > /state"); err == nil || !strings.Contains(out, "Read-only file system") {
 		t.Fatalf("%s: write in the sealed sandbox: %q %v; want EROFS", what, out, err)
 	}
 }
 
-func sandboxWritable(t *testing.T, ctx context.Context, env *harness.Env, what string) {
+func sandboxWritable(t *testing.T, ctx context.Context, env *daemons.Env, what string) {
 	t.Helper()
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", "exec 2>&1; echo after > /state"); err != nil {
 		t.Fatalf("%s: sandbox not writable: %q %v", what, out, err)

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 const sysprobeImage = "docker.io/branchbox/sysprobe:test"
@@ -25,7 +25,7 @@ const sysprobeImage = "docker.io/branchbox/sysprobe:test"
 // importSysprobeImage imports the busybox image with sysprobe (a static
 // Go program issuing raw system calls, integration/sysprobe) at
 // /bin/sysprobe, into the branch snapshotter.
-func importSysprobeImage(t *testing.T, ctx context.Context, env *harness.Env) {
+func importSysprobeImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "sysprobe")
 	build := exec.Command("go", "build", "-o", bin, "./sysprobe")
@@ -42,7 +42,7 @@ func importSysprobeImage(t *testing.T, ctx context.Context, env *harness.Env) {
 
 // runProbeSandbox runs sandbox id of the sysprobe image with ctr's extra
 // flags and returns a branch context client for it.
-func runProbeSandbox(t *testing.T, ctx context.Context, env *harness.Env, id string, extra ...string) *branch.SandboxClient {
+func runProbeSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, extra ...string) *branch.SandboxClient {
 	t.Helper()
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
 	args = append(args, sysprobeImage, id, "sh", "-c", "echo before > /state; exec sleep 100000")
@@ -79,7 +79,7 @@ const filterStatus = `grep -E '^(Seccomp|Seccomp_filters|NoNewPrivs|CapEff|CapBn
 // compareProbes runs probes in the sandbox (a runc exec) and in a branch
 // (the branch init's exec) and fails where they differ; it returns the
 // branch's output.
-func compareProbes(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, id, branchID string, probes []string) string {
+func compareProbes(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, id, branchID string, probes []string) string {
 	t.Helper()
 	script := probeScript(probes) + filterStatus
 	want, err := execIn(ctx, env, id, "sh", "-c", script)

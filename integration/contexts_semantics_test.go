@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // sandboxInitPid is the host pid of the sandbox's init.
@@ -38,7 +38,7 @@ func sandboxInitPid(t *testing.T, ctx context.Context, sc *branch.SandboxClient)
 // startAdversarialIn runs the adversarial workload of the shim's kill
 // suite in a branch and waits until, seen from the host, its fork bomb has
 // filled the branch's pids limit and its nested PID namespace exists.
-func startAdversarialIn(t *testing.T, ctx context.Context, env *harness.Env, sc *branch.SandboxClient, k branch.ContextInfo) []hostProc {
+func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, k branch.ContextInfo) []hostProc {
 	t.Helper()
 	p, err := sc.Exec(ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", adversarial}})
 	if err != nil {

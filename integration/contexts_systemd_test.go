@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestContextsSystemdCgroup runs sandboxes under the systemd cgroup
@@ -151,12 +152,12 @@ func TestContextsSystemdCgroup(t *testing.T) {
 // systemdSandbox runs the sandbox "sb" under the systemd cgroup driver,
 // in the scope bbx-<namespace>-<n>.scope of system.slice, and returns the
 // scope's cgroup path and a client of the sandbox.
-func systemdSandbox(t *testing.T, ctx context.Context, env *harness.Env, n string, extra ...string) (string, *branch.SandboxClient) {
+func systemdSandbox(t *testing.T, ctx context.Context, env *daemons.Env, n string, extra ...string) (string, *branch.SandboxClient) {
 	t.Helper()
 	name := env.Namespace + "-" + n
 	scope := "/system.slice/bbx-" + name + ".scope"
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "--cgroup", "system.slice:bbx:" + name}, extra...)
-	args = append(args, harness.ImageRef, "sb", "sh", "-c", "echo before > /state; exec sleep 100000")
+	args = append(args, ociimage.ImageRef, "sb", "sh", "-c", "echo before > /state; exec sleep 100000")
 	if _, err := env.Ctr(ctx, args...); err != nil {
 		t.Fatal(err)
 	}

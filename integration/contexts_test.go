@@ -18,17 +18,18 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // sandboxCtxEnv runs the sandbox "sb" (runtime io.containerd.branch.v1,
 // snapshotter branch) with a process that keeps running, and returns a
 // branch context client for it.
-func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *harness.Env, *branch.SandboxClient) {
+func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env, *branch.SandboxClient) {
 	t.Helper()
 	ctx, env, _ := shimEnv(t)
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
-	args = append(args, harness.ImageRef, "sb", "sh", "-c", "echo before > /state; exec sleep 100000")
+	args = append(args, ociimage.ImageRef, "sb", "sh", "-c", "echo before > /state; exec sleep 100000")
 	if _, err := env.Ctr(ctx, args...); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func runErr(ctx context.Context, sc *branch.SandboxClient, b string, args ...str
 
 // sandboxTask is the containerd task of the sandbox container id, and the
 // client it came through, closed when the test ends.
-func sandboxTask(t *testing.T, ctx context.Context, env *harness.Env, id string) (*containerd.Client, containerd.Task) {
+func sandboxTask(t *testing.T, ctx context.Context, env *daemons.Env, id string) (*containerd.Client, containerd.Task) {
 	t.Helper()
 	client, err := containerd.New(env.Address)
 	if err != nil {
@@ -102,7 +103,7 @@ func fork(t *testing.T, ctx context.Context, sc *branch.SandboxClient, opts bran
 
 // branchProcs lists, from the host, the live processes of a branch: those
 // in its cgroup (or below) on any hierarchy, and those in its PID namespace.
-func branchProcs(env *harness.Env, info branch.ContextInfo) []hostProc {
+func branchProcs(env *daemons.Env, info branch.ContextInfo) []hostProc {
 	id := strings.TrimPrefix(info.Cgroup, "/"+env.Namespace+"/")
 	return containerHostProcs(env.Namespace, id, info.InitPid)
 }
@@ -189,7 +190,7 @@ func TestContextsForkExecCommit(t *testing.T) {
 // its runtime state removed. Its processes are dead when the commit or
 // abort that ended it returns; the rest is removed in the background just
 // after, so all of it is waited for, up to 10 seconds.
-func assertBranchGone(t *testing.T, env *harness.Env, info branch.ContextInfo, procs []hostProc) {
+func assertBranchGone(t *testing.T, env *daemons.Env, info branch.ContextInfo, procs []hostProc) {
 	t.Helper()
 	var (
 		left  []hostProc
@@ -215,7 +216,7 @@ func assertBranchGone(t *testing.T, env *harness.Env, info branch.ContextInfo, p
 	if len(dirs) != 0 {
 		t.Errorf("cgroups of branch %s left: %v", info.ID, dirs)
 	}
-	if m, _ := harness.MountsUnder(bundle); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(bundle); len(m) != 0 {
 		t.Errorf("mounts of branch %s left: %v", info.ID, m)
 	}
 	if state {
@@ -231,7 +232,7 @@ func isDirPath(p string) bool {
 // branchctl runs the branchctl binary against the env (address and
 // namespace from the environment, as users set them) and returns its
 // stdout, stderr and exit code.
-func branchctl(t *testing.T, ctx context.Context, env *harness.Env, stdin string, args ...string) (string, string, int) {
+func branchctl(t *testing.T, ctx context.Context, env *daemons.Env, stdin string, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "branchctl"), args...)
 	cmd.Env = append(os.Environ(), "CONTAINERD_ADDRESS="+env.Address, "CONTAINERD_NAMESPACE="+env.Namespace)
@@ -323,7 +324,7 @@ func TestBranchctl(t *testing.T) {
 		}
 	}
 	// A container on another runtime is refused, naming the runtime.
-	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "overlayfs", harness.ImageRef, "plain", "sleep", "1000"); err != nil {
+	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "overlayfs", ociimage.ImageRef, "plain", "sleep", "1000"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeContainer(t, env, "plain") })

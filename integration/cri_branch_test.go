@@ -17,7 +17,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // criView is what the kubelet sees of a pod through the CRI: the pods and
@@ -69,7 +69,7 @@ func TestCRIBranchPodContainer(t *testing.T) {
 	}
 
 	// Watch for what the CRI plugin would take as the container ending.
-	evctx, stopEvents := context.WithCancel(namespaces.WithNamespace(c.ctx, harness.CRINamespace))
+	evctx, stopEvents := context.WithCancel(namespaces.WithNamespace(c.ctx, daemons.CRINamespace))
 	defer stopEvents()
 	events, evErrs := c.client.EventService().Subscribe(evctx, `topic=="/tasks/exit"`, `topic=="/tasks/delete"`, `topic=="/tasks/oom"`)
 	var exits []string
@@ -108,7 +108,7 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		}
 	}()
 
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		entries, _ := os.ReadDir(filepath.Join(c.env.SnapshotterRoot, "branches"))
 		return len(entries) == 0
 	})
-	if m, _ := harness.MountsUnder(c.env.Dir); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(c.env.Dir); len(m) != 0 {
 		t.Fatalf("mounts left after the pod went: %v", m)
 	}
 	if cg := c.env.ContainerCgroups(); len(cg) != 0 {

@@ -18,7 +18,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // The CRI tests' images: a pause image (a static Go binary that reaps
@@ -26,7 +27,7 @@ import (
 // and the busybox test image as the app.
 const (
 	criPauseImage = "docker.io/branchbox/pause:test"
-	criAppImage   = harness.ImageRef
+	criAppImage   = ociimage.ImageRef
 )
 
 // runcRoot is where containerd-shim-runc-v2 keeps runc's state.
@@ -94,7 +95,7 @@ esac
 type criTest struct {
 	t      *testing.T
 	ctx    context.Context
-	env    *harness.Env
+	env    *daemons.Env
 	client *containerd.Client
 	dir    string   // pod and container configs, pod logs
 	ids    []string // every pod and container id made, for the cleanup check
@@ -105,23 +106,23 @@ type criTest struct {
 // bug left in the env's cgroups, and checks that no runtime state is left.
 func criEnv(t *testing.T) *criTest {
 	t.Helper()
-	return criEnvWith(t, harness.CRIConfig{})
+	return criEnvWith(t, daemons.CRIConfig{})
 }
 
 // criEnvWith is criEnv with the CRI settings of cfg (its image and CNI
 // fields are the test's own).
-func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
+func criEnvWith(t *testing.T, cfg daemons.CRIConfig) *criTest {
 	t.Helper()
 	requireRoot(t)
 	for _, b := range []string{"crictl", "containerd-shim-branch-v1"} {
-		if _, err := os.Stat(filepath.Join(harness.BinDirFromEnv(), b)); err != nil {
+		if _, err := os.Stat(filepath.Join(daemons.BinDirFromEnv(), b)); err != nil {
 			t.Fatalf("%s not built (make binaries): %v", b, err)
 		}
 	}
 	dir := t.TempDir()
 	pauseArchive, appArchive := filepath.Join(dir, "pause.tar"), filepath.Join(dir, "app.tar")
 	writePauseImage(t, pauseArchive)
-	if err := harness.WriteBusyboxImageFile(appArchive); err != nil {
+	if err := ociimage.WriteBusyboxImageFile(appArchive); err != nil {
 		t.Fatal(err)
 	}
 	cniConf, cniBin := filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin")
@@ -137,7 +138,7 @@ func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
 		t.Fatal(err)
 	}
 	cfg.SandboxImage, cfg.CNIConfDir, cfg.CNIBinDir = criPauseImage, cniConf, cniBin
-	ctx, env := startEnvWith(t, harness.Config{CRI: &cfg})
+	ctx, env := startEnvWith(t, daemons.Config{CRI: &cfg})
 	client, err := containerd.New(env.Address)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
 		for _, id := range c.ids {
 			for _, root := range []string{runtimeRoot, runcRoot} {
 				// The container's and its branches' (<id>.b<n>).
-				states, _ := filepath.Glob(filepath.Join(root, harness.CRINamespace, id+"*"))
+				states, _ := filepath.Glob(filepath.Join(root, daemons.CRINamespace, id+"*"))
 				for _, state := range states {
 					t.Errorf("runtime state %s left", state)
 					_ = os.RemoveAll(state)
@@ -171,7 +172,7 @@ func criEnvWith(t *testing.T, cfg harness.CRIConfig) *criTest {
 	// snapshotter (overlayfs) only: the branch handler must unpack them
 	// into its own snapshotter on use.
 	for _, a := range []string{pauseArchive, appArchive} {
-		if _, err := env.CtrIn(ctx, harness.CRINamespace, "images", "import", "--snapshotter", "overlayfs", a); err != nil {
+		if _, err := env.CtrIn(ctx, daemons.CRINamespace, "images", "import", "--snapshotter", "overlayfs", a); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,7 +209,7 @@ func writePauseImage(t *testing.T, archive string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	layer, err := harness.FileLayer("pause", 0o755, data)
+	layer, err := ociimage.FileLayer("pause", 0o755, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func writePauseImage(t *testing.T, archive string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := harness.WriteImage(f, criPauseImage, ocispec.ImageConfig{Entrypoint: []string{"/pause"}}, layer); err != nil {
+	if err := ociimage.WriteImage(f, criPauseImage, ocispec.ImageConfig{Entrypoint: []string{"/pause"}}, layer); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -336,7 +337,7 @@ func (c *criTest) pidOf(cmd, id string) int {
 // containerInfo is containerd's record of a CRI pod or container.
 func (c *criTest) containerInfo(id string) (string, string) {
 	c.t.Helper()
-	ctx := namespaces.WithNamespace(c.ctx, harness.CRINamespace)
+	ctx := namespaces.WithNamespace(c.ctx, daemons.CRINamespace)
 	ctr, err := c.client.LoadContainer(ctx, id)
 	if err != nil {
 		c.t.Fatal(err)

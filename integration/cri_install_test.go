@@ -10,14 +10,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // makeInstall runs `make install` with the given variables, without
 // rebuilding the binaries (make test has just built them).
 func makeInstall(t *testing.T, vars ...string) {
 	t.Helper()
-	bin := harness.BinDirFromEnv()
+	bin := daemons.BinDirFromEnv()
 	args := []string{"-C", filepath.Dir(bin), "BIN=" + bin,
 		"-o", filepath.Join(bin, "containerd-branch-snapshotter"),
 		"-o", filepath.Join(bin, "containerd-shim-branch-v1"),
@@ -37,7 +37,7 @@ func makeInstall(t *testing.T, vars ...string) {
 func TestMakeInstall(t *testing.T) {
 	dest := t.TempDir()
 	makeInstall(t, "DESTDIR="+dest, "PREFIX=/usr/local")
-	bin := harness.BinDirFromEnv()
+	bin := daemons.BinDirFromEnv()
 	want := map[string]string{ // installed path -> what it is a copy of ("" if rendered)
 		"/usr/local/bin/containerd-branch-snapshotter":                         filepath.Join(bin, "containerd-branch-snapshotter"),
 		"/usr/local/bin/containerd-shim-branch-v1":                             filepath.Join(bin, "containerd-shim-branch-v1"),

@@ -22,7 +22,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // nerdctlHook stands in for `nerdctl internal oci-hook EVENT`, which
@@ -100,7 +100,7 @@ func TestNerdctlStyleContainer(t *testing.T) {
 
 	// EnsureImage: nerdctl unpacks an image it already has into the
 	// snapshotter asked for when it is not unpacked there.
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}

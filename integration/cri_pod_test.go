@@ -12,7 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // criHandler is a runtime handler, the runtime it names and its shim.
@@ -75,7 +75,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 			// Both record runc-v2's type: the branch contexts are found
 			// by asking the shim, and runc's has none.
 			if name == "a" {
-				sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+				sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 				switch {
 				case h.handler == "branch" && err != nil:
 					t.Errorf("branch: container a is not taken as a sandbox: %v", err)

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestCRIBranchFeatures checks that, through the CRI, the branch handler
@@ -102,7 +102,7 @@ func TestCRIBranchFeatures(t *testing.T) {
 		t.Errorf("the write through the plain read-only mount's submount is not on the host: %v", err)
 	}
 
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestCRIBranchSystemdCgroup(t *testing.T) {
 		testCRISystemdPod(t)
 		return
 	}
-	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
+	c := criEnvWith(t, daemons.CRIConfig{SystemdCgroup: true})
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	cfg := systemdPodConfig(c, ns, "kubepods.slice")
 	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
@@ -170,7 +170,7 @@ func TestCRIBranchSystemdCgroup(t *testing.T) {
 }
 
 func testCRISystemdPod(t *testing.T) {
-	c := criEnvWith(t, harness.CRIConfig{SystemdCgroup: true})
+	c := criEnvWith(t, daemons.CRIConfig{SystemdCgroup: true})
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	cfg := systemdPodConfig(c, ns, "bbxcri.slice")
 	out, err := c.env.Crictl(c.ctx, "runp", "--runtime", "branch", cfg)
@@ -183,7 +183,7 @@ func testCRISystemdPod(t *testing.T) {
 	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}

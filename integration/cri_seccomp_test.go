@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestCRIBranchRestricted: a pod container with the restrictions of
@@ -59,7 +59,7 @@ func TestCRIBranchRestricted(t *testing.T) {
 			t.Fatalf("the pod's container lacks %q:\n%s", w, want)
 		}
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}

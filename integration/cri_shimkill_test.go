@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestCRIShimKilled kills -9 the shim of a pod on the branch handler (one
@@ -51,7 +51,7 @@ func TestCRIShimKilled(t *testing.T) {
 		}
 	}
 	for ctr, n := range map[string]int{a: 2, b: 1} {
-		sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+		sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,12 +64,12 @@ func TestCRIShimKilled(t *testing.T) {
 			t.Fatalf("forked %d branches, want %d", len(kids), n)
 		}
 	}
-	branchStates, _ := filepath.Glob(filepath.Join(runtimeRoot, harness.CRINamespace, b+".b*"))
+	branchStates, _ := filepath.Glob(filepath.Join(runtimeRoot, daemons.CRINamespace, b+".b*"))
 	if len(branchStates) != 1 {
 		t.Fatalf("runtime state of b's branch: %v, want one", branchStates)
 	}
 	for _, id := range ids {
-		procs = append(procs, containerHostProcs(harness.CRINamespace, id, 0)...)
+		procs = append(procs, containerHostProcs(daemons.CRINamespace, id, 0)...)
 		procs = append(procs, containerHostProcs(c.env.Namespace, id, 0)...)
 		if len(containerCgroupDirs(c.env.Namespace, id)) == 0 {
 			t.Fatalf("no cgroup of %s under /%s before the kill: the checks below would prove nothing", id, c.env.Namespace)
@@ -105,12 +105,12 @@ func TestCRIShimKilled(t *testing.T) {
 		if dirs := containerCgroupDirs(c.env.Namespace, id); len(dirs) != 0 {
 			t.Errorf("cgroups of %s left: %v", id, dirs)
 		}
-		left, _ := filepath.Glob(filepath.Join(runtimeRoot, harness.CRINamespace, id+"*"))
+		left, _ := filepath.Glob(filepath.Join(runtimeRoot, daemons.CRINamespace, id+"*"))
 		for _, s := range left {
 			t.Errorf("runtime state %s left", s)
 		}
-		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", harness.CRINamespace, id)
-		if m, _ := harness.MountsUnder(bundle); len(m) != 0 {
+		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", daemons.CRINamespace, id)
+		if m, _ := daemons.MountsUnder(bundle); len(m) != 0 {
 			t.Errorf("mounts of %s left: %v", id, m)
 		}
 		if _, err := os.Stat(bundle); err == nil {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestCRIPodLifecycle drives a pod on the branch runtime handler with
@@ -47,7 +47,7 @@ func TestCRIPodLifecycle(t *testing.T) {
 	}
 	// The image was imported into overlayfs only: creating the container
 	// unpacked it into branch, where the container's rootfs is.
-	snaps, err := c.env.CtrIn(c.ctx, harness.CRINamespace, "snapshots", "--snapshotter", "branch", "ls")
+	snaps, err := c.env.CtrIn(c.ctx, daemons.CRINamespace, "snapshots", "--snapshotter", "branch", "ls")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,11 +140,11 @@ func TestCRIPodLifecycle(t *testing.T) {
 
 	// Nothing of the pod is left: containers, snapshots, shims, cgroups,
 	// mounts, runtime state.
-	if out, err := c.env.CtrIn(c.ctx, harness.CRINamespace, "containers", "ls", "-q"); err != nil || strings.TrimSpace(out) != "" {
-		t.Errorf("containers left in %s: %q, %v", harness.CRINamespace, out, err)
+	if out, err := c.env.CtrIn(c.ctx, daemons.CRINamespace, "containers", "ls", "-q"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("containers left in %s: %q, %v", daemons.CRINamespace, out, err)
 	}
 	waitUntil(t, "the shim to exit", 10*time.Second, func() bool { return len(c.shims()) == 0 })
-	snaps, err = c.env.CtrIn(c.ctx, harness.CRINamespace, "snapshots", "--snapshotter", "branch", "ls")
+	snaps, err = c.env.CtrIn(c.ctx, daemons.CRINamespace, "snapshots", "--snapshotter", "branch", "ls")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,11 +155,11 @@ func TestCRIPodLifecycle(t *testing.T) {
 		if dirs := containerCgroupDirs(c.env.Namespace, id); len(dirs) != 0 {
 			t.Errorf("cgroups of %s left: %v", id, dirs)
 		}
-		if _, err := os.Stat(filepath.Join(runtimeRoot, harness.CRINamespace, id)); err == nil {
+		if _, err := os.Stat(filepath.Join(runtimeRoot, daemons.CRINamespace, id)); err == nil {
 			t.Errorf("runtime state of %s left", id)
 		}
 	}
-	if m, _ := harness.MountsUnder(c.env.ContainerdState); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(c.env.ContainerdState); len(m) != 0 {
 		t.Errorf("mounts left under containerd's state: %v", m)
 	}
 }
@@ -168,8 +168,8 @@ func TestCRIPodLifecycle(t *testing.T) {
 // read docs/containerd-config.toml: the branch handler and its image
 // platform come out as meant, and the default runc handler is still there.
 func TestCRIConfigParsed(t *testing.T) {
-	docs := filepath.Join(filepath.Dir(harness.BinDirFromEnv()), "docs", "containerd-config.toml")
-	cmd := exec.Command(filepath.Join(harness.BinDirFromEnv(), "containerd"), "--config", docs, "config", "dump")
+	docs := filepath.Join(filepath.Dir(daemons.BinDirFromEnv()), "docs", "containerd-config.toml")
+	cmd := exec.Command(filepath.Join(daemons.BinDirFromEnv(), "containerd"), "--config", docs, "config", "dump")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("containerd config dump: %v\n%s", err, out)

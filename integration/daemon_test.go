@@ -21,12 +21,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // dialSnapshotter connects containerd's own proxy client straight to the
 // daemon, the way containerd talks to it.
-func dialSnapshotter(t *testing.T, env *harness.Env) snapshots.Snapshotter {
+func dialSnapshotter(t *testing.T, env *daemons.Env) snapshots.Snapshotter {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+env.SnapshotterAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -66,7 +66,7 @@ func TestDaemonSecondInstanceRefused(t *testing.T) {
 // TestDaemonFlags: bad flags are refused before anything is touched.
 func TestDaemonFlags(t *testing.T) {
 	requireRoot(t)
-	bin := filepath.Join(harness.BinDirFromEnv(), "containerd-branch-snapshotter")
+	bin := filepath.Join(daemons.BinDirFromEnv(), "containerd-branch-snapshotter")
 	root := filepath.Join(t.TempDir(), "root")
 	for _, args := range [][]string{
 		{"--log-level", "loud", "--root", root},
@@ -252,7 +252,7 @@ func TestBadInputOverGRPC(t *testing.T) {
 // pinned containerd accepts, with the proxy plugin and the unpack entry.
 func TestDocsConfig(t *testing.T) {
 	requireRoot(t)
-	bin := filepath.Join(harness.BinDirFromEnv(), "containerd")
+	bin := filepath.Join(daemons.BinDirFromEnv(), "containerd")
 	out, err := exec.Command(bin, "--config", "../docs/containerd-config.toml", "config", "dump").CombinedOutput()
 	if err != nil {
 		t.Fatalf("containerd rejects docs/containerd-config.toml: %v\n%s", err, out)

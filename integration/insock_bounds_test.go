@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // shimRSSBound is what a shim may hold resident (it starts at about 25
@@ -28,7 +28,7 @@ const shimRSSBound = 100 << 20
 
 // runBoundedSandbox runs a sandbox of the insock image with the branch
 // socket and the given annotations, and waits until it wrote /state.
-func runBoundedSandbox(t *testing.T, ctx context.Context, env *harness.Env, id string, annotations ...string) {
+func runBoundedSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, annotations ...string) {
 	t.Helper()
 	args := []string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "--annotation", "io.branchbox.socket=true"}
 	for _, a := range annotations {
@@ -103,7 +103,7 @@ func watchRSS(t *testing.T, pid int) (stop func() int64) {
 }
 
 // liveBranches counts the live branches in a sandbox's own tree.
-func liveBranches(t *testing.T, ctx context.Context, env *harness.Env, id string) int {
+func liveBranches(t *testing.T, ctx context.Context, env *daemons.Env, id string) int {
 	t.Helper()
 	out, err := execIn(ctx, env, id, "branchctl", "self", "tree", "--json")
 	if err != nil {
@@ -120,8 +120,8 @@ func liveBranches(t *testing.T, ctx context.Context, env *harness.Env, id string
 
 // boundsEnv is an env whose shims have a node default of 16 live
 // branches and depth 4 (the shim's environment), with the insock image.
-func boundsEnv(t *testing.T) (context.Context, *harness.Env) {
-	ctx, env, _ := shimEnvWith(t, harness.Config{ContainerdEnv: []string{"BRANCHBOX_MAX_BRANCHES=16", "BRANCHBOX_MAX_DEPTH=4"}})
+func boundsEnv(t *testing.T) (context.Context, *daemons.Env) {
+	ctx, env, _ := shimEnvWith(t, daemons.Config{ContainerdEnv: []string{"BRANCHBOX_MAX_BRANCHES=16", "BRANCHBOX_MAX_DEPTH=4"}})
 	importInsockImage(t, ctx, env)
 	return ctx, env
 }

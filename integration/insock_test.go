@@ -16,14 +16,15 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 const insockImage = "docker.io/branchbox/insock:test"
 
 // importInsockImage imports the busybox image with branchctl (static) at
 // /bin/branchctl, unpacked into the branch snapshotter.
-func importInsockImage(t *testing.T, ctx context.Context, env *harness.Env) {
+func importInsockImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 	t.Helper()
 	bin := filepath.Join(env.BinDir, "branchctl")
 	f, err := elf.Open(bin)
@@ -45,13 +46,13 @@ func importInsockImage(t *testing.T, ctx context.Context, env *harness.Env) {
 
 // importToolImage imports image ref, busybox with the executable data at
 // path, unpacked into the branch snapshotter.
-func importToolImage(t *testing.T, ctx context.Context, env *harness.Env, ref, path string, data []byte) {
+func importToolImage(t *testing.T, ctx context.Context, env *daemons.Env, ref, path string, data []byte) {
 	t.Helper()
-	tool, err := harness.FileLayer(path, 0o755, data)
+	tool, err := ociimage.FileLayer(path, 0o755, data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, err := harness.BusyboxLayer()
+	base, err := ociimage.BusyboxLayer()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func importToolImage(t *testing.T, ctx context.Context, env *harness.Env, ref, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = harness.WriteImage(out, ref, ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/"}, base, tool)
+	err = ociimage.WriteImage(out, ref, ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/"}, base, tool)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -74,7 +75,7 @@ func importToolImage(t *testing.T, ctx context.Context, env *harness.Env, ref, p
 
 // runInsockSandbox runs a sandbox of the insock image, with the branch
 // socket when socket is set, and waits until its script wrote /state.
-func runInsockSandbox(t *testing.T, ctx context.Context, env *harness.Env, id string, socket bool, script string) {
+func runInsockSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, socket bool, script string) {
 	t.Helper()
 	args := []string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}
 	if socket {
@@ -121,7 +122,7 @@ func (st selfTree) state(id string) branch.ContextInfo {
 }
 
 // shimOf is the pid of the shim serving container id.
-func shimOf(t *testing.T, env *harness.Env, id string) int {
+func shimOf(t *testing.T, env *daemons.Env, id string) int {
 	t.Helper()
 	for _, pid := range env.ShimPids() {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -163,7 +164,7 @@ func selfListeners(t *testing.T, pid int) int {
 }
 
 // socketDirs lists the branch socket directories left in a sandbox's bundle.
-func socketDirs(env *harness.Env, id string) []string {
+func socketDirs(env *daemons.Env, id string) []string {
 	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id)
 	a, _ := filepath.Glob(filepath.Join(bundle, "selfsock"))
 	b, _ := filepath.Glob(filepath.Join(bundle, "branches", "*", "selfsock"))
@@ -423,7 +424,7 @@ func TestCRIInsockAnnotation(t *testing.T) {
 		}
 	}
 	for _, pod := range []string{podOn, podOff} {
-		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", harness.CRINamespace, pod)
+		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", daemons.CRINamespace, pod)
 		if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
 			t.Fatalf("pause container's bundle: %v", err)
 		}

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 func requireRoot(t testing.TB) {
@@ -22,18 +23,18 @@ func requireRoot(t testing.TB) {
 
 // startEnv starts a private containerd and snapshotter for one test and
 // registers their teardown, which also checks that nothing leaked.
-func startEnv(t testing.TB) (context.Context, *harness.Env) {
+func startEnv(t testing.TB) (context.Context, *daemons.Env) {
 	t.Helper()
-	return startEnvWith(t, harness.Config{})
+	return startEnvWith(t, daemons.Config{})
 }
 
 // startEnvWith is startEnv with a harness configuration (the CRI tests
 // turn the CRI plugins on with it).
-func startEnvWith(t testing.TB, cfg harness.Config) (context.Context, *harness.Env) {
+func startEnvWith(t testing.TB, cfg daemons.Config) (context.Context, *daemons.Env) {
 	t.Helper()
 	requireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	env, err := harness.Start(ctx, cfg)
+	env, err := daemons.Start(ctx, cfg)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func startEnvWith(t testing.TB, cfg harness.Config) (context.Context, *harness.E
 		if len(shims) > 0 {
 			t.Errorf("shims still running at teardown (killed): %v", shims)
 		}
-		if m, _ := harness.MountsUnder(dir); len(m) > 0 {
+		if m, _ := daemons.MountsUnder(dir); len(m) > 0 {
 			t.Errorf("mounts left under %s: %v", dir, m)
 		}
 	})
@@ -64,10 +65,10 @@ func startEnvWith(t testing.TB, cfg harness.Config) (context.Context, *harness.E
 
 // importImage builds the busybox test image and imports it, unpacked into
 // the given snapshotter.
-func importImage(t testing.TB, ctx context.Context, env *harness.Env, snapshotter string) {
+func importImage(t testing.TB, ctx context.Context, env *daemons.Env, snapshotter string) {
 	t.Helper()
 	archive := filepath.Join(t.TempDir(), "busybox.tar")
-	if err := harness.WriteBusyboxImageFile(archive); err != nil {
+	if err := ociimage.WriteBusyboxImageFile(archive); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.Ctr(ctx, "images", "import", "--snapshotter", snapshotter, archive); err != nil {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestPatterns drives every exploration pattern through real branches of
@@ -219,7 +219,7 @@ func assertNoProcess(t *testing.T, argv ...string) {
 	})
 }
 
-func mustExecIn(t *testing.T, ctx context.Context, env *harness.Env, args ...string) {
+func mustExecIn(t *testing.T, ctx context.Context, env *daemons.Env, args ...string) {
 	t.Helper()
 	if out, err := execIn(ctx, env, "sb", args...); err != nil {
 		t.Fatalf("%v in the sandbox: %v %s", args, err, out)

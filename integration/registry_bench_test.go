@@ -25,7 +25,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/branchbox/branchbox/branch/oci"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // BenchmarkRegistry1GB: push and pull of a sandbox whose image has a 1 GB
@@ -48,7 +49,7 @@ import (
 func BenchmarkRegistry1GB(b *testing.B) {
 	ctx, env, client, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
-	reg, err := harness.StartRegistry(ctx, harness.RegistryConfig{})
+	reg, err := daemons.StartRegistry(ctx, daemons.RegistryConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func BenchmarkRegistry1GB(b *testing.B) {
 	// The base: a sandbox given 1 GB, pushed as an image and run again
 	// from it (its layers now on this node and in the registry). Its
 	// files' mtimes are whole seconds, as a tar layer often leaves them.
-	run("rg-src", harness.ImageRef)
+	run("rg-src", ociimage.ImageRef)
 	ctr("tasks", "exec", "--exec-id", "fill", "rg-src", "sh", "-c",
 		"mkdir /base && for i in $(seq 64); do head -c 16777216 /dev/urandom > /base/f$i || exit 1; done && touch -d @1700000000 /base/*")
 	base := reg.Ref("bench/base:1g")

@@ -18,16 +18,16 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
 // startRegistry starts a registry on loopback for one test and removes it
 // and its storage when the test ends.
-func startRegistry(t *testing.T, cfg harness.RegistryConfig) *harness.Registry {
+func startRegistry(t *testing.T, cfg daemons.RegistryConfig) *daemons.Registry {
 	t.Helper()
 	requireRoot(t)
-	reg, err := harness.StartRegistry(context.Background(), cfg)
+	reg, err := daemons.StartRegistry(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ type pushOut struct {
 // it at once. A second push after a 1 KB change sends one new layer and
 // nothing of the base.
 func TestRegistryPushBranchRunElsewhere(t *testing.T) {
-	reg := startRegistry(t, harness.RegistryConfig{})
+	reg := startRegistry(t, daemons.RegistryConfig{})
 	ctx, envA, scA := sandboxCtxEnv(t)
 	_, envB, _ := shimEnv(t)
 
@@ -232,7 +232,7 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 func TestRegistryPushFaults(t *testing.T) {
 	// Behind a link of 1 MB/s each way: a transfer of the 4 MB below
 	// lasts long enough to be cut in the middle, here and under emulation.
-	reg := startRegistry(t, harness.RegistryConfig{User: "agent", Password: "s3cret", Rate: 1 << 20})
+	reg := startRegistry(t, daemons.RegistryConfig{User: "agent", Password: "s3cret", Rate: 1 << 20})
 	ctx, env, _ := sandboxCtxEnv(t)
 	push := func(args ...string) (string, int) {
 		t.Helper()
@@ -386,13 +386,13 @@ func waitFile(ctx context.Context, dir, name string, n int64, fn func() error) e
 // mount of the sandbox's layers is left on the host, no image recorded, no
 // tag in the registry; a retry works.
 func TestRegistryPushKilled(t *testing.T) {
-	reg := startRegistry(t, harness.RegistryConfig{})
+	reg := startRegistry(t, daemons.RegistryConfig{})
 	ctx, env, _ := sandboxCtxEnv(t)
 	// 64 MB that does not compress: the layer takes a while to write. Under
 	// emulation 8 MB takes longer than that here, and the test's five
 	// minutes hold two pushes of it.
 	big := 64 << 20
-	if harness.Emulated() {
+	if daemons.Emulated() {
 		big = 8 << 20
 	}
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /big", big)); err != nil {
@@ -506,7 +506,7 @@ func TestRegistrySaveLoad(t *testing.T) {
 // a manifest). Node B runs both images: the first equals the sandbox now
 // file by file, the second the checkpoint's state.
 func TestRegistryPushCheckpoints(t *testing.T) {
-	reg := startRegistry(t, harness.RegistryConfig{})
+	reg := startRegistry(t, daemons.RegistryConfig{})
 	ctx, envA, _ := sandboxCtxEnv(t)
 	_, envB, _ := shimEnv(t)
 	sh := func(script string) {
@@ -515,7 +515,7 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 			t.Fatalf("%s in the sandbox: %v: %s", script, err, out)
 		}
 	}
-	ctl := func(env *harness.Env, args ...string) string {
+	ctl := func(env *daemons.Env, args ...string) string {
 		t.Helper()
 		out, errOut, code := branchctl(t, ctx, env, "", args...)
 		if code != 0 {
@@ -698,7 +698,7 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 // branch, a container of that image that sees the pushed change, and a
 // fork of it.
 func TestRegistryCRIPod(t *testing.T) {
-	reg := startRegistry(t, harness.RegistryConfig{})
+	reg := startRegistry(t, daemons.RegistryConfig{})
 	ctx, envA, _ := sandboxCtxEnv(t)
 	if out, err := execIn(ctx, envA, "sb", "sh", "-c", "echo pushed > /data"); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -709,7 +709,7 @@ func TestRegistryCRIPod(t *testing.T) {
 	}
 
 	c := criEnv(t)
-	if _, err := c.env.CtrIn(c.ctx, harness.CRINamespace, "images", "pull", "--plain-http", "--snapshotter", "overlayfs", ref); err != nil {
+	if _, err := c.env.CtrIn(c.ctx, daemons.CRINamespace, "images", "pull", "--plain-http", "--snapshotter", "overlayfs", ref); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the CRI plugin to see "+ref, 10*time.Second, func() bool {
@@ -737,7 +737,7 @@ func TestRegistryCRIPod(t *testing.T) {
 	if out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/data", "/state"); err != nil || strings.TrimSpace(out) != "pushed\nbefore" {
 		t.Fatalf("the pod's container reads %q (%v), want the pushed sandbox's files", out, err)
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, harness.CRINamespace, ctr)
+	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestShimBadInput checks that bad requests fail with errors of the right
@@ -24,7 +24,7 @@ import (
 // exited exec and an exited task, exec into a stopped task.
 func TestShimBadInput(t *testing.T) {
 	ctx, env, client := shimEnv(t)
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 type benchRuntime struct{ impl, runtime string }
@@ -32,7 +33,7 @@ func benchRuntimes() []benchRuntime {
 // given runtime, its snapshot prepared; the caller starts the task.
 func benchContainer(b *testing.B, ctx context.Context, client *containerd.Client, runtime, id string) containerd.Container {
 	b.Helper()
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func benchContainer(b *testing.B, ctx context.Context, client *containerd.Client
 
 // removeRuntimeRoot removes the branch runtime's state directory of the
 // env's namespace once no container is left in it.
-func removeRuntimeRoot(env *harness.Env) {
+func removeRuntimeRoot(env *daemons.Env) {
 	_ = os.Remove(filepath.Join(runtimeRoot, env.Namespace))
 }
 

@@ -19,7 +19,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 const branchRuntime = "io.containerd.branch.v1"
@@ -32,15 +32,15 @@ const runtimeRoot = "/run/containerd/branch"
 // snapshotters and a client on it. Its cleanup, which runs before the
 // env's own teardown, force-removes whatever containers a failed test left
 // and then the runtime's state directory for the env's namespace.
-func shimEnv(t *testing.T) (context.Context, *harness.Env, *containerd.Client) {
+func shimEnv(t *testing.T) (context.Context, *daemons.Env, *containerd.Client) {
 	t.Helper()
-	return shimEnvWith(t, harness.Config{})
+	return shimEnvWith(t, daemons.Config{})
 }
 
 // shimEnvWith is shimEnv with a harness configuration.
-func shimEnvWith(t *testing.T, cfg harness.Config) (context.Context, *harness.Env, *containerd.Client) {
+func shimEnvWith(t *testing.T, cfg daemons.Config) (context.Context, *daemons.Env, *containerd.Client) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(harness.BinDirFromEnv(), "containerd-shim-branch-v1")); err != nil {
+	if _, err := os.Stat(filepath.Join(daemons.BinDirFromEnv(), "containerd-shim-branch-v1")); err != nil {
 		t.Fatalf("containerd-shim-branch-v1 not built (make binaries): %v", err)
 	}
 	ctx, env := startEnvWith(t, cfg)
@@ -71,12 +71,12 @@ func shimEnvWith(t *testing.T, cfg harness.Config) (context.Context, *harness.En
 }
 
 // ctrExit runs ctr and returns its stdout, stderr and exit status.
-func ctrExit(ctx context.Context, env *harness.Env, args ...string) (string, string, int) {
+func ctrExit(ctx context.Context, env *daemons.Env, args ...string) (string, string, int) {
 	return ctrExitIn(ctx, env, "", args...)
 }
 
 // ctrExitIn is ctrExit with stdin as ctr's standard input.
-func ctrExitIn(ctx context.Context, env *harness.Env, stdin string, args ...string) (string, string, int) {
+func ctrExitIn(ctx context.Context, env *daemons.Env, stdin string, args ...string) (string, string, int) {
 	full := append([]string{"--address", env.Address, "--namespace", env.Namespace}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "ctr"), full...)
 	cmd.Stdin = strings.NewReader(stdin)
@@ -95,7 +95,7 @@ func ctrExitIn(ctx context.Context, env *harness.Env, stdin string, args ...stri
 }
 
 // taskStatus is the STATUS column of `ctr tasks ls` for id, "" if absent.
-func taskStatus(t *testing.T, ctx context.Context, env *harness.Env, id string) string {
+func taskStatus(t *testing.T, ctx context.Context, env *daemons.Env, id string) string {
 	t.Helper()
 	out, err := env.Ctr(ctx, "tasks", "ls")
 	if err != nil {
@@ -209,7 +209,7 @@ func containerCgroupDirs(namespace, id string) []string {
 // assertContainerGone checks from the host that nothing of the container is
 // left: no process of procs, none in its cgroup, no cgroup directory, no
 // rootfs mount and no runtime state.
-func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []hostProc) {
+func assertContainerGone(t *testing.T, env *daemons.Env, id string, procs []hostProc) {
 	t.Helper()
 	var left []hostProc
 	waitUntil(t, "container processes to go", 10*time.Second, func() bool {
@@ -220,7 +220,7 @@ func assertContainerGone(t *testing.T, env *harness.Env, id string, procs []host
 		t.Errorf("cgroups of %s left: %v", id, dirs)
 	}
 	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id)
-	if m, _ := harness.MountsUnder(bundle); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(bundle); len(m) != 0 {
 		t.Errorf("mounts of %s left: %v", id, m)
 	}
 	if _, err := os.Stat(filepath.Join(runtimeRoot, env.Namespace, id)); err == nil {

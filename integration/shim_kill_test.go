@@ -16,7 +16,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // adversarial is a container init that makes itself hard to kill: it and
@@ -44,9 +45,9 @@ var adversarialWithExec = strings.Replace(adversarial,
 // and waits until, seen from the host, the fork bomb has filled the pids
 // limit and the nested PID namespace exists. It returns the task and the
 // container's processes at that point.
-func startAdversarial(t *testing.T, ctx context.Context, env *harness.Env, client *containerd.Client, id, snapshotter string) (containerd.Task, []hostProc) {
+func startAdversarial(t *testing.T, ctx context.Context, env *daemons.Env, client *containerd.Client, id, snapshotter string) (containerd.Task, []hostProc) {
 	t.Helper()
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func TestShimDeath(t *testing.T) {
 		for _, p := range env.ShimPids() {
 			before[p] = true
 		}
-		img, err := client.GetImage(ctx, harness.ImageRef)
+		img, err := client.GetImage(ctx, ociimage.ImageRef)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +299,7 @@ func TestShimDeath(t *testing.T) {
 // of the namespace) and leave the other container running.
 func TestShimSharedPIDNamespace(t *testing.T) {
 	ctx, env, client := shimEnv(t)
-	img, err := client.GetImage(ctx, harness.ImageRef)
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}

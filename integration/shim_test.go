@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestShimDropIn runs the same lifecycle as with runc-v2, through ctr and
@@ -36,7 +36,7 @@ func TestShimDropIn(t *testing.T) {
 				return ctrExit(ctx, env, append([]string{"run", "--rm", "--runtime", branchRuntime, "--snapshotter", sn}, args...)...)
 			}
 			// stdio and exit code of a foreground container.
-			out, errOut, code := run(harness.ImageRef, "fg-"+sn, "sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7")
+			out, errOut, code := run(ociimage.ImageRef, "fg-"+sn, "sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7")
 			if code != 7 || out != "to-stdout\n" || !strings.Contains(errOut, "to-stderr") {
 				t.Fatalf("foreground run: code %d stdout %q stderr %q", code, out, errOut)
 			}
@@ -62,7 +62,7 @@ func TestShimDropIn(t *testing.T) {
 			}, "; ")
 			out, errOut, code = run("--env", "FOO=bar", "--cwd", "/tmp", "--user", "1000:1000", "--hostname", "boxhost",
 				"--read-only", "--seccomp", "--mount", "type=bind,src="+host+",dst=/mnt,options=rbind:ro",
-				harness.ImageRef, "spec-"+sn, "sh", "-c", script)
+				ociimage.ImageRef, "spec-"+sn, "sh", "-c", script)
 			if code != 0 {
 				t.Fatalf("spec run: code %d: %s %s", code, out, errOut)
 			}
@@ -72,13 +72,13 @@ func TestShimDropIn(t *testing.T) {
 					t.Errorf("spec run: want %q in output:\n%s", want, out)
 				}
 			}
-			out, _, code = run("--cap-drop", "CAP_CHOWN", harness.ImageRef, "caps-"+sn, "sh", "-c", "grep CapBnd /proc/self/status; chown 1 /tmp && echo chown-ok || echo chown-denied")
+			out, _, code = run("--cap-drop", "CAP_CHOWN", ociimage.ImageRef, "caps-"+sn, "sh", "-c", "grep CapBnd /proc/self/status; chown 1 /tmp && echo chown-ok || echo chown-denied")
 			if code != 0 || !strings.Contains(out, "chown-denied") {
 				t.Errorf("dropped CAP_CHOWN still allowed chown: %s", out)
 			}
 
 			// rlimits and additional groups, which ctr cannot set.
-			img, err := client.GetImage(ctx, harness.ImageRef)
+			img, err := client.GetImage(ctx, ociimage.ImageRef)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +164,7 @@ func TestShimDropIn(t *testing.T) {
 
 			// A detached container and its lifecycle.
 			id := "life-" + sn
-			if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", sn, harness.ImageRef, id,
+			if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", sn, ociimage.ImageRef, id,
 				"sh", "-c", `trap 'echo got-usr1; exit 42' USR1; while :; do sleep 0.1; done`); err != nil {
 				t.Fatal(err)
 			}

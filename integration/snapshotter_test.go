@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestContainerOnBranchSnapshotter runs a container with `ctr run
@@ -31,7 +32,7 @@ func TestContainerOnBranchSnapshotter(t *testing.T) {
 
 	// 512 KiB of data and a marker, then stay alive so the rootfs stays mounted.
 	script := "dd if=/dev/zero of=/payload bs=1024 count=512 2>/dev/null && echo written-by-container > /hello.txt && exec sleep 600"
-	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", harness.ImageRef, "c1", "sh", "-c", script); err != nil {
+	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", ociimage.ImageRef, "c1", "sh", "-c", script); err != nil {
 		t.Fatal(err)
 	}
 	var got string
@@ -70,7 +71,7 @@ func TestContainerOnBranchSnapshotter(t *testing.T) {
 		t.Fatalf("upper layer holds %q", b)
 	}
 	// And it is mounted: the task's rootfs is an overlay over that upper.
-	mounts, _ := harness.MountsUnder(env.ContainerdState)
+	mounts, _ := daemons.MountsUnder(env.ContainerdState)
 	if len(mounts) == 0 {
 		t.Fatal("no rootfs mount for the running task")
 	}
@@ -93,7 +94,7 @@ func TestContainerOnBranchSnapshotter(t *testing.T) {
 	if _, err := env.Ctr(ctx, "containers", "delete", "c1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.Ctr(ctx, "images", "rm", "--sync", harness.ImageRef); err != nil {
+	if _, err := env.Ctr(ctx, "images", "rm", "--sync", ociimage.ImageRef); err != nil {
 		t.Fatal(err)
 	}
 
@@ -110,12 +111,12 @@ func TestContainerOnBranchSnapshotter(t *testing.T) {
 	if out, _ := env.Ctr(ctx, "snapshots", "--snapshotter", "branch", "ls"); strings.Contains(out, "sha256:") {
 		t.Fatalf("snapshots still listed:\n%s", out)
 	}
-	if m, _ := harness.MountsUnder(env.Dir); len(m) != 0 {
+	if m, _ := daemons.MountsUnder(env.Dir); len(m) != 0 {
 		t.Fatalf("mounts left: %v", m)
 	}
 }
 
-func waitStopped(t *testing.T, env *harness.Env, id string) {
+func waitStopped(t *testing.T, env *daemons.Env, id string) {
 	t.Helper()
 	ctx := t.Context()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {

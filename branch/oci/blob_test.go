@@ -17,7 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestCommitHeldByLease: a layer or blob written under a lease that the
@@ -33,7 +33,7 @@ func TestCommitHeldByLease(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	env, err := harness.Start(ctx, harness.Config{})
+	env, err := daemons.Start(ctx, daemons.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

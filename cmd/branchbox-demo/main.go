@@ -21,11 +21,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 func main() {
-	bin := flag.String("bin", harness.BinDirFromEnv(), "directory with containerd, ctr, containerd-branch-snapshotter, containerd-shim-branch-v1 and branchctl")
+	bin := flag.String("bin", daemons.BinDirFromEnv(), "directory with containerd, ctr, containerd-branch-snapshotter, containerd-shim-branch-v1 and branchctl")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "branchbox-demo: must run as root (it starts containerd and mounts overlays)")
@@ -50,9 +51,9 @@ func run(ctx context.Context, bin string) (retErr error) {
 	}
 
 	fmt.Println("branchbox demo: fork a running sandbox four ways, keep the branch whose fix passes")
-	var env *harness.Env
+	var env *daemons.Env
 	if err := timed("start containerd + containerd-branch-snapshotter", func() (err error) {
-		env, err = harness.Start(ctx, harness.Config{BinDir: bin, LogLevel: "info"})
+		env, err = daemons.Start(ctx, daemons.Config{BinDir: bin, LogLevel: "info"})
 		return err
 	}); err != nil {
 		return err
@@ -60,7 +61,7 @@ func run(ctx context.Context, bin string) (retErr error) {
 	dir := env.Dir
 	defer func() {
 		err := env.Stop(context.WithoutCancel(ctx))
-		mounts, _ := harness.MountsUnder(dir)
+		mounts, _ := daemons.MountsUnder(dir)
 		_, statErr := os.Stat(dir)
 		fmt.Printf("cleanup: daemons stopped, %d mounts left, state directory removed: %v\n", len(mounts), os.IsNotExist(statErr))
 		if err != nil && retErr == nil {
@@ -71,7 +72,7 @@ func run(ctx context.Context, bin string) (retErr error) {
 
 	archive := filepath.Join(env.Dir, "busybox.tar")
 	if err := timed("build busybox OCI image from /bin/busybox", func() error {
-		return harness.WriteBusyboxImageFile(archive)
+		return ociimage.WriteBusyboxImageFile(archive)
 	}); err != nil {
 		return err
 	}

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/integration/harness"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // The project: calc.sh should add, but subtracts; test.sh checks it.
@@ -32,10 +33,10 @@ var fixes = []struct{ name, script string }{
 
 type timer func(name string, fn func() error) error
 
-func runSandbox(ctx context.Context, env *harness.Env, timed timer) error {
+func runSandbox(ctx context.Context, env *daemons.Env, timed timer) error {
 	const id = "agent"
 	if err := timed("ctr run --runtime io.containerd.branch.v1 (the sandbox)", func() error {
-		_, err := env.Ctr(ctx, "run", "-d", "--runtime", branch.RuntimeName, "--snapshotter", "branch", harness.ImageRef, id, "sh", "-c", project)
+		_, err := env.Ctr(ctx, "run", "-d", "--runtime", branch.RuntimeName, "--snapshotter", "branch", ociimage.ImageRef, id, "sh", "-c", project)
 		return err
 	}); err != nil {
 		return err

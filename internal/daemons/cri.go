@@ -1,6 +1,6 @@
 //go:build linux
 
-package harness
+package daemons
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/hack/containerdconfig"
+	"github.com/branchbox/branchbox/internal/containerdconfig"
 )
 
 // CRINamespace is the containerd namespace the CRI plugin keeps its pods,

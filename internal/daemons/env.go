@@ -1,9 +1,9 @@
 //go:build linux
 
-// Package harness starts a private containerd, with the branch snapshotter
+// Package daemons starts a private containerd, with the branch snapshotter
 // as a proxy plugin, in a temporary directory, and takes it all down again:
 // daemons, shims, mounts and files. Tests, benchmarks and the demo share it.
-package harness
+package daemons
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/hack/containerdconfig"
+	"github.com/branchbox/branchbox/internal/containerdconfig"
 )
 
 // Env is a running private containerd with the branch snapshotter.
@@ -226,8 +226,7 @@ func ContainerdConfig(root, state, address, snapshotterAddress string) string {
 		Root:               root,
 		State:              state,
 		Address:            address,
-		DisabledPlugins: []string{"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images",
-			"io.containerd.cri.v1.runtime", "io.containerd.nri.v1.nri"},
+		DisabledPlugins:    containerdconfig.CRIPlugins(),
 	})
 }
 

@@ -1,4 +1,7 @@
-package harness
+// Package ociimage writes small OCI image archives from files of the host
+// (a static busybox), for the demo, the tests and `make image` on machines
+// that reach no registry.
+package ociimage
 
 import (
 	"archive/tar"
