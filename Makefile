@@ -20,7 +20,7 @@ REGISTRY_BINS := $(BIN)/registry
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test test-cgroupv2 bench crash-loop lint check-version clean containerd-config install
+.PHONY: proto all deps binaries demo test unit integration test-cgroupv2 bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
 
 all: binaries
 
@@ -97,20 +97,43 @@ check-version:
 $(BIN)/staticcheck:
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-lint: check-version $(BIN)/staticcheck
+lint: check-version check-tidy check-proto check-imports $(BIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags seccomp ./shim/...
 	$(BIN)/staticcheck ./...
 	$(BIN)/staticcheck -tags seccomp ./shim/...
 
-# Every test, as root, against real daemons it starts and stops itself.
-# -tags seccomp, as the shim is built: shim/seccompbpf's tests check its
-# programs against runc's.
-test: binaries lint
-	$(GO) test -tags seccomp -count=1 -timeout 20m ./...
+# go.mod and go.sum say exactly what the code needs.
+check-tidy:
+	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
+
+# The generated protobuf code is what the .protos give (make proto).
+check-proto:
+	@hack/proto.sh --check
+
+# The layering (docs/dev/architecture.md): the shim and the snapshotter are
+# peers that import neither each other nor the clients; branch/ is the
+# domain core and imports none of them; the shim binary links no bbolt.
+check-imports:
+	@hack/check-imports.sh
+
+# The tests of pure logic: no root, no daemons, seconds.
+UNIT_PKGS := ./branch/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/
+unit:
+	$(GO) test -count=1 $(UNIT_PKGS)
+
+# Every other test, as root, against real daemons it starts and stops
+# itself (-tags seccomp, as the shim is built: shim/seccompbpf's tests check
+# its programs against runc's), then the leak check and the cgroup v2 VM
+# subset.
+integration: binaries
+	$(GO) test -tags seccomp -count=1 -timeout 20m $$($(GO) list -tags seccomp ./... | grep -vxF "$$($(GO) list $(UNIT_PKGS))")
 	@hack/leakcheck.sh
 	CGV2_NATIVE_SKIP=1 hack/test-cgroupv2.sh $(CGV2_SUBSET)
+
+# What CI runs (.ci/run).
+test: lint unit integration
 
 # The tests `make test` also runs on a cgroup-v2-only kernel in a VM when
 # the host is not cgroup v2 only (under emulation, 10-30x slower): those
@@ -165,6 +188,13 @@ install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 proto:
 	@hack/proto.sh
+
+# A small OCI image archive of the host's static busybox, for machines that
+# reach no registry: ctr images import --snapshotter branch bin/busybox.tar
+# (docs/private-containerd.md).
+image:
+	@mkdir -p $(BIN)
+	$(GO) run ./hack/busybox-image -o $(BIN)/busybox.tar
 
 # docs/containerd-config.toml is generated (internal/containerdconfig); a unit
 # test fails when it is stale.

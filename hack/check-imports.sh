@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The layering (docs/dev/architecture.md), checked on what `go list -deps`
+# says each package links: fails naming the package and what it must not
+# import.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+m=$(go list -m)
+bad=0
+# forbid PKGS PATTERN WHY: no package of PKGS may depend on one matching PATTERN.
+forbid() {
+	local pkgs=$1 pattern=$2 why=$3 p hits
+	for p in $(go list -tags seccomp "$pkgs"); do
+		hits=$(go list -tags seccomp -deps "$p" | grep -E "$pattern" || true)
+		if [ -n "$hits" ]; then
+			echo "$p must not import $(echo "$hits" | tr '\n' ' ')($why)"
+			bad=1
+		fi
+	done
+}
+forbid ./shim/... "^$m/(snapshotter|client|patterns)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+forbid ./snapshotter/... "^$m/(shim|client|patterns)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+forbid ./branch/... "^$m/(shim|snapshotter|client|patterns|cmd|internal/daemons)(/|$)" "branch/ is the domain core, below everything"
+forbid ./cmd/containerd-shim-branch-v1/... "^go.etcd.io/bbolt$|^$m/snapshotter" "the shim binary links neither bbolt nor the snapshotter"
+forbid "./cmd/..." "^$m/integration(/|$)" "the shipped binaries do not link tests"
+exit $bad
