@@ -149,7 +149,15 @@ CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSeal
 test-cgroupv2: binaries
 	VM_TIMEOUT=14400 PER_TEST_TIMEOUT=2400 GO_TIMEOUT=38m hack/test-cgroupv2.sh $(TESTS)
 
-bench: binaries
+# benchstat (golang.org/x/perf), pinned, prints make bench's table of medians.
+BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
+$(BIN)/.benchstat-$(BENCHSTAT_VERSION):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	@rm -f $(BIN)/.benchstat-*
+	@touch $@
+
+bench: binaries $(BIN)/.benchstat-$(BENCHSTAT_VERSION)
 	@hack/bench.sh
 
 # The crash loop of the branch contexts (TestContextsCrashLoop), long:

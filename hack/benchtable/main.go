@@ -1,4 +1,6 @@
-// Command benchtable reads `go test -bench` output and prints one table:
+// Command benchtable reads `go test -bench` output and prints one table
+// (make bench prints benchstat's medians first; this adds what benchstat
+// cannot show, the ratio of each row to its own baseline):
 // for every benchmark whose last name element is impl=NAME, the median of
 // impl=branch (branchbox) beside the median of each other impl (the
 // baselines measured in the same run), and their ratio.
@@ -121,5 +123,10 @@ func format(v float64, unit string) string {
 	if strings.HasPrefix(unit, "ns/") {
 		return time.Duration(v).Round(time.Microsecond / 10).String()
 	}
-	return strconv.FormatFloat(v, 'f', -1, 64) + " " + unit
+	// Four significant digits (whole numbers from 1000): a median of
+	// float samples prints as 273.4, not 273.41999999999996.
+	if v >= 1000 || v <= -1000 {
+		return strconv.FormatFloat(v, 'f', 0, 64) + " " + unit
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64) + " " + unit
 }
