@@ -29,9 +29,6 @@ import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
 
-// RuntimeName is the containerd runtime a sandbox must run on.
-const RuntimeName = "io.containerd.branch.v1"
-
 // criSandboxAnnotation groups a pod's containers into one shim.
 const criSandboxAnnotation = "io.kubernetes.cri.sandbox-id"
 

@@ -15,14 +15,6 @@ import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
 
-// SelfSocket is where a process inside a sandbox run with the annotation
-// io.branchbox.socket=true finds its own context's branch socket.
-const SelfSocket = "/run/branchbox/branch.sock"
-
-// SelfSocketEnv names another socket path for DialSelf (tests, tools that
-// run a context's socket elsewhere).
-const SelfSocketEnv = "BRANCHBOX_SOCKET"
-
 // SelfClient drives the caller's own branch context from inside a sandbox:
 // fork it, run in and wait for what it forked, commit or abort itself or
 // its descendants. Its socket reaches only its own context and the

@@ -17,13 +17,6 @@ import (
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 )
 
-// TTRPCSuffix names the snapshotter's ttrpc socket: the branch API is
-// served over gRPC at the snapshotter's address and over ttrpc at that
-// address with this suffix, as containerd serves its API beside its gRPC
-// socket. A call over ttrpc takes fewer hand-offs between threads, each of
-// which costs 100 us or more on a busy machine.
-const TTRPCSuffix = ".ttrpc"
-
 var branchService = branchv1.Branches_ServiceDesc.ServiceName
 
 // ErrNotSent marks a call that failed before it reached the snapshotter

@@ -7,6 +7,8 @@
 package shim
 
 import (
+	"github.com/branchbox/branchbox/branch"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,9 +54,6 @@ import (
 	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
-// RuntimeName is the containerd runtime type this shim serves.
-const RuntimeName = "io.containerd.branch.v1"
-
 // DefaultRoot is where the runtime keeps container state (runc's is
 // /run/containerd/runc), under a directory per containerd namespace.
 const DefaultRoot = "/run/containerd/branch"
@@ -62,7 +61,7 @@ const DefaultRoot = "/run/containerd/branch"
 // NewManager returns the shim manager: runc-v2's, for starting shims,
 // with the cleanup path (Stop) and Info pointed at this runtime.
 func NewManager() cshim.Manager {
-	return &shimManager{Manager: manager.NewShimManager(RuntimeName)}
+	return &shimManager{Manager: manager.NewShimManager(branch.RuntimeName)}
 }
 
 type shimManager struct {
@@ -205,7 +204,7 @@ func shimGroups(bundle, id string) []string {
 // running a runtime binary.
 func (m *shimManager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	info := &types.RuntimeInfo{
-		Name:    RuntimeName,
+		Name:    branch.RuntimeName,
 		Version: &types.RuntimeVersion{Version: version.Version, Revision: version.Revision},
 	}
 	var err error

@@ -12,6 +12,8 @@
 package main
 
 import (
+	"github.com/branchbox/branchbox/branch"
+
 	"context"
 	"flag"
 	"fmt"
@@ -26,8 +28,7 @@ import (
 )
 
 const (
-	defaultRoot    = "/var/lib/containerd-branch-snapshotter"
-	defaultAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
+	defaultRoot = "/var/lib/containerd-branch-snapshotter"
 	// faultEnv names a fault point (snapshotter.Fault*) at which the daemon
 	// kills itself with SIGKILL: the crash-safety tests arm it.
 	faultEnv = "BRANCHBOX_FAULT_POINT"
@@ -36,7 +37,7 @@ const (
 func main() {
 	var (
 		root     = flag.String("root", defaultRoot, "directory holding snapshots and metadata")
-		address  = flag.String("address", defaultAddress, "unix socket to serve the snapshots API on")
+		address  = flag.String("address", branch.DefaultSnapshotterAddress, "unix socket to serve the snapshots API on")
 		logLevel = flag.String("log-level", "info", "log level: trace, debug, info, warn, error")
 		reap     = flag.Duration("reap-interval", 5*time.Minute, "how often to remove orphaned snapshot and branch state (0: only at start)")
 	)

@@ -5,6 +5,8 @@
 package main
 
 import (
+	"github.com/branchbox/branchbox/branch"
+
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +17,7 @@ import (
 func main() {
 	var o containerdconfig.Options
 	var noCRI bool
-	flag.StringVar(&o.SnapshotterAddress, "snapshotter-address", containerdconfig.DefaultSnapshotterAddress, "the branch snapshotter's socket")
+	flag.StringVar(&o.SnapshotterAddress, "snapshotter-address", branch.DefaultSnapshotterAddress, "the branch snapshotter's socket")
 	flag.StringVar(&o.Platform, "platform", "", "platform of the unpack entries (default linux/GOARCH of this build)")
 	flag.StringVar(&o.SandboxImage, "sandbox-image", "", "CRI pause image (default: containerd's)")
 	flag.StringVar(&o.ShimPath, "shim-path", containerdconfig.DefaultShimPath, "absolute path of the installed containerd-shim-branch-v1, which the CRI handler runs")

@@ -8,14 +8,12 @@
 package containerdconfig
 
 import (
+	"github.com/branchbox/branchbox/branch"
+
 	"fmt"
 	"runtime"
 	"strings"
 )
-
-// DefaultSnapshotterAddress is where the snapshotter's systemd unit puts
-// its socket.
-const DefaultSnapshotterAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
 
 // RuntimeHandler is the CRI runtime handler (RuntimeClass handler) name.
 const RuntimeHandler = "branch"
@@ -75,7 +73,7 @@ type Options struct {
 // Render returns the configuration as TOML (config version 3).
 func Render(o Options) string {
 	if o.SnapshotterAddress == "" {
-		o.SnapshotterAddress = DefaultSnapshotterAddress
+		o.SnapshotterAddress = branch.DefaultSnapshotterAddress
 	}
 	if o.Platform == "" {
 		o.Platform = "linux/" + runtime.GOARCH

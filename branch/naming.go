@@ -1,0 +1,25 @@
+package branch
+
+// The names every side agrees on: the runtime, the sockets.
+
+// RuntimeName is the containerd runtime a sandbox must run on.
+const RuntimeName = "io.containerd.branch.v1"
+
+// TTRPCSuffix names the snapshotter's ttrpc socket: the branch API is
+// served over gRPC at the snapshotter's address and over ttrpc at that
+// address with this suffix, as containerd serves its API beside its gRPC
+// socket. A call over ttrpc takes fewer hand-offs between threads, each of
+// which costs 100 us or more on a busy machine.
+const TTRPCSuffix = ".ttrpc"
+
+// SelfSocket is where a process inside a sandbox run with the annotation
+// io.branchbox.socket=true finds its own context's branch socket.
+const SelfSocket = "/run/branchbox/branch.sock"
+
+// SelfSocketEnv names another socket path for DialSelf (tests, tools that
+// run a context's socket elsewhere).
+const SelfSocketEnv = "BRANCHBOX_SOCKET"
+
+// DefaultSnapshotterAddress is where the snapshotter serves by default (its
+// systemd unit, the generated containerd configuration).
+const DefaultSnapshotterAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
