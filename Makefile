@@ -114,12 +114,13 @@ check-proto:
 
 # The layering (docs/dev/architecture.md): the shim and the snapshotter are
 # peers that import neither each other nor the clients; branch/ is the
-# domain core and imports none of them; the shim binary links no bbolt.
+# domain core and imports none of them; the shim binary links no bbolt. The
+# shim calls the snapshotter through client/branchapi, its API client.
 check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 

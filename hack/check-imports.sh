@@ -17,7 +17,9 @@ forbid() {
 		fi
 	done
 }
-forbid ./shim/... "^$m/(snapshotter|client|patterns)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+# The shim calls the snapshotter's branch API through its client,
+# client/branchapi, and nothing else of client/.
+forbid ./shim/... "^$m/(snapshotter|patterns|client/oci)(/|$)|^$m/client$" "the shim and the snapshotter are peers; the clients are above both"
 forbid ./snapshotter/... "^$m/(shim|client|patterns)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
 forbid ./branch/... "^$m/(shim|snapshotter|client|patterns|cmd|internal/daemons)(/|$)" "branch/ is the domain core, below everything"
 forbid ./cmd/containerd-shim-branch-v1/... "^go.etcd.io/bbolt$|^$m/snapshotter" "the shim binary links neither bbolt nor the snapshotter"

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -24,7 +26,7 @@ import (
 
 // sandboxEnv runs a container "sb" on the branch snapshotter that keeps
 // running, and returns a branch client and the root naming its rootfs.
-func sandboxEnv(t *testing.T) (context.Context, *daemons.Env, *branch.Client, branch.Root) {
+func sandboxEnv(t *testing.T) (context.Context, *daemons.Env, *branchapi.Client, branch.Root) {
 	t.Helper()
 	ctx, env := startEnv(t)
 	importImage(t, ctx, env, "branch")
@@ -42,9 +44,9 @@ func sandboxEnv(t *testing.T) (context.Context, *daemons.Env, *branch.Client, br
 	return ctx, env, c, branch.Root{Upperdir: upper}
 }
 
-func dialBranches(t *testing.T, env *daemons.Env) *branch.Client {
+func dialBranches(t *testing.T, env *daemons.Env) *branchapi.Client {
 	t.Helper()
-	c, err := branch.Dial(env.SnapshotterAddress)
+	c, err := branchapi.Dial(env.SnapshotterAddress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +214,7 @@ func optionWith(opts []string, prefix string) string {
 // either complete or absent, the sandbox intact, and nothing left over.
 func TestBranchCrashSafety(t *testing.T) {
 	ctx, env, c, root := sandboxEnv(t)
-	crashAt := func(point string, op func(c *branch.Client) error) {
+	crashAt := func(point string, op func(c *branchapi.Client) error) {
 		t.Helper()
 		if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -278,12 +280,12 @@ func TestBranchCrashSafety(t *testing.T) {
 	}
 
 	// Fork dies before its transaction: absent.
-	crashAt(snapshotter.FaultForkDirs, func(c *branch.Client) error { _, err := c.Fork(ctx, branch.Ref{Root: root}, 2); return err })
+	crashAt(snapshotter.FaultForkDirs, func(c *branchapi.Client) error { _, err := c.Fork(ctx, branch.Ref{Root: root}, 2); return err })
 	if k := liveKids(); len(k) != 0 || layers() != 0 || !writable() {
 		t.Fatalf("fork crashed before commit: %d live branches, %d layers, writable %v", len(k), layers(), writable())
 	}
 	// Fork dies after its transaction, before sealing: complete, and sealed.
-	crashAt(snapshotter.FaultForkCommitted, func(c *branch.Client) error { _, err := c.Fork(ctx, branch.Ref{Root: root}, 2); return err })
+	crashAt(snapshotter.FaultForkCommitted, func(c *branchapi.Client) error { _, err := c.Fork(ctx, branch.Ref{Root: root}, 2); return err })
 	kids := liveKids()
 	if len(kids) != 2 || layers() != 2 || writable() {
 		t.Fatalf("fork crashed after commit: %d live branches, %d layers, writable %v", len(kids), layers(), writable())
@@ -302,7 +304,7 @@ func TestBranchCrashSafety(t *testing.T) {
 		want := "committed at " + point + "\n"
 		os.WriteFile(filepath.Join(d, "state"), []byte(want), 0o644)
 		mount.UnmountAll(d, 0)
-		crashAt(point, func(c *branch.Client) error {
+		crashAt(point, func(c *branchapi.Client) error {
 			_, err := c.Commit(ctx, branch.Ref{Root: root, Branch: kids[0].ID})
 			return err
 		})
@@ -325,7 +327,7 @@ func TestBranchCrashSafety(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := state()
-		crashAt(point, func(c *branch.Client) error {
+		crashAt(point, func(c *branchapi.Client) error {
 			_, err := c.Abort(ctx, branch.Ref{Root: root, Branch: kids[0].ID})
 			return err
 		})

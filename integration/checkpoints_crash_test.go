@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter"
 )
@@ -23,7 +25,7 @@ import (
 // temporary places.
 func TestCheckpointCrashSafety(t *testing.T) {
 	ctx, env, c, root := sandboxEnv(t)
-	crashAt := func(point string, op func(c *branch.Client) error) {
+	crashAt := func(point string, op func(c *branchapi.Client) error) {
 		t.Helper()
 		if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -78,7 +80,7 @@ func TestCheckpointCrashSafety(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh("echo two > /state; echo extra > /extra")
-	crashAt(snapshotter.FaultCheckpointWritten, func(c *branch.Client) error {
+	crashAt(snapshotter.FaultCheckpointWritten, func(c *branchapi.Client) error {
 		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "lost")
 		return err
 	})
@@ -86,7 +88,7 @@ func TestCheckpointCrashSafety(t *testing.T) {
 		t.Fatalf("checkpoint killed before its record: checkpoints %v, want only one", n)
 	}
 	leftovers(1)
-	crashAt(snapshotter.FaultCheckpointRecorded, func(c *branch.Client) error {
+	crashAt(snapshotter.FaultCheckpointRecorded, func(c *branchapi.Client) error {
 		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "two")
 		return err
 	})
@@ -97,7 +99,7 @@ func TestCheckpointCrashSafety(t *testing.T) {
 
 	for _, point := range []string{snapshotter.FaultRollbackDecided, snapshotter.FaultRollbackApplied, snapshotter.FaultRollbackFinished} {
 		sh("echo dirty > /state; echo more > /more; rm -f /extra")
-		crashAt(point, func(c *branch.Client) error { return c.Rollback(ctx, branch.Ref{Root: root}, "two") })
+		crashAt(point, func(c *branchapi.Client) error { return c.Rollback(ctx, branch.Ref{Root: root}, "two") })
 		if out := sh("cat /state /extra; test -e /more || echo no-more"); out != "two\nextra\nno-more\n" {
 			t.Fatalf("%s: the running container reads %q after restart, want checkpoint two's state", point, out)
 		}
@@ -113,12 +115,12 @@ func TestCheckpointCrashSafety(t *testing.T) {
 
 	// Deleting one, which two builds on, keeps its layer; deleting two then
 	// leaves both layers to the crash, which start-up removes.
-	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branch.Client) error { return c.DeleteCheckpoint(ctx, root, "one") })
+	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branchapi.Client) error { return c.DeleteCheckpoint(ctx, root, "one") })
 	if n := names(); len(n) != 1 || !n["two"] {
 		t.Fatalf("delete killed after its record: checkpoints %v, want two", n)
 	}
 	leftovers(2)
-	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branch.Client) error { return c.DeleteCheckpoint(ctx, root, "two") })
+	crashAt(snapshotter.FaultCheckpointDeleted, func(c *branchapi.Client) error { return c.DeleteCheckpoint(ctx, root, "two") })
 	if n := names(); len(n) != 0 {
 		t.Fatalf("delete killed after its record: checkpoints %v, want none", n)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // TestCheckpointsEndToEnd drives checkpoints of a running sandbox through
@@ -66,7 +67,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 	}
 
 	// Fork from the first checkpoint while the sandbox has moved on.
-	var kids []branch.ContextInfo
+	var kids []client.ContextInfo
 	if err := json.Unmarshal([]byte(ctl("fork", "sb", "--from", "first", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork --from: %v", err)
 	}
@@ -103,7 +104,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 }
 
 // sandboxPid is the host pid of the sandbox's own init.
-func sandboxPid(t *testing.T, sc *branch.SandboxClient) string {
+func sandboxPid(t *testing.T, sc *client.SandboxClient) string {
 	t.Helper()
 	nodes, err := sc.Tree(t.Context())
 	if err != nil {

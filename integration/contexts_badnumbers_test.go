@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // TestContextsBadNumbers: every number a fork or a kill takes is checked
@@ -41,7 +42,7 @@ func TestContextsBadNumbers(t *testing.T) {
 			t.Errorf("fork %v: want a line naming the number and ending in invalid argument, got %q", args, stderr)
 		}
 	}
-	if _, err := sc.Fork(ctx, branch.ForkOptions{Count: 0}); !errdefs.IsInvalidArgument(err) {
+	if _, err := sc.Fork(ctx, client.ForkOptions{Count: 0}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("fork of 0 branches through the client: %v, want invalid argument", err)
 	}
 	tree, err := sc.Tree(ctx)
@@ -54,8 +55,8 @@ func TestContextsBadNumbers(t *testing.T) {
 		}
 	}
 
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
-	p, err := sc.Exec(ctx, kids[0].ID, branch.ExecOptions{Args: []string{"sleep", "1000"}})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
+	p, err := sc.Exec(ctx, kids[0].ID, client.ExecOptions{Args: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
@@ -30,7 +30,7 @@ import (
 // rootfs holds 10,000 more files (the size the fork targets are set for),
 // and returns a branch context client and its rootfs upper directory.
 // extra are more flags for ctr run.
-func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string, extra ...string) (*branch.SandboxClient, string) {
+func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string, extra ...string) (*client.SandboxClient, string) {
 	b.Helper()
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
 	args = append(args, ociimage.ImageRef, id,
@@ -47,7 +47,7 @@ func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string
 			b.Fatal("bench sandbox did not get ready")
 		}
 	}
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -80,19 +80,19 @@ type copyFork struct {
 	upper string
 }
 
-func startCopy(b *testing.B, ctx context.Context, client *containerd.Client, sandboxUpper, id string) copyFork {
+func startCopy(b *testing.B, ctx context.Context, cc *containerd.Client, sandboxUpper, id string) copyFork {
 	b.Helper()
-	img, err := client.GetImage(ctx, ociimage.ImageRef)
+	img, err := cc.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := client.NewContainer(ctx, id, containerd.WithSnapshotter("overlayfs"), containerd.WithNewSnapshot(id, img),
+	c, err := cc.NewContainer(ctx, id, containerd.WithSnapshotter("overlayfs"), containerd.WithNewSnapshot(id, img),
 		containerd.WithRuntime("io.containerd.runc.v2", nil),
 		containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sleep", "100000")))
 	if err != nil {
 		b.Fatal(err)
 	}
-	ms, err := client.SnapshotService("overlayfs").Mounts(ctx, id)
+	ms, err := cc.SnapshotService("overlayfs").Mounts(ctx, id)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -120,9 +120,9 @@ func startCopy(b *testing.B, ctx context.Context, client *containerd.Client, san
 // and writes everything out, so that the next benchmark does not run
 // during that work: its own syncs (a seal's, a commit's decision) would
 // wait for it.
-func settle(b *testing.B, ctx context.Context, client *containerd.Client) {
+func settle(b *testing.B, ctx context.Context, cc *containerd.Client) {
 	b.Helper()
-	ls := client.LeasesService()
+	ls := cc.LeasesService()
 	l, err := ls.Create(ctx, leases.WithRandomID())
 	if err != nil {
 		b.Fatal(err)
@@ -137,7 +137,7 @@ func (f copyFork) remove(b *testing.B, ctx context.Context) {
 	benchRemove(b, ctx, f.c, f.task)
 }
 
-func abortAll(b *testing.B, ctx context.Context, sc *branch.SandboxClient, kids []branch.ContextInfo) {
+func abortAll(b *testing.B, ctx context.Context, sc *client.SandboxClient, kids []client.ContextInfo) {
 	b.Helper()
 	for _, k := range kids {
 		if _, err := sc.Abort(ctx, k.ID); err != nil {
@@ -149,7 +149,7 @@ func abortAll(b *testing.B, ctx context.Context, sc *branch.SandboxClient, kids 
 // BenchmarkContextFork: fork of n branches of a running 10,000-file
 // sandbox, each with its init running, against fork by copy.
 func BenchmarkContextFork(b *testing.B) {
-	ctx, env, client, _ := benchEnv(b)
+	ctx, env, cc, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "bfork")
 	for _, n := range []int{1, 8, 64} {
@@ -165,7 +165,7 @@ func BenchmarkContextFork(b *testing.B) {
 			for b.Loop() {
 				var fs []copyFork
 				for j := 0; j < n; j++ {
-					fs = append(fs, startCopy(b, ctx, client, upper, fmt.Sprintf("cp-%d-%d-%d", n, i, j)))
+					fs = append(fs, startCopy(b, ctx, cc, upper, fmt.Sprintf("cp-%d-%d-%d", n, i, j)))
 				}
 				i++
 				b.StopTimer()
@@ -174,7 +174,7 @@ func BenchmarkContextFork(b *testing.B) {
 				}
 				b.StartTimer()
 			}
-			settle(b, ctx, client)
+			settle(b, ctx, cc)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
 		})
 	}
@@ -224,12 +224,12 @@ func BenchmarkContextForkOpenFiles(b *testing.B) {
 	for _, n := range []int{1, 8} {
 		for _, tc := range []struct {
 			impl, seal string
-			sc         *branch.SandboxClient
+			sc         *client.SandboxClient
 		}{{"plain", "", plain}, {"branch", "", open}, {"unlinked", "", unlinked}, {"plain-freeze", "freeze", plain}, {"openfiles-freeze", "freeze", open}} {
 			b.Run(fmt.Sprintf("n=%d/impl=%s", n, tc.impl), func(b *testing.B) {
 				quiesce(b)
 				for b.Loop() {
-					kids, err := tc.sc.Fork(ctx, branch.ForkOptions{Count: n, Seal: tc.seal})
+					kids, err := tc.sc.Fork(ctx, client.ForkOptions{Count: n, Seal: tc.seal})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -261,7 +261,7 @@ func BenchmarkContextForkSeccomp(b *testing.B) {
 		{"branch", []string{"--seccomp"}},
 		{"runtime", []string{"--seccomp", "--cap-add", "CAP_SYS_PTRACE"}},
 	}
-	scs := map[string]*branch.SandboxClient{}
+	scs := map[string]*client.SandboxClient{}
 	for _, s := range sandboxes {
 		scs[s.impl], _ = benchSandbox(b, ctx, env, "bsec-"+s.impl, s.args...)
 	}
@@ -322,25 +322,25 @@ func BenchmarkContextForkSeccomp(b *testing.B) {
 // BenchmarkContextExec: exec of `true` in a branch to its exit status,
 // against the same in a runc-v2 container.
 func BenchmarkContextExec(b *testing.B) {
-	ctx, env, client, _ := benchEnv(b)
+	ctx, env, cc, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "bexec")
 	b.Run("impl=branch", func(b *testing.B) {
-		k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		k, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer abortAll(b, ctx, sc, k)
 		quiesce(b)
 		for b.Loop() {
-			if st, err := sc.Run(ctx, k[0].ID, branch.ExecOptions{Args: []string{"true"}}); err != nil || st.Code != 0 {
+			if st, err := sc.Run(ctx, k[0].ID, client.ExecOptions{Args: []string{"true"}}); err != nil || st.Code != 0 {
 				b.Fatal(st, err)
 			}
 		}
 	})
 	b.Run("impl=copy", func(b *testing.B) {
-		f := startCopy(b, ctx, client, upper, "cp-exec")
-		defer settle(b, ctx, client)
+		f := startCopy(b, ctx, cc, upper, "cp-exec")
+		defer settle(b, ctx, cc)
 		defer f.remove(b, ctx)
 		spec, err := f.task.Spec(ctx)
 		if err != nil {
@@ -376,18 +376,18 @@ func BenchmarkContextExec(b *testing.B) {
 // fork by copy "commits" by copying its upper layer back into the
 // sandbox's and removing the copy.
 func BenchmarkContextCommit(b *testing.B) {
-	ctx, env, client, _ := benchEnv(b)
+	ctx, env, cc, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "bcommit")
 	b.Run("impl=branch", func(b *testing.B) {
 		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
-			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+			k, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if st, err := sc.Run(ctx, k[0].ID, branch.ExecOptions{Args: []string{"sh", "-c", "head -c 1024 /dev/urandom > /change"}}); err != nil || st.Code != 0 {
+			if st, err := sc.Run(ctx, k[0].ID, client.ExecOptions{Args: []string{"sh", "-c", "head -c 1024 /dev/urandom > /change"}}); err != nil || st.Code != 0 {
 				b.Fatal(st, err)
 			}
 			b.StartTimer()
@@ -401,7 +401,7 @@ func BenchmarkContextCommit(b *testing.B) {
 		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
-			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-commit-%d", i))
+			f := startCopy(b, ctx, cc, upper, fmt.Sprintf("cp-commit-%d", i))
 			i++
 			if err := os.WriteFile(filepath.Join(f.upper, "change"), make([]byte, 1024), 0o644); err != nil {
 				b.Fatal(err)
@@ -412,21 +412,21 @@ func BenchmarkContextCommit(b *testing.B) {
 			}
 			f.remove(b, ctx)
 		}
-		settle(b, ctx, client)
+		settle(b, ctx, cc)
 	})
 }
 
 // BenchmarkContextAbort: abort of a branch with its init running, against
 // removing a copy.
 func BenchmarkContextAbort(b *testing.B) {
-	ctx, env, client, _ := benchEnv(b)
+	ctx, env, cc, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
 	sc, upper := benchSandbox(b, ctx, env, "babort")
 	b.Run("impl=branch", func(b *testing.B) {
 		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
-			k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+			k, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -439,12 +439,12 @@ func BenchmarkContextAbort(b *testing.B) {
 		quiesce(b)
 		for b.Loop() {
 			b.StopTimer()
-			f := startCopy(b, ctx, client, upper, fmt.Sprintf("cp-abort-%d", i))
+			f := startCopy(b, ctx, cc, upper, fmt.Sprintf("cp-abort-%d", i))
 			i++
 			b.StartTimer()
 			f.remove(b, ctx)
 		}
-		settle(b, ctx, client)
+		settle(b, ctx, cc)
 	})
 }
 
@@ -491,7 +491,7 @@ func BenchmarkContextRead(b *testing.B) {
 	// Written out before either side reads: otherwise the first side read
 	// (the branch) runs while the kernel writes back 256 MiB of dirty pages.
 	syncFile(b, filepath.Join(upper, "big"))
-	k, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+	k, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -594,14 +594,14 @@ func BenchmarkContextPageCache(b *testing.B) {
 			quiesce(b)
 			for b.Loop() {
 				b.StopTimer()
-				kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+				kids, err := sc.Fork(ctx, client.ForkOptions{Count: n})
 				if err != nil {
 					b.Fatal(err)
 				}
 				evict(b, file)
 				b.StartTimer()
 				for _, k := range kids {
-					if st, err := sc.Run(ctx, k.ID, branch.ExecOptions{Args: []string{"cat", "/shared"}}); err != nil || st.Code != 0 {
+					if st, err := sc.Run(ctx, k.ID, client.ExecOptions{Args: []string{"cat", "/shared"}}); err != nil || st.Code != 0 {
 						b.Fatal(st, err)
 					}
 				}
@@ -623,20 +623,20 @@ func BenchmarkContextPageCache(b *testing.B) {
 // back and each shares the CPUs with the previous one's clean-up. Besides
 // the mean it reports the median fork (ns/branch-p50), which a few forks
 // that met the machine's other work do not move.
-func benchForks(b *testing.B, ctx context.Context, sc *branch.SandboxClient, n int, rest time.Duration) {
+func benchForks(b *testing.B, ctx context.Context, sc *client.SandboxClient, n int, rest time.Duration) {
 	benchForksAlternate(b, ctx, sc, nil, n, rest)
 }
 
 // benchForksAlternate is benchForks with, if other is not nil, an untimed
 // fork of n branches of other, aborted (and rest after it), before each
 // timed fork of sc.
-func benchForksAlternate(b *testing.B, ctx context.Context, sc, other *branch.SandboxClient, n int, rest time.Duration) {
+func benchForksAlternate(b *testing.B, ctx context.Context, sc, other *client.SandboxClient, n int, rest time.Duration) {
 	quiesce(b)
 	var each []time.Duration
 	for b.Loop() {
 		if other != nil {
 			b.StopTimer()
-			kids, err := other.Fork(ctx, branch.ForkOptions{Count: n})
+			kids, err := other.Fork(ctx, client.ForkOptions{Count: n})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -645,7 +645,7 @@ func benchForksAlternate(b *testing.B, ctx context.Context, sc, other *branch.Sa
 			b.StartTimer()
 		}
 		t0 := time.Now()
-		kids, err := sc.Fork(ctx, branch.ForkOptions{Count: n})
+		kids, err := sc.Fork(ctx, client.ForkOptions{Count: n})
 		each = append(each, time.Since(t0))
 		if err != nil {
 			b.Fatal(err)

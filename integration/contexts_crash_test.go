@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/snapshotter"
 )
@@ -31,7 +34,7 @@ func daemonScript(marker string) string {
 // startDaemon writes a marker in branch k and leaves a daemon running in it;
 // it returns the branch's processes seen from the host once the daemon is
 // among them.
-func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, k branch.ContextInfo, marker string) []hostProc {
+func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo, marker string) []hostProc {
 	t.Helper()
 	mustRun(t, ctx, sc, k.ID, "sh", "-c", daemonScript(marker))
 	var procs []hostProc
@@ -49,7 +52,7 @@ func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch
 
 // runsFreely says whether a command runs in branch k within a few seconds
 // (it would not in a frozen branch).
-func runsFreely(ctx context.Context, sc *branch.SandboxClient, k, want string, args ...string) bool {
+func runsFreely(ctx context.Context, sc *client.SandboxClient, k, want string, args ...string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	out, st, err := runErr(ctx, sc, k, args...)
@@ -88,13 +91,13 @@ func rootMarkers(t *testing.T, ctx context.Context, env *daemons.Env, id string)
 // snapshotterRoot dials env's snapshotter directly (behind the shim's
 // back) and names the root of sandbox id there; the caller closes the
 // client.
-func snapshotterRoot(t *testing.T, env *daemons.Env, id string) (*branch.Client, branch.Root) {
+func snapshotterRoot(t *testing.T, env *daemons.Env, id string) (*branchapi.Client, branch.Root) {
 	t.Helper()
 	upper, err := env.RootfsUpperdir(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := branch.Dial(env.SnapshotterAddress)
+	c, err := branchapi.Dial(env.SnapshotterAddress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +133,7 @@ func liveInSnapshotter(t *testing.T, ctx context.Context, env *daemons.Env, id s
 }
 
 // runningInShim lists the branches the shim runs a context for.
-func runningInShim(t *testing.T, ctx context.Context, sc *branch.SandboxClient) []string {
+func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) []string {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)
 	if err != nil {
@@ -212,7 +215,7 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 
 	t.Run("stopped", func(t *testing.T) {
 		restart(t)
-		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+		kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 		a, b := kids[0], kids[1]
 		aProcs := startDaemon(t, ctx, env, sc, a, "stopped-a")
 		bProcs := startDaemon(t, ctx, env, sc, b, "stopped-b")
@@ -257,7 +260,7 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			restart(t)
 			before := rootMarkers(t, ctx, env, "sb")
-			kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3})
+			kids := fork(t, ctx, sc, client.ForkOptions{Count: 3})
 			a := kids[0]
 			marker := "won-" + strings.ReplaceAll(point, ":", "-")
 			aProcs := startDaemon(t, ctx, env, sc, a, marker)

@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 	"github.com/branchbox/branchbox/snapshotter"
@@ -73,16 +74,16 @@ type crashOp struct {
 }
 
 func crashLoop(t *testing.T, victim string, rounds int) {
-	ctx, env, client := shimEnv(t)
+	ctx, env, cc := shimEnv(t)
 	// The env's context ends after five minutes; a long loop runs for
 	// longer (go test's -timeout bounds it).
 	ctx = context.WithoutCancel(ctx)
 	const id = "cl"
-	img, err := client.GetImage(ctx, ociimage.ImageRef)
+	img, err := cc.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cont, err := client.NewContainer(ctx, id,
+	cont, err := cc.NewContainer(ctx, id,
 		containerd.WithSnapshotter("branch"),
 		containerd.WithNewSnapshot(id, img),
 		containerd.WithRuntime(branchRuntime, nil),
@@ -93,7 +94,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	}
 	var (
 		task    containerd.Task
-		sc      *branch.SandboxClient
+		sc      *client.SandboxClient
 		shimPid int
 		sockets []string
 	)
@@ -157,7 +158,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 		if sc != nil {
 			sc.Close()
 		}
-		if sc, err = branch.NewSandboxClient(ctx, env.Address, env.Namespace, id); err != nil {
+		if sc, err = client.NewSandboxClient(ctx, env.Address, env.Namespace, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -173,7 +174,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	stats := map[string]int{}        // the operation each kill interrupted
 	window := 300 * time.Millisecond // the kill comes within this of a round's start
 	for r := 0; r < rounds; r++ {
-		var kids []branch.ContextInfo
+		var kids []client.ContextInfo
 		winner := -1
 		target := ""
 		if len(ckptOrder) > 0 && rng.Intn(2) == 0 {
@@ -190,7 +191,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 				return nil
 			}},
 			{"fork", func(ctx context.Context) (err error) {
-				kids, err = sc.Fork(ctx, branch.ForkOptions{Count: 2})
+				kids, err = sc.Fork(ctx, client.ForkOptions{Count: 2})
 				return err
 			}},
 			{"daemons", func(ctx context.Context) error {
@@ -388,7 +389,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 // and aborts the branches left live, so that the next round starts from
 // the sandbox alone; state becomes the sandbox's markers. It says whether
 // the sandbox holds the last of the allowed states.
-func checkCrashRound(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
+func checkCrashRound(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, id string, r int, interrupted string, allowed [][]string, procs []hostProc, state *[]string) bool {
 	t.Helper()
 	fail := func(format string, args ...any) {
 		t.Helper()

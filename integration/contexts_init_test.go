@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // confinement is what a process reports of its confinement: capability
@@ -48,7 +49,7 @@ func testBranchInit(t *testing.T, extra ...string) {
 	// early part of their roots before it: both are checked, and their
 	// mounts (all but the rootfs, without ids and device numbers) must be
 	// the same.
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	const mounts = `awk '$5 != "/" {$1=$2=$3=""; print}' /proc/self/mountinfo`
 	first := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", mounts)
 	for _, k := range kids {
@@ -56,7 +57,7 @@ func testBranchInit(t *testing.T, extra ...string) {
 			t.Fatal(err)
 		}
 	}
-	kids = fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids = fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", mounts); got != first {
 		t.Errorf("mounts of a branch whose init was started ahead:\n%s\nwant as a first fork's:\n%s", got, first)
 	}
@@ -117,7 +118,7 @@ func testBranchInit(t *testing.T, extra ...string) {
 // works the same.
 func TestContextsRuntimeFallback(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t, "--seccomp", "--cap-add", "CAP_SYS_PTRACE")
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	for _, k := range kids {
 		assertDomainCgroup(t, "branch "+k.ID+" started by the runtime", k.Cgroup)
 	}
@@ -160,7 +161,7 @@ func TestContextsWarmInits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1 + i%3})
+		kids := fork(t, ctx, sc, client.ForkOptions{Count: 1 + i%3})
 		for _, k := range kids {
 			if !strings.HasSuffix(k.Cgroup, "/b"+k.ID) {
 				t.Fatalf("round %d: branch %s has cgroup %s, want one named b%s", i, k.ID, k.Cgroup, k.ID)

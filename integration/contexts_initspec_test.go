@@ -6,13 +6,14 @@ import (
 	"context"
 	"testing"
 
+	"github.com/branchbox/branchbox/client"
+
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
@@ -28,13 +29,13 @@ const schedReport = `cut -d' ' -f19,41 /proc/self/stat; ionice -p $$; grep Cpus_
 // with clock offsets has its branches started by the branch init, and a
 // process exec'd into a branch gets what one exec'd into the sandbox gets.
 func TestContextsInitSchedTimens(t *testing.T) {
-	ctx, env, client := shimEnv(t)
-	img, err := client.GetImage(ctx, ociimage.ImageRef)
+	ctx, env, cc := shimEnv(t)
+	img, err := cc.GetImage(ctx, ociimage.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const year = 365 * 24 * 3600
-	c, err := client.NewContainer(ctx, "sb",
+	c, err := cc.NewContainer(ctx, "sb",
 		containerd.WithSnapshotter("branch"),
 		containerd.WithNewSnapshot("sb", img),
 		containerd.WithRuntime(branchRuntime, nil),
@@ -62,7 +63,7 @@ func TestContextsInitSchedTimens(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestContextsInitSchedTimens(t *testing.T) {
 	if want != "5 3\nbest-effort: prio 6\nCpus_allowed_list:0\nboottime-offset\n" {
 		t.Fatalf("a process exec'd into the sandbox reports:\n%s\nnot what its spec asks", want)
 	}
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
 	if got := mustRun(t, ctx, sc, kids[0].ID, "cat", "/proc/1/comm"); got != "brinit\n" {
 		t.Fatalf("branch's PID 1 is %q; want the branch init", got)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -50,7 +51,7 @@ func TestContextsPause(t *testing.T) {
 }
 
 // liveBranchIDs is the ids of the live branches of the sandbox's tree.
-func liveBranchIDs(t *testing.T, ctx context.Context, sc *branch.SandboxClient) []string {
+func liveBranchIDs(t *testing.T, ctx context.Context, sc *client.SandboxClient) []string {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)
 	if err != nil {
@@ -68,19 +69,19 @@ func liveBranchIDs(t *testing.T, ctx context.Context, sc *branch.SandboxClient) 
 
 func testPause(t *testing.T, extra []string) {
 	ctx, env, sc := sandboxCtxEnv(t, extra...)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 3})
 	a, b, c := kids[0], kids[1], kids[2]
 	mustRun(t, ctx, sc, b.ID, "sh", "-c", "echo from-b > /state")
-	nested := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: c.ID})[0]
+	nested := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: c.ID})[0]
 	mustRun(t, ctx, sc, nested.ID, "sh", "-c", "echo from-nested > /state")
 	// A process of a, for kill and wait while paused.
-	sleeper, err := sc.Exec(ctx, a.ID, branch.ExecOptions{Args: []string{"sleep", "100000"}})
+	sleeper, err := sc.Exec(ctx, a.ID, client.ExecOptions{Args: []string{"sleep", "100000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sleeper.Close()
 
-	client, task := sandboxTask(t, ctx, env, "sb")
+	cc, task := sandboxTask(t, ctx, env, "sb")
 	// Runs before the sandbox's removal (cleanups run last first), so that
 	// a failed test leaves nothing frozen.
 	t.Cleanup(func() { _ = task.Resume(context.WithoutCancel(ctx)) })
@@ -90,7 +91,7 @@ func testPause(t *testing.T, extra []string) {
 	// commit whose callers give up while they wait behind it must do
 	// nothing once it is done.
 	type result struct {
-		kids []branch.ContextInfo
+		kids []client.ContextInfo
 		err  error
 	}
 	snap := env.SnapshotterPid()
@@ -110,7 +111,7 @@ func testPause(t *testing.T, extra []string) {
 	go func() {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		k, err := sc.Fork(fctx, branch.ForkOptions{Count: 2})
+		k, err := sc.Fork(fctx, client.ForkOptions{Count: 2})
 		bigFork <- result{k, err}
 	}()
 	waitUntil(t, "the fork to reach the stopped snapshotter", 10*time.Second, func() bool {
@@ -120,7 +121,7 @@ func testPause(t *testing.T, extra []string) {
 	go func() {
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
-		k, err := sc.Fork(qctx, branch.ForkOptions{Count: 1, Parent: a.ID})
+		k, err := sc.Fork(qctx, client.ForkOptions{Count: 1, Parent: a.ID})
 		quickFork <- result{k, err}
 	}()
 	go func() {
@@ -182,11 +183,11 @@ func testPause(t *testing.T, extra []string) {
 		return err
 	}
 	wantPaused("fork", quick("fork", func(ctx context.Context) error {
-		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		_, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 		return err
 	}))
 	wantPaused("fork of a branch", quick("fork of a branch", func(ctx context.Context) error {
-		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1, Parent: b.ID})
+		_, err := sc.Fork(ctx, client.ForkOptions{Count: 1, Parent: b.ID})
 		return err
 	}))
 	wantPaused("exec", quick("exec", func(ctx context.Context) error {
@@ -227,7 +228,7 @@ func testPause(t *testing.T, extra []string) {
 	}); err != nil {
 		t.Errorf("rollback of a branch of the paused sandbox to its checkpoint: %v", err)
 	}
-	var nodes []branch.ContextInfo
+	var nodes []client.ContextInfo
 	if err := quick("tree", func(ctx context.Context) (err error) {
 		nodes, err = sc.Tree(ctx)
 		return err
@@ -248,7 +249,7 @@ func testPause(t *testing.T, extra []string) {
 	// containerd's client refuses to delete a paused task itself; its task
 	// service passes the delete to the shim, which must not end the
 	// branches of a sandbox it cannot delete.
-	_, err = client.TaskService().Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: "sb"})
+	_, err = cc.TaskService().Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: "sb"})
 	wantPaused("delete of the task", errgrpc.ToNative(err))
 
 	if err := task.Resume(ctx); err != nil {
@@ -277,7 +278,7 @@ func testPause(t *testing.T, extra []string) {
 	// Frozen behind the shim's back, as runc pause does: refused the same.
 	thawBehind := freezeBehind(t, env)
 	wantPaused("fork of a sandbox frozen outside containerd", quick("fork of a sandbox frozen outside containerd", func(ctx context.Context) error {
-		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		_, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 		return err
 	}))
 	wantPaused("commit in a sandbox frozen outside containerd", quick("commit in a sandbox frozen outside containerd", func(ctx context.Context) error {
@@ -296,7 +297,7 @@ func testPause(t *testing.T, extra []string) {
 		t.Helper()
 		fctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		made, err := sc.Fork(fctx, branch.ForkOptions{Count: 4, Parent: c.ID})
+		made, err := sc.Fork(fctx, client.ForkOptions{Count: 4, Parent: c.ID})
 		if err == nil {
 			for _, k := range made {
 				want = append(want, k.ID)
@@ -317,7 +318,7 @@ func testPause(t *testing.T, extra []string) {
 	giveUp("while the snapshotter held it", 300*time.Millisecond)
 
 	// Everything works again.
-	again := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: b.ID})
+	again := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: b.ID})
 	if _, err := sc.Abort(ctx, again[0].ID); err != nil {
 		t.Fatalf("abort after the resume: %v", err)
 	}
@@ -364,7 +365,7 @@ func freezeBehind(t *testing.T, env *daemons.Env) func() {
 // delete) kills them although the frozen sandbox keeps them frozen.
 func TestContextsPauseShimDeath(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	daemon := `setsid sh -c 'trap "" TERM; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 & echo started`
 	var procs []hostProc
 	for _, k := range kids {
@@ -403,8 +404,8 @@ func TestContextsPauseShimDeath(t *testing.T) {
 // caller gave up; once its branch is aborted, exec works again.
 func TestContextsExecFrozenBranch(t *testing.T) {
 	ctx, _, sc := sandboxCtxEnv(t)
-	a := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
-	kid := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: a.ID, Seal: "freeze"})[0]
+	a := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: a.ID, Seal: "freeze"})[0]
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -55,9 +56,9 @@ func TestContextsPidsLimit(t *testing.T) {
 }
 
 func testPidsLimit(t *testing.T, initPath bool, caps []string) {
-	ctx, env, client := shimEnv(t)
+	ctx, env, cc := shimEnv(t)
 	importInsockImage(t, ctx, env)
-	sc := runPidsSandbox(t, ctx, env, client, "sb", caps)
+	sc := runPidsSandbox(t, ctx, env, cc, "sb", caps)
 	cg := rootCgroup(t, ctx, sc)
 	pidsDir := filepath.Join("/sys/fs/cgroup/pids", cg)
 	if _, err := os.Stat(filepath.Join(pidsDir, "pids.max")); err != nil {
@@ -93,11 +94,11 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	check("before any fork")
 
 	// One at a time until the limit refuses one.
-	var made []branch.ContextInfo
+	var made []client.ContextInfo
 	var last error
 	for i := 0; i < pidsLimit+2; i++ {
 		before := forkState(t, ctx, env, sc, cg)
-		kids, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+		kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 		check(fmt.Sprintf("after fork %d", i+1))
 		if err != nil {
 			last = err
@@ -160,7 +161,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	// More than the whole limit: what is left may grow while the aborted
 	// branches' last processes are reaped (on v1 the forking thread's one
 	// pid hid that).
-	_, err := sc.Fork(ctx, branch.ForkOptions{Count: int(max) + 1})
+	_, err := sc.Fork(ctx, client.ForkOptions{Count: int(max) + 1})
 	refused(err, "fork of more than is left")
 	if !strings.Contains(err.Error(), "free, the fork needs") {
 		t.Errorf("a fork of more than is left was not refused up front: %v", err)
@@ -174,7 +175,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 		// Refused by the kernel mid-fork: the branch's own limit of 1
 		// leaves its init no room for its command. Rolled back.
 		before := forkState(t, ctx, env, sc, cg)
-		_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1, Pids: 1, Args: []string{"sleep", "1000"}})
+		_, err := sc.Fork(ctx, client.ForkOptions{Count: 1, Pids: 1, Args: []string{"sleep", "1000"}})
 		if err == nil || !errdefs.IsResourceExhausted(err) || strings.Contains(err.Error(), "\n") ||
 			!strings.Contains(err.Error(), "the new branch's own process limit (pids.max 1)") {
 			t.Errorf("a command over its branch's own limit: %v; want one line naming that limit", err)
@@ -244,16 +245,16 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 			}
 		}
 	}
-	fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	check("after forking again")
 }
 
 // runPidsSandbox runs sandbox id of the insock image (busybox and
 // branchctl) with the branch socket and the process limit pidsLimit, and
 // caps added to its process.
-func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, client *containerd.Client, id string, caps []string) *branch.SandboxClient {
+func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, cc *containerd.Client, id string, caps []string) *client.SandboxClient {
 	t.Helper()
-	img, err := client.GetImage(ctx, insockImage)
+	img, err := cc.GetImage(ctx, insockImage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, client 
 	if len(caps) > 0 {
 		opts = append(opts, oci.WithAddedCapabilities(caps))
 	}
-	c, err := client.NewContainer(ctx, id,
+	c, err := cc.NewContainer(ctx, id,
 		containerd.WithSnapshotter("branch"),
 		containerd.WithNewSnapshot(id, img),
 		containerd.WithRuntime(branchRuntime, nil),
@@ -278,7 +279,7 @@ func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, client 
 	if err := task.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func runPidsSandbox(t *testing.T, ctx context.Context, env *daemons.Env, client 
 }
 
 // rootCgroup is the sandbox's cgroup path, as its tree says.
-func rootCgroup(t *testing.T, ctx context.Context, sc *branch.SandboxClient) string {
+func rootCgroup(t *testing.T, ctx context.Context, sc *client.SandboxClient) string {
 	t.Helper()
 	tree, err := sc.Tree(ctx)
 	if err != nil {
@@ -321,7 +322,7 @@ func readCount(t *testing.T, dir, file string) int64 {
 // hierarchy (but the warm pool's, which fills in the background). The
 // removal of an aborted branch's cgroups goes on after the abort replies:
 // the state is read until two reads agree.
-func forkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, cg string) []string {
+func forkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, cg string) []string {
 	t.Helper()
 	prev := readForkState(t, ctx, env, sc, cg)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
@@ -336,7 +337,7 @@ func forkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.S
 	return nil
 }
 
-func readForkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, cg string) []string {
+func readForkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, cg string) []string {
 	t.Helper()
 	tree, err := sc.Tree(ctx)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -57,7 +58,7 @@ func TestContextsSealUnlinkedOpen(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
 	startInSandbox(t, ctx, env, "cp /bin/busybox /bb2 && touch /bb2.ready && exec /bb2 sleep 100000", "/bb2.ready")
 
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
 	mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "cp /bin/busybox /bb.new && mv /bb.new /bin/busybox && cp /bb2 /bb.new && mv /bb.new /bb2 && echo v2 > /marker")
 	if _, err := sc.Commit(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
@@ -67,7 +68,7 @@ func TestContextsSealUnlinkedOpen(t *testing.T) {
 	startInSandbox(t, ctx, env, "echo held > /held && exec 3</held && rm /held && touch /held.ready && exec sleep 100000", "/held.ready")
 
 	for round := 0; round < 3; round++ {
-		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+		kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 		sandboxWriteRefused(t, ctx, env, "round "+strconv.Itoa(round))
 		for _, k := range kids {
 			if got := mustRun(t, ctx, sc, k.ID, "sh", "-c", "cat /marker && echo "+k.ID+" > /mine && cat /mine"); got != "v2\n"+k.ID+"\n" {
@@ -124,7 +125,7 @@ func TestContextsSealWriters(t *testing.T) {
 	startInSandbox(t, ctx, env, dbWriter, "/db.ready")
 
 	for _, seal := range []string{"", "freeze", ""} {
-		kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Seal: seal})
+		kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Seal: seal})
 		// The sandbox is still; its branches see it as it is.
 		db, lg := hostRead(t, pid, "/db"), hostRead(t, pid, "/log")
 		var seen []string
@@ -169,7 +170,7 @@ func TestContextsSealWriters(t *testing.T) {
 	}
 }
 
-func k0(kids []branch.ContextInfo) string { return kids[0].ID }
+func k0(kids []client.ContextInfo) string { return kids[0].ID }
 
 // TestContextsSealWriterOutside: a file of the sandbox's rootfs held open
 // for writing by a process that is not the sandbox's (here, on the host,
@@ -186,7 +187,7 @@ func TestContextsSealWriterOutside(t *testing.T) {
 	t.Cleanup(func() { _ = w.Process.Kill(); _ = w.Wait() })
 	waitFor(t, func() bool { _, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/root/hostlog"); return err == nil })
 	time.Sleep(100 * time.Millisecond) // the exec of sleep, keeping fd 3
-	_, err := sc.Fork(ctx, branch.ForkOptions{Count: 1})
+	_, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
 	var we *branch.WritersError
 	if !errors.As(err, &we) || !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("fork with a writer outside the sandbox: %v; want a WritersError", err)
@@ -207,7 +208,7 @@ func TestContextsSealWriterOutside(t *testing.T) {
 	}
 	_ = w.Process.Kill()
 	_ = w.Wait()
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
 	sandboxWriteRefused(t, ctx, env, "writer gone")
 	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -42,7 +42,7 @@ func importSysprobeImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 
 // runProbeSandbox runs sandbox id of the sysprobe image with ctr's extra
 // flags and returns a branch context client for it.
-func runProbeSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, extra ...string) *branch.SandboxClient {
+func runProbeSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, extra ...string) *client.SandboxClient {
 	t.Helper()
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
 	args = append(args, sysprobeImage, id, "sh", "-c", "echo before > /state; exec sleep 100000")
@@ -51,7 +51,7 @@ func runProbeSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id str
 	}
 	t.Cleanup(func() { removeContainer(t, env, id) })
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, id, "cat", "/state"); return out == "before\n" })
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ const filterStatus = `grep -E '^(Seccomp|Seccomp_filters|NoNewPrivs|CapEff|CapBn
 // compareProbes runs probes in the sandbox (a runc exec) and in a branch
 // (the branch init's exec) and fails where they differ; it returns the
 // branch's output.
-func compareProbes(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, id, branchID string, probes []string) string {
+func compareProbes(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, id, branchID string, probes []string) string {
 	t.Helper()
 	script := probeScript(probes) + filterStatus
 	want, err := execIn(ctx, env, id, "sh", "-c", script)
@@ -119,7 +119,7 @@ func TestContextsSeccompDefault(t *testing.T) {
 	ctx, env, _ := shimEnv(t)
 	importSysprobeImage(t, ctx, env)
 	sc := runProbeSandbox(t, ctx, env, "sb", "--seccomp")
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	a := kids[0]
 	if got := mustRun(t, ctx, sc, a.ID, "cat", "/proc/1/comm"); got != "brinit\n" {
 		t.Fatalf("branch's PID 1 is %q; want the branch init", got)
@@ -148,7 +148,7 @@ func TestContextsSeccompDefault(t *testing.T) {
 		t.Errorf("branch init's seccomp mode %s; want 0", m)
 	}
 	// A branch's own command, started at fork, is filtered the same.
-	cmdKids := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Args: []string{"sh", "-c", "(" + probeScript(probes) + filterStatus + ") > /out; exec sleep 1000"}})
+	cmdKids := fork(t, ctx, sc, client.ForkOptions{Count: 1, Args: []string{"sh", "-c", "(" + probeScript(probes) + filterStatus + ") > /out; exec sleep 1000"}})
 	waitFor(t, func() bool {
 		out, _, _ := runErr(ctx, sc, cmdKids[0].ID, "cat", "/out")
 		return strings.Contains(out, "Uid:")
@@ -157,7 +157,7 @@ func TestContextsSeccompDefault(t *testing.T) {
 		t.Errorf("a branch's command:\n%s\nwant as its exec'd processes:\n%s", out, got)
 	}
 	// Nested: a branch of a branch keeps the filter.
-	nested := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: a.ID})
+	nested := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: a.ID})
 	if out := mustRun(t, ctx, sc, nested[0].ID, "sh", "-c", probeScript(probes)+filterStatus); out != got {
 		t.Errorf("a nested branch:\n%s\nwant:\n%s", out, got)
 	}
@@ -234,7 +234,7 @@ func TestContextsSeccompProfiles(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			id := "sb" + strconv.Itoa(i)
 			sc := runProbeSandbox(t, ctx, env, id, "--seccomp", "--seccomp-profile", writeProfile(t, c.profile))
-			kids := fork(t, ctx, sc, branch.ForkOptions{Count: 1})
+			kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
 			if got := mustRun(t, ctx, sc, kids[0].ID, "cat", "/proc/1/comm"); got != "brinit\n" {
 				t.Fatalf("branch's PID 1 is %q; want the branch init", got)
 			}

@@ -16,11 +16,12 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // sandboxInitPid is the host pid of the sandbox's init.
-func sandboxInitPid(t *testing.T, ctx context.Context, sc *branch.SandboxClient) int {
+func sandboxInitPid(t *testing.T, ctx context.Context, sc *client.SandboxClient) int {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)
 	if err != nil {
@@ -38,9 +39,9 @@ func sandboxInitPid(t *testing.T, ctx context.Context, sc *branch.SandboxClient)
 // startAdversarialIn runs the adversarial workload of the shim's kill
 // suite in a branch and waits until, seen from the host, its fork bomb has
 // filled the branch's pids limit and its nested PID namespace exists.
-func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *branch.SandboxClient, k branch.ContextInfo) []hostProc {
+func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo) []hostProc {
 	t.Helper()
-	p, err := sc.Exec(ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", adversarial}})
+	p, err := sc.Exec(ctx, k.ID, client.ExecOptions{Args: []string{"sh", "-c", adversarial}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func hostProcIn(t *testing.T, cg string) hostProc {
 // the winner of it.
 func TestContextsKillSuite(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t, "--cap-add", "CAP_SYS_ADMIN")
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3, Pids: adversarialPidsLimit})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 3, Pids: adversarialPidsLimit})
 	procs := make([][]hostProc, len(kids))
 	for i, k := range kids {
 		procs[i] = append(startAdversarialIn(t, ctx, env, sc, k), hostProcIn(t, k.Cgroup))
@@ -129,9 +130,9 @@ func TestContextsKillSuite(t *testing.T) {
 // network namespace unless isolated, in which it has only loopback.
 func TestContextsSiblingIsolation(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	a, b := kids[0], kids[1]
-	victim, err := sc.Exec(ctx, a.ID, branch.ExecOptions{Args: []string{"sleep", "1000"}})
+	victim, err := sc.Exec(ctx, a.ID, client.ExecOptions{Args: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestContextsSiblingIsolation(t *testing.T) {
 		t.Fatalf("branch net namespace %q, sandbox's %q; want shared", aNet, sbNet)
 	}
 	// An isolated branch of a branch: its own namespace, loopback only.
-	iso := fork(t, ctx, sc, branch.ForkOptions{Parent: a.ID, Count: 1, Net: "isolated"})[0]
+	iso := fork(t, ctx, sc, client.ForkOptions{Parent: a.ID, Count: 1, Net: "isolated"})[0]
 	isoNet, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", iso.InitPid))
 	if isoNet == "" || isoNet == sbNet {
 		t.Fatalf("isolated branch net namespace %q; want a new one", isoNet)
@@ -180,14 +181,14 @@ func TestContextsSiblingIsolation(t *testing.T) {
 // invalidated), then commits the branch into the sandbox.
 func TestContextsNesting(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	b := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
+	b := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
 	mustRun(t, ctx, sc, b.ID, "sh", "-c", "echo level1 > /level")
-	gs := fork(t, ctx, sc, branch.ForkOptions{Parent: b.ID, Count: 2})
+	gs := fork(t, ctx, sc, client.ForkOptions{Parent: b.ID, Count: 2})
 	// The branch is sealed now; its processes run on.
 	if out, code := run(t, ctx, sc, b.ID, "sh", "-c", "echo x > /level"); code == 0 || !strings.Contains(out, "Read-only") {
 		t.Fatalf("write in a sealed branch: %d %q; want EROFS", code, out)
 	}
-	watcher, err := sc.Exec(ctx, b.ID, branch.ExecOptions{Args: []string{"sh", "-c", "while [ ! -e /grandchild ]; do sleep 0.02; done"}})
+	watcher, err := sc.Exec(ctx, b.ID, client.ExecOptions{Args: []string{"sh", "-c", "while [ ! -e /grandchild ]; do sleep 0.02; done"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,14 +223,14 @@ func TestContextsNesting(t *testing.T) {
 // and reported as OOM-killed while its sibling goes on.
 func TestContextsLimitsAndOOM(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t, "--memory-limit", strconv.Itoa(512<<20))
-	def := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
+	def := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
 	if def.Memory != 512<<20 {
 		t.Fatalf("default branch memory limit %d; want the sandbox's %d", def.Memory, 512<<20)
 	}
 	if _, err := sc.Abort(ctx, def.ID); err != nil {
 		t.Fatal(err)
 	}
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Memory: 32 << 20, CPUs: 0.5, Pids: 20})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Memory: 32 << 20, CPUs: 0.5, Pids: 20})
 	a, b := kids[0], kids[1]
 	limits := map[string]string{
 		cgroupFile("memory", a.Cgroup, "memory.limit_in_bytes"): strconv.Itoa(32 << 20),
@@ -288,7 +289,7 @@ func TestContextsLimitsAndOOM(t *testing.T) {
 func TestContextsSealFreeze(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
 	pid := sandboxInitPid(t, ctx, sc)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Seal: "freeze"})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Seal: "freeze"})
 	// The init's freezer cgroup and its state: on v1 the freezer
 	// hierarchy's, FROZEN or THAWED; on v2 the unified one's, frozen or
 	// not as its cgroup.events says. Frozen, it is the context's seal leaf.
@@ -355,7 +356,7 @@ func TestContextsSealFreeze(t *testing.T) {
 // runs.
 func TestContextsForkCommand(t *testing.T) {
 	ctx, _, sc := sandboxCtxEnv(t)
-	k := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Args: []string{"sh", "-c", "echo started > /started; exec sleep 1000"}})[0]
+	k := fork(t, ctx, sc, client.ForkOptions{Count: 1, Args: []string{"sh", "-c", "echo started > /started; exec sleep 1000"}})[0]
 	if k.Status != "running" {
 		t.Fatalf("status %q; want running", k.Status)
 	}
@@ -375,7 +376,7 @@ func TestContextsForkCostFlat(t *testing.T) {
 	if _, err := execIn(ctx, env, "sb", "sh", "-c", "mkdir /big && cd /big && seq 1 10000 | xargs touch && dd if=/dev/zero of=/big/blob bs=1M count=64 2>/dev/null"); err != nil {
 		t.Fatal(err)
 	}
-	k := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
+	k := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
 	nodes, err := sc.Tree(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -424,7 +425,7 @@ func TestContextsEvents(t *testing.T) {
 		close(lines)
 	}()
 	time.Sleep(200 * time.Millisecond) // ctr subscribes
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 3})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 3})
 	if _, err := sc.Abort(ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
 	}

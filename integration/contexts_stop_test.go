@@ -9,7 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // TestContextsSandboxStop: when a sandbox's init is killed (ctr task kill,
@@ -33,8 +33,8 @@ func TestContextsSandboxStop(t *testing.T) {
 
 func testSandboxStop(t *testing.T, extra []string) {
 	ctx, env, sc := sandboxCtxEnv(t, extra...)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
-	nested := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Parent: kids[0].ID})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
+	nested := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: kids[0].ID})
 	all := append(kids, nested...)
 	daemon := `setsid sh -c 'trap "" TERM; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 & echo started`
 	var procs [][]hostProc
@@ -81,9 +81,9 @@ func testSandboxStop(t *testing.T, extra []string) {
 			t.Errorf("%s on the stopped sandbox: %v; want failed precondition, sandbox sb is stopped", what, err)
 		}
 	}
-	_, err = sc.Fork(ctx, branch.ForkOptions{Count: 1})
+	_, err = sc.Fork(ctx, client.ForkOptions{Count: 1})
 	wantStopped("fork", err)
-	_, err = sc.Fork(ctx, branch.ForkOptions{Count: 1, Parent: kids[1].ID})
+	_, err = sc.Fork(ctx, client.ForkOptions{Count: 1, Parent: kids[1].ID})
 	wantStopped("fork of a branch", err)
 	_, _, err = runErr(ctx, sc, kids[1].ID, "true")
 	wantStopped("exec", err)
@@ -108,12 +108,12 @@ func testSandboxStop(t *testing.T, extra []string) {
 	// no file of the rootfs is still open for writing by a process gone
 	// before the fork could freeze it.
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/state"); return out == "before\n" })
-	sc2, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	sc2, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc2.Close()
-	again := fork(t, ctx, sc2, branch.ForkOptions{Count: 1})
+	again := fork(t, ctx, sc2, client.ForkOptions{Count: 1})
 	if got := mustRun(t, ctx, sc2, again[0].ID, "cat", "/state"); got != "before\n" {
 		t.Fatalf("branch of the new task sees /state %q", got)
 	}

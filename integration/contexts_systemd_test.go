@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
@@ -39,7 +39,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 		// hierarchy; the files below are v2's.
 		t.Log("cgroup v1: the limit files checked are v2's; checking the cycle only")
 	}
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2, Memory: 32 << 20, CPUs: 0.5, Pids: 20})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Memory: 32 << 20, CPUs: 0.5, Pids: 20})
 	a, b := kids[0], kids[1]
 	for _, k := range kids {
 		if !strings.HasPrefix(k.Cgroup, scope+"/") {
@@ -100,7 +100,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 	// Seal freeze: the sandbox's own processes frozen in the scope's
 	// .sealed leaf while it has a branch, thawed after.
 	pid := sandboxInitPid(t, ctx, sc)
-	f := fork(t, ctx, sc, branch.ForkOptions{Count: 1, Seal: "freeze"})[0]
+	f := fork(t, ctx, sc, client.ForkOptions{Count: 1, Seal: "freeze"})[0]
 	if cg := procCgroupV2(t, pid); cgroupV2() && (cg != scope+"/.sealed" || !frozenCgroup(cg)) {
 		t.Errorf("sandbox init with a --seal freeze branch in cgroup %q (frozen %v); want %s/.sealed, frozen", cg, frozenCgroup(cg), scope)
 	}
@@ -113,7 +113,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 		t.Errorf("sandbox init after its last branch ended in cgroup %q (frozen %v); want thawed", cg, frozenCgroup(cg))
 	}
 	// A branch left live is ended with the sandbox.
-	live := fork(t, ctx, sc, branch.ForkOptions{Count: 1})[0]
+	live := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
 	removeContainer(t, env, "sb")
 	assertBranchGone(t, env, live, nil)
 	assertScopeGone(t, scope)
@@ -121,7 +121,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 	// The runtime path (a spec the branch init does not take): the branch
 	// runtime makes the branch cgroups below the scope as runc's CLI.
 	scope, sc = systemdSandbox(t, ctx, env, "2", "--seccomp", "--cap-add", "CAP_SYS_PTRACE")
-	kids = fork(t, ctx, sc, branch.ForkOptions{Count: 2, Memory: 64 << 20, Pids: 30})
+	kids = fork(t, ctx, sc, client.ForkOptions{Count: 2, Memory: 64 << 20, Pids: 30})
 	for _, k := range kids {
 		if !strings.HasPrefix(k.Cgroup, scope+"/") {
 			t.Fatalf("branch %s started by the runtime: cgroup %q; want one below the sandbox's scope %s", k.ID, k.Cgroup, scope)
@@ -152,7 +152,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 // systemdSandbox runs the sandbox "sb" under the systemd cgroup driver,
 // in the scope bbx-<namespace>-<n>.scope of system.slice, and returns the
 // scope's cgroup path and a client of the sandbox.
-func systemdSandbox(t *testing.T, ctx context.Context, env *daemons.Env, n string, extra ...string) (string, *branch.SandboxClient) {
+func systemdSandbox(t *testing.T, ctx context.Context, env *daemons.Env, n string, extra ...string) (string, *client.SandboxClient) {
 	t.Helper()
 	name := env.Namespace + "-" + n
 	scope := "/system.slice/bbx-" + name + ".scope"
@@ -170,7 +170,7 @@ func systemdSandbox(t *testing.T, ctx context.Context, env *daemons.Env, n strin
 	})
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/state"); return out == "before\n" })
 	assertUnit(t, scope, true)
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
@@ -25,7 +26,7 @@ import (
 // sandboxCtxEnv runs the sandbox "sb" (runtime io.containerd.branch.v1,
 // snapshotter branch) with a process that keeps running, and returns a
 // branch context client for it.
-func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env, *branch.SandboxClient) {
+func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env, *client.SandboxClient) {
 	t.Helper()
 	ctx, env, _ := shimEnv(t)
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)
@@ -35,7 +36,7 @@ func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env
 	}
 	t.Cleanup(func() { removeContainer(t, env, "sb") })
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/state"); return out == "before\n" })
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env
 
 // run runs a command in a branch and returns its output (stdout and
 // stderr) and exit code; a failure to run it at all fails the test.
-func run(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b string, args ...string) (string, int) {
+func run(t *testing.T, ctx context.Context, sc *client.SandboxClient, b string, args ...string) (string, int) {
 	t.Helper()
 	out, st, err := runErr(ctx, sc, b, args...)
 	if err != nil {
@@ -54,9 +55,9 @@ func run(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b string, 
 	return out, st.Code
 }
 
-func runErr(ctx context.Context, sc *branch.SandboxClient, b string, args ...string) (string, branch.ExitStatus, error) {
-	var out branch.Output
-	st, err := sc.Run(ctx, b, branch.ExecOptions{Args: args, Stdout: &out, Stderr: &out})
+func runErr(ctx context.Context, sc *client.SandboxClient, b string, args ...string) (string, client.ExitStatus, error) {
+	var out client.Output
+	st, err := sc.Run(ctx, b, client.ExecOptions{Args: args, Stdout: &out, Stderr: &out})
 	return out.String(), st, err
 }
 
@@ -64,12 +65,12 @@ func runErr(ctx context.Context, sc *branch.SandboxClient, b string, args ...str
 // client it came through, closed when the test ends.
 func sandboxTask(t *testing.T, ctx context.Context, env *daemons.Env, id string) (*containerd.Client, containerd.Task) {
 	t.Helper()
-	client, err := containerd.New(env.Address)
+	cc, err := containerd.New(env.Address)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { client.Close() })
-	ctr, err := client.LoadContainer(ctx, id)
+	t.Cleanup(func() { cc.Close() })
+	ctr, err := cc.LoadContainer(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,10 +78,10 @@ func sandboxTask(t *testing.T, ctx context.Context, env *daemons.Env, id string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return client, task
+	return cc, task
 }
 
-func mustRun(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b string, args ...string) string {
+func mustRun(t *testing.T, ctx context.Context, sc *client.SandboxClient, b string, args ...string) string {
 	t.Helper()
 	out, code := run(t, ctx, sc, b, args...)
 	if code != 0 {
@@ -89,7 +90,7 @@ func mustRun(t *testing.T, ctx context.Context, sc *branch.SandboxClient, b stri
 	return out
 }
 
-func fork(t *testing.T, ctx context.Context, sc *branch.SandboxClient, opts branch.ForkOptions) []branch.ContextInfo {
+func fork(t *testing.T, ctx context.Context, sc *client.SandboxClient, opts client.ForkOptions) []client.ContextInfo {
 	t.Helper()
 	kids, err := sc.Fork(ctx, opts)
 	if err != nil {
@@ -103,7 +104,7 @@ func fork(t *testing.T, ctx context.Context, sc *branch.SandboxClient, opts bran
 
 // branchProcs lists, from the host, the live processes of a branch: those
 // in its cgroup (or below) on any hierarchy, and those in its PID namespace.
-func branchProcs(env *daemons.Env, info branch.ContextInfo) []hostProc {
+func branchProcs(env *daemons.Env, info client.ContextInfo) []hostProc {
 	id := strings.TrimPrefix(info.Cgroup, "/"+env.Namespace+"/")
 	return containerHostProcs(env.Namespace, id, info.InitPid)
 }
@@ -116,7 +117,7 @@ func branchProcs(env *daemons.Env, info branch.ContextInfo) []hostProc {
 // call on the loser fails stale, naming the winner.
 func TestContextsForkExecCommit(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	kids := fork(t, ctx, sc, branch.ForkOptions{Count: 2})
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 	a, b := kids[0], kids[1]
 	for _, k := range kids {
 		if k.InitPid == 0 || k.Status != "waiting" {
@@ -136,11 +137,11 @@ func TestContextsForkExecCommit(t *testing.T) {
 		t.Fatalf("branch b sees a's file: %q", out)
 	}
 	// A process left running in the loser, to be killed by the commit.
-	bg, err := sc.Exec(ctx, b.ID, branch.ExecOptions{Args: []string{"sleep", "1000"}})
+	bg, err := sc.Exec(ctx, b.ID, client.ExecOptions{Args: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bgDone := make(chan branch.ExitStatus, 1)
+	bgDone := make(chan client.ExitStatus, 1)
 	go func() {
 		st, err := bg.Wait(ctx)
 		if err != nil {
@@ -190,7 +191,7 @@ func TestContextsForkExecCommit(t *testing.T) {
 // its runtime state removed. Its processes are dead when the commit or
 // abort that ended it returns; the rest is removed in the background just
 // after, so all of it is waited for, up to 10 seconds.
-func assertBranchGone(t *testing.T, env *daemons.Env, info branch.ContextInfo, procs []hostProc) {
+func assertBranchGone(t *testing.T, env *daemons.Env, info client.ContextInfo, procs []hostProc) {
 	t.Helper()
 	var (
 		left  []hostProc
@@ -259,7 +260,7 @@ func TestBranchctl(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fork: %d %s", code, errOut)
 	}
-	var kids []branch.ContextInfo
+	var kids []client.ContextInfo
 	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
 		t.Fatalf("fork --json: %v %q", err, out)
 	}
@@ -283,7 +284,7 @@ func TestBranchctl(t *testing.T) {
 		t.Fatalf("abort: %d %q", code, out)
 	}
 	out, errOut, code = branchctl(t, ctx, env, "", "commit", ref(0), "--json")
-	var res branch.SandboxCommitResult
+	var res client.SandboxCommitResult
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res.Invalidated) != 1 || res.Invalidated[0] != kids[1].ID {
 		t.Fatalf("commit: %d %q %s", code, out, errOut)
 	}
@@ -295,7 +296,7 @@ func TestBranchctl(t *testing.T) {
 		t.Fatalf("exec in the loser: %d %q; want a stale error naming the winner, and a hint", code, errOut)
 	}
 	out, _, code = branchctl(t, ctx, env, "", "tree", "sb", "--json")
-	var nodes []branch.ContextInfo
+	var nodes []client.ContextInfo
 	if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil {
 		t.Fatalf("tree --json: %d %q", code, out)
 	}

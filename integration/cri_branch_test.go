@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -108,19 +109,19 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		}
 	}()
 
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 2})
+	kids, err := sc.Fork(c.ctx, client.ForkOptions{Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	same("after fork")
 	for i, k := range kids {
-		var out branch.Output
-		st, err := sc.Run(c.ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", fmt.Sprintf("echo branch-%d > /state", i)}, Stdout: &out, Stderr: &out})
+		var out client.Output
+		st, err := sc.Run(c.ctx, k.ID, client.ExecOptions{Args: []string{"sh", "-c", fmt.Sprintf("echo branch-%d > /state", i)}, Stdout: &out, Stderr: &out})
 		if err != nil || st.Code != 0 {
 			t.Fatalf("write in branch %s: %v %+v %s", k.ID, err, st, out.String())
 		}
@@ -137,7 +138,7 @@ func TestCRIBranchPodContainer(t *testing.T) {
 	if out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/state"); err != nil || strings.TrimSpace(out) != "branch-1" {
 		t.Fatalf("running container reads %q (%v) after the commit", out, err)
 	}
-	more, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 1, Args: []string{"sh", "-c", "exec sleep 1000"}})
+	more, err := sc.Fork(c.ctx, client.ForkOptions{Count: 1, Args: []string{"sh", "-c", "exec sleep 1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestCRIBranchPodContainer(t *testing.T) {
 	}
 
 	// Deleting the pod with live branches leaves nothing behind.
-	live, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 8, Args: []string{"sh", "-c", "exec sleep 1000"}})
+	live, err := sc.Fork(c.ctx, client.ForkOptions{Count: 8, Args: []string{"sh", "-c", "exec sleep 1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}

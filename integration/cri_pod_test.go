@@ -11,7 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -75,7 +75,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 			// Both record runc-v2's type: the branch contexts are found
 			// by asking the shim, and runc's has none.
 			if name == "a" {
-				sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+				sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 				switch {
 				case h.handler == "branch" && err != nil:
 					t.Errorf("branch: container a is not taken as a sandbox: %v", err)

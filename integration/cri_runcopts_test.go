@@ -13,7 +13,7 @@ import (
 	"github.com/opencontainers/cgroups/systemd"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -102,17 +102,17 @@ func TestCRIBranchFeatures(t *testing.T) {
 		t.Errorf("the write through the plain read-only mount's submount is not on the host: %v", err)
 	}
 
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 1})
+	kids, err := sc.Fork(c.ctx, client.ForkOptions{Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	inBranch := func(args ...string) error {
-		st, err := sc.Run(c.ctx, kids[0].ID, branch.ExecOptions{Args: args})
+		st, err := sc.Run(c.ctx, kids[0].ID, client.ExecOptions{Args: args})
 		if err == nil && st.Code != 0 {
 			return os.ErrPermission
 		}
@@ -183,12 +183,12 @@ func testCRISystemdPod(t *testing.T) {
 	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 1, Memory: 32 << 20})
+	kids, err := sc.Fork(c.ctx, client.ForkOptions{Count: 1, Memory: 32 << 20})
 	if err != nil {
 		t.Fatalf("fork in a pod under the systemd driver: %v", err)
 	}

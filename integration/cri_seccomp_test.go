@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -59,18 +59,18 @@ func TestCRIBranchRestricted(t *testing.T) {
 			t.Fatalf("the pod's container lacks %q:\n%s", w, want)
 		}
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: 2})
+	kids, err := sc.Fork(c.ctx, client.ForkOptions{Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range kids {
-		var o branch.Output
-		st, err := sc.Run(c.ctx, k.ID, branch.ExecOptions{Args: []string{"sh", "-c", "cat /proc/1/comm; " + report}, Stdout: &o, Stderr: &o})
+		var o client.Output
+		st, err := sc.Run(c.ctx, k.ID, client.ExecOptions{Args: []string{"sh", "-c", "cat /proc/1/comm; " + report}, Stdout: &o, Stderr: &o})
 		if err != nil || st.Code != 0 {
 			t.Fatalf("branch %s: %v %+v %s", k.ID, err, st, o.String())
 		}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -51,11 +51,11 @@ func TestCRIShimKilled(t *testing.T) {
 		}
 	}
 	for ctr, n := range map[string]int{a: 2, b: 1} {
-		sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+		sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		kids, err := sc.Fork(c.ctx, branch.ForkOptions{Count: n})
+		kids, err := sc.Fork(c.ctx, client.ForkOptions{Count: n})
 		sc.Close()
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // deepScript builds (or, with "cat", reads) /tmp/d/d/... levels deep, in
@@ -43,7 +44,7 @@ func TestDeepTreeCommitThroughSocket(t *testing.T) {
 		return parseSelfTree(t, out)
 	}
 	for _, levels := range []int{5000, 10000} {
-		var kids []branch.ContextInfo
+		var kids []client.ContextInfo
 		out, err := in("branchctl", "self", "fork", "-n", "1", "--json")
 		if err != nil || json.Unmarshal([]byte(out), &kids) != nil || len(kids) != 1 {
 			t.Fatalf("fork: %q %v", out, err)

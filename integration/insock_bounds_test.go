@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -161,7 +162,7 @@ func TestInsockBounds(t *testing.T) {
 
 	// (a) The annotation's maximum (8) over the node's (16).
 	runBoundedSandbox(t, ctx, env, "capped", "io.branchbox.max-branches=8")
-	var kids []branch.ContextInfo
+	var kids []client.ContextInfo
 	if err := json.Unmarshal([]byte(must("capped", "branchctl", "self", "fork", "-n", "8", "--json")), &kids); err != nil || len(kids) != 8 {
 		t.Fatalf("fork of 8: %v %+v", err, kids)
 	}
@@ -282,7 +283,7 @@ done`, b)))
 	lap("(d) flood")
 	// What they wrote is there for Wait: the end of it, marked truncated.
 	for _, id := range []string{ids[0], ids[63]} {
-		var res branch.SelfResult
+		var res client.SelfResult
 		out := must("flood", "branchctl", "self", "wait", "--json", b, id)
 		if err := json.Unmarshal([]byte(out), &res); err != nil {
 			t.Fatalf("wait %s: %v", id, err)

@@ -16,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
@@ -92,7 +93,7 @@ func runInsockSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id st
 // selfTree is `branchctl self tree --json`.
 type selfTree struct {
 	Self     string               `json:"self"`
-	Contexts []branch.ContextInfo `json:"contexts"`
+	Contexts []client.ContextInfo `json:"contexts"`
 }
 
 func parseSelfTree(t *testing.T, out string) selfTree {
@@ -112,13 +113,13 @@ func (st selfTree) ids() []string {
 	return ids
 }
 
-func (st selfTree) state(id string) branch.ContextInfo {
+func (st selfTree) state(id string) client.ContextInfo {
 	for _, c := range st.Contexts {
 		if c.ID == id {
 			return c
 		}
 	}
-	return branch.ContextInfo{}
+	return client.ContextInfo{}
 }
 
 // shimOf is the pid of the shim serving container id.
@@ -226,7 +227,7 @@ func TestInsock(t *testing.T) {
 	}
 
 	// Fork from inside; each branch has its own socket, leading to itself.
-	var kids []branch.ContextInfo
+	var kids []client.ContextInfo
 	if err := json.Unmarshal([]byte(must("sb", "branchctl", "self", "fork", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork from inside: %v %+v", err, kids)
 	}
@@ -274,7 +275,7 @@ func TestInsock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc, err := branch.DialSelf(ctx, fmt.Sprintf("/proc/self/fd/%d/branch.sock", dir.Fd()))
+	hc, err := client.DialSelf(ctx, fmt.Sprintf("/proc/self/fd/%d/branch.sock", dir.Fd()))
 	dir.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +287,7 @@ func TestInsock(t *testing.T) {
 	hc.Close()
 
 	// Nesting: b forks c, runs in it and commits it into itself.
-	var sub []branch.ContextInfo
+	var sub []client.ContextInfo
 	if out, err := selfIn(b, "fork", "-n", "1", "--json"); err != nil || json.Unmarshal([]byte(out), &sub) != nil || len(sub) != 1 {
 		t.Fatalf("fork in b: %q %v", out, err)
 	}

@@ -3,6 +3,9 @@
 package integration
 
 import (
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/patterns"
+
 	"context"
 	"encoding/json"
 	"os"
@@ -22,15 +25,15 @@ import (
 // is aborted with its processes.
 func TestPatterns(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	sh := func(s string) branch.Command { return branch.Command{Args: []string{"sh", "-c", s}} }
+	sh := func(s string) patterns.Command { return patterns.Command{Args: []string{"sh", "-c", s}} }
 	// check asserts the pattern's result, what the sandbox sees, and that
 	// no branch is left.
-	check := func(t *testing.T, r *branch.Result, err error, winner int, file, want string, outcomes ...branch.Outcome) {
+	check := func(t *testing.T, r *patterns.Result, err error, winner int, file, want string, outcomes ...patterns.Outcome) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%v (result %+v)", err, r)
 		}
-		var got []branch.Outcome
+		var got []patterns.Outcome
 		for _, a := range r.Attempts {
 			got = append(got, a.Outcome)
 		}
@@ -46,19 +49,19 @@ func TestPatterns(t *testing.T) {
 	}
 
 	t.Run("speculate", func(t *testing.T) {
-		r, err := branch.Speculate(ctx, sc, "", []branch.Command{
+		r, err := patterns.Speculate(ctx, sc, "", []patterns.Command{
 			sh("exit 1"),
 			sh("sleep 0.3; echo spec-1 > /spec"),
 			sh("sleep 93.1; echo spec-2 > /spec"),
-		}, branch.Options{})
-		check(t, r, err, 1, "/spec", "spec-1\n", branch.OutcomeFailed, branch.OutcomeCommitted, branch.OutcomeLost)
+		}, patterns.Options{})
+		check(t, r, err, 1, "/spec", "spec-1\n", patterns.OutcomeFailed, patterns.OutcomeCommitted, patterns.OutcomeLost)
 		assertNoProcess(t, "sleep", "93.1")
 	})
 
 	t.Run("speculate branch timeout", func(t *testing.T) {
-		r, err := branch.Speculate(ctx, sc, "", []branch.Command{sh("sleep 93.2; echo late > /late"), sh("exit 3")},
-			branch.Options{BranchTimeout: time.Second})
-		check(t, r, err, -1, "", "", branch.OutcomeTimeout, branch.OutcomeFailed)
+		r, err := patterns.Speculate(ctx, sc, "", []patterns.Command{sh("sleep 93.2; echo late > /late"), sh("exit 3")},
+			patterns.Options{BranchTimeout: time.Second})
+		check(t, r, err, -1, "", "", patterns.OutcomeTimeout, patterns.OutcomeFailed)
 		if r.Attempts[1].ExitCode != 3 || r.TimedOut {
 			t.Fatalf("result %+v", r)
 		}
@@ -70,10 +73,10 @@ func TestPatterns(t *testing.T) {
 
 	t.Run("best-of-n", func(t *testing.T) {
 		// Scores 0, 1, 2 by the file each writes; 2 wins.
-		r, err := branch.BestOfN(ctx, sc, "", 3,
+		r, err := patterns.BestOfN(ctx, sc, "", 3,
 			sh(`echo bon-$BRANCH_INDEX > /bon; echo $(( BRANCH_INDEX * 7 % 3 )) > /bon-score`),
-			branch.Scorer{File: "/bon-score"}, branch.Options{})
-		check(t, r, err, 2, "/bon", "bon-2\n", branch.OutcomeLost, branch.OutcomeLost, branch.OutcomeCommitted)
+			patterns.Scorer{File: "/bon-score"}, patterns.Options{})
+		check(t, r, err, 2, "/bon", "bon-2\n", patterns.OutcomeLost, patterns.OutcomeLost, patterns.OutcomeCommitted)
 		if *r.Attempts[1].Score != 1 {
 			t.Fatalf("scores %+v", r.Attempts)
 		}
@@ -81,19 +84,19 @@ func TestPatterns(t *testing.T) {
 
 	t.Run("tournament", func(t *testing.T) {
 		// The judge prefers the larger number each attempt prints.
-		r, err := branch.Tournament(ctx, sc, "", 3, sh(`echo tour-$BRANCH_INDEX > /tour; echo $BRANCH_INDEX`),
-			branch.Judge{Args: []string{"sh", "-c", `[ "$(cat "$BRANCHBOX_A")" -ge "$(cat "$BRANCHBOX_B")" ] && echo a || echo b`}},
-			branch.Options{})
-		check(t, r, err, 2, "/tour", "tour-2\n", branch.OutcomeLost, branch.OutcomeLost, branch.OutcomeCommitted)
+		r, err := patterns.Tournament(ctx, sc, "", 3, sh(`echo tour-$BRANCH_INDEX > /tour; echo $BRANCH_INDEX`),
+			patterns.Judge{Args: []string{"sh", "-c", `[ "$(cat "$BRANCHBOX_A")" -ge "$(cat "$BRANCHBOX_B")" ] && echo a || echo b`}},
+			patterns.Options{})
+		check(t, r, err, 2, "/tour", "tour-2\n", patterns.OutcomeLost, patterns.OutcomeLost, patterns.OutcomeCommitted)
 		if len(r.Matches) != 2 || r.Matches[0].Winner != 1 || r.Matches[1].Winner != 2 || r.Matches[0].Error != "" {
 			t.Fatalf("matches %+v", r.Matches)
 		}
 	})
 
 	t.Run("reflexion", func(t *testing.T) {
-		r, err := branch.Reflexion(ctx, sc, "", 3, sh(`if [ -n "$BRANCHBOX_FEEDBACK" ] && grep -q retry-me "$BRANCHBOX_FEEDBACK" && [ "$BRANCHBOX_FEEDBACK_EXIT" = 4 ]; then echo fixed > /refl; else echo retry-me; exit 4; fi`), branch.Options{})
-		check(t, r, err, 1, "/refl", "fixed\n", branch.OutcomeFailed, branch.OutcomeCommitted)
-		if out, err := execIn(ctx, env, "sb", "sh", "-c", "test -e "+branch.FeedbackPath+" || echo absent"); err != nil || out != "absent\n" {
+		r, err := patterns.Reflexion(ctx, sc, "", 3, sh(`if [ -n "$BRANCHBOX_FEEDBACK" ] && grep -q retry-me "$BRANCHBOX_FEEDBACK" && [ "$BRANCHBOX_FEEDBACK_EXIT" = 4 ]; then echo fixed > /refl; else echo retry-me; exit 4; fi`), patterns.Options{})
+		check(t, r, err, 1, "/refl", "fixed\n", patterns.OutcomeFailed, patterns.OutcomeCommitted)
+		if out, err := execIn(ctx, env, "sb", "sh", "-c", "test -e "+patterns.FeedbackPath+" || echo absent"); err != nil || out != "absent\n" {
 			t.Fatalf("the feedback file reached the sandbox: %q %v", out, err)
 		}
 	})
@@ -102,31 +105,31 @@ func TestPatterns(t *testing.T) {
 	// the score, so the path of 1s wins; the winner is committed up
 	// through its parent (nested commits).
 	step := sh(`printf %s "$BRANCH_INDEX" >> /search; [ "$BRANCHBOX_DEPTH" -ge 1 ]`)
-	score := branch.Scorer{Args: []string{"cat", "/search"}}
+	score := patterns.Scorer{Args: []string{"cat", "/search"}}
 	t.Run("beam", func(t *testing.T) {
 		mustExecIn(t, ctx, env, "rm", "-f", "/search")
-		r, err := branch.BeamSearch(ctx, sc, "", step, score, branch.SearchOptions{Width: 2, Depth: 2, Keep: 2}, branch.Options{})
+		r, err := patterns.BeamSearch(ctx, sc, "", step, score, patterns.SearchOptions{Width: 2, Depth: 2, Keep: 2}, patterns.Options{})
 		// Level 1 keeps 0 and 1; level 2 keeps 11 and 10 (pruning 00,
 		// 01, and so 0); 11 commits into 1, 1 into the sandbox.
-		check(t, r, err, 5, "/search", "11", branch.OutcomePruned, branch.OutcomeCommitted,
-			branch.OutcomePruned, branch.OutcomePruned, branch.OutcomeLost, branch.OutcomeCommitted)
+		check(t, r, err, 5, "/search", "11", patterns.OutcomePruned, patterns.OutcomeCommitted,
+			patterns.OutcomePruned, patterns.OutcomePruned, patterns.OutcomeLost, patterns.OutcomeCommitted)
 		if len(r.Path) != 2 || r.Path[0] != r.Attempts[1].Branch || r.Attempts[5].Parent != r.Attempts[1].Branch {
 			t.Fatalf("path %v, attempts %+v", r.Path, r.Attempts)
 		}
 	})
 	t.Run("tree-search", func(t *testing.T) {
 		mustExecIn(t, ctx, env, "rm", "-f", "/search")
-		r, err := branch.TreeSearch(ctx, sc, "", step, score, branch.SearchOptions{Width: 2, Depth: 2, Budget: 2}, branch.Options{})
-		check(t, r, err, 3, "/search", "11", branch.OutcomeLost, branch.OutcomeCommitted, branch.OutcomeLost, branch.OutcomeCommitted)
+		r, err := patterns.TreeSearch(ctx, sc, "", step, score, patterns.SearchOptions{Width: 2, Depth: 2, Budget: 2}, patterns.Options{})
+		check(t, r, err, 3, "/search", "11", patterns.OutcomeLost, patterns.OutcomeCommitted, patterns.OutcomeLost, patterns.OutcomeCommitted)
 	})
 
 	t.Run("branchctl speculate", func(t *testing.T) {
 		out, errOut, code := branchctl(t, ctx, env, "", "speculate", "sb", "--json", "-c", "exit 1", "-c", "sleep 0.5; echo cli > /cli-spec")
-		var r branch.Result
+		var r patterns.Result
 		if code != 0 || json.Unmarshal([]byte(out), &r) != nil {
 			t.Fatalf("speculate: code %d, %q %s", code, out, errOut)
 		}
-		check(t, &r, nil, 1, "/cli-spec", "cli\n", branch.OutcomeFailed, branch.OutcomeCommitted)
+		check(t, &r, nil, 1, "/cli-spec", "cli\n", patterns.OutcomeFailed, patterns.OutcomeCommitted)
 		// Nothing succeeds: exit 1, and the table says so.
 		out, _, code = branchctl(t, ctx, env, "", "speculate", "sb", "-n", "2", "--", "false")
 		if code != 1 || !strings.Contains(out, "nothing committed") || strings.Count(out, "failed") != 2 {
@@ -138,11 +141,11 @@ func TestPatterns(t *testing.T) {
 	t.Run("branchctl best-of-n overall timeout", func(t *testing.T) {
 		out, errOut, code := branchctl(t, ctx, env, "", "best-of-n", "sb", "-n", "2", "--timeout", "2s", "--json", "--",
 			"sh", "-c", `if [ $BRANCH_INDEX = 1 ]; then sleep 93.3; fi; echo bon2-$BRANCH_INDEX > /bon2; echo 5`)
-		var r branch.Result
+		var r patterns.Result
 		if code != 0 || json.Unmarshal([]byte(out), &r) != nil {
 			t.Fatalf("best-of-n: code %d, %q %s", code, out, errOut)
 		}
-		check(t, &r, nil, 0, "/bon2", "bon2-0\n", branch.OutcomeCommitted, branch.OutcomeTimeout)
+		check(t, &r, nil, 0, "/bon2", "bon2-0\n", patterns.OutcomeCommitted, patterns.OutcomeTimeout)
 		if !r.TimedOut || *r.Attempts[0].Score != 5 {
 			t.Fatalf("result %+v", r)
 		}
@@ -177,7 +180,7 @@ func TestPatterns(t *testing.T) {
 	})
 }
 
-func outcomeStrings(os []branch.Outcome) []string {
+func outcomeStrings(os []patterns.Outcome) []string {
 	var out []string
 	for _, o := range os {
 		out = append(out, string(o))
@@ -186,7 +189,7 @@ func outcomeStrings(os []branch.Outcome) []string {
 }
 
 // assertOnlyRoot checks that the sandbox has no live branch left.
-func assertOnlyRoot(t *testing.T, ctx context.Context, sc *branch.SandboxClient) {
+func assertOnlyRoot(t *testing.T, ctx context.Context, sc *client.SandboxClient) {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/branchbox/branchbox/branch/oci"
+	"github.com/branchbox/branchbox/client/oci"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )

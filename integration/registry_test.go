@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
@@ -101,7 +102,7 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 		}
 	}
 	sh("mkdir -p /data/sub && echo root > /data/f && ln /data/f /data/hard && ln -s ../f /data/sub/link && chmod 0751 /data/sub && rm /bin/true")
-	kids := fork(t, ctx, scA, branch.ForkOptions{Count: 1})
+	kids := fork(t, ctx, scA, client.ForkOptions{Count: 1})
 	b := kids[0].ID
 	mustRun(t, ctx, scA, b, "sh", "-c", "echo branch > /data/g && rm -r /etc && mkdir /etc && echo fresh > /etc/only && echo more >> /state")
 
@@ -170,12 +171,12 @@ func TestRegistryPushBranchRunElsewhere(t *testing.T) {
 	}
 
 	// A fork on B works at once, over the pulled state.
-	scB, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "sb2")
+	scB, err := client.NewSandboxClient(ctx, envB.Address, envB.Namespace, "sb2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer scB.Close()
-	kidsB := fork(t, ctx, scB, branch.ForkOptions{Count: 1})
+	kidsB := fork(t, ctx, scB, client.ForkOptions{Count: 1})
 	if got := mustRun(t, ctx, scB, kidsB[0].ID, "sh", "-c", "cat /data/g; echo onB > /data/g"); got != "branch\n" {
 		t.Fatalf("branch on node B reads %q", got)
 	}
@@ -465,7 +466,7 @@ func TestRegistryPushKilled(t *testing.T) {
 func TestRegistrySaveLoad(t *testing.T) {
 	ctx, envA, scA := sandboxCtxEnv(t)
 	_, envB, _ := shimEnv(t)
-	kids := fork(t, ctx, scA, branch.ForkOptions{Count: 1})
+	kids := fork(t, ctx, scA, client.ForkOptions{Count: 1})
 	mustRun(t, ctx, scA, kids[0].ID, "sh", "-c", "echo saved > /data; rm /bin/true")
 	file := t.TempDir() + "/sb.tar"
 	if out, errOut, code := branchctl(t, ctx, envA, "", "save", "sb/"+kids[0].ID, file, "--name", "branchbox/moved:v1"); code != 0 {
@@ -481,12 +482,12 @@ func TestRegistrySaveLoad(t *testing.T) {
 	if out, err := execIn(ctx, envB, "moved", "sh", "-c", "cat /data /state; test -e /bin/true || echo no-true"); err != nil || out != "saved\nbefore\nno-true\n" {
 		t.Fatalf("the loaded sandbox sees %q (%v)", out, err)
 	}
-	scB, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "moved")
+	scB, err := client.NewSandboxClient(ctx, envB.Address, envB.Namespace, "moved")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer scB.Close()
-	kidsB := fork(t, ctx, scB, branch.ForkOptions{Count: 1})
+	kidsB := fork(t, ctx, scB, client.ForkOptions{Count: 1})
 	if got := mustRun(t, ctx, scB, kidsB[0].ID, "cat", "/data"); got != "saved\n" {
 		t.Fatalf("a branch of the loaded sandbox reads %q", got)
 	}
@@ -629,12 +630,12 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 			t.Fatalf("checkpoints of the pulled sandbox: no %q in\n%s", want, out)
 		}
 	}
-	scR, err := branch.NewSandboxClient(ctx, envB.Address, envB.Namespace, "restored")
+	scR, err := client.NewSandboxClient(ctx, envB.Address, envB.Namespace, "restored")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer scR.Close()
-	kid := fork(t, ctx, scR, branch.ForkOptions{Count: 1, From: "second"})[0]
+	kid := fork(t, ctx, scR, client.ForkOptions{Count: 1, From: "second"})[0]
 	if got := mustRun(t, ctx, scR, kid.ID, "sh", "-c", "cat /state; cat /w/*"); got != "two\nb\n" {
 		t.Fatalf("fork --from second on node B reads %q", got)
 	}
@@ -652,12 +653,12 @@ func TestRegistryPushCheckpoints(t *testing.T) {
 
 	// A branch's path starts with its parent's: sb's checkpoints up to
 	// its head (second), then the branch's own (mine), then its change.
-	scA, err := branch.NewSandboxClient(ctx, envA.Address, envA.Namespace, "sb")
+	scA, err := client.NewSandboxClient(ctx, envA.Address, envA.Namespace, "sb")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer scA.Close()
-	b := fork(t, ctx, scA, branch.ForkOptions{Count: 1})[0].ID
+	b := fork(t, ctx, scA, client.ForkOptions{Count: 1})[0].ID
 	mustRun(t, ctx, scA, b, "sh", "-c", "echo four > /state; echo d > /w/d")
 	ctl(envA, "checkpoint", "sb/"+b, "mine")
 	mustRun(t, ctx, scA, b, "sh", "-c", "echo five > /state; rm /w/b")
@@ -737,12 +738,12 @@ func TestRegistryCRIPod(t *testing.T) {
 	if out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/data", "/state"); err != nil || strings.TrimSpace(out) != "pushed\nbefore" {
 		t.Fatalf("the pod's container reads %q (%v), want the pushed sandbox's files", out, err)
 	}
-	sc, err := branch.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	kids := fork(t, c.ctx, sc, branch.ForkOptions{Count: 1})
+	kids := fork(t, c.ctx, sc, client.ForkOptions{Count: 1})
 	if got := mustRun(t, c.ctx, sc, kids[0].ID, "cat", "/data"); got != "pushed\n" {
 		t.Fatalf("a branch of the pod's container reads %q", got)
 	}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/containerd/console"
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -155,7 +157,7 @@ type sandbox struct {
 	// and kills before the snapshotter decides, and must not interleave.
 	mu       sync.Mutex
 	nodes    map[string]*bctx // branch contexts by id, and "0"
-	snapshot *branch.Client
+	snapshot *branchapi.Client
 	pool     *initPool // inits started ahead of forks of the root, or nil
 	nextID   uint64    // the branch id the snapshotter likely gives next (0: not known)
 	initPath initPath  // how its branches start (initpath.go)
@@ -415,7 +417,7 @@ func (c *contexts) prepare(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("sandbox %s: find the branch snapshotter's socket in %s/address: %v: %w", sb.id, root, err, errdefs.ErrUnavailable)
 	}
 	kick := make(chan struct{}, 1)
-	client, err := branch.DialNotify(strings.TrimSpace(string(addr)), func() { wake(kick) })
+	client, err := branchapi.DialNotify(strings.TrimSpace(string(addr)), func() { wake(kick) })
 	if err != nil {
 		return err
 	}
@@ -569,7 +571,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		}
 	}
 	if err != nil {
-		if ctx.Err() != nil || (errdefs.IsUnavailable(err) && !errors.Is(err, branch.ErrNotSent)) {
+		if ctx.Err() != nil || (errdefs.IsUnavailable(err) && !errors.Is(err, branchapi.ErrNotSent)) {
 			// Not answered: what it did there is reconciled.
 			wake(sb.kick)
 		}
@@ -1105,7 +1107,7 @@ func (c *contexts) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *sh
 	}
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
 	if err != nil {
-		if errors.Is(err, branch.ErrNotSent) {
+		if errors.Is(err, branchapi.ErrNotSent) {
 			// The snapshotter never saw it: the branch runs on.
 			c.unhold(ctx, n)
 			return nil, fmt.Errorf("commit %s/%s: not made, the branch runs on: %w", sb.id, n.id, err)

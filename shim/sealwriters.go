@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -23,7 +25,7 @@ import (
 // says:
 //
 //   - SealFreeze: the parent's own processes are frozen first, and the
-//     snapshotter is told so (branch.WithParentFrozen): the freeze is the
+//     snapshotter is told so (branchapi.WithParentFrozen): the freeze is the
 //     seal, nothing is remounted, and files they hold open for writing do
 //     not matter.
 //   - SealReadOnly (the default): the parent's rootfs is made read-only.
@@ -53,7 +55,7 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 			}
 			parent.frozen, froze = true, true
 		}
-		return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branch.WithParentFrozen())
+		return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 	}
 	// A refused seal costs a scan of every open file on the host (to name
 	// the writers): a context whose last fork found its own processes
@@ -65,7 +67,7 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 				return nil, err
 			}
 			parent.frozen, froze = true, true
-			return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branch.WithParentFrozen())
+			return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 		}
 		parent.writers = false
 	}
@@ -101,7 +103,7 @@ func (c *contexts) sealFork(ctx context.Context, sb *sandbox, parent *bctx, init
 		return nil, err
 	}
 	parent.frozen, froze, parent.writers = true, true, true
-	return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branch.WithParentFrozen())
+	return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 }
 
 // ownWriters says whether a process of cgroup's own holds a file open for

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
@@ -62,14 +63,14 @@ func runSandbox(ctx context.Context, env *daemons.Env, timed timer) error {
 	}
 	fmt.Printf("  the sandbox's test: %s\n", test())
 
-	sc, err := branch.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
 	if err != nil {
 		return err
 	}
 	defer sc.Close()
-	var kids []branch.ContextInfo
+	var kids []client.ContextInfo
 	if err := timed(fmt.Sprintf("fork %d branches (each with a running init)", len(fixes)), func() (err error) {
-		kids, err = sc.Fork(ctx, branch.ForkOptions{Count: len(fixes)})
+		kids, err = sc.Fork(ctx, client.ForkOptions{Count: len(fixes)})
 		return err
 	}); err != nil {
 		return err
@@ -89,8 +90,8 @@ func runSandbox(ctx context.Context, env *daemons.Env, timed timer) error {
 			defer wg.Done()
 			r := result{branch: k.ID, fix: fixes[i].name}
 			defer func() { r.took = time.Since(start); results[i] = r }()
-			var out branch.Output
-			st, err := sc.Run(ctx, k.ID, branch.ExecOptions{
+			var out client.Output
+			st, err := sc.Run(ctx, k.ID, client.ExecOptions{
 				Args: []string{"sh", "-c", fixes[i].script + " && sh /project/test.sh"}, Stdout: &out, Stderr: &out,
 			})
 			r.output = strings.TrimSpace(out.String())

@@ -3,7 +3,7 @@
 // Command branchctl forks a running sandbox (a container on the runtime
 // io.containerd.branch.v1 and the snapshotter branch) into branch contexts,
 // runs commands in them, and commits or aborts them. It is a thin layer over
-// the Go client in package branch (branch.NewSandboxClient).
+// the Go client in package client (client.NewSandboxClient).
 package main
 
 import (
@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 const usageHead = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
@@ -267,8 +268,8 @@ func oneArg(pos []string, what string) (string, error) {
 	return pos[0], nil
 }
 
-func dial(ctx context.Context, g globals, sandbox string) (*branch.SandboxClient, error) {
-	return branch.NewSandboxClient(ctx, g.address, g.namespace, sandbox)
+func dial(ctx context.Context, g globals, sandbox string) (*client.SandboxClient, error) {
+	return client.NewSandboxClient(ctx, g.address, g.namespace, sandbox)
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -279,7 +280,7 @@ func printJSON(w io.Writer, v any) error {
 
 func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
-	var opts branch.ForkOptions
+	var opts client.ForkOptions
 	var memory string
 	g.commandFlags(fs)
 	forkFlags(fs, &opts, &memory)
@@ -322,7 +323,7 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 }
 
 // forkFlags registers the options of a fork (fork, self fork).
-func forkFlags(fs *flag.FlagSet, opts *branch.ForkOptions, memory *string) {
+func forkFlags(fs *flag.FlagSet, opts *client.ForkOptions, memory *string) {
 	fs.IntVar(&opts.Count, "n", 1, "number of branches")
 	fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)")
 	fs.StringVar(&opts.Net, "net", "shared", "network: shared (the parent's namespace) or isolated (loopback only)")
@@ -387,7 +388,7 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 		return 1, err
 	}
 	defer c.Close()
-	opts := branch.ExecOptions{Args: cmd, Env: env, Cwd: cwd, Stdin: stdin, Stdout: stdout, Stderr: stderr}
+	opts := client.ExecOptions{Args: cmd, Env: env, Cwd: cwd, Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	var con console.Console
 	if tty {
 		opts.Terminal = true
@@ -527,9 +528,9 @@ func cmdTree(ctx context.Context, g globals, args []string, stdout io.Writer) er
 
 // PrintTree prints a sandbox's contexts as an indented tree, live ones
 // first under their parents, then the ended ones.
-func PrintTree(w io.Writer, sandbox string, nodes []branch.ContextInfo, now time.Time) error {
-	kids := map[string][]branch.ContextInfo{}
-	var ended []branch.ContextInfo
+func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time.Time) error {
+	kids := map[string][]client.ContextInfo{}
+	var ended []client.ContextInfo
 	byID := map[string]bool{}
 	for _, n := range nodes {
 		byID[n.ID] = true
@@ -595,7 +596,7 @@ func size(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-func age(n branch.ContextInfo, now time.Time) string {
+func age(n client.ContextInfo, now time.Time) string {
 	if n.Created.IsZero() {
 		return ""
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/patterns"
 )
 
 const patternsUsage = `Exploration patterns (REF is SANDBOX[/BRANCH]: each forks it, commits one
@@ -56,7 +56,7 @@ branch into it and aborts every other; exit 0 if something was committed,
 // patternCmd is what every pattern command parses.
 type patternCmd struct {
 	g         globals
-	opts      branch.Options
+	opts      patterns.Options
 	memory    string
 	env       multi
 	sandbox   string
@@ -89,8 +89,8 @@ func (p *patternCmd) scoreFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.scoreFile, "score-file", "", "score each branch by the last line of this file it wrote")
 }
 
-func (p *patternCmd) scorer() branch.Scorer {
-	s := branch.Scorer{File: p.scoreFile}
+func (p *patternCmd) scorer() patterns.Scorer {
+	s := patterns.Scorer{File: p.scoreFile}
 	if p.scoreCmd != "" {
 		s.Args = shell(p.scoreCmd)
 	}
@@ -148,7 +148,7 @@ func (p *patternCmd) goalValue() (*float64, error) {
 // runPattern dials the sandbox and runs the pattern until it returns or
 // the command is interrupted (then the pattern aborts what it made), and
 // prints its result.
-func (p *patternCmd) run(ctx context.Context, stdout io.Writer, f func(context.Context, branch.Brancher, string) (*branch.Result, error)) (int, error) {
+func (p *patternCmd) run(ctx context.Context, stdout io.Writer, f func(context.Context, patterns.Brancher, string) (*patterns.Result, error)) (int, error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, unix.SIGTERM)
 	defer stop()
 	c, err := dial(ctx, p.g, p.sandbox)
@@ -187,23 +187,23 @@ func cmdSpeculate(ctx context.Context, g globals, args []string, stdout io.Write
 	if err := p.parse(fs, args, false); err != nil {
 		return 2, err
 	}
-	var attempts []branch.Command
+	var attempts []patterns.Command
 	for _, c := range cmds {
-		attempts = append(attempts, branch.Command{Args: shell(c)})
+		attempts = append(attempts, patterns.Command{Args: shell(c)})
 	}
 	if len(p.cmd) > 0 {
 		if n < 1 {
 			return 2, usageErr("-n %d: want at least 1", n)
 		}
 		for range n {
-			attempts = append(attempts, branch.Command{Args: p.cmd})
+			attempts = append(attempts, patterns.Command{Args: p.cmd})
 		}
 	}
 	if len(attempts) == 0 {
 		return 2, usageErr("no attempts: give -c SH (repeatable) or -- CMD...")
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s branch.Brancher, parent string) (*branch.Result, error) {
-		return branch.Speculate(ctx, s, parent, attempts, p.opts)
+	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+		return patterns.Speculate(ctx, s, parent, attempts, p.opts)
 	})
 }
 
@@ -219,8 +219,8 @@ func cmdBestOfN(ctx context.Context, g globals, args []string, stdout io.Writer)
 	if n < 1 {
 		return 2, usageErr("-n %d: want the number of branches, at least 1", n)
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s branch.Brancher, parent string) (*branch.Result, error) {
-		return branch.BestOfN(ctx, s, parent, n, branch.Command{Args: p.cmd}, p.scorer(), p.opts)
+	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+		return patterns.BestOfN(ctx, s, parent, n, patterns.Command{Args: p.cmd}, p.scorer(), p.opts)
 	})
 }
 
@@ -241,8 +241,8 @@ func cmdTournament(ctx context.Context, g globals, args []string, stdout io.Writ
 	if judge == "" {
 		return 2, usageErr("no --judge: give a shell command that prints a or b")
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s branch.Brancher, parent string) (*branch.Result, error) {
-		return branch.Tournament(ctx, s, parent, n, branch.Command{Args: p.cmd}, branch.Judge{Args: shell(judge), File: file}, p.opts)
+	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+		return patterns.Tournament(ctx, s, parent, n, patterns.Command{Args: p.cmd}, patterns.Judge{Args: shell(judge), File: file}, p.opts)
 	})
 }
 
@@ -257,14 +257,14 @@ func cmdReflexion(ctx context.Context, g globals, args []string, stdout io.Write
 	if k < 1 {
 		return 2, usageErr("--attempts %d: want at least 1", k)
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s branch.Brancher, parent string) (*branch.Result, error) {
-		return branch.Reflexion(ctx, s, parent, k, branch.Command{Args: p.cmd}, p.opts)
+	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+		return patterns.Reflexion(ctx, s, parent, k, patterns.Command{Args: p.cmd}, p.opts)
 	})
 }
 
 func cmdSearch(ctx context.Context, g globals, name string, args []string, stdout io.Writer) (int, error) {
 	var p patternCmd
-	var so branch.SearchOptions
+	var so patterns.SearchOptions
 	beam := name == "beam"
 	fs := p.flags(name, g)
 	fs.IntVar(&so.Width, "width", 2, "children per expanded node")
@@ -287,18 +287,18 @@ func cmdSearch(ctx context.Context, g globals, name string, args []string, stdou
 	if so.Width < 1 || so.Depth < 1 || (beam && so.Keep < 1) || so.Budget < 0 {
 		return 2, usageErr("--width, --depth and --keep must be at least 1, --budget not negative")
 	}
-	search := branch.TreeSearch
+	search := patterns.TreeSearch
 	if beam {
-		search = branch.BeamSearch
+		search = patterns.BeamSearch
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s branch.Brancher, parent string) (*branch.Result, error) {
-		return search(ctx, s, parent, branch.Command{Args: p.cmd}, p.scorer(), so, p.opts)
+	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+		return search(ctx, s, parent, patterns.Command{Args: p.cmd}, p.scorer(), so, p.opts)
 	})
 }
 
 // PrintResult prints what a pattern did: one row per attempt, the matches
 // of a tournament, and what was committed.
-func PrintResult(w io.Writer, sandbox string, r *branch.Result) error {
+func PrintResult(w io.Writer, sandbox string, r *patterns.Result) error {
 	search := r.Pattern == "beam" || r.Pattern == "tree-search"
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	head := "ATTEMPT\tBRANCH\t"

@@ -14,7 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
-	"github.com/branchbox/branchbox/branch/oci"
+	"github.com/branchbox/branchbox/client/oci"
 )
 
 // cmdPush: push SANDBOX[/BRANCH] REF [--plain-http] [--hosts-dir DIR]

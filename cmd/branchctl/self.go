@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 const selfUsage = `usage: branchctl self COMMAND ... (from inside a sandbox run with the
@@ -56,7 +57,7 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 	fs.BoolVar(&g.json, "json", g.json, "print JSON")
 	fs.StringVar(&ref, "branch", "", "the context (default: this one)")
 	var (
-		opts   branch.ForkOptions
+		opts   client.ForkOptions
 		memory string
 	)
 	var detach bool
@@ -71,7 +72,7 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 	if err != nil {
 		return 2, err
 	}
-	c, err := branch.DialSelf(ctx, socket)
+	c, err := client.DialSelf(ctx, socket)
 	if err != nil {
 		return 1, err
 	}
@@ -110,7 +111,7 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 		if len(cmd) == 0 {
 			return 2, fmt.Errorf("no command: write `branchctl self exec %s -- CMD...`: %w", id, errdefs.ErrInvalidArgument)
 		}
-		execID, err := c.Exec(ctx, id, branch.SelfExecOptions{Args: cmd})
+		execID, err := c.Exec(ctx, id, client.SelfExecOptions{Args: cmd})
 		if err != nil {
 			return 1, err
 		}
@@ -213,7 +214,7 @@ func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Wr
 
 // printSelfResult waits for a process started through the socket and
 // prints its output; its exit status is the command's.
-func printSelfResult(ctx context.Context, g globals, c *branch.SelfClient, id, execID string, stdout, stderr io.Writer) (int, error) {
+func printSelfResult(ctx context.Context, g globals, c *client.SelfClient, id, execID string, stdout, stderr io.Writer) (int, error) {
 	res, err := c.Wait(ctx, id, execID)
 	if err != nil {
 		return 1, err
@@ -231,9 +232,9 @@ func printSelfResult(ctx context.Context, g globals, c *branch.SelfClient, id, e
 
 // printSelfTree prints the caller's context and its live descendants as a
 // tree, then the ended ones.
-func printSelfTree(w io.Writer, self string, nodes []branch.ContextInfo, now time.Time) error {
-	kids := map[string][]branch.ContextInfo{}
-	var ended []branch.ContextInfo
+func printSelfTree(w io.Writer, self string, nodes []client.ContextInfo, now time.Time) error {
+	kids := map[string][]client.ContextInfo{}
+	var ended []client.ContextInfo
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tUPPER\tAGE")
 	for _, n := range nodes {

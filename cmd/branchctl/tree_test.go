@@ -6,12 +6,13 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // TestPrintTreeQuarantine: a sandbox whose tree the snapshotter could not
 // recover shows why in branchctl tree.
 func TestPrintTreeQuarantine(t *testing.T) {
-	nodes := []branch.ContextInfo{
+	nodes := []client.ContextInfo{
 		{Node: branch.Node{ID: branch.RootID, State: branch.Live}, Quarantine: "complete the commit of branch 1: disk full"},
 		{Node: branch.Node{ID: "1", Parent: branch.RootID, State: branch.Committing}},
 	}

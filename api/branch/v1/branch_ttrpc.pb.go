@@ -4,6 +4,7 @@ package branchv1
 
 import (
 	context "context"
+
 	ttrpc "github.com/containerd/ttrpc"
 )
 

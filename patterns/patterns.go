@@ -1,8 +1,11 @@
 //go:build linux
 
-package branch
+package patterns
 
 import (
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+
 	"context"
 	"errors"
 	"fmt"
@@ -18,16 +21,16 @@ import (
 
 // Brancher is what the exploration patterns need of a sandbox: fork
 // contexts, run commands in them, commit one, abort the rest.
-// *SandboxClient satisfies it; the patterns' selection logic is tested
+// *client.SandboxClient satisfies it; the patterns' selection logic is tested
 // against a fake.
 type Brancher interface {
-	Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error)
-	Run(ctx context.Context, branch string, opts ExecOptions) (ExitStatus, error)
-	Commit(ctx context.Context, branch string) (SandboxCommitResult, error)
+	Fork(ctx context.Context, opts client.ForkOptions) ([]client.ContextInfo, error)
+	Run(ctx context.Context, branch string, opts client.ExecOptions) (client.ExitStatus, error)
+	Commit(ctx context.Context, branch string) (client.SandboxCommitResult, error)
 	Abort(ctx context.Context, branch string) ([]string, error)
 }
 
-var _ Brancher = (*SandboxClient)(nil)
+var _ Brancher = (*client.SandboxClient)(nil)
 
 // Command is a process to run in a branch: argv (usually sh -c ...) and
 // extra environment.
@@ -50,7 +53,7 @@ type Options struct {
 	BranchTimeout time.Duration
 	// Fork is the template for every fork (Seal, Net, limits); Parent,
 	// Count, Args and From are set by the pattern.
-	Fork ForkOptions
+	Fork client.ForkOptions
 	// Env is added to every command the pattern runs.
 	Env []string
 }
@@ -199,7 +202,7 @@ func newEngine(ctx context.Context, s Brancher, pattern, parent string, opts Opt
 		return nil, nil, fmt.Errorf("%s: timeouts must not be negative: %w", pattern, errdefs.ErrInvalidArgument)
 	}
 	if parent == "" {
-		parent = RootID
+		parent = branch.RootID
 	}
 	e := &engine{
 		s: s, opts: opts, ctx: ctx, started: time.Now(),
@@ -258,7 +261,7 @@ func (e *engine) runN(n int, cmd Command, scorer *Scorer, then func(a *AttemptRe
 func (e *engine) fork(parent string, n, depth int, args []string, record bool) ([]*AttemptResult, error) {
 	fo := e.opts.Fork
 	fo.Parent, fo.Count, fo.Args, fo.From = parent, n, nil, ""
-	if parent == RootID {
+	if parent == branch.RootID {
 		fo.Parent = ""
 	}
 	kids, err := e.s.Fork(e.octx, fo)
@@ -291,7 +294,7 @@ func (e *engine) fork(parent string, n, depth int, args []string, record bool) (
 }
 
 func contextName(id string) string {
-	if id == "" || id == RootID {
+	if id == "" || id == branch.RootID {
 		return "the sandbox"
 	}
 	return "branch " + id
@@ -329,7 +332,7 @@ func (e *engine) abort(id string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), cleanupTimeout)
 	defer cancel()
 	gone, err := e.s.Abort(ctx, id)
-	var se *StaleError
+	var se *branch.StaleError
 	if err != nil && !errors.As(err, &se) && !errdefs.IsNotFound(err) {
 		log.G(e.ctx).WithError(err).WithField("branch", id).Warn("abort of an exploration branch failed")
 		return fmt.Errorf("abort branch %s: %w", id, err)
@@ -345,7 +348,7 @@ func (e *engine) abort(id string) error {
 func (e *engine) commit(id string) error {
 	res, err := e.s.Commit(e.ctx, id)
 	if err != nil {
-		var se *StaleError
+		var se *branch.StaleError
 		if errors.As(err, &se) {
 			e.mu.Lock()
 			e.markEnded(id)
@@ -395,7 +398,7 @@ func (e *engine) finish() *Result {
 // exec runs a command in an attempt's branch within its deadline and the
 // overall timeout. It returns the command's stdout (its last stdoutCap
 // bytes).
-func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (string, ExitStatus, error) {
+func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (string, client.ExitStatus, error) {
 	ctx := e.octx
 	if !a.deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -404,7 +407,7 @@ func (e *engine) exec(a *AttemptResult, c Command, env []string, stdin []byte) (
 	}
 	stdout := &tailBuffer{max: stdoutCap}
 	combined := &tailBuffer{max: feedbackCap}
-	opts := ExecOptions{
+	opts := client.ExecOptions{
 		Args:   c.Args,
 		Env:    append(append(append([]string{}, e.opts.Env...), c.Env...), env...),
 		Stdout: multiWriter{stdout, combined},
@@ -440,7 +443,7 @@ func combinedOf(err error) (string, error) {
 // stopped records why a command in a branch did not finish and aborts
 // the branch (unless it already lost to a sibling's commit).
 func (e *engine) stopped(a *AttemptResult, err error) {
-	var se *StaleError
+	var se *branch.StaleError
 	switch {
 	case e.ctx.Err() != nil:
 		a.Outcome, a.Error = OutcomeAborted, "the caller's context ended: "+e.ctx.Err().Error()
@@ -644,7 +647,7 @@ func Speculate(ctx context.Context, s Brancher, parent string, attempts []Comman
 				e.stopped(a, e.ctx.Err())
 			default:
 				if err := e.commit(a.Branch); err != nil {
-					var se *StaleError
+					var se *branch.StaleError
 					if errors.As(err, &se) {
 						a.Outcome = OutcomeLost
 					} else {

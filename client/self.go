@@ -1,6 +1,6 @@
 //go:build linux
 
-package branch
+package client
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // SelfClient drives the caller's own branch context from inside a sandbox:
@@ -28,10 +29,10 @@ type SelfClient struct {
 // or else SelfSocket.
 func DialSelf(ctx context.Context, path string) (*SelfClient, error) {
 	if path == "" {
-		path = os.Getenv(SelfSocketEnv)
+		path = os.Getenv(branch.SelfSocketEnv)
 	}
 	if path == "" {
-		path = SelfSocket
+		path = branch.SelfSocket
 	}
 	var d net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -88,8 +89,8 @@ type SelfExecOptions struct {
 // Exec starts a process in branch (a descendant of the caller's context, or
 // "" for the caller's own branch) and returns its id for Wait. It has no
 // standard input; the shim keeps its output for Wait.
-func (s *SelfClient) Exec(ctx context.Context, branch string, opts SelfExecOptions) (string, error) {
-	resp, err := s.api.Exec(ctx, &shimv1.SelfExecRequest{Branch: branch, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd})
+func (s *SelfClient) Exec(ctx context.Context, branchID string, opts SelfExecOptions) (string, error) {
+	resp, err := s.api.Exec(ctx, &shimv1.SelfExecRequest{Branch: branchID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd})
 	if err != nil {
 		return "", fromTTRPC(err)
 	}
@@ -97,8 +98,8 @@ func (s *SelfClient) Exec(ctx context.Context, branch string, opts SelfExecOptio
 }
 
 // Wait waits for a process started by Exec.
-func (s *SelfClient) Wait(ctx context.Context, branch, execID string) (SelfResult, error) {
-	resp, err := s.api.Wait(ctx, &shimv1.SelfWaitRequest{Branch: branch, ExecId: execID})
+func (s *SelfClient) Wait(ctx context.Context, branchID, execID string) (SelfResult, error) {
+	resp, err := s.api.Wait(ctx, &shimv1.SelfWaitRequest{Branch: branchID, ExecId: execID})
 	if err != nil {
 		return SelfResult{}, fromTTRPC(err)
 	}
@@ -111,17 +112,17 @@ func (s *SelfClient) Wait(ctx context.Context, branch, execID string) (SelfResul
 }
 
 // Run starts a process in branch and waits for it.
-func (s *SelfClient) Run(ctx context.Context, branch string, opts SelfExecOptions) (SelfResult, error) {
-	id, err := s.Exec(ctx, branch, opts)
+func (s *SelfClient) Run(ctx context.Context, branchID string, opts SelfExecOptions) (SelfResult, error) {
+	id, err := s.Exec(ctx, branchID, opts)
 	if err != nil {
 		return SelfResult{}, err
 	}
-	return s.Wait(ctx, branch, id)
+	return s.Wait(ctx, branchID, id)
 }
 
 // Kill signals a process started by Exec.
-func (s *SelfClient) Kill(ctx context.Context, branch, execID string, sig uint32) error {
-	_, err := s.api.Kill(ctx, &shimv1.SelfKillRequest{Branch: branch, ExecId: execID, Signal: sig})
+func (s *SelfClient) Kill(ctx context.Context, branchID, execID string, sig uint32) error {
+	_, err := s.api.Kill(ctx, &shimv1.SelfKillRequest{Branch: branchID, ExecId: execID, Signal: sig})
 	return fromTTRPC(err)
 }
 
@@ -129,8 +130,8 @@ func (s *SelfClient) Kill(ctx context.Context, branch, execID string, sig uint32
 // branch "" it commits the caller's own context: that kills every process
 // of the context, the caller included, so like exec(2) it returns only on
 // failure (the parent sees the outcome: the changes, and the tree).
-func (s *SelfClient) Commit(ctx context.Context, branch string) (SandboxCommitResult, error) {
-	resp, err := s.api.Commit(ctx, &shimv1.SelfCommitRequest{Branch: branch})
+func (s *SelfClient) Commit(ctx context.Context, branchID string) (SandboxCommitResult, error) {
+	resp, err := s.api.Commit(ctx, &shimv1.SelfCommitRequest{Branch: branchID})
 	if err != nil {
 		return SandboxCommitResult{}, fromTTRPC(err)
 	}
@@ -139,8 +140,8 @@ func (s *SelfClient) Commit(ctx context.Context, branch string) (SandboxCommitRe
 
 // Abort kills and discards branch and its descendants; with "" the
 // caller's own context, which like Commit returns only on failure.
-func (s *SelfClient) Abort(ctx context.Context, branch string) ([]string, error) {
-	resp, err := s.api.Abort(ctx, &shimv1.SelfAbortRequest{Branch: branch})
+func (s *SelfClient) Abort(ctx context.Context, branchID string) ([]string, error) {
+	resp, err := s.api.Abort(ctx, &shimv1.SelfAbortRequest{Branch: branchID})
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
@@ -158,31 +159,31 @@ func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
 }
 
 // Checkpoint records the state of branch ("" for the caller's context).
-func (s *SelfClient) Checkpoint(ctx context.Context, branch, name string) (Checkpoint, error) {
-	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branch, Name: name})
+func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string) (branch.Checkpoint, error) {
+	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branchID, Name: name})
 	if err != nil {
-		return Checkpoint{}, fromTTRPC(err)
+		return branch.Checkpoint{}, fromTTRPC(err)
 	}
-	return CheckpointFromShim(resp.Checkpoint), nil
+	return branch.CheckpointFromShim(resp.Checkpoint), nil
 }
 
 // Checkpoints lists the checkpoints of the caller's context and its
 // descendants.
-func (s *SelfClient) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
+func (s *SelfClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {
 	resp, err := s.api.ListCheckpoints(ctx, &shimv1.SelfListCheckpointsRequest{})
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	out := make([]Checkpoint, len(resp.Checkpoints))
+	out := make([]branch.Checkpoint, len(resp.Checkpoints))
 	for i, c := range resp.Checkpoints {
-		out[i] = CheckpointFromShim(c)
+		out[i] = branch.CheckpointFromShim(c)
 	}
 	return out, nil
 }
 
 // Rollback brings branch ("" for the caller's context) back to a checkpoint
 // of its own.
-func (s *SelfClient) Rollback(ctx context.Context, branch, name string) error {
-	_, err := s.api.Rollback(ctx, &shimv1.SelfRollbackRequest{Branch: branch, Name: name})
+func (s *SelfClient) Rollback(ctx context.Context, branchID, name string) error {
+	_, err := s.api.Rollback(ctx, &shimv1.SelfRollbackRequest{Branch: branchID, Name: name})
 	return fromTTRPC(err)
 }

@@ -1,8 +1,11 @@
 //go:build linux
 
-package branch
+package patterns
 
 import (
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+
 	"context"
 	"fmt"
 	"io"
@@ -35,7 +38,7 @@ type fakeBox struct {
 
 type fakeNode struct {
 	id, parent string
-	state      State
+	state      branch.State
 	winner     string
 	files      map[string]string
 	dead       chan struct{}
@@ -60,7 +63,7 @@ type fakeReply struct {
 
 func newFake(t *testing.T, run func(c *fakeCall) fakeReply) *fakeBox {
 	f := &fakeBox{t: t, run: run, next: 1, nodes: map[string]*fakeNode{
-		RootID: {id: RootID, state: Live, files: map[string]string{"/base": "base"}, dead: make(chan struct{})},
+		branch.RootID: {id: branch.RootID, state: branch.Live, files: map[string]string{"/base": "base"}, dead: make(chan struct{})},
 	}}
 	t.Cleanup(func() {
 		if live := f.live(); len(live) > 0 {
@@ -75,7 +78,7 @@ func (f *fakeBox) live() []string {
 	defer f.mu.Unlock()
 	var out []string
 	for id, n := range f.nodes {
-		if id != RootID && n.state == Live {
+		if id != branch.RootID && n.state == branch.Live {
 			out = append(out, id)
 		}
 	}
@@ -86,22 +89,22 @@ func (f *fakeBox) live() []string {
 func (f *fakeBox) rootFiles() map[string]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return maps.Clone(f.nodes[RootID].files)
+	return maps.Clone(f.nodes[branch.RootID].files)
 }
 
 // get returns a live node or the error the shim would give. Called with
 // f.mu held.
 func (f *fakeBox) get(id string) (*fakeNode, error) {
 	if id == "" {
-		id = RootID
+		id = branch.RootID
 	}
 	n, ok := f.nodes[id]
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("branch %s: %w", id, errdefs.ErrNotFound)
-	case n.state == Stale:
-		return nil, &StaleError{Branch: id, Winner: n.winner}
-	case n.state != Live:
+	case n.state == branch.Stale:
+		return nil, &branch.StaleError{Branch: id, Winner: n.winner}
+	case n.state != branch.Live:
 		return nil, fmt.Errorf("branch %s is %s: %w", id, n.state, errdefs.ErrNotFound)
 	}
 	return n, nil
@@ -110,7 +113,7 @@ func (f *fakeBox) get(id string) (*fakeNode, error) {
 func (f *fakeBox) children(id string) []*fakeNode {
 	var out []*fakeNode
 	for _, n := range f.nodes {
-		if n.parent == id && n.state == Live {
+		if n.parent == id && n.state == branch.Live {
 			out = append(out, n)
 		}
 	}
@@ -119,7 +122,7 @@ func (f *fakeBox) children(id string) []*fakeNode {
 }
 
 // end ends a node and its live subtree.
-func (f *fakeBox) end(n *fakeNode, state State, winner string) []string {
+func (f *fakeBox) end(n *fakeNode, state branch.State, winner string) []string {
 	ids := []string{n.id}
 	for _, k := range f.children(n.id) {
 		ids = append(ids, f.end(k, state, winner)...)
@@ -129,7 +132,7 @@ func (f *fakeBox) end(n *fakeNode, state State, winner string) []string {
 	return ids
 }
 
-func (f *fakeBox) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+func (f *fakeBox) Fork(ctx context.Context, opts client.ForkOptions) ([]client.ContextInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -139,22 +142,22 @@ func (f *fakeBox) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, er
 	if err != nil {
 		return nil, err
 	}
-	var out []ContextInfo
+	var out []client.ContextInfo
 	for range opts.Count {
 		id := strconv.Itoa(f.next)
 		f.next++
-		f.nodes[id] = &fakeNode{id: id, parent: p.id, state: Live, files: maps.Clone(p.files), dead: make(chan struct{})}
-		out = append(out, ContextInfo{Node: Node{ID: id, Parent: p.id, State: Live}})
+		f.nodes[id] = &fakeNode{id: id, parent: p.id, state: branch.Live, files: maps.Clone(p.files), dead: make(chan struct{})}
+		out = append(out, client.ContextInfo{Node: branch.Node{ID: id, Parent: p.id, State: branch.Live}})
 	}
 	return out, nil
 }
 
-func (f *fakeBox) Run(ctx context.Context, branch string, opts ExecOptions) (ExitStatus, error) {
+func (f *fakeBox) Run(ctx context.Context, branchID string, opts client.ExecOptions) (client.ExitStatus, error) {
 	f.mu.Lock()
-	n, err := f.get(branch)
+	n, err := f.get(branchID)
 	if err != nil {
 		f.mu.Unlock()
-		return ExitStatus{}, err
+		return client.ExitStatus{}, err
 	}
 	files := maps.Clone(n.files)
 	f.mu.Unlock()
@@ -183,57 +186,57 @@ func (f *fakeBox) Run(ctx context.Context, branch string, opts ExecOptions) (Exi
 		f.mu.Lock()
 		f.runs++
 		f.mu.Unlock()
-		reply = f.run(&fakeCall{Branch: branch, Args: args, Env: env, Files: files})
+		reply = f.run(&fakeCall{Branch: branchID, Args: args, Env: env, Files: files})
 	}
 	// Output goes out as the command runs; files land when it exits.
 	_, _ = io.WriteString(opts.Stdout, reply.Out)
 	select {
 	case <-time.After(reply.Delay):
 	case <-n.dead:
-		return ExitStatus{Code: 137}, nil
+		return client.ExitStatus{Code: 137}, nil
 	case <-ctx.Done():
-		return ExitStatus{}, ctx.Err()
+		return client.ExitStatus{}, ctx.Err()
 	}
 	f.mu.Lock()
-	if n.state == Live {
+	if n.state == branch.Live {
 		for k, v := range reply.Writes {
 			n.files[k] = v
 		}
 	}
 	f.mu.Unlock()
-	return ExitStatus{Code: reply.Code}, nil
+	return client.ExitStatus{Code: reply.Code}, nil
 }
 
-func (f *fakeBox) Commit(ctx context.Context, branch string) (SandboxCommitResult, error) {
+func (f *fakeBox) Commit(ctx context.Context, branchID string) (client.SandboxCommitResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, err := f.get(branch)
+	n, err := f.get(branchID)
 	if err != nil {
-		return SandboxCommitResult{}, err
+		return client.SandboxCommitResult{}, err
 	}
 	if len(f.children(n.id)) > 0 {
-		return SandboxCommitResult{}, fmt.Errorf("commit %s: it has live branches: %w", n.id, errdefs.ErrFailedPrecondition)
+		return client.SandboxCommitResult{}, fmt.Errorf("commit %s: it has live branches: %w", n.id, errdefs.ErrFailedPrecondition)
 	}
 	p := f.nodes[n.parent]
 	p.files = maps.Clone(n.files)
-	f.end(n, Committed, "")
-	var res SandboxCommitResult
+	f.end(n, branch.Committed, "")
+	var res client.SandboxCommitResult
 	for _, s := range f.children(p.id) {
-		f.end(s, Stale, n.id)
+		f.end(s, branch.Stale, n.id)
 		res.Invalidated = append(res.Invalidated, s.id)
 	}
-	res.Parent = ContextInfo{Node: Node{ID: p.id}}
+	res.Parent = client.ContextInfo{Node: branch.Node{ID: p.id}}
 	return res, nil
 }
 
-func (f *fakeBox) Abort(ctx context.Context, branch string) ([]string, error) {
+func (f *fakeBox) Abort(ctx context.Context, branchID string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, err := f.get(branch)
+	n, err := f.get(branchID)
 	if err != nil {
 		return nil, err
 	}
-	return f.end(n, Aborted, ""), nil
+	return f.end(n, branch.Aborted, ""), nil
 }
 
 func isWriteFile(args []string) bool {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package branch
+package patterns
 
 import (
 	"context"

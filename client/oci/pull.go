@@ -8,6 +8,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -41,7 +43,7 @@ type PullResult struct {
 // name taken after each checkpoint layer, so that rollback and fork --from
 // work on the new node as on the old. Any other image becomes a sandbox
 // as `ctr run` would make it. A pull that fails removes what it made.
-func Pull(ctx context.Context, client *containerd.Client, ref, sandbox string, remote Remote, args ...string) (_ PullResult, retErr error) {
+func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remote Remote, args ...string) (_ PullResult, retErr error) {
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
@@ -50,17 +52,17 @@ func Pull(ctx context.Context, client *containerd.Client, ref, sandbox string, r
 	if sandbox == "" {
 		return PullResult{}, fmt.Errorf("pull %s: name the sandbox to make: %w", ref, errdefs.ErrInvalidArgument)
 	}
-	ctx, done, err := client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	ctx, done, err := cc.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: take a lease: %w", ref, err)
 	}
 	defer done(context.WithoutCancel(ctx))
-	img, err := client.Pull(ctx, ref, containerd.WithResolver(remote.resolver(ctx)), containerd.WithPullUnpack,
+	img, err := cc.Pull(ctx, ref, containerd.WithResolver(remote.resolver(ctx)), containerd.WithPullUnpack,
 		containerd.WithPullSnapshotter(snapshotterName), containerd.WithPlatformMatcher(platforms.Default()))
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
 	}
-	cs := client.ContentStore()
+	cs := cc.ContentStore()
 	md, err := manifestDescriptor(ctx, cs, img.Target(), platforms.Default())
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
@@ -90,7 +92,7 @@ func Pull(ctx context.Context, client *containerd.Client, ref, sandbox string, r
 		}
 	}
 
-	sn := client.SnapshotService(snapshotterName)
+	sn := cc.SnapshotService(snapshotterName)
 	key := sandbox + "-" + img.Target().Digest.Encoded()[:12]
 	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs[:base]).String())
 	if err != nil {
@@ -104,7 +106,7 @@ func Pull(ctx context.Context, client *containerd.Client, ref, sandbox string, r
 		}
 	}()
 	res := PullResult{Ref: ref, Sandbox: sandbox, Lineage: lineage}
-	var bc *branch.Client
+	var bc *branchapi.Client
 	if len(ckAt) > 0 {
 		if bc, err = dialSnapshotterOf(upperOf(mounts)); err != nil {
 			return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
@@ -128,7 +130,7 @@ func Pull(ctx context.Context, client *containerd.Client, ref, sandbox string, r
 	if len(args) > 0 {
 		spec = append(spec, oci.WithProcessArgs(args...))
 	}
-	if _, err := client.NewContainer(ctx, sandbox,
+	if _, err := cc.NewContainer(ctx, sandbox,
 		containerd.WithImage(img), containerd.WithSnapshotter(snapshotterName), containerd.WithSnapshot(key),
 		containerd.WithRuntime(branch.RuntimeName, nil), containerd.WithNewSpec(spec...)); err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: make sandbox %s: %w", ref, sandbox, err)

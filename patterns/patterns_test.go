@@ -1,6 +1,6 @@
 //go:build linux
 
-package branch
+package patterns
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/client"
 )
 
 // forever stands for a command that would not end by itself: only a
@@ -113,7 +115,7 @@ func TestSpeculateStartsFromParent(t *testing.T) {
 		return fakeReply{Writes: map[string]string{"/deep": c.Files["/mid"]}}
 	})
 	ctx := context.Background()
-	mid, _ := f.Fork(ctx, ForkOptions{Count: 1})
+	mid, _ := f.Fork(ctx, client.ForkOptions{Count: 1})
 	f.nodes[mid[0].ID].files["/mid"] = "m"
 	r := must(t)(Speculate(ctx, f, mid[0].ID, []Command{sh("x")}, Options{}))
 	if r.Parent != mid[0].ID || r.Attempts[0].Parent != mid[0].ID {

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/branchbox/branchbox/client/branchapi"
+
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 
@@ -139,7 +141,7 @@ func headOf(byName map[string]branch.Checkpoint, ctxID string) string {
 // dialSnapshotterOf connects to the branch API of the snapshotter that
 // owns upper (a root snapshot's upper directory), found as the shim finds
 // it: its address file, in the snapshotter's root.
-func dialSnapshotterOf(upper string) (*branch.Client, error) {
+func dialSnapshotterOf(upper string) (*branchapi.Client, error) {
 	root, err := branch.RootOfUpper(upper)
 	if err != nil {
 		return nil, err
@@ -148,7 +150,7 @@ func dialSnapshotterOf(upper string) (*branch.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find the branch snapshotter's socket: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	c, err := branch.Dial(strings.TrimSpace(string(addr)))
+	c, err := branchapi.Dial(strings.TrimSpace(string(addr)))
 	if err != nil {
 		return nil, fmt.Errorf("connect to the branch snapshotter: %w", err)
 	}

@@ -1,4 +1,4 @@
-package branch
+package branchapi
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // abortOnly answers Abort with the branch it was asked about.
@@ -47,7 +48,7 @@ func serveTTRPC(t *testing.T, path, name string) *ttrpc.Server {
 func TestDialPrefersTTRPCAndRedials(t *testing.T) {
 	dir := t.TempDir()
 	addr := filepath.Join(dir, "snapshotter.sock")
-	first := serveTTRPC(t, addr+TTRPCSuffix, "first")
+	first := serveTTRPC(t, addr+branch.TTRPCSuffix, "first")
 	c, err := Dial(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -55,13 +56,13 @@ func TestDialPrefersTTRPCAndRedials(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ref := Ref{Root: Root{Key: "k"}, Branch: "3"}
+	ref := branch.Ref{Root: branch.Root{Key: "k"}, Branch: "3"}
 	if got, err := c.Abort(ctx, ref); err != nil || len(got) != 1 || got[0] != "first:3" {
 		t.Fatalf("abort through the first server: %v %v", got, err)
 	}
 
 	first.Close()
-	os.Remove(addr + TTRPCSuffix)
+	os.Remove(addr + branch.TTRPCSuffix)
 	// The client learns of the close from its connection; until a server
 	// is back, calls fail as unavailable.
 	deadline := time.Now().Add(5 * time.Second)
@@ -76,7 +77,7 @@ func TestDialPrefersTTRPCAndRedials(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	serveTTRPC(t, addr+TTRPCSuffix, "second")
+	serveTTRPC(t, addr+branch.TTRPCSuffix, "second")
 	// Under load, about one run in 150 has the first call after the
 	// restart fail as unavailable too (the connection it dialled was
 	// closed under it; not explained yet): the client must still connect
@@ -111,7 +112,7 @@ func TestDialFallsBackToGRPC(t *testing.T) {
 func TestDialNotifyReportsDrops(t *testing.T) {
 	dir := t.TempDir()
 	addr := filepath.Join(dir, "snapshotter.sock")
-	first := serveTTRPC(t, addr+TTRPCSuffix, "first")
+	first := serveTTRPC(t, addr+branch.TTRPCSuffix, "first")
 	drops := make(chan struct{}, 4)
 	c, err := DialNotify(addr, func() { drops <- struct{}{} })
 	if err != nil {
@@ -120,7 +121,7 @@ func TestDialNotifyReportsDrops(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ref := Ref{Root: Root{Key: "k"}, Branch: "3"}
+	ref := branch.Ref{Root: branch.Root{Key: "k"}, Branch: "3"}
 	if _, err := c.Abort(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestDialNotifyReportsDrops(t *testing.T) {
 		t.Fatalf("generation %d before any loss, want 0", g)
 	}
 	first.Close()
-	os.Remove(addr + TTRPCSuffix)
+	os.Remove(addr + branch.TTRPCSuffix)
 	select {
 	case <-drops:
 	case <-time.After(5 * time.Second):
@@ -141,7 +142,7 @@ func TestDialNotifyReportsDrops(t *testing.T) {
 	if !errors.Is(err, ErrNotSent) || !errdefs.IsUnavailable(err) {
 		t.Fatalf("abort with no server: %v; want unavailable and not sent", err)
 	}
-	serveTTRPC(t, addr+TTRPCSuffix, "second")
+	serveTTRPC(t, addr+branch.TTRPCSuffix, "second")
 	if got, err := c.Abort(ctx, ref); err != nil || got[0] != "second:3" {
 		t.Fatalf("abort after the server came back: %v %v", got, err)
 	}

@@ -1,4 +1,4 @@
-package branch
+package branchapi
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // Client talks to the branch API of a containerd-branch-snapshotter.
@@ -43,28 +44,28 @@ func (c *Client) Generation() uint64 { return c.t.generation() }
 func (c *Client) Close() error { return c.t.Close() }
 
 // Fork makes n children of ref over its current state.
-func (c *Client) Fork(ctx context.Context, ref Ref, n int) ([]Info, error) {
+func (c *Client) Fork(ctx context.Context, ref branch.Ref, n int) ([]branch.Info, error) {
 	return c.ForkFrom(ctx, ref, n, "")
 }
 
 // ForkFrom makes n children of ref over its checkpoint named from (its
 // current state if from is ""). Committing one of them replaces ref's state
 // with the child's.
-func (c *Client) ForkFrom(ctx context.Context, ref Ref, n int, from string, opts ...ForkOpt) ([]Info, error) {
+func (c *Client) ForkFrom(ctx context.Context, ref branch.Ref, n int, from string, opts ...ForkOpt) ([]branch.Info, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("fork: n must be at least 1, got %d: %w", n, errdefs.ErrInvalidArgument)
 	}
-	req := &branchv1.ForkRequest{Parent: RefToProto(ref), Count: uint32(n), FromCheckpoint: from}
+	req := &branchv1.ForkRequest{Parent: branch.RefToProto(ref), Count: uint32(n), FromCheckpoint: from}
 	for _, o := range opts {
 		o(req)
 	}
 	resp := &branchv1.ForkResponse{}
 	if err := c.t.invoke(ctx, "Fork", req, resp); err != nil {
-		return nil, FromGRPC(err)
+		return nil, branch.FromGRPC(err)
 	}
-	out := make([]Info, len(resp.Branches))
+	out := make([]branch.Info, len(resp.Branches))
 	for i, b := range resp.Branches {
-		out[i] = InfoFromProto(b)
+		out[i] = branch.InfoFromProto(b)
 	}
 	return out, nil
 }
@@ -82,33 +83,33 @@ func WithParentFrozen() ForkOpt {
 
 // Commit makes the leaf branch ref's changes its parent's. A branch that
 // lost the race gets a *StaleError.
-func (c *Client) Commit(ctx context.Context, ref Ref) (CommitResult, error) {
+func (c *Client) Commit(ctx context.Context, ref branch.Ref) (branch.CommitResult, error) {
 	resp := &branchv1.CommitResponse{}
-	if err := c.t.invoke(ctx, "Commit", &branchv1.CommitRequest{Branch: RefToProto(ref)}, resp); err != nil {
-		return CommitResult{}, FromGRPC(err)
+	if err := c.t.invoke(ctx, "Commit", &branchv1.CommitRequest{Branch: branch.RefToProto(ref)}, resp); err != nil {
+		return branch.CommitResult{}, branch.FromGRPC(err)
 	}
-	return CommitResult{Parent: InfoFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+	return branch.CommitResult{Parent: branch.InfoFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
 }
 
 // Abort discards ref and its descendants, and returns their IDs.
-func (c *Client) Abort(ctx context.Context, ref Ref) ([]string, error) {
+func (c *Client) Abort(ctx context.Context, ref branch.Ref) ([]string, error) {
 	resp := &branchv1.AbortResponse{}
-	if err := c.t.invoke(ctx, "Abort", &branchv1.AbortRequest{Branch: RefToProto(ref)}, resp); err != nil {
-		return nil, FromGRPC(err)
+	if err := c.t.invoke(ctx, "Abort", &branchv1.AbortRequest{Branch: branch.RefToProto(ref)}, resp); err != nil {
+		return nil, branch.FromGRPC(err)
 	}
 	return resp.Aborted, nil
 }
 
 // Tree returns every node of root's branch tree.
-func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
+func (c *Client) Tree(ctx context.Context, root branch.Root) ([]branch.Info, error) {
 	resp := &branchv1.TreeResponse{}
-	if err := c.t.invoke(ctx, "Tree", &branchv1.TreeRequest{Root: RootToProto(root)}, resp); err != nil {
-		return nil, FromGRPC(err)
+	if err := c.t.invoke(ctx, "Tree", &branchv1.TreeRequest{Root: branch.RootToProto(root)}, resp); err != nil {
+		return nil, branch.FromGRPC(err)
 	}
-	out := make([]Info, len(resp.Nodes))
+	out := make([]branch.Info, len(resp.Nodes))
 	for i, b := range resp.Nodes {
-		out[i] = InfoFromProto(b)
-		if out[i].ID == RootID {
+		out[i] = branch.InfoFromProto(b)
+		if out[i].ID == branch.RootID {
 			out[i].Quarantine = resp.Quarantine
 		}
 	}
@@ -116,20 +117,20 @@ func (c *Client) Tree(ctx context.Context, root Root) ([]Info, error) {
 }
 
 // Mounts returns how to mount ref.
-func (c *Client) Mounts(ctx context.Context, ref Ref) ([]mount.Mount, error) {
+func (c *Client) Mounts(ctx context.Context, ref branch.Ref) ([]mount.Mount, error) {
 	resp := &branchv1.MountsResponse{}
-	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: RefToProto(ref)}, resp); err != nil {
-		return nil, FromGRPC(err)
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: branch.RefToProto(ref)}, resp); err != nil {
+		return nil, branch.FromGRPC(err)
 	}
-	return MountsFromProto(resp.Mounts), nil
+	return branch.MountsFromProto(resp.Mounts), nil
 }
 
 // CheckpointMounts returns a read-only mount of the state of checkpoint
 // name, one of ref's own.
-func (c *Client) CheckpointMounts(ctx context.Context, ref Ref, name string) ([]mount.Mount, error) {
+func (c *Client) CheckpointMounts(ctx context.Context, ref branch.Ref, name string) ([]mount.Mount, error) {
 	resp := &branchv1.MountsResponse{}
-	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: RefToProto(ref), Checkpoint: name}, resp); err != nil {
-		return nil, FromGRPC(err)
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: branch.RefToProto(ref), Checkpoint: name}, resp); err != nil {
+		return nil, branch.FromGRPC(err)
 	}
-	return MountsFromProto(resp.Mounts), nil
+	return branch.MountsFromProto(resp.Mounts), nil
 }

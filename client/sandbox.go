@@ -1,6 +1,6 @@
 //go:build linux
 
-package branch
+package client
 
 import (
 	"context"
@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // criSandboxAnnotation groups a pod's containers into one shim.
@@ -76,7 +77,7 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 	}
 	// A CRI pod on the branch handler is recorded as runc-v2's type (its
 	// runtime_path names the branch shim; docs/cri.md): its shim is asked.
-	if rt != RuntimeName && rt != criRuntimeType {
+	if rt != branch.RuntimeName && rt != criRuntimeType {
 		return nil, notBranchRuntime(id, rt)
 	}
 	group := id
@@ -112,7 +113,7 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 const criRuntimeType = "io.containerd.runc.v2"
 
 func notBranchRuntime(id, rt string) error {
-	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, RuntimeName, RuntimeName, errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
 // Close closes the connection to the shim.
@@ -149,7 +150,7 @@ type ForkOptions struct {
 type ContextInfo struct {
 	// Node carries the tree's view: id, parent, state, epochs, times and,
 	// for a stale branch, the winner.
-	Node
+	branch.Node
 	UpperSize   int64    `json:"upperSize"`
 	UpperInodes int64    `json:"upperInodes"`
 	Sealed      bool     `json:"sealed"`
@@ -179,8 +180,8 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 		return ContextInfo{}
 	}
 	i := ContextInfo{
-		Node: Node{
-			ID: c.Id, Parent: c.Parent, State: State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
+		Node: branch.Node{
+			ID: c.Id, Parent: c.Parent, State: branch.State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
 			Winner: c.Winner, WinnerEpoch: c.WinnerEpoch,
 		},
 		UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
@@ -248,8 +249,8 @@ type SandboxCommitResult struct {
 // Commit makes a leaf branch's changes its parent's, visible at once to the
 // parent's running processes. The first commit into a parent wins; a loser
 // gets a *StaleError naming the winner.
-func (s *SandboxClient) Commit(ctx context.Context, branch string) (SandboxCommitResult, error) {
-	resp, err := s.api.Commit(s.ctx(ctx), &shimv1.CommitRequest{Sandbox: s.ID, Branch: branch})
+func (s *SandboxClient) Commit(ctx context.Context, branchID string) (SandboxCommitResult, error) {
+	resp, err := s.api.Commit(s.ctx(ctx), &shimv1.CommitRequest{Sandbox: s.ID, Branch: branchID})
 	if err != nil {
 		return SandboxCommitResult{}, fromTTRPC(err)
 	}
@@ -257,8 +258,8 @@ func (s *SandboxClient) Commit(ctx context.Context, branch string) (SandboxCommi
 }
 
 // Abort kills and discards a branch and its descendants.
-func (s *SandboxClient) Abort(ctx context.Context, branch string) ([]string, error) {
-	resp, err := s.api.Abort(s.ctx(ctx), &shimv1.AbortRequest{Sandbox: s.ID, Branch: branch})
+func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, error) {
+	resp, err := s.api.Abort(s.ctx(ctx), &shimv1.AbortRequest{Sandbox: s.ID, Branch: branchID})
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
@@ -308,11 +309,11 @@ type ExitStatus struct {
 
 // Exec starts a process in a branch, its stdio connected through FIFOs as
 // containerd's own clients do.
-func (s *SandboxClient) Exec(ctx context.Context, branch string, opts ExecOptions) (*Process, error) {
+func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOptions) (*Process, error) {
 	if opts.ID == "" {
 		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
 	}
-	p := &Process{s: s, branch: branch, ID: opts.ID}
+	p := &Process{s: s, branch: branchID, ID: opts.ID}
 	// Output nobody asked for is discarded rather than left unread, which
 	// would fail the process's writes.
 	if opts.Stdout == nil {
@@ -339,12 +340,12 @@ func (s *SandboxClient) Exec(ctx context.Context, branch string, opts ExecOption
 	}
 	pio, err := cio.NewCreator(copts...)(opts.ID)
 	if err != nil {
-		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branch, err)
+		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branchID, err)
 	}
 	p.io = pio
 	cfg := pio.Config()
 	resp, err := s.api.Exec(s.ctx(ctx), &shimv1.ExecRequest{
-		Sandbox: s.ID, Branch: branch, ExecId: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd,
+		Sandbox: s.ID, Branch: branchID, ExecId: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd,
 		Terminal: cfg.Terminal, Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr,
 	})
 	if err != nil {
@@ -405,8 +406,8 @@ func (p *Process) Kill(ctx context.Context, sig uint32) error {
 }
 
 // Run starts a process in a branch and waits for it.
-func (s *SandboxClient) Run(ctx context.Context, branch string, opts ExecOptions) (ExitStatus, error) {
-	p, err := s.Exec(ctx, branch, opts)
+func (s *SandboxClient) Run(ctx context.Context, branchID string, opts ExecOptions) (ExitStatus, error) {
+	p, err := s.Exec(ctx, branchID, opts)
 	if err != nil {
 		return ExitStatus{}, err
 	}
@@ -433,7 +434,7 @@ func fromTTRPC(err error) error {
 	if err == nil {
 		return nil
 	}
-	return FromGRPC(err)
+	return branch.FromGRPC(err)
 }
 
 // Output is a buffer safe for a process's stdout and stderr together:

@@ -1,4 +1,4 @@
-package branch
+package branchapi
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 var branchService = branchv1.Branches_ServiceDesc.ServiceName
@@ -44,8 +45,8 @@ type transport interface {
 // onDrop, if not nil, is called (on a goroutine of its own) each time a
 // connection is lost.
 func dialTransport(address string, onDrop func()) (transport, error) {
-	if fi, err := os.Stat(address + TTRPCSuffix); err == nil && fi.Mode().Type() == os.ModeSocket {
-		return &ttrpcTransport{address: address + TTRPCSuffix, onDrop: onDrop}, nil
+	if fi, err := os.Stat(address + branch.TTRPCSuffix); err == nil && fi.Mode().Type() == os.ModeSocket {
+		return &ttrpcTransport{address: address + branch.TTRPCSuffix, onDrop: onDrop}, nil
 	}
 	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

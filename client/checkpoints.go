@@ -1,0 +1,44 @@
+package client
+
+import (
+	"context"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// Checkpoint records the state of a context of the sandbox ("" for the
+// sandbox itself, or a branch id) as name.
+func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string) (branch.Checkpoint, error) {
+	resp, err := s.api.Checkpoint(s.ctx(ctx), &shimv1.CheckpointRequest{Sandbox: s.ID, Branch: branchID, Name: name})
+	if err != nil {
+		return branch.Checkpoint{}, fromTTRPC(err)
+	}
+	return branch.CheckpointFromShim(resp.Checkpoint), nil
+}
+
+// Checkpoints lists the checkpoints of the sandbox's contexts.
+func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {
+	resp, err := s.api.ListCheckpoints(s.ctx(ctx), &shimv1.ListCheckpointsRequest{Sandbox: s.ID})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	out := make([]branch.Checkpoint, len(resp.Checkpoints))
+	for i, ck := range resp.Checkpoints {
+		out[i] = branch.CheckpointFromShim(ck)
+	}
+	return out, nil
+}
+
+// DeleteCheckpoint removes a checkpoint of the sandbox.
+func (s *SandboxClient) DeleteCheckpoint(ctx context.Context, name string) error {
+	_, err := s.api.DeleteCheckpoint(s.ctx(ctx), &shimv1.DeleteCheckpointRequest{Sandbox: s.ID, Name: name})
+	return fromTTRPC(err)
+}
+
+// Rollback brings a context of the sandbox back to its checkpoint name,
+// visible at once to its running processes.
+func (s *SandboxClient) Rollback(ctx context.Context, branchID, name string) error {
+	_, err := s.api.Rollback(s.ctx(ctx), &shimv1.RollbackRequest{Sandbox: s.ID, Branch: branchID, Name: name})
+	return fromTTRPC(err)
+}
