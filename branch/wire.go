@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
-	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	typesv1 "github.com/branchbox/branchbox/api/types/v1"
 )
 
 // ToGRPC converts an error for a gRPC or ttrpc reply: errdefs kinds become
@@ -146,7 +146,8 @@ func StateFromProto(p branchv1.State) State {
 	return ""
 }
 
-func CheckpointFromProto(c *branchv1.Checkpoint) Checkpoint {
+// CheckpointFromProto converts a checkpoint from either API.
+func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 	if c == nil {
 		return Checkpoint{}
 	}
@@ -158,21 +159,9 @@ func CheckpointFromProto(c *branchv1.Checkpoint) Checkpoint {
 	return out
 }
 
-func CheckpointFromShim(c *shimv1.Checkpoint) Checkpoint {
-	if c == nil {
-		return Checkpoint{}
-	}
-	out := Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
-		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches}
-	if c.Created != nil {
-		out.Created = c.Created.AsTime()
-	}
-	return out
-}
-
-// CheckpointToShim converts a checkpoint for the shim's API.
-func CheckpointToShim(c Checkpoint) *shimv1.Checkpoint {
-	out := &shimv1.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+// CheckpointToProto converts a checkpoint for either API.
+func CheckpointToProto(c Checkpoint) *typesv1.Checkpoint {
+	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches}
 	if !c.Created.IsZero() {
 		out.Created = timestamppb.New(c.Created)

@@ -14,7 +14,7 @@ func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string) (
 	if err != nil {
 		return branch.Checkpoint{}, fromTTRPC(err)
 	}
-	return branch.CheckpointFromShim(resp.Checkpoint), nil
+	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
 
 // Checkpoints lists the checkpoints of the sandbox's contexts.
@@ -25,7 +25,7 @@ func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, e
 	}
 	out := make([]branch.Checkpoint, len(resp.Checkpoints))
 	for i, ck := range resp.Checkpoints {
-		out[i] = branch.CheckpointFromShim(ck)
+		out[i] = branch.CheckpointFromProto(ck)
 	}
 	return out, nil
 }

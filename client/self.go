@@ -164,7 +164,7 @@ func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string) (bra
 	if err != nil {
 		return branch.Checkpoint{}, fromTTRPC(err)
 	}
-	return branch.CheckpointFromShim(resp.Checkpoint), nil
+	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
 
 // Checkpoints lists the checkpoints of the caller's context and its
@@ -176,7 +176,7 @@ func (s *SelfClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, erro
 	}
 	out := make([]branch.Checkpoint, len(resp.Checkpoints))
 	for i, c := range resp.Checkpoints {
-		out[i] = branch.CheckpointFromShim(c)
+		out[i] = branch.CheckpointFromProto(c)
 	}
 	return out, nil
 }

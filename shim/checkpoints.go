@@ -38,7 +38,7 @@ func (c *contexts) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest
 	if err != nil {
 		return nil, err
 	}
-	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToShim(ck)}, nil
+	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(ck)}, nil
 }
 
 // ListCheckpoints lists the checkpoints of the sandbox's contexts.
@@ -55,7 +55,7 @@ func (c *contexts) ListCheckpoints(ctx context.Context, req *shimv1.ListCheckpoi
 	}
 	resp := &shimv1.ListCheckpointsResponse{}
 	for _, ck := range list {
-		resp.Checkpoints = append(resp.Checkpoints, branch.CheckpointToShim(ck))
+		resp.Checkpoints = append(resp.Checkpoints, branch.CheckpointToProto(ck))
 	}
 	return resp, nil
 }

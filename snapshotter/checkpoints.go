@@ -98,27 +98,6 @@ type checkpointDoc struct {
 	Pending map[string]string `json:"pending"`
 }
 
-// CheckpointInfo describes one checkpoint.
-type CheckpointInfo struct {
-	Name    string
-	Context string
-	// Parent is the checkpoint this one holds the changes since;
-	// "(deleted)" once that was deleted (its layer is kept while needed).
-	Parent  string
-	Created time.Time
-	// Size and Entries are what its own layer holds (the change since
-	// Parent).
-	Size    int64
-	Entries int64
-	Depth   int
-	// Head: the context's next checkpoint builds on this one.
-	Head bool
-	// Children are checkpoints built on this one; Branches the live branches
-	// forked from it, which keep it from being deleted.
-	Children []string
-	Branches []string
-}
-
 func loadCheckpoints(tx *bolt.Tx, rootID string) (*checkpointDoc, error) {
 	d := &checkpointDoc{Next: 1, Checkpoints: map[string]*checkpointRecord{}, Deleted: map[uint64]*checkpointRecord{}, Heads: map[string]string{}, Pending: map[string]string{}}
 	b := nestedBucket(tx, bucketBranchbox, bucketCheckpoints)
@@ -288,13 +267,13 @@ func (s *Snapshotter) lockContext(ctx context.Context, c Context) (r rootSnap, i
 // (unique among the checkpoints of its root). A running context is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
-func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_ CheckpointInfo, retErr error) {
+func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_ branch.Checkpoint, retErr error) {
 	if err := validCheckpointName(name); err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	r, id, unlock, err := s.lockContext(ctx, c)
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	defer unlock()
 	var (
@@ -323,17 +302,17 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_
 		return nil
 	})
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	if parent != nil {
 		if prev, err = layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), parent.Seq), "manifest")); err != nil {
-			return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
+			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
 		}
 	}
 	upper := s.contextUpper(r.id(), id)
 	changes, cur, err := layer.Diff(ctx, upper, prev)
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: find changes: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: find changes: %w", c, name, err)
 	}
 	tmp := filepath.Join(s.checkpointBase(r.id()), "new-"+strconv.FormatUint(seq, 10))
 	final := s.checkpointDir(r.id(), seq)
@@ -347,21 +326,21 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_
 	os.RemoveAll(tmp)
 	os.RemoveAll(final)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	st, err := layer.Write(ctx, layer.Source{Root: upper}, changes, filepath.Join(tmp, "fs"))
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: copy changes: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: copy changes: %w", c, name, err)
 	}
 	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
 	}
 	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}}
 	if parent != nil {
@@ -385,11 +364,11 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_
 		return storeCheckpoints(tx, r.id(), d)
 	})
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	s.fault(FaultCheckpointRecorded)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
-	return CheckpointInfo{Name: name, Context: id, Parent: rec.Parent, Created: rec.Created, Size: rec.Size, Entries: rec.Entries, Depth: len(rec.Chain), Head: true}, nil
+	return branch.Checkpoint{Name: name, Context: id, Parent: rec.Parent, Created: rec.Created, Size: rec.Size, Entries: rec.Entries, Depth: len(rec.Chain), Head: true}, nil
 }
 
 // loadBoth reads the branch tree (a new one if none) and the checkpoints of r.
@@ -407,8 +386,8 @@ func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpoi
 
 // Checkpoints lists the checkpoints of a root snapshot's contexts, oldest
 // first.
-func (s *Snapshotter) Checkpoints(ctx context.Context, root Root) ([]CheckpointInfo, error) {
-	var out []CheckpointInfo
+func (s *Snapshotter) Checkpoints(ctx context.Context, root Root) ([]branch.Checkpoint, error) {
+	var out []branch.Checkpoint
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, _, err := s.resolve(ctx, Context{Root: root})
 		if err != nil {
@@ -434,8 +413,8 @@ func (s *Snapshotter) Checkpoints(ctx context.Context, root Root) ([]CheckpointI
 	return out, nil
 }
 
-func describeCheckpoint(t *branch.Tree, d *checkpointDoc, c *checkpointRecord) CheckpointInfo {
-	info := CheckpointInfo{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
+func describeCheckpoint(t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
+	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
 	for _, o := range d.Checkpoints {
 		if o.Parent == c.Name {
 			info.Children = append(info.Children, o.Name)

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
@@ -268,13 +269,13 @@ func TestDeleteMiddleCheckpoint(t *testing.T) {
 		}
 		sameTree(t, "after rollback to "+name, want[name], live)
 	}
-	list := func() map[string]CheckpointInfo {
+	list := func() map[string]branch.Checkpoint {
 		t.Helper()
 		l, err := s.Checkpoints(ctx, sb.root)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]CheckpointInfo{}
+		out := map[string]branch.Checkpoint{}
 		for _, c := range l {
 			out[c.Name] = c
 		}

@@ -133,7 +133,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
-	return &branchv1.CheckpointResponse{Checkpoint: checkpointToProto(c)}, nil
+	return &branchv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(c)}, nil
 }
 
 func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListCheckpointsRequest) (*branchv1.ListCheckpointsResponse, error) {
@@ -143,7 +143,7 @@ func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListC
 	}
 	resp := &branchv1.ListCheckpointsResponse{}
 	for _, c := range list {
-		resp.Checkpoints = append(resp.Checkpoints, checkpointToProto(c))
+		resp.Checkpoints = append(resp.Checkpoints, branch.CheckpointToProto(c))
 	}
 	return resp, nil
 }
@@ -160,12 +160,4 @@ func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequ
 		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.RollbackResponse{}, nil
-}
-
-func checkpointToProto(c CheckpointInfo) *branchv1.Checkpoint {
-	return &branchv1.Checkpoint{
-		Name: c.Name, Context: c.Context, Parent: c.Parent, Created: timestamppb.New(c.Created),
-		Size: c.Size, Entries: c.Entries, Depth: uint32(c.Depth), Head: c.Head,
-		Children: c.Children, Branches: c.Branches,
-	}
 }

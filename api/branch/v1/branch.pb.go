@@ -10,6 +10,7 @@
 package branchv1
 
 import (
+	v1 "github.com/branchbox/branchbox/api/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -1125,127 +1126,6 @@ func (x *Writer) GetPath() string {
 	return ""
 }
 
-type Checkpoint struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// The context it is a state of.
-	Context string `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
-	// The checkpoint this one holds the changes since ("" for a full one,
-	// "(deleted)" once that was deleted).
-	Parent  string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
-	Created *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
-	// Bytes and entries of its own layer.
-	Size    int64  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
-	Entries int64  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
-	Depth   uint32 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
-	// The context's next checkpoint builds on this one.
-	Head          bool     `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
-	Children      []string `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
-	Branches      []string `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Checkpoint) Reset() {
-	*x = Checkpoint{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Checkpoint) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Checkpoint) ProtoMessage() {}
-
-func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
-func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
-}
-
-func (x *Checkpoint) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetContext() string {
-	if x != nil {
-		return x.Context
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetParent() string {
-	if x != nil {
-		return x.Parent
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetCreated() *timestamppb.Timestamp {
-	if x != nil {
-		return x.Created
-	}
-	return nil
-}
-
-func (x *Checkpoint) GetSize() int64 {
-	if x != nil {
-		return x.Size
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetEntries() int64 {
-	if x != nil {
-		return x.Entries
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetDepth() uint32 {
-	if x != nil {
-		return x.Depth
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetHead() bool {
-	if x != nil {
-		return x.Head
-	}
-	return false
-}
-
-func (x *Checkpoint) GetChildren() []string {
-	if x != nil {
-		return x.Children
-	}
-	return nil
-}
-
-func (x *Checkpoint) GetBranches() []string {
-	if x != nil {
-		return x.Branches
-	}
-	return nil
-}
-
 type CheckpointRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
@@ -1256,7 +1136,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1148,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1161,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckpointRequest) GetContext() *Context {
@@ -1300,14 +1180,14 @@ func (x *CheckpointRequest) GetName() string {
 
 type CheckpointResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Checkpoint    *v1.Checkpoint         `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1199,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,10 +1212,10 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
 }
 
-func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
+func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
 	if x != nil {
 		return x.Checkpoint
 	}
@@ -1351,7 +1231,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1243,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1256,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListCheckpointsRequest) GetRoot() *Root {
@@ -1388,14 +1268,14 @@ func (x *ListCheckpointsRequest) GetRoot() *Root {
 
 type ListCheckpointsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	Checkpoints   []*v1.Checkpoint       `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1287,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,10 +1300,10 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
 }
 
-func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
 	if x != nil {
 		return x.Checkpoints
 	}
@@ -1440,7 +1320,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1332,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1345,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteCheckpointRequest) GetRoot() *Root {
@@ -1490,7 +1370,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1382,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1395,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
 }
 
 type RollbackRequest struct {
@@ -1528,7 +1408,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1420,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1433,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{24}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RollbackRequest) GetContext() *Context {
@@ -1578,7 +1458,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1470,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,14 +1483,14 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{25}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{24}
 }
 
 var File_api_branch_v1_branch_proto protoreflect.FileDescriptor
 
 const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/branch/v1/branch.proto\x12\x13branchbox.branch.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"?\n" +
+	"\x1aapi/branch/v1/branch.proto\x12\x13branchbox.branch.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"?\n" +
 	"\x04Root\x12\x12\n" +
 	"\x03key\x18\x01 \x01(\tH\x00R\x03key\x12\x1c\n" +
 	"\bupperdir\x18\x02 \x01(\tH\x00R\bupperdirB\x05\n" +
@@ -1682,31 +1562,18 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x06Writer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\"\x98\x02\n" +
-	"\n" +
-	"Checkpoint\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\acontext\x18\x02 \x01(\tR\acontext\x12\x16\n" +
-	"\x06parent\x18\x03 \x01(\tR\x06parent\x124\n" +
-	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x12\n" +
-	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x18\n" +
-	"\aentries\x18\x06 \x01(\x03R\aentries\x12\x14\n" +
-	"\x05depth\x18\a \x01(\rR\x05depth\x12\x12\n" +
-	"\x04head\x18\b \x01(\bR\x04head\x12\x1a\n" +
-	"\bchildren\x18\t \x03(\tR\bchildren\x12\x1a\n" +
-	"\bbranches\x18\n" +
-	" \x03(\tR\bbranches\"_\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"_\n" +
 	"\x11CheckpointRequest\x126\n" +
 	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"U\n" +
-	"\x12CheckpointResponse\x12?\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"T\n" +
+	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
-	"checkpoint\x18\x01 \x01(\v2\x1f.branchbox.branch.v1.CheckpointR\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +
 	"checkpoint\"G\n" +
 	"\x16ListCheckpointsRequest\x12-\n" +
-	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\"\\\n" +
-	"\x17ListCheckpointsResponse\x12A\n" +
-	"\vcheckpoints\x18\x01 \x03(\v2\x1f.branchbox.branch.v1.CheckpointR\vcheckpoints\"\\\n" +
+	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\"[\n" +
+	"\x17ListCheckpointsResponse\x12@\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1e.branchbox.types.v1.CheckpointR\vcheckpoints\"\\\n" +
 	"\x17DeleteCheckpointRequest\x12-\n" +
 	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
@@ -1748,7 +1615,7 @@ func file_api_branch_v1_branch_proto_rawDescGZIP() []byte {
 }
 
 var file_api_branch_v1_branch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_api_branch_v1_branch_proto_goTypes = []any{
 	(State)(0),                       // 0: branchbox.branch.v1.State
 	(*Root)(nil),                     // 1: branchbox.branch.v1.Root
@@ -1768,22 +1635,22 @@ var file_api_branch_v1_branch_proto_goTypes = []any{
 	(*StaleDetail)(nil),              // 15: branchbox.branch.v1.StaleDetail
 	(*WritersDetail)(nil),            // 16: branchbox.branch.v1.WritersDetail
 	(*Writer)(nil),                   // 17: branchbox.branch.v1.Writer
-	(*Checkpoint)(nil),               // 18: branchbox.branch.v1.Checkpoint
-	(*CheckpointRequest)(nil),        // 19: branchbox.branch.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),       // 20: branchbox.branch.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 21: branchbox.branch.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 22: branchbox.branch.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),  // 23: branchbox.branch.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 24: branchbox.branch.v1.DeleteCheckpointResponse
-	(*RollbackRequest)(nil),          // 25: branchbox.branch.v1.RollbackRequest
-	(*RollbackResponse)(nil),         // 26: branchbox.branch.v1.RollbackResponse
-	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*CheckpointRequest)(nil),        // 18: branchbox.branch.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),       // 19: branchbox.branch.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 20: branchbox.branch.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 21: branchbox.branch.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 22: branchbox.branch.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 23: branchbox.branch.v1.DeleteCheckpointResponse
+	(*RollbackRequest)(nil),          // 24: branchbox.branch.v1.RollbackRequest
+	(*RollbackResponse)(nil),         // 25: branchbox.branch.v1.RollbackResponse
+	(*timestamppb.Timestamp)(nil),    // 26: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),            // 27: branchbox.types.v1.Checkpoint
 }
 var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	1,  // 0: branchbox.branch.v1.Context.root:type_name -> branchbox.branch.v1.Root
 	0,  // 1: branchbox.branch.v1.Branch.state:type_name -> branchbox.branch.v1.State
-	27, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
-	27, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
+	26, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
+	26, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
 	3,  // 4: branchbox.branch.v1.Branch.mounts:type_name -> branchbox.branch.v1.Mount
 	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.Context
 	4,  // 6: branchbox.branch.v1.ForkResponse.branches:type_name -> branchbox.branch.v1.Branch
@@ -1795,36 +1662,35 @@ var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	2,  // 12: branchbox.branch.v1.MountsRequest.context:type_name -> branchbox.branch.v1.Context
 	3,  // 13: branchbox.branch.v1.MountsResponse.mounts:type_name -> branchbox.branch.v1.Mount
 	17, // 14: branchbox.branch.v1.WritersDetail.writers:type_name -> branchbox.branch.v1.Writer
-	27, // 15: branchbox.branch.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
-	2,  // 16: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
-	18, // 17: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.branch.v1.Checkpoint
-	1,  // 18: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
-	18, // 19: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.branch.v1.Checkpoint
-	1,  // 20: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
-	2,  // 21: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
-	5,  // 22: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
-	7,  // 23: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
-	9,  // 24: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
-	11, // 25: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
-	13, // 26: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
-	19, // 27: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
-	21, // 28: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
-	23, // 29: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
-	25, // 30: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
-	6,  // 31: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
-	8,  // 32: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
-	10, // 33: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
-	12, // 34: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
-	14, // 35: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
-	20, // 36: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
-	22, // 37: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
-	24, // 38: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
-	26, // 39: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
-	31, // [31:40] is the sub-list for method output_type
-	22, // [22:31] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	2,  // 15: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
+	27, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	1,  // 17: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
+	27, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	1,  // 19: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
+	2,  // 20: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
+	5,  // 21: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
+	7,  // 22: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
+	9,  // 23: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest
+	11, // 24: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
+	13, // 25: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
+	18, // 26: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
+	20, // 27: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
+	22, // 28: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
+	24, // 29: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
+	6,  // 30: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
+	8,  // 31: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
+	10, // 32: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
+	12, // 33: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
+	14, // 34: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
+	19, // 35: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
+	21, // 36: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
+	23, // 37: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
+	25, // 38: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_api_branch_v1_branch_proto_init() }
@@ -1842,7 +1708,7 @@ func file_api_branch_v1_branch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_branch_v1_branch_proto_rawDesc), len(file_api_branch_v1_branch_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,7 +4,6 @@ package branchv1
 
 import (
 	context "context"
-
 	ttrpc "github.com/containerd/ttrpc"
 )
 

@@ -10,6 +10,7 @@
 package shimv1
 
 import (
+	v1 "github.com/branchbox/branchbox/api/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -1272,122 +1273,6 @@ func (x *TreeResponse) GetNodes() []*Context {
 	return nil
 }
 
-type Checkpoint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Context       string                 `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
-	Parent        string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
-	Created       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
-	Size          int64                  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
-	Entries       int64                  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
-	Depth         uint32                 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
-	Head          bool                   `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
-	Children      []string               `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
-	Branches      []string               `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Checkpoint) Reset() {
-	*x = Checkpoint{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Checkpoint) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Checkpoint) ProtoMessage() {}
-
-func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
-func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *Checkpoint) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetContext() string {
-	if x != nil {
-		return x.Context
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetParent() string {
-	if x != nil {
-		return x.Parent
-	}
-	return ""
-}
-
-func (x *Checkpoint) GetCreated() *timestamppb.Timestamp {
-	if x != nil {
-		return x.Created
-	}
-	return nil
-}
-
-func (x *Checkpoint) GetSize() int64 {
-	if x != nil {
-		return x.Size
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetEntries() int64 {
-	if x != nil {
-		return x.Entries
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetDepth() uint32 {
-	if x != nil {
-		return x.Depth
-	}
-	return 0
-}
-
-func (x *Checkpoint) GetHead() bool {
-	if x != nil {
-		return x.Head
-	}
-	return false
-}
-
-func (x *Checkpoint) GetChildren() []string {
-	if x != nil {
-		return x.Children
-	}
-	return nil
-}
-
-func (x *Checkpoint) GetBranches() []string {
-	if x != nil {
-		return x.Branches
-	}
-	return nil
-}
-
 type CheckpointRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -1400,7 +1285,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1297,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1310,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckpointRequest) GetSandbox() string {
@@ -1451,14 +1336,14 @@ func (x *CheckpointRequest) GetName() string {
 
 type CheckpointResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Checkpoint    *v1.Checkpoint         `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1355,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,10 +1368,10 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
 }
 
-func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
+func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
 	if x != nil {
 		return x.Checkpoint
 	}
@@ -1502,7 +1387,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1399,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1412,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListCheckpointsRequest) GetSandbox() string {
@@ -1539,14 +1424,14 @@ func (x *ListCheckpointsRequest) GetSandbox() string {
 
 type ListCheckpointsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	Checkpoints   []*v1.Checkpoint       `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1443,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,10 +1456,10 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
 }
 
-func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
 	if x != nil {
 		return x.Checkpoints
 	}
@@ -1591,7 +1476,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1488,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1501,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteCheckpointRequest) GetSandbox() string {
@@ -1644,7 +1529,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1541,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1554,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{24}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RollbackRequest) GetSandbox() string {
@@ -1697,7 +1582,7 @@ var File_api_shim_v1_contexts_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\a\n" +
+	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"\a\n" +
 	"\x05Empty\"H\n" +
 	"\x06Limits\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x03R\x06memory\x12\x12\n" +
@@ -1798,32 +1683,19 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\vTreeRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"@\n" +
 	"\fTreeResponse\x120\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"\x98\x02\n" +
-	"\n" +
-	"Checkpoint\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\acontext\x18\x02 \x01(\tR\acontext\x12\x16\n" +
-	"\x06parent\x18\x03 \x01(\tR\x06parent\x124\n" +
-	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x12\n" +
-	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x18\n" +
-	"\aentries\x18\x06 \x01(\x03R\aentries\x12\x14\n" +
-	"\x05depth\x18\a \x01(\rR\x05depth\x12\x12\n" +
-	"\x04head\x18\b \x01(\bR\x04head\x12\x1a\n" +
-	"\bchildren\x18\t \x03(\tR\bchildren\x12\x1a\n" +
-	"\bbranches\x18\n" +
-	" \x03(\tR\bbranches\"Y\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"Y\n" +
 	"\x11CheckpointRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"S\n" +
-	"\x12CheckpointResponse\x12=\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"T\n" +
+	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
-	"checkpoint\x18\x01 \x01(\v2\x1d.branchbox.shim.v1.CheckpointR\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +
 	"checkpoint\"2\n" +
 	"\x16ListCheckpointsRequest\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\"Z\n" +
-	"\x17ListCheckpointsResponse\x12?\n" +
-	"\vcheckpoints\x18\x01 \x03(\v2\x1d.branchbox.shim.v1.CheckpointR\vcheckpoints\"G\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"[\n" +
+	"\x17ListCheckpointsResponse\x12@\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x1e.branchbox.types.v1.CheckpointR\vcheckpoints\"G\n" +
 	"\x17DeleteCheckpointRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"W\n" +
@@ -1859,7 +1731,7 @@ func file_api_shim_v1_contexts_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_contexts_proto_rawDescData
 }
 
-var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: branchbox.shim.v1.Empty
 	(*Limits)(nil),                  // 1: branchbox.shim.v1.Limits
@@ -1879,58 +1751,57 @@ var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*AbortResponse)(nil),           // 15: branchbox.shim.v1.AbortResponse
 	(*TreeRequest)(nil),             // 16: branchbox.shim.v1.TreeRequest
 	(*TreeResponse)(nil),            // 17: branchbox.shim.v1.TreeResponse
-	(*Checkpoint)(nil),              // 18: branchbox.shim.v1.Checkpoint
-	(*CheckpointRequest)(nil),       // 19: branchbox.shim.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),      // 20: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 21: branchbox.shim.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 22: branchbox.shim.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil), // 23: branchbox.shim.v1.DeleteCheckpointRequest
-	(*RollbackRequest)(nil),         // 24: branchbox.shim.v1.RollbackRequest
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*CheckpointRequest)(nil),       // 18: branchbox.shim.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),      // 19: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 20: branchbox.shim.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 21: branchbox.shim.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil), // 22: branchbox.shim.v1.DeleteCheckpointRequest
+	(*RollbackRequest)(nil),         // 23: branchbox.shim.v1.RollbackRequest
+	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),           // 25: branchbox.types.v1.Checkpoint
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	1,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	25, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
-	25, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
+	24, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
+	24, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
 	1,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
 	3,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
-	25, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	24, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
 	3,  // 7: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
-	25, // 8: branchbox.shim.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
-	18, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.shim.v1.Checkpoint
-	18, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.shim.v1.Checkpoint
-	2,  // 11: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
-	5,  // 12: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
-	7,  // 13: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
-	9,  // 14: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
-	10, // 15: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
-	11, // 16: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
-	12, // 17: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
-	14, // 18: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
-	16, // 19: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
-	19, // 20: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
-	21, // 21: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
-	23, // 22: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
-	24, // 23: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
-	4,  // 24: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	6,  // 25: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	8,  // 26: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	0,  // 27: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
-	0,  // 28: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
-	0,  // 29: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
-	13, // 30: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	15, // 31: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	17, // 32: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	20, // 33: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	22, // 34: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	0,  // 35: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
-	0,  // 36: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
-	24, // [24:37] is the sub-list for method output_type
-	11, // [11:24] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	25, // 8: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	25, // 9: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	2,  // 10: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
+	5,  // 11: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
+	7,  // 12: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
+	9,  // 13: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
+	10, // 14: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
+	11, // 15: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
+	12, // 16: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
+	14, // 17: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
+	16, // 18: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
+	18, // 19: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
+	20, // 20: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
+	22, // 21: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
+	23, // 22: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
+	4,  // 23: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	6,  // 24: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	8,  // 25: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	0,  // 26: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
+	0,  // 27: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
+	0,  // 28: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
+	13, // 29: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	15, // 30: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	17, // 31: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	19, // 32: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	21, // 33: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	0,  // 34: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	0,  // 35: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
+	23, // [23:36] is the sub-list for method output_type
+	10, // [10:23] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_contexts_proto_init() }
@@ -1944,7 +1815,7 @@ func file_api_shim_v1_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_contexts_proto_rawDesc), len(file_api_shim_v1_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
