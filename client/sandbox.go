@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,10 +21,9 @@ import (
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
@@ -38,37 +38,32 @@ const criSandboxAnnotation = "io.kubernetes.cri.sandbox-id"
 type SandboxClient struct {
 	ID        string
 	Namespace string
-	conn      *ttrpc.Client
-	api       shimv1.ContextsService
+	// Created is when the container was created.
+	Created time.Time
+	conn    *ttrpc.Client
+	api     shimv1.ContextsService
 }
 
-// NewSandboxClient finds the shim serving container id in a containerd
-// namespace, as containerd does (the shim's socket address is derived from
+// NewSandboxClient finds the shim serving the container name names (see
+// ResolveSandbox) in a containerd namespace, as containerd does (the shim's socket address is derived from
 // containerd's address, the namespace and the id), after checking through
 // containerd's API that the container runs on the branch runtime.
-func NewSandboxClient(ctx context.Context, address, namespace, id string) (*SandboxClient, error) {
-	if id == "" {
-		return nil, fmt.Errorf("no sandbox named: give a container id: %w", errdefs.ErrInvalidArgument)
-	}
-	if namespace == "" {
-		namespace = namespaces.Default
-	}
+func NewSandboxClient(ctx context.Context, address, namespace, name string) (*SandboxClient, error) {
+	namespace = orDefault(namespace)
 	ctx = namespaces.WithNamespace(ctx, namespace)
-	gc, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	gc, err := dialContainerd(address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
+		return nil, err
 	}
 	defer gc.Close()
+	sb, err := resolveWith(ctx, gc, address, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	id := sb.ID
 	resp, err := containersapi.NewContainersClient(gc).Get(ctx, &containersapi.GetContainerRequest{ID: id})
 	if err != nil {
-		err = errgrpc.ToNative(err)
-		switch {
-		case errdefs.IsNotFound(err):
-			return nil, fmt.Errorf("no container %q in namespace %q of containerd at %s (list them with: ctr -n %s containers ls): %w", id, namespace, address, namespace, err)
-		case errdefs.IsUnavailable(err) || strings.Contains(err.Error(), "connect"):
-			return nil, fmt.Errorf("containerd at %s does not answer (is it running? set --address or CONTAINERD_ADDRESS): %w", address, err)
-		}
-		return nil, fmt.Errorf("look up container %s: %w", id, err)
+		return nil, fmt.Errorf("look up sandbox %s: %w", strconv.Quote(name), containerdErr(address, errgrpc.ToNative(err)))
 	}
 	c := resp.Container
 	rt := "none"
@@ -78,7 +73,7 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 	// A CRI pod on the branch handler is recorded as runc-v2's type (its
 	// runtime_path names the branch shim; docs/cri.md): its shim is asked.
 	if rt != branch.RuntimeName && rt != criRuntimeType {
-		return nil, notBranchRuntime(id, rt)
+		return nil, notBranchRuntime(sandboxLabel(name, id), rt)
 	}
 	group := id
 	if c.Spec != nil {
@@ -95,14 +90,15 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 	}
 	conn, err := net.DialTimeout("unix", strings.TrimPrefix(sock, "unix://"), 5*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("container %s has no running shim at %s (start its task: ctr -n %s tasks start %s): %w", id, sock, namespace, id, errdefs.ErrFailedPrecondition)
+		log.G(ctx).WithError(err).WithField("socket", sock).Debug("dial the sandbox's shim")
+		return nil, fmt.Errorf("sandbox %s has no running task (start it: ctr -n %s tasks start %s, or nerdctl start): %w", sandboxLabel(name, id), namespace, id, errdefs.ErrFailedPrecondition)
 	}
 	tc := ttrpc.NewClient(conn)
-	sc := &SandboxClient{ID: id, Namespace: namespace, conn: tc, api: shimv1.NewContextsClient(tc)}
+	sc := &SandboxClient{ID: id, Namespace: namespace, Created: sb.Created, conn: tc, api: shimv1.NewContextsClient(tc)}
 	if rt == criRuntimeType {
 		if _, err := sc.api.Tree(sc.ctx(ctx), &shimv1.TreeRequest{Sandbox: id}); status.Code(err) == codes.Unimplemented {
 			tc.Close()
-			return nil, notBranchRuntime(id, rt+" (runc's shim, not branchbox's)")
+			return nil, notBranchRuntime(sandboxLabel(name, id), rt+" (runc's shim, not branchbox's)")
 		}
 	}
 	return sc, nil
@@ -111,6 +107,15 @@ func NewSandboxClient(ctx context.Context, address, namespace, id string) (*Sand
 // criRuntimeType is the runtime type the CRI handler "branch" records its
 // containers with: runc-v2's, with runtime_path naming the branch shim.
 const criRuntimeType = "io.containerd.runc.v2"
+
+// sandboxLabel names a sandbox in a message as the user did, with its id
+// when they named it otherwise.
+func sandboxLabel(name, id string) string {
+	if name == id {
+		return strconv.Quote(id)
+	}
+	return fmt.Sprintf("%s (id %s)", strconv.Quote(name), id)
+}
 
 func notBranchRuntime(id, rt string) error {
 	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)

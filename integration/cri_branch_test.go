@@ -58,6 +58,12 @@ func TestCRIBranchPodContainer(t *testing.T) {
 		out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/state")
 		return err == nil && strings.TrimSpace(out) == "before"
 	})
+	// A crictl user names the container as crictl shows it.
+	for _, name := range []string{"app", "branchy/app", ctr[:8]} {
+		if id, err := client.ResolveSandbox(c.ctx, c.env.Address, daemons.CRINamespace, name); err != nil || id != ctr {
+			t.Fatalf("resolve %q: %q %v; want %s", name, id, err, ctr)
+		}
+	}
 	before := criView(t, c, ctr)
 	if !strings.Contains(before, "state=CONTAINER_RUNNING") {
 		t.Fatalf("container not running: %s", before)

@@ -124,7 +124,13 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(list) > 0 {
+		fmt.Fprintln(w, "* the context's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it).")
+	}
+	return nil
 }
 
 func cmdRollback(ctx context.Context, g globals, args []string, stdout io.Writer) error {

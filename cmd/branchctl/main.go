@@ -45,6 +45,8 @@ runtime handler branch, in namespace k8s.io):
   commit SANDBOX/BRANCH           make a branch's changes its parent's;
                                   the first commit wins, siblings go
   abort SANDBOX/BRANCH            kill and discard a branch
+  ls                              the sandboxes (containers on the branch
+                                  runtime): id, name, status, live branches
   tree SANDBOX                    every context: state, epoch, processes,
                                   upper size, age
   checkpoint SANDBOX[/BRANCH] NAME
@@ -78,7 +80,11 @@ runtime handler branch, in namespace k8s.io):
 const usage = usageHead + patternsUsage + usageTail
 
 const usageTail = `
-Every command takes --json. --address and --namespace default to
+A SANDBOX is a container's id, a unique id prefix, its nerdctl name, or
+its CRI name (NAME or POD/NAME, namespace k8s.io).
+Every command takes --json: one JSON document on stdout, also on error
+({"error": {"kind", "message", "hint"}}; docs/branchctl.md).
+--address and --namespace default to
 $CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
 /run/containerd/containerd.sock and "default".
 `
@@ -176,9 +182,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 2
 	}
 	name, rest := args[i], args[i+1:]
+	wantJSON := g.json || jsonAfter(rest)
 	var err error
 	code := 0
 	switch name {
+	case "ls":
+		err = cmdLs(ctx, g, rest, stdout)
 	case "fork":
 		err = cmdFork(ctx, g, rest, stdout)
 	case "exec":
@@ -217,32 +226,100 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "branchctl: unknown command %q\n\n%s", name, usage)
-		return 2
+		err = fmt.Errorf("unknown command %s (see branchctl help): %w", strconv.Quote(name), errdefs.ErrInvalidArgument)
+		code = 2
+		if !wantJSON {
+			fmt.Fprintf(stderr, "branchctl: unknown command %s\n\n%s", strconv.Quote(name), usage)
+			return code
+		}
 	}
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(stderr, "branchctl %s: %v\n", name, err)
-		if hint := hintFor(err); hint != "" {
-			fmt.Fprintf(stderr, "hint: %s\n", hint)
-		}
 		if code == 0 {
 			code = 1
+		}
+		hint := hintFor(err, g.namespace)
+		if wantJSON {
+			_ = printJSON(stdout, jsonError{Error: errorBody{Kind: errKind(err), Message: err.Error(), Hint: hint}})
+			return code
+		}
+		fmt.Fprintf(stderr, "branchctl %s: %v\n", name, err)
+		if hint != "" {
+			fmt.Fprintf(stderr, "hint: %s\n", hint)
 		}
 	}
 	return code
 }
 
+// jsonAfter reports whether --json is among a command's flags (before "--").
+func jsonAfter(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--json", "-json", "--json=true", "-json=true":
+			return true
+		}
+	}
+	return false
+}
+
+// jsonError is what every command prints with --json when it fails
+// (docs/branchctl.md#json-output).
+type jsonError struct {
+	Error errorBody `json:"error"`
+}
+
+type errorBody struct {
+	// Kind is the errdefs kind, in kebab case: not-found, invalid-argument...
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+	Hint    string `json:"hint,omitempty"`
+}
+
+// errKind names an error's errdefs kind.
+func errKind(err error) string {
+	var se *branch.StaleError
+	for _, k := range []struct {
+		is   func(error) bool
+		name string
+	}{
+		{func(err error) bool { return errors.As(err, &se) }, "stale"},
+		{errdefs.IsNotFound, "not-found"},
+		{errdefs.IsInvalidArgument, "invalid-argument"},
+		{errdefs.IsAlreadyExists, "already-exists"},
+		{errdefs.IsFailedPrecondition, "failed-precondition"},
+		{errdefs.IsConflict, "conflict"},
+		{errdefs.IsUnavailable, "unavailable"},
+		{errdefs.IsNotImplemented, "not-implemented"},
+		{errdefs.IsPermissionDenied, "permission-denied"},
+		{errdefs.IsResourceExhausted, "resource-exhausted"},
+		{errdefs.IsAborted, "aborted"},
+		{errdefs.IsCanceled, "canceled"},
+		{errdefs.IsDeadlineExceeded, "deadline-exceeded"},
+	} {
+		if k.is(err) {
+			return k.name
+		}
+	}
+	return "unknown"
+}
+
 // hintFor says what to do about an error, where its kind tells.
-func hintFor(err error) string {
+func hintFor(err error, namespace string) string {
 	var se *branch.StaleError
 	switch {
 	case errors.As(err, &se):
 		return fmt.Sprintf("branch %s lost to branch %s; fork again from the parent to keep exploring", se.Branch, se.Winner)
+	case errors.Is(err, client.ErrNoSandbox):
+		if namespace != "k8s.io" {
+			return fmt.Sprintf("see the sandboxes of namespace %s with `branchctl ls` (Kubernetes pods are in namespace k8s.io: `branchctl -n k8s.io ls`)", strconv.Quote(namespace))
+		}
+		return "see the sandboxes with `branchctl -n k8s.io ls`"
 	case errdefs.IsNotFound(err):
-		return "see what exists with `branchctl tree SANDBOX`"
+		return "see the sandbox's contexts and checkpoints with `branchctl tree SANDBOX` and `branchctl checkpoint ls SANDBOX`"
 	case errdefs.IsInvalidArgument(err):
 		return "see `branchctl help`"
 	}
@@ -363,7 +440,7 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 	var cwd string
 	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print the exit status as JSON on stderr")
+	fs.BoolVar(&g.json, "json", g.json, "print the exit status and the command's output as one JSON document")
 	fs.BoolVar(&tty, "t", false, "allocate a terminal")
 	fs.BoolVar(&tty, "tty", false, "allocate a terminal")
 	fs.Var(&env, "env", "add an environment variable (K=V), repeatable")
@@ -389,6 +466,15 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 	}
 	defer c.Close()
 	opts := client.ExecOptions{Args: cmd, Env: env, Cwd: cwd, Stdin: stdin, Stdout: stdout, Stderr: stderr}
+	// With --json the command's output goes into the one JSON document
+	// (exactly one on stdout), not around it.
+	var outBuf, errBuf client.Output
+	if g.json {
+		if tty {
+			return 2, fmt.Errorf("--json and -t: a terminal's output cannot go into JSON: %w", errdefs.ErrInvalidArgument)
+		}
+		opts.Stdout, opts.Stderr = &outBuf, &errBuf
+	}
 	var con console.Console
 	if tty {
 		opts.Terminal = true
@@ -425,12 +511,21 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 		return 1, err
 	}
 	if g.json {
-		_ = printJSON(stderr, st)
+		if err := printJSON(stdout, execResult{ExitStatus: st, Stdout: outBuf.String(), Stderr: errBuf.String()}); err != nil {
+			return 1, err
+		}
 	}
 	if st.OOMKilled {
 		fmt.Fprintf(stderr, "branchctl exec: %v was killed by the OOM killer: branch %s ran out of memory (fork with a larger --memory)\n", cmd, ref)
 	}
 	return st.Code, nil
+}
+
+// execResult is exec's --json document.
+type execResult struct {
+	client.ExitStatus
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
 }
 
 type multi []string
@@ -520,6 +615,13 @@ func cmdTree(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
+	// The shim records the sandbox's own context at its first fork; its
+	// age is the container's.
+	for i := range nodes {
+		if nodes[i].ID == branch.RootID && !c.Created.IsZero() {
+			nodes[i].Created = c.Created
+		}
+	}
 	if g.json {
 		return printJSON(stdout, nodes)
 	}
@@ -545,19 +647,19 @@ func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tPROCS\tUPPER\tAGE")
+	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tSEAL\tPROCS\tUPPER\tAGE")
 	var walk func(id, indent string)
 	walk = func(id, indent string) {
 		list := kids[id]
 		sort.Slice(list, func(i, j int) bool { return numLess(list[i].ID, list[j].ID) })
 		for _, n := range list {
-			fmt.Fprintf(tw, "%s└─ %s\t%s\t%d\t%s\t%d\t%s\t%s\n", indent, n.ID, n.State, n.Epoch, n.Status, len(n.Pids), size(n.UpperSize), age(n, now))
+			fmt.Fprintf(tw, "%s└─ %s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", indent, n.ID, n.State, n.Epoch, n.Status, seal(n), len(n.Pids), size(n.UpperSize), age(n, now))
 			walk(n.ID, indent+"   ")
 		}
 	}
 	for _, n := range nodes {
 		if n.ID == branch.RootID {
-			fmt.Fprintf(tw, "%s (0)\t%s\t%d\t%s\t%d\t%s\t%s\n", sandbox, n.State, n.Epoch, n.Status, len(n.Pids), size(n.UpperSize), age(n, now))
+			fmt.Fprintf(tw, "%s (0)\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", sandbox, n.State, n.Epoch, n.Status, seal(n), len(n.Pids), size(n.UpperSize), age(n, now))
 		}
 	}
 	walk(branch.RootID, "")
@@ -575,9 +677,24 @@ func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time
 		if n.State == branch.Stale {
 			what = fmt.Sprintf("stale (branch %s won)", n.Winner)
 		}
-		fmt.Fprintf(tw, "   %s (ended)\t%s\t%d\t\t\t\t%s\n", n.ID, what, n.Epoch, age(n, now))
+		fmt.Fprintf(tw, "   %s (ended)\t%s\t%d\t\t\t\t\t%s\n", n.ID, what, n.Epoch, age(n, now))
 	}
 	return tw.Flush()
+}
+
+// seal says how a context is sealed while it has branches: its rootfs
+// read-only (--seal ro), or its processes frozen too (--seal freeze).
+func seal(n client.ContextInfo) string {
+	if !n.Sealed {
+		return "none"
+	}
+	switch n.Seal {
+	case "freeze":
+		return "frozen"
+	case "", "ro":
+		return "read-only"
+	}
+	return n.Seal
 }
 
 func numLess(a, b string) bool {

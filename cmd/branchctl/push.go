@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/client/oci"
 )
 
@@ -34,12 +35,16 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
-	client, err := g.dial()
+	// The image is of the container the user named (id, prefix or name).
+	if src.Sandbox, err = client.ResolveSandbox(ctx, g.address, g.namespace, src.Sandbox); err != nil {
+		return err
+	}
+	cc, err := g.dial()
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), client, src, pos[1], remote())
+	defer cc.Close()
+	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), cc, src, pos[1], remote())
 	if err != nil {
 		return err
 	}
@@ -72,19 +77,24 @@ func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
+	// The image is of the container the user named (id, prefix or name).
+	named := src.Sandbox
+	if src.Sandbox, err = client.ResolveSandbox(ctx, g.address, g.namespace, src.Sandbox); err != nil {
+		return err
+	}
 	if name == "" {
 		c := src.Branch
 		if c == "" {
 			c = "0"
 		}
-		name = "branchbox/" + strings.ToLower(src.Sandbox) + ":" + c
+		name = "branchbox/" + strings.ToLower(named) + ":" + c
 	}
-	client, err := g.dial()
+	cc, err := g.dial()
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), client, src, name, pos[1])
+	defer cc.Close()
+	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), cc, src, name, pos[1])
 	if err != nil {
 		return err
 	}
@@ -113,12 +123,12 @@ func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	defer f.Close()
-	client, err := g.dial()
+	cc, err := g.dial()
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), client, f, sn)
+	defer cc.Close()
+	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), cc, f, sn)
 	if err != nil {
 		return err
 	}
@@ -144,12 +154,12 @@ func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	if len(pos) != 2 {
 		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
-	client, err := g.dial()
+	cc, err := g.dial()
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), client, pos[0], pos[1], remote(), cmd...)
+	defer cc.Close()
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), cc, pos[0], pos[1], remote(), cmd...)
 	if err != nil {
 		return err
 	}
@@ -177,9 +187,9 @@ func remoteFlags(fs *flag.FlagSet) func() oci.Remote {
 
 // dial connects to containerd at the address the flags gave.
 func (g globals) dial() (*containerd.Client, error) {
-	client, err := containerd.New(g.address)
+	cc, err := containerd.New(g.address)
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", g.address, err)
 	}
-	return client, nil
+	return cc, nil
 }
