@@ -42,3 +42,18 @@ func SplitUpper(upper string) (root, snapID, branchID string, ok bool) {
 	}
 	return "", "", "", false
 }
+
+// DisplayKey is the snapshot key a user gave, for messages: containerd's
+// metadata store hands a snapshotter NAMESPACE/N/KEY, of which the user
+// knows only KEY (for a container, its id). Quoted, so that whatever the
+// key holds is shown safely.
+func DisplayKey(key string) string {
+	if ns, rest, ok := strings.Cut(key, "/"); ok && ns != "" {
+		if n, k, ok := strings.Cut(rest, "/"); ok && k != "" {
+			if _, err := strconv.ParseUint(n, 10, 64); err == nil {
+				return strconv.Quote(k)
+			}
+		}
+	}
+	return strconv.Quote(key)
+}

@@ -213,7 +213,7 @@ func (e *WritersError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 func (t *Tree) Get(id string) (*Node, error) {
 	n, ok := t.node(id)
 	if !ok {
-		return nil, fmt.Errorf("branch %s of %s: %w", id, t.Root, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("branch %s of %s: %w", strconv.Quote(id), DisplayKey(t.Root), errdefs.ErrNotFound)
 	}
 	switch n.State {
 	case Live:
@@ -305,7 +305,7 @@ type CommitPlan struct {
 // Stale; FinishCommit ends it once the changes are applied.
 func (t *Tree) BeginCommit(id string, now time.Time) (CommitPlan, error) {
 	if id == RootID {
-		return CommitPlan{}, fmt.Errorf("commit: the root of %s has no parent to commit into: %w", t.Root, errdefs.ErrInvalidArgument)
+		return CommitPlan{}, fmt.Errorf("commit: the root of %s has no parent to commit into: %w", DisplayKey(t.Root), errdefs.ErrInvalidArgument)
 	}
 	n, err := t.Get(id)
 	if err != nil {
@@ -389,7 +389,7 @@ func (t *Tree) Committing() []string {
 // Abort discards id and its descendants and returns them, deepest last.
 func (t *Tree) Abort(id string, now time.Time) ([]string, error) {
 	if id == RootID {
-		return nil, fmt.Errorf("abort: the root of %s cannot be aborted; remove the snapshot instead: %w", t.Root, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("abort: the root of %s cannot be aborted; remove the snapshot instead: %w", DisplayKey(t.Root), errdefs.ErrInvalidArgument)
 	}
 	if _, err := t.Get(id); err != nil {
 		return nil, fmt.Errorf("abort: %w", err)

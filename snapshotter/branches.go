@@ -58,11 +58,15 @@ type Root struct {
 	Upperdir string
 }
 
+// String names the root in messages as its user knows it: by the key
+// they gave, or, named by its upper directory (a shim's call), as the
+// sandbox's root snapshot (the shim adds the sandbox's name; the path is
+// internal).
 func (r Root) String() string {
 	if r.Key != "" {
-		return strconv.Quote(r.Key)
+		return branch.DisplayKey(r.Key)
 	}
-	return "upperdir " + strconv.Quote(r.Upperdir)
+	return "the sandbox's root snapshot"
 }
 
 // Context names the root context ("" or branch.RootID) or a branch of a root.
@@ -548,7 +552,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 			}
 			ck := d.Checkpoints[from]
 			if ck == nil {
-				return fmt.Errorf("no checkpoint named %q in %s: %w", from, r.key, errdefs.ErrNotFound)
+				return fmt.Errorf("no checkpoint named %q in %s: %w", from, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 			}
 			if ck.Context != parent {
 				return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", from, ck.Context, parent, errdefs.ErrInvalidArgument)
@@ -1019,7 +1023,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			return nil, err
 		}
 		if tree == nil {
-			return nil, fmt.Errorf("no branch tree for %s: %w", r.key, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("no branch tree for %s: %w", branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
 		tree.SetTombstones(nil)
 	}
@@ -1097,7 +1101,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			return err
 		}
 		if t == nil {
-			return fmt.Errorf("no branch tree for %s: %w", r.key, errdefs.ErrNotFound)
+			return fmt.Errorf("no branch tree for %s: %w", branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
 		if err := t.FinishCommit(id, time.Now()); err != nil {
 			return err
@@ -1607,10 +1611,17 @@ func numLess(a, b string) bool {
 }
 
 func (c Context) String() string {
+	where := c.Root.String()
 	if c.Branch == "" || c.Branch == branch.RootID {
-		return "root snapshot " + c.Root.String()
+		if c.Root.Key != "" {
+			return "root snapshot " + where
+		}
+		return where
 	}
-	return "branch " + c.Branch + " of " + c.Root.String()
+	if c.Root.Key == "" {
+		where = "the sandbox"
+	}
+	return "branch " + strconv.Quote(c.Branch) + " of " + where
 }
 
 func getSnapshot(ctx context.Context, key string) (storage.Snapshot, error) {

@@ -443,7 +443,7 @@ func TestBranchBadInput(t *testing.T) {
 			_, err := s.Fork(ctx, Context{Root: Root{Upperdir: s.root + "/snapshots/" + id + "/work"}}, 1)
 			return err
 		}(), errdefs.IsInvalidArgument, "not a snapshot's or a branch's upper"},
-		{"unknown branch", func() error { _, err := s.CommitBranch(ctx, sb.ctx("42")); return err }(), errdefs.IsNotFound, "branch 42"},
+		{"unknown branch", func() error { _, err := s.CommitBranch(ctx, sb.ctx("42")); return err }(), errdefs.IsNotFound, `branch "42" of "sb"`},
 		{"non-numeric branch", func() error { _, err := s.Abort(ctx, sb.ctx("../1")); return err }(), errdefs.IsInvalidArgument, "not a number"},
 		{"commit the root", func() error { _, err := s.CommitBranch(ctx, sb.ctx("")); return err }(), errdefs.IsInvalidArgument, "no parent"},
 		{"abort the root", func() error { _, err := s.Abort(ctx, sb.ctx("0")); return err }(), errdefs.IsInvalidArgument, "cannot be aborted"},
@@ -455,6 +455,11 @@ func TestBranchBadInput(t *testing.T) {
 		if tc.err == nil || !tc.is(tc.err) || !strings.Contains(tc.err.Error(), tc.says) {
 			t.Errorf("%s: got %v, want the right kind saying %q", tc.name, tc.err, tc.says)
 		}
+	}
+	// Named by its upper directory (a shim's call), the message names the
+	// branch and not the snapshotter's internal path.
+	if _, err := s.CommitBranch(ctx, Context{Root: Root{Upperdir: s.upperPath(id)}, Branch: "42"}); !errdefs.IsNotFound(err) || strings.Contains(err.Error(), s.root) || !strings.Contains(err.Error(), `branch "42"`) {
+		t.Errorf("unknown branch by upperdir: %v; want not found, naming the branch and not %s", err, s.root)
 	}
 	// Addressing by upper directory works, for the root and for a branch.
 	if _, err := s.Tree(ctx, Root{Upperdir: s.upperPath(id)}); err != nil {

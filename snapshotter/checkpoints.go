@@ -293,7 +293,7 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_
 			return fmt.Errorf("%s has no parent layers (a bind mount, not an overlay): %w", c, errdefs.ErrNotImplemented)
 		}
 		if _, ok := d.Checkpoints[name]; ok {
-			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, r.key, errdefs.ErrAlreadyExists)
+			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
 		}
 		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
 			parent = p
@@ -356,7 +356,7 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_
 			return err
 		}
 		if _, ok := d.Checkpoints[name]; ok || d.Next != seq {
-			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", r.key, errdefs.ErrAborted)
+			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", branch.DisplayKey(r.key), errdefs.ErrAborted)
 		}
 		d.Checkpoints[name] = rec
 		d.Heads[id] = name
@@ -448,7 +448,7 @@ func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root Root, name stri
 		}
 		c := d.Checkpoints[name]
 		if c == nil {
-			return fmt.Errorf("no checkpoint named %q in %s: %w", name, r.key, errdefs.ErrNotFound)
+			return fmt.Errorf("no checkpoint named %q in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
 		if info := describeCheckpoint(tree, d, c); len(info.Branches) > 0 {
 			return fmt.Errorf("branches %s are built on it; commit or abort them first: %w", strings.Join(info.Branches, ", "), errdefs.ErrFailedPrecondition)
@@ -511,7 +511,7 @@ func (s *Snapshotter) Rollback(ctx context.Context, c Context, name string) erro
 		}
 		ck := d.Checkpoints[name]
 		if ck == nil {
-			return fmt.Errorf("no checkpoint named %q in %s: %w", name, r.key, errdefs.ErrNotFound)
+			return fmt.Errorf("no checkpoint named %q in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
 		if ck.Context != id {
 			return fmt.Errorf("checkpoint %q is of context %s, not of this one: %w", name, ck.Context, errdefs.ErrInvalidArgument)
