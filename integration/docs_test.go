@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,5 +200,38 @@ func processGroup(pgid int) []int {
 func waitGone(pgid int, d time.Duration) {
 	for end := time.Now().Add(d); time.Now().Before(end) && len(processGroup(pgid)) > 0; {
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDocsLinks: every relative link of the README and docs/ leads to a
+// file of the repository.
+func TestDocsLinks(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{filepath.Join(root, "README.md")}
+	_ = filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			files = append(files, p)
+		}
+		return err
+	})
+	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(data), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(f), target)); err != nil {
+				rel, _ := filepath.Rel(root, f)
+				t.Errorf("%s links to %s, which does not exist", rel, target)
+			}
+		}
 	}
 }
