@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/apply"
@@ -1592,8 +1593,8 @@ func (s *Snapshotter) cleanTempMounts(ctx context.Context) error {
 }
 
 func ownerOf(path string) (int, int, error) {
-	var st syscallStat
-	if err := lstat(path, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
 		return 0, 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return int(st.Uid), int(st.Gid), nil

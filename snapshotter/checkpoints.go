@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/apply"
@@ -883,8 +884,8 @@ func setHead(tx *bolt.Tx, rootID, id, name string) error {
 
 // copyDirAttrs gives directory dst the owner, mode and times of src.
 func copyDirAttrs(src, dst string) error {
-	var st syscallStat
-	if err := lstat(src, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", src, err)
 	}
 	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {

@@ -16,10 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-type syscallStat = unix.Stat_t
-
-func lstat(path string, st *unix.Stat_t) error { return unix.Lstat(path, st) }
-
 // liveMountInfo is where the host sees an overlay with a given upper.
 type liveMountInfo struct {
 	target   string // a mount point of it; "" if not mounted

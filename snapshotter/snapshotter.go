@@ -66,14 +66,7 @@ var (
 type Opt func(*config)
 
 type config struct {
-	mountOptions []string
-	fault        func(point string)
-}
-
-// WithMountOptions adds options to every overlay mount the snapshotter
-// returns (not to bind mounts).
-func WithMountOptions(options ...string) Opt {
-	return func(c *config) { c.mountOptions = append(c.mountOptions, options...) }
+	fault func(point string)
 }
 
 // New opens (creating if needed) a snapshotter rooted at root. It takes an
@@ -116,7 +109,7 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		return nil, fmt.Errorf("open snapshot metadata in %s: %w", root, err)
 	}
 
-	options := append([]string(nil), c.mountOptions...)
+	var options []string
 	// index=off keeps overlay from refusing to remount an upper with a
 	// different lower stack, which branches do routinely.
 	if !hasOption(options, "index") && supportsIndex() {

@@ -12,9 +12,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
 // guard is a sentinel directory beside upper and target. check proves that

@@ -22,6 +22,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
 // TempPrefix starts the name of every temporary entry Apply creates in
@@ -561,7 +563,7 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 	// O_NONBLOCK: should the entry have become a fifo since the stat, the
 	// open must not hang; the fstat below rejects it.
 	a.hook("upper", rel)
-	src, err := openBeneath(upFd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	src, err := safeopen.OpenBeneath(upFd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return fail(rel, "open upper file", err)
 	}
@@ -577,7 +579,7 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 		dst, err := unix.Openat2(tgtFd, tmp, &unix.OpenHow{
 			Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 			Mode:    0o600,
-			Resolve: beneath,
+			Resolve: safeopen.Resolve,
 		})
 		if err != nil {
 			if err == unix.EEXIST {
@@ -790,7 +792,7 @@ func (a *applier) hardlink(tgtFd int, rel, name, first string) error {
 	dir, base := path.Split(first)
 	srcDir := a.tgtRoot
 	if dir != "" {
-		fd, err := openBeneath(a.tgtRoot, strings.TrimSuffix(dir, "/"), unix.O_PATH|unix.O_DIRECTORY)
+		fd, err := safeopen.OpenBeneath(a.tgtRoot, strings.TrimSuffix(dir, "/"), unix.O_PATH|unix.O_DIRECTORY)
 		if err != nil {
 			return fail(rel, "open directory of link target "+first, err)
 		}
@@ -840,7 +842,7 @@ func (a *applier) inTargetUpper(rel string) bool {
 		}
 		a.peekDir = dir
 		a.peekFd = -1
-		if fd, err := openBeneath(a.tgtUpper, dir, unix.O_PATH|unix.O_DIRECTORY); err == nil {
+		if fd, err := safeopen.OpenBeneath(a.tgtUpper, dir, unix.O_PATH|unix.O_DIRECTORY); err == nil {
 			a.peekFd = fd
 		}
 	}

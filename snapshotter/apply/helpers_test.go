@@ -11,8 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/snapshotter/fstree"
 )
 
 func requireRoot(t testing.TB) {

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
 // A Journal records, while Apply changes a target overlay mount, the
@@ -106,7 +108,7 @@ func (j *Journal) upperDir(rel string) (int, error) {
 	if err := j.open(); err != nil {
 		return -1, err
 	}
-	fd, err := openBeneath(j.upFd, rel, unix.O_PATH|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(j.upFd, rel, unix.O_PATH|unix.O_DIRECTORY)
 	if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
 		return -1, nil
 	}
@@ -317,7 +319,7 @@ func (j *Journal) clear(rel string, keepDir bool) error {
 	if rel == "" {
 		return nil // the root is never removed, only its metadata put back
 	}
-	fd, err := openBeneath(j.upFd, dotIfEmpty(dir), unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(j.upFd, dotIfEmpty(dir), unix.O_RDONLY|unix.O_DIRECTORY)
 	if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
 		// No directory there now: nothing below it to remove (what is
 		// there instead is cleared with the parent's own record).
@@ -383,7 +385,7 @@ func (j *Journal) putBack(r *record) error {
 		return nil
 	}
 	dir, base := splitRel(r.rel)
-	pfd, err := openBeneath(j.upFd, dotIfEmpty(dir), unix.O_PATH|unix.O_DIRECTORY)
+	pfd, err := safeopen.OpenBeneath(j.upFd, dotIfEmpty(dir), unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return fmt.Errorf("open parent: %w", err)
 	}
@@ -396,7 +398,7 @@ func (j *Journal) putBack(r *record) error {
 			return fmt.Errorf("mkdir: %w", err)
 		}
 	}
-	fd, err := openBeneath(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
 	}
@@ -427,7 +429,7 @@ func (j *Journal) putBack(r *record) error {
 }
 
 func (j *Journal) setTimes(r *record) error {
-	fd, err := openBeneath(j.upFd, dotIfEmpty(r.rel), unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(j.upFd, dotIfEmpty(r.rel), unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
 // Needs is what applying an upper layer will take from the target's
@@ -185,7 +187,7 @@ func (m *measurer) checkRemoval(tgt []int, rel, name string, depth int) error {
 				}
 				m.layers[i] = fd
 			}
-			if fd, err := openBeneath(m.layers[i], dotIfEmpty(rel), unix.O_PATH|unix.O_DIRECTORY); err == nil {
+			if fd, err := safeopen.OpenBeneath(m.layers[i], dotIfEmpty(rel), unix.O_PATH|unix.O_DIRECTORY); err == nil {
 				tgt[i] = fd
 			}
 		}

@@ -9,30 +9,13 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/safeopen"
 )
-
-// beneath is the resolution every open of a path inside upper or target uses:
-// the kernel itself refuses "..", absolute paths, symlinks and magic links, so
-// no check-then-use race can lead outside the directory fd.
-const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-
-// openBeneath opens name (one component or a relative path) under dirfd.
-func openBeneath(dirfd int, name string, flags int) (int, error) {
-	for {
-		fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{
-			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
-			Resolve: beneath,
-		})
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		return fd, err
-	}
-}
 
 // openDir opens a directory beneath dirfd for reading its entries.
 func openDir(dirfd int, name string) (int, error) {
-	return openBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	return safeopen.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 }
 
 func lstatAt(dirfd int, name string) (unix.Stat_t, error) {

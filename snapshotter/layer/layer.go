@@ -23,6 +23,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
 // Entry is what a manifest records of one path of an upper: enough to tell
@@ -164,7 +166,7 @@ func (d *differ) dir(fd int, rel string, underAdded bool, depth int) error {
 		if !isDir {
 			return nil
 		}
-		sub, err := openBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+		sub, err := safeopen.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			if err == unix.ENOENT {
 				return nil
@@ -197,21 +199,6 @@ func readNames(fd int, fn func(name string) error) error {
 				return err
 			}
 		}
-	}
-}
-
-const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-
-func openBeneath(dirfd int, name string, flags int) (int, error) {
-	for {
-		fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{
-			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
-			Resolve: beneath,
-		})
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		return fd, err
 	}
 }
 
@@ -383,7 +370,7 @@ func (w *writer) change(c Change, merged bool) error {
 	}
 	pfd := w.src
 	if dir != "" {
-		fd, err := openBeneath(w.src, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+		fd, err := safeopen.OpenBeneath(w.src, dir, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			if merged && (err == unix.ENOENT || err == unix.ENOTDIR) {
 				return whiteout(out)
@@ -427,7 +414,7 @@ func (w *writer) ensureDir(rel string) error {
 	if err := w.ensureDir(parent(rel)); err != nil {
 		return err
 	}
-	fd, err := openBeneath(w.src, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(w.src, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return fmt.Errorf("open directory %s: %w", rel, err)
 	}
@@ -463,7 +450,7 @@ func (w *writer) tree(dirfd int, name, out string, st *unix.Stat_t, opaque bool,
 	if err := w.mkdir(dirfd, name, out, st, opaque); err != nil {
 		return err
 	}
-	fd, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := safeopen.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", out, err)
 	}
@@ -541,7 +528,7 @@ func (w *writer) entry(dirfd int, name, rel, out string, st *unix.Stat_t) error 
 func (w *writer) file(dirfd int, name, rel, out string, st *unix.Stat_t) error {
 	// O_NONBLOCK: an entry that became a fifo since the stat must not hang
 	// the open; the fstat below catches it.
-	in, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	in, err := safeopen.OpenBeneath(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", rel, err)
 	}
