@@ -2,6 +2,10 @@
 
 package shim
 
+// The branch contexts of the shim's sandboxes: the state the shim keeps
+// for each sandbox and each of its contexts. The API is contexts_api.go,
+// their life contexts_lifecycle.go, events and the reaper beside them.
+
 import (
 	"context"
 	"fmt"
