@@ -1,0 +1,348 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// Recovery at start: decided operations of every branch tree finished or
+// undone, seals restored, orphans and temporary mounts removed. Checkpoints'
+// recovery (checkpoints.go) runs from here too.
+
+// recoverBranches finishes what a crash interrupted: commits that were
+// decided are carried through, and every sealed context is made to match
+// its children again. Orphaned layers go with Cleanup. A tree whose
+// recovery fails is quarantined (quarantine.go), not the daemon's end.
+func (s *Snapshotter) recoverBranches(ctx context.Context) error {
+	var (
+		trees map[string]*branch.Tree
+		bad   map[string]error
+	)
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		trees, bad, err = allTrees(tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	for rootID, err := range bad {
+		s.quarantineTree(ctx, rootID, "snapshot "+rootID, err)
+	}
+	for rootID, t := range trees {
+		if err := s.recoverTree(ctx, rootID, t); err != nil {
+			s.quarantineTree(ctx, rootID, t.Root, err)
+		}
+	}
+	return nil
+}
+
+// recoverTree completes the commits of tree t (of root snapshot rootID)
+// that were decided, and reseals its contexts; a tree whose root snapshot
+// is gone is deleted.
+func (s *Snapshotter) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
+	var r rootSnap
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		r, _, err = s.resolve(ctx, Context{Root: Root{Key: t.Root}})
+		return err
+	})
+	if (err != nil && errdefs.IsNotFound(err)) || (err == nil && r.id() != rootID) {
+		log.G(ctx).WithError(err).WithField("root", t.Root).Warn("branch tree without its root snapshot; removing it")
+		return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error { return deleteTree(tx, rootID) })
+	}
+	if err != nil {
+		return fmt.Errorf("find root snapshot %q: %w", t.Root, err)
+	}
+	defer s.locks.lock(r.id())()
+	for _, id := range t.Committing() {
+		log.G(ctx).WithFields(log.Fields{"root": t.Root, "branch": id}).Info("completing a commit interrupted by a crash")
+		if _, err := s.finishCommit(ctx, r, id, true, nil, nil); err != nil {
+			return fmt.Errorf("complete the commit of branch %s: %w", id, err)
+		}
+	}
+	if err := s.resealAll(ctx, r); err != nil {
+		return fmt.Errorf("reseal its contexts: %w", err)
+	}
+	return nil
+}
+
+// resealAll makes every context of r that a fork sealed match its
+// children again: read-only while it has some, writable once it has none.
+func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
+	var t *branch.Tree
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		t, err = loadTree(tx, r.id())
+		return err
+	}); err != nil || t == nil {
+		return err
+	}
+	mounts, err := readOverlayMounts()
+	if err != nil {
+		return err
+	}
+	for id, n := range t.Nodes {
+		if n.SealedByUs && t.Sealed(id) {
+			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
+			if errors.Is(err, errSuperblockBusy) {
+				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return s.unsealIdle(ctx, r)
+}
+
+// orphanBranchDirectories lists branch layers that no tree owns, and
+// temporary commit mounts left by a crash.
+func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, ids map[string]string) ([]string, error) {
+	trees, bad, err := allTrees(tx)
+	if err != nil {
+		return nil, err
+	}
+	var orphans []string
+	base := filepath.Join(s.root, "branches")
+	roots, err := os.ReadDir(base)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, rd := range roots {
+		if bad[rd.Name()] != nil {
+			continue // quarantined: its layers are all there is to recover it from
+		}
+		t, ok := trees[rd.Name()]
+		if _, live := ids[rd.Name()]; !ok || !live {
+			orphans = append(orphans, filepath.Join(base, rd.Name()))
+			continue
+		}
+		layered := map[string]bool{}
+		for _, id := range t.Layered() {
+			layered[id] = true
+		}
+		entries, err := os.ReadDir(filepath.Join(base, rd.Name()))
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			if !layered[e.Name()] {
+				orphans = append(orphans, filepath.Join(base, rd.Name(), e.Name()))
+			}
+		}
+	}
+	for _, o := range orphans {
+		detachMountsUsing(ctx, o)
+	}
+	return orphans, nil
+}
+
+// cleanTempMounts unmounts and removes the temporary commit mounts a crash
+// left behind. Only at start: while serving, a commit may be using one.
+func (s *Snapshotter) cleanTempMounts(ctx context.Context) error {
+	mnt := filepath.Join(s.root, "mnt")
+	entries, err := os.ReadDir(mnt)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, e := range entries {
+		p := filepath.Join(mnt, e.Name())
+		if err := mount.UnmountAll(p, 0); err != nil {
+			return fmt.Errorf("unmount leftover commit mount %s: %w", p, err)
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+		log.G(ctx).WithField("path", p).Info("removed leftover commit mount")
+	}
+	return nil
+}
+
+// recoverCheckpoints completes the rollbacks a crash interrupted.
+func (s *Snapshotter) recoverCheckpoints(ctx context.Context) error {
+	todo, err := s.pendingRollbacks(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, p := range todo {
+		if s.quarantined.cause(p.rootID) != nil {
+			continue // retried with the rest of its tree
+		}
+		if err := s.finishPendingRollback(ctx, p); err != nil {
+			s.quarantineTree(ctx, p.rootID, "snapshot "+p.rootID, err)
+		}
+	}
+	return nil
+}
+
+// pendingRollback is a rollback that was decided and not finished.
+type pendingRollback struct{ rootID, ctxID, name string }
+
+// pendingRollbacks lists the unfinished rollbacks of root snapshot rootID,
+// or of every root if rootID is "". A root whose checkpoint record cannot
+// be decoded is quarantined.
+func (s *Snapshotter) pendingRollbacks(ctx context.Context, rootID string) ([]pendingRollback, error) {
+	var todo []pendingRollback
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		b := nestedBucket(tx, bucketBranchbox, bucketCheckpoints)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			if rootID != "" && string(k) != rootID {
+				return nil
+			}
+			var d checkpointDoc
+			if err := json.Unmarshal(v, &d); err != nil {
+				err = fmt.Errorf("decode checkpoints of snapshot %s: %v: %w", k, err, errdefs.ErrDataLoss)
+				if rootID != "" {
+					return err
+				}
+				s.quarantineTree(ctx, string(k), "snapshot "+string(k), err)
+				return nil
+			}
+			for id, name := range d.Pending {
+				todo = append(todo, pendingRollback{string(k), id, name})
+			}
+			return nil
+		})
+	})
+	return todo, err
+}
+
+// finishPendingRollback completes a rollback a crash interrupted.
+func (s *Snapshotter) finishPendingRollback(ctx context.Context, p pendingRollback) error {
+	var r rootSnap
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil {
+			return err
+		}
+		key, ok := ids[p.rootID]
+		if !ok {
+			return fmt.Errorf("snapshot %s: %w", p.rootID, errdefs.ErrNotFound)
+		}
+		r, _, err = s.resolve(ctx, Context{Root: Root{Key: key}})
+		return err
+	})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("snapshot", p.rootID).Warn("rollback pending for a snapshot that is gone")
+		return nil
+	}
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.ctxID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
+	unlock := s.locks.lock(r.id())
+	err = s.finishRollback(ctx, r, p.ctxID, p.name)
+	unlock()
+	if err != nil {
+		return fmt.Errorf("complete the rollback of context %s to %q: %w", p.ctxID, p.name, err)
+	}
+	return nil
+}
+
+// orphanCheckpointDirectories lists checkpoint layers no record owns. The
+// temporaries of operations in flight (new-*, rb-*) are left alone; the
+// start of the daemon removes them (removeCheckpointTemps).
+func (s *Snapshotter) orphanCheckpointDirectories(tx *bolt.Tx, ids map[string]string) ([]string, error) {
+	base := filepath.Join(s.root, "checkpoints")
+	roots, err := os.ReadDir(base)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var orphans []string
+	for _, rd := range roots {
+		if _, live := ids[rd.Name()]; !live {
+			orphans = append(orphans, filepath.Join(base, rd.Name()))
+			continue
+		}
+		more, err := s.orphanCheckpointsOf(tx, rd.Name())
+		if err != nil {
+			return nil, err
+		}
+		orphans = append(orphans, more...)
+	}
+	return orphans, nil
+}
+
+func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string, error) {
+	d, err := loadCheckpoints(tx, rootID)
+	if err != nil {
+		return nil, err
+	}
+	// Every layer a record's chain stacks is owned, deleted records' too.
+	owned := map[string]bool{}
+	own := func(c *checkpointRecord) {
+		owned[strconv.FormatUint(c.Seq, 10)] = true
+		for _, seq := range c.Chain {
+			owned[strconv.FormatUint(seq, 10)] = true
+		}
+	}
+	for _, c := range d.Checkpoints {
+		own(c)
+	}
+	for _, c := range d.Deleted {
+		own(c)
+	}
+	entries, err := os.ReadDir(s.checkpointBase(rootID))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if !owned[e.Name()] && !strings.HasPrefix(e.Name(), "new-") && !strings.HasPrefix(e.Name(), "rb-") {
+			out = append(out, filepath.Join(s.checkpointBase(rootID), e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// removeCheckpointOrphans removes the layers of checkpoints whose context
+// ended. Called with the root's lock held, so no checkpoint is in flight.
+func (s *Snapshotter) removeCheckpointOrphans(ctx context.Context, rootID string) {
+	// A root that never had a checkpoint has nothing to look up.
+	if _, err := os.Lstat(s.checkpointBase(rootID)); os.IsNotExist(err) {
+		return
+	}
+	var dirs []string
+	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		dirs, err = s.orphanCheckpointsOf(tx, rootID)
+		return err
+	}); err != nil {
+		log.G(ctx).WithError(err).Warn("find checkpoints of ended contexts; Cleanup will retry")
+		return
+	}
+	s.removeAll(ctx, dirs)
+}
+
+// removeCheckpointTemps removes, at start only, what checkpoints and
+// rollbacks cut short left.
+func (s *Snapshotter) removeCheckpointTemps(ctx context.Context) error {
+	tmps, err := filepath.Glob(filepath.Join(s.root, "checkpoints", "*", "new-*"))
+	if err != nil {
+		return err
+	}
+	rbs, err := filepath.Glob(filepath.Join(s.root, "checkpoints", "*", "rb-*"))
+	if err != nil {
+		return err
+	}
+	s.removeAll(ctx, append(tmps, rbs...))
+	return nil
+}
