@@ -37,7 +37,7 @@ const (
 
 // ErrNoSandbox is the kind of error for a sandbox name that matches no
 // container; it is an errdefs NotFound.
-var ErrNoSandbox = fmt.Errorf("no such sandbox: %w", errdefs.ErrNotFound)
+var ErrNoSandbox = fmt.Errorf("%w", errdefs.ErrNotFound)
 
 // maxCandidates bounds the candidates an ambiguous name lists.
 const maxCandidates = 10
@@ -143,7 +143,7 @@ func resolve(list []Sandbox, name string) (Sandbox, error) {
 			return Sandbox{}, ambiguous(name, m)
 		}
 	}
-	return Sandbox{}, fmt.Errorf("no container has the id, id prefix or name %s: %w", strconv.Quote(name), ErrNoSandbox)
+	return Sandbox{}, fmt.Errorf("no sandbox %s: no container has that id, id prefix or name: %w", strconv.Quote(name), ErrNoSandbox)
 }
 
 func ambiguous(name string, m []Sandbox) error {

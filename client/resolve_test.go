@@ -28,7 +28,7 @@ func TestResolve(t *testing.T) {
 		{name: "pod2/app", want: "ff02"},
 		{name: "ab", err: `"ab" names 2 containers: abc123 ("web"), abd456 ("db"); give more of the id: invalid argument`},
 		{name: "app", err: `"app" names 2 containers: ff01 ("app"), ff02 ("app"); give more of the id: invalid argument`},
-		{name: "zz\x1b[2J", err: `no container has the id, id prefix or name "zz\x1b[2J": no such sandbox: not found`},
+		{name: "zz\x1b[2J", err: `no sandbox "zz\x1b[2J": no container has that id, id prefix or name: not found`},
 	} {
 		got, err := resolve(list, tc.name)
 		if tc.err != "" {

@@ -314,7 +314,7 @@ func TestBranchctl(t *testing.T) {
 	}{
 		{[]string{"commit", "sb"}, "names no branch"},
 		{[]string{"exec", "sb/1"}, "no command"},
-		{[]string{"tree", "nosuch"}, "no container has the id, id prefix or name \"nosuch\""},
+		{[]string{"tree", "nosuch"}, "no sandbox \"nosuch\": no container has that id, id prefix or name"},
 		{[]string{"tree", "nosuch"}, "hint: see the sandboxes of namespace"},
 		{[]string{"fork", "sb", "-n", "1", "--seal", "glue"}, "want \"ro\" or \"freeze\""},
 		{[]string{"--address", "/nonexistent.sock", "tree", "sb"}, "does not answer"},

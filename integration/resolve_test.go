@@ -44,7 +44,7 @@ func TestResolveSandbox(t *testing.T) {
 		{name: "app", want: "web-7f3b02"},
 		{name: "pod1/app", want: "web-7f3b02"},
 		{name: "web-7f3", err: `in namespace "` + env.Namespace + `": "web-7f3" names 2 containers: web-7f3a01 ("frontend"), web-7f3b02 ("pod1/app"); give more of the id: invalid argument`},
-		{name: "nope\n", err: `in namespace "` + env.Namespace + `": no container has the id, id prefix or name "nope\n": no such sandbox: not found`},
+		{name: "nope\n", err: `in namespace "` + env.Namespace + `": no sandbox "nope\n": no container has that id, id prefix or name: not found`},
 	} {
 		got, err := client.ResolveSandbox(ctx, env.Address, env.Namespace, tc.name)
 		if tc.err != "" {
