@@ -63,7 +63,12 @@ func shimEnvWith(t *testing.T, cfg daemons.Config) (context.Context, *daemons.En
 		client.Close()
 		killLeftovers(t, env.Namespace)
 		if err := os.Remove(filepath.Join(runtimeRoot, env.Namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("runtime state left: %v", err)
+			left, _ := os.ReadDir(filepath.Join(runtimeRoot, env.Namespace))
+			var names []string
+			for _, e := range left {
+				names = append(names, e.Name())
+			}
+			t.Errorf("runtime state left: %v (%v)", err, names)
 			_ = os.RemoveAll(filepath.Join(runtimeRoot, env.Namespace))
 		}
 	})

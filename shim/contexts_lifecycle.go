@@ -224,7 +224,10 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		cr.Stderr = cr.Stdout
 	}
 	started := time.Now()
-	container, err := runc.NewContainer(ctx, c.platform, cr)
+	// Not cut short when the caller gives up: a runtime killed midway
+	// leaves its state for a container nobody knows of; the fork undoes
+	// the whole branch instead.
+	container, err := runc.NewContainer(context.WithoutCancel(ctx), c.platform, cr)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: create its init: %w", info.ID, errgrpc.ToNative(err))
 	}
