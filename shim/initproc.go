@@ -40,9 +40,14 @@ type fastProc struct {
 	status   int
 	exitedAt time.Time
 
-	stdinW  io.WriteCloser // the shim's end of the process's stdin
-	console *os.File
-	ioDone  sync.WaitGroup
+	// stdinHold is a writer of the caller's stdin FIFO the shim holds until
+	// CloseIO (as containerd's exec does): the FIFO reaches EOF once it and
+	// the caller's writer are closed and what they wrote is read, so an
+	// input the caller wrote just before CloseIO is not lost.
+	stdinHold io.Closer
+	stdinIn   io.Closer // the shim's reader of the FIFO
+	console   *os.File
+	ioDone    sync.WaitGroup
 }
 
 func newFastProc(id string, fc *fastCtx) *fastProc {
@@ -101,10 +106,10 @@ func (p *fastProc) ExitedAt() time.Time {
 func (p *fastProc) Stdin() io.Closer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stdinW == nil {
+	if p.stdinHold == nil {
 		return nil
 	}
-	return p.stdinW
+	return p.stdinHold
 }
 
 func (p *fastProc) Stdio() stdio.Stdio { return p.stdio }
@@ -185,8 +190,10 @@ func (p *fastProc) SetExited(status int) {
 func (p *fastProc) closeIO() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.stdinW != nil {
-		p.stdinW.Close()
+	for _, c := range []io.Closer{p.stdinHold, p.stdinIn} {
+		if c != nil {
+			c.Close()
+		}
 	}
 	if p.console != nil {
 		p.console.Close()
@@ -216,12 +223,14 @@ func (p *fastProc) openIO(ctx context.Context) ([]*os.File, error) {
 			return fail(err)
 		}
 		files = append(files, r)
-		p.stdinW = w
-		in, err := fifo.OpenFifo(context.WithoutCancel(ctx), p.stdio.Stdin, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		in, hold, err := openStdinFifo(ctx, p.stdio.Stdin)
 		if err != nil {
 			w.Close()
-			return fail(fmt.Errorf("open stdin %s: %w", p.stdio.Stdin, err))
+			return fail(err)
 		}
+		p.mu.Lock()
+		p.stdinIn, p.stdinHold = in, hold
+		p.mu.Unlock()
 		go func() {
 			_, _ = io.Copy(w, in)
 			in.Close()
@@ -250,6 +259,21 @@ func (p *fastProc) openIO(ctx context.Context) ([]*os.File, error) {
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// openStdinFifo opens the caller's stdin FIFO for reading, and a writer
+// of it the shim holds until CloseIO (fastProc.stdinHold).
+func openStdinFifo(ctx context.Context, path string) (in, hold io.ReadWriteCloser, err error) {
+	in, err = fifo.OpenFifo(context.WithoutCancel(ctx), path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open stdin %s: %w", path, err)
+	}
+	hold, err = fifo.OpenFifo(context.WithoutCancel(ctx), path, unix.O_WRONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		in.Close()
+		return nil, nil, fmt.Errorf("open stdin %s: %w", path, err)
+	}
+	return in, hold, nil
 }
 
 // openWriteFifo opens the writing end of a caller's FIFO, waiting (within
@@ -307,13 +331,13 @@ func (p *fastProc) copyConsole(ctx context.Context) error {
 		}()
 	}
 	if p.stdio.Stdin != "" {
-		in, err := fifo.OpenFifo(context.WithoutCancel(ctx), p.stdio.Stdin, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		in, hold, err := openStdinFifo(ctx, p.stdio.Stdin)
 		if err != nil {
-			return fmt.Errorf("open stdin %s: %w", p.stdio.Stdin, err)
+			return err
 		}
 		master := p.console
 		p.mu.Lock()
-		p.stdinW = in // closing stdin stops the copy
+		p.stdinIn, p.stdinHold = in, hold
 		p.mu.Unlock()
 		go func() {
 			_, _ = io.Copy(master, in)
