@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -10,19 +9,16 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 
 	"github.com/branchbox/branchbox/branch"
 )
 
 // cmdCheckpoint: checkpoint SANDBOX[/BRANCH] NAME | checkpoint ls SANDBOX |
 // checkpoint rm SANDBOX NAME.
-func cmdCheckpoint(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("checkpoint", flag.ContinueOnError)
-	g.commandFlags(fs)
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := cc.Context, inv.stdout
+	pos, _ := split(cc)
 	if len(pos) == 0 {
 		return fmt.Errorf("want SANDBOX[/BRANCH] NAME, ls SANDBOX or rm SANDBOX NAME: %w", errdefs.ErrInvalidArgument)
 	}
@@ -133,13 +129,9 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 	return nil
 }
 
-func cmdRollback(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("rollback", flag.ContinueOnError)
-	g.commandFlags(fs)
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdRollback(cc *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := cc.Context, inv.stdout
+	pos, _ := split(cc)
 	if len(pos) != 2 {
 		return fmt.Errorf("want rollback SANDBOX[/BRANCH] NAME, got %v: %w", pos, errdefs.ErrInvalidArgument)
 	}

@@ -3,27 +3,22 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 
 	"github.com/branchbox/branchbox/client"
 )
 
 // cmdLs lists the sandboxes of the namespace: what a "not found" hint
 // sends the user to.
-func cmdLs(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("ls", flag.ContinueOnError)
-	g.commandFlags(fs)
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdLs(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	pos, _ := split(c)
 	if len(pos) != 0 {
 		return fmt.Errorf("ls takes no arguments, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}

@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,71 +22,12 @@ import (
 
 	"github.com/containerd/console"
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 )
-
-const usageHead = `usage: branchctl [--address ADDR] [--namespace NS] COMMAND ...
-
-Branch contexts of a live sandbox (a container run with
---runtime io.containerd.branch.v1 --snapshotter branch, or on the CRI
-runtime handler branch, in namespace k8s.io):
-
-  fork SANDBOX[/BRANCH] -n N [--from CHECKPOINT] [--seal ro|freeze]
-       [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
-                                  make N branches, each with a running init
-                                  (or CMD as its init); --from: starting
-                                  from a checkpoint of that context
-  exec [-t] SANDBOX/BRANCH -- CMD...
-                                  run CMD in a branch (stdio, exit code)
-  commit SANDBOX/BRANCH           make a branch's changes its parent's;
-                                  the first commit wins, siblings go
-  abort SANDBOX/BRANCH            kill and discard a branch
-  ls                              the sandboxes (containers on the branch
-                                  runtime): id, name, status, live branches
-  tree SANDBOX                    every context: state, epoch, processes,
-                                  upper size, age
-  checkpoint SANDBOX[/BRANCH] NAME
-                                  record the context's rootfs as NAME (cost:
-                                  what changed since its last checkpoint)
-  checkpoint ls SANDBOX           every checkpoint: context, base, size, age
-  checkpoint rm SANDBOX NAME      delete one (not while a branch is forked
-                                  from it); checkpoints built on it keep
-                                  its layer while they need it
-  rollback SANDBOX[/BRANCH] NAME  bring the context's rootfs back to NAME,
-                                  under its running processes
-  push SANDBOX[/BRANCH|@CHECKPOINT] REF [--plain-http] [--user USER[:SECRET]]
-       [--hosts-dir DIR]          push the context as an OCI image: the
-                                  sandbox image's layers, one layer per
-                                  checkpoint on the path, one of the change
-                                  since (see docs/registry.md)
-  pull REF SANDBOX [--plain-http] [--user U[:S]] [-- CMD...]
-                                  make a sandbox (not started) of an image
-                                  push made, with its checkpoints restored
-  save SANDBOX[/BRANCH] FILE [--name NAME]
-                                  the same image as an OCI layout tar
-  load FILE [--snapshotter branch]
-                                  import such a tar, unpacked, to run
-  self fork|exec|commit|abort|tree|checkpoint|rollback ...
-                                  from inside a sandbox: the same on its own
-                                  context, through /run/branchbox/branch.sock
-                                  (see branchctl self help)
-
-`
-
-const usage = usageHead + patternsUsage + usageTail
-
-const usageTail = `
-A SANDBOX is a container's id, a unique id prefix, its nerdctl name, or
-its CRI name (NAME or POD/NAME, namespace k8s.io).
-Every command takes --json: one JSON document on stdout, also on error
-({"error": {"kind", "message", "hint"}}; docs/branchctl.md).
---address and --namespace default to
-$CONTAINERD_ADDRESS and $CONTAINERD_NAMESPACE, then to
-/run/containerd/containerd.sock and "default".
-`
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -98,163 +38,46 @@ type globals struct {
 	json               bool
 }
 
-func (g *globals) register(fs *flag.FlagSet) {
-	addr := os.Getenv("CONTAINERD_ADDRESS")
-	if addr == "" {
-		addr = "/run/containerd/containerd.sock"
-	}
-	ns := os.Getenv("CONTAINERD_NAMESPACE")
-	if ns == "" {
-		ns = "default"
-	}
-	fs.StringVar(&g.address, "address", addr, "containerd's socket")
-	fs.StringVar(&g.address, "a", addr, "containerd's socket (short)")
-	fs.StringVar(&g.namespace, "namespace", ns, "containerd namespace")
-	fs.StringVar(&g.namespace, "n", ns, "containerd namespace (short; not in fork, where -n is the count)")
-	fs.BoolVar(&g.json, "json", false, "print JSON")
-}
-
-// commandFlags lets a command's own flags set the globals again after its
-// name (branchctl push --namespace k8s.io ...).
-func (g *globals) commandFlags(fs *flag.FlagSet) {
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
-}
-
-// parse parses flags anywhere before "--" (Go's flag package stops at the
-// first positional argument) and returns the positional arguments and the
-// command after "--".
-func parse(fs *flag.FlagSet, args []string) (pos, cmd []string, err error) {
-	var flags []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			cmd = args[i+1:]
-			break
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil {
-			continue // flag.Parse reports it
-		}
-		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
-			continue
-		}
-		if i+1 < len(args) {
-			i++
-			flags = append(flags, args[i])
-		}
-	}
-	if err := fs.Parse(flags); err != nil {
-		return nil, nil, err
-	}
-	return pos, cmd, nil
-}
-
+// run runs branchctl with args and returns its exit status: a command's
+// own (exec, the patterns), 2 for bad usage, 1 for other errors. An error
+// is printed with a hint to stderr, or with --json as one JSON document
+// on stdout.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var g globals
-	top := flag.NewFlagSet("branchctl", flag.ContinueOnError)
-	top.SetOutput(stderr)
-	top.Usage = func() { fmt.Fprint(stderr, usage) }
-	g.register(top)
-	// Global flags come before the command.
-	i := 0
-	for i < len(args) && strings.HasPrefix(args[i], "-") {
-		i++
-		if !strings.Contains(args[i-1], "=") && args[i-1] != "--json" && i < len(args) {
-			i++
-		}
+	inv := &invocation{stdin: stdin, stdout: stdout, stderr: stderr, namespace: os.Getenv("CONTAINERD_NAMESPACE")}
+	if inv.namespace == "" {
+		inv.namespace = "default"
 	}
-	if err := top.Parse(args[:i]); err != nil {
-		return 2
+	app := newApp(inv)
+	err := app.RunContext(ctx, append([]string{app.Name}, arrange(app, args)...))
+	if err == nil {
+		return inv.code
 	}
-	if i >= len(args) {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	name, rest := args[i], args[i+1:]
-	wantJSON := g.json || jsonAfter(rest)
-	var err error
-	code := 0
-	switch name {
-	case "ls":
-		err = cmdLs(ctx, g, rest, stdout)
-	case "fork":
-		err = cmdFork(ctx, g, rest, stdout)
-	case "exec":
-		code, err = cmdExec(ctx, g, rest, stdin, stdout, stderr)
-	case "commit":
-		err = cmdCommit(ctx, g, rest, stdout)
-	case "abort":
-		err = cmdAbort(ctx, g, rest, stdout)
-	case "tree":
-		err = cmdTree(ctx, g, rest, stdout)
-	case "checkpoint":
-		err = cmdCheckpoint(ctx, g, rest, stdout)
-	case "rollback":
-		err = cmdRollback(ctx, g, rest, stdout)
-	case "push":
-		err = cmdPush(ctx, g, rest, stdout)
-	case "pull":
-		err = cmdPull(ctx, g, rest, stdout)
-	case "save":
-		err = cmdSave(ctx, g, rest, stdout)
-	case "load":
-		err = cmdLoad(ctx, g, rest, stdout)
-	case "self":
-		code, err = cmdSelf(ctx, g, rest, stdout, stderr)
-	case "speculate":
-		code, err = cmdSpeculate(ctx, g, rest, stdout)
-	case "best-of-n":
-		code, err = cmdBestOfN(ctx, g, rest, stdout)
-	case "tournament":
-		code, err = cmdTournament(ctx, g, rest, stdout)
-	case "reflexion":
-		code, err = cmdReflexion(ctx, g, rest, stdout)
-	case "beam", "tree-search":
-		code, err = cmdSearch(ctx, g, name, rest, stdout)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		err = fmt.Errorf("unknown command %s (see branchctl help): %w", strconv.Quote(name), errdefs.ErrInvalidArgument)
+	code := inv.code
+	if errors.As(err, new(usageError)) && code == 0 {
 		code = 2
-		if !wantJSON {
-			fmt.Fprintf(stderr, "branchctl: unknown command %s\n\n%s", strconv.Quote(name), usage)
-			return code
-		}
 	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		if code == 0 {
-			code = 1
-		}
-		hint := hintFor(err, g.namespace)
-		if wantJSON {
-			_ = printJSON(stdout, jsonError{Error: errorBody{Kind: errKind(err), Message: err.Error(), Hint: hint}})
-			return code
-		}
-		fmt.Fprintf(stderr, "branchctl %s: %v\n", name, err)
-		if hint != "" {
-			fmt.Fprintf(stderr, "hint: %s\n", hint)
-		}
+	if code == 0 {
+		code = 1
+	}
+	hint := hintFor(err, inv.namespace)
+	if jsonWanted(args) {
+		_ = printJSON(stdout, jsonError{Error: errorBody{Kind: errKind(err), Message: err.Error(), Hint: hint}})
+		return code
+	}
+	name := "branchctl"
+	if i := skipFlags(app.Flags, args); i < len(args) && findCommand(app.Commands, args[i]) != nil {
+		name += " " + args[i]
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	if hint != "" {
+		fmt.Fprintf(stderr, "hint: %s\n", hint)
 	}
 	return code
 }
 
-// jsonAfter reports whether --json is among a command's flags (before "--").
-func jsonAfter(args []string) bool {
+// jsonWanted reports whether --json is among the flags (before "--"),
+// even where they do not parse.
+func jsonWanted(args []string) bool {
 	for _, a := range args {
 		switch a {
 		case "--":
@@ -355,16 +178,10 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
-	var opts client.ForkOptions
-	var memory string
-	g.commandFlags(fs)
-	forkFlags(fs, &opts, &memory)
-	pos, cmd, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdFork(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	opts, memory := forkOptions(c)
+	pos, cmd := split(c)
 	ref, err := oneArg(pos, "SANDBOX or SANDBOX/BRANCH to fork")
 	if err != nil {
 		return err
@@ -377,13 +194,13 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	opts.Parent, opts.Args = parent, cmd
-	c, err := dial(ctx, g, sb)
+	sc, err := dial(ctx, g, sb)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer sc.Close()
 	start := time.Now()
-	kids, err := c.Fork(ctx, opts)
+	kids, err := sc.Fork(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -399,15 +216,12 @@ func cmdFork(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	return tw.Flush()
 }
 
-// forkFlags registers the options of a fork (fork, self fork).
-func forkFlags(fs *flag.FlagSet, opts *client.ForkOptions, memory *string) {
-	fs.IntVar(&opts.Count, "n", 1, "number of branches")
-	fs.StringVar(&opts.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)")
-	fs.StringVar(&opts.Net, "net", "shared", "network: shared (the parent's namespace) or isolated (loopback only)")
-	fs.StringVar(memory, "memory", "", "memory limit per branch (bytes, or with k, m, g); default the parent's")
-	fs.Float64Var(&opts.CPUs, "cpus", 0, "CPU limit per branch; default the parent's")
-	fs.Int64Var(&opts.Pids, "pids", 0, "process limit per branch; default the parent's")
-	fs.StringVar(&opts.From, "from", "", "fork from this checkpoint of the context instead of its current state")
+// forkOptions reads forkFlags: the options, and --memory as given.
+func forkOptions(c *cli.Context) (client.ForkOptions, string) {
+	return client.ForkOptions{
+		Count: c.Int("n"), Seal: c.String("seal"), Net: c.String("net"),
+		CPUs: c.Float64("cpus"), Pids: c.Int64("pids"), From: c.String("from"),
+	}, c.String("memory")
 }
 
 func parseBytes(s string) (int64, error) {
@@ -433,22 +247,16 @@ func parseBytes(s string) (int64, error) {
 	return v * mult, nil
 }
 
-func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
-	var tty bool
-	var env multi
-	var cwd string
-	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&g.json, "json", g.json, "print the exit status and the command's output as one JSON document")
-	fs.BoolVar(&tty, "t", false, "allocate a terminal")
-	fs.BoolVar(&tty, "tty", false, "allocate a terminal")
-	fs.Var(&env, "env", "add an environment variable (K=V), repeatable")
-	fs.StringVar(&cwd, "cwd", "", "working directory")
-	pos, cmd, err := parse(fs, args)
-	if err != nil {
-		return 2, err
-	}
+func cmdExec(c *cli.Context, g globals, inv *invocation) error {
+	code, err := execIn(c, g, inv)
+	inv.code = code
+	return err
+}
+
+func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
+	ctx, stdin, stdout, stderr := c.Context, inv.stdin, inv.stdout, inv.stderr
+	tty, env, cwd := c.Bool("tty"), c.StringSlice("env"), c.String("cwd")
+	pos, cmd := split(c)
 	ref, err := oneArg(pos, "SANDBOX/BRANCH")
 	if err != nil {
 		return 2, err
@@ -460,11 +268,11 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 	if err != nil {
 		return 2, err
 	}
-	c, err := dial(ctx, g, sb)
+	sc, err := dial(ctx, g, sb)
 	if err != nil {
 		return 1, err
 	}
-	defer c.Close()
+	defer sc.Close()
 	opts := client.ExecOptions{Args: cmd, Env: env, Cwd: cwd, Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	// With --json the command's output goes into the one JSON document
 	// (exactly one on stdout), not around it.
@@ -486,7 +294,7 @@ func cmdExec(ctx context.Context, g globals, args []string, stdin io.Reader, std
 			defer func() { _ = con.Reset() }()
 		}
 	}
-	p, err := c.Exec(ctx, b, opts)
+	p, err := sc.Exec(ctx, b, opts)
 	if err != nil {
 		return 1, err
 	}
@@ -528,18 +336,9 @@ type execResult struct {
 	Stderr string `json:"stderr"`
 }
 
-type multi []string
-
-func (m *multi) String() string     { return strings.Join(*m, ",") }
-func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
-
-func refCmd(g *globals, name string, args []string) (string, string, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	g.commandFlags(fs)
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return "", "", err
-	}
+// refArg is the one SANDBOX/BRANCH (SANDBOX for tree) a command takes.
+func refArg(c *cli.Context, name string) (string, string, error) {
+	pos, _ := split(c)
 	ref, err := oneArg(pos, "SANDBOX/BRANCH")
 	if err != nil {
 		return "", "", err
@@ -547,18 +346,19 @@ func refCmd(g *globals, name string, args []string) (string, string, error) {
 	return splitRef(ref, name != "tree")
 }
 
-func cmdCommit(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	sb, b, err := refCmd(&g, "commit", args)
+func cmdCommit(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	sb, b, err := refArg(c, "commit")
 	if err != nil {
 		return err
 	}
-	c, err := dial(ctx, g, sb)
+	sc, err := dial(ctx, g, sb)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer sc.Close()
 	start := time.Now()
-	res, err := c.Commit(ctx, b)
+	res, err := sc.Commit(ctx, b)
 	if err != nil {
 		return err
 	}
@@ -580,17 +380,18 @@ func nodeName(id string) string {
 	return "branch " + id
 }
 
-func cmdAbort(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	sb, b, err := refCmd(&g, "abort", args)
+func cmdAbort(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	sb, b, err := refArg(c, "abort")
 	if err != nil {
 		return err
 	}
-	c, err := dial(ctx, g, sb)
+	sc, err := dial(ctx, g, sb)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	ids, err := c.Abort(ctx, b)
+	defer sc.Close()
+	ids, err := sc.Abort(ctx, b)
 	if err != nil {
 		return err
 	}
@@ -601,25 +402,26 @@ func cmdAbort(ctx context.Context, g globals, args []string, stdout io.Writer) e
 	return nil
 }
 
-func cmdTree(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	sb, _, err := refCmd(&g, "tree", args)
+func cmdTree(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	sb, _, err := refArg(c, "tree")
 	if err != nil {
 		return err
 	}
-	c, err := dial(ctx, g, sb)
+	sc, err := dial(ctx, g, sb)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	nodes, err := c.Tree(ctx)
+	defer sc.Close()
+	nodes, err := sc.Tree(ctx)
 	if err != nil {
 		return err
 	}
 	// The shim records the sandbox's own context at its first fork; its
 	// age is the container's.
 	for i := range nodes {
-		if nodes[i].ID == branch.RootID && !c.Created.IsZero() {
-			nodes[i].Created = c.Created
+		if nodes[i].ID == branch.RootID && !sc.Created.IsZero() {
+			nodes[i].Created = sc.Created
 		}
 	}
 	if g.json {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,78 +14,22 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/patterns"
 )
 
-const patternsUsage = `Exploration patterns (REF is SANDBOX[/BRANCH]: each forks it, commits one
-branch into it and aborts every other; exit 0 if something was committed,
-1 if not, 2 for bad usage):
-
-  speculate REF [-c SH]... [-n N -- CMD...]
-                                  run each -c (sh -c SH), and N copies of
-                                  CMD, concurrently: the first to exit 0 wins
-  best-of-n REF -n N [--score SH | --score-file PATH] -- CMD...
-                                  run CMD N times, score each (last line of
-                                  SH's stdout, of PATH, or of CMD's stdout),
-                                  commit the highest (ties: lowest index)
-  tournament REF -n N --judge SH [--candidate-file PATH] -- CMD...
-                                  run CMD N times, judge pairs (SH prints a
-                                  or b; candidates in files $BRANCHBOX_A and
-                                  $BRANCHBOX_B), commit the last standing
-  reflexion REF [--attempts K] -- CMD...
-                                  retry CMD in a fresh branch until it exits
-                                  0, with the last attempt's output in the
-                                  file $BRANCHBOX_FEEDBACK
-  beam REF --width W --depth D --keep K [--goal G] [--score SH | --score-file PATH] -- STEP...
-                                  beam search: expand kept nodes into W
-                                  children running STEP, keep the best K
-                                  per depth, commit the best leaf's path
-  tree-search REF --width W --depth D [--budget B] [--goal G] [--score SH | --score-file PATH] -- STEP...
-                                  best-first search: expand the best node
-                                  so far, B times; commit the best node's path
-
-  Each also takes --timeout D (overall) and --branch-timeout D (per branch;
-  a branch over it is aborted and reported as timeout), --env K=V, --seal,
-  --net, --memory, --cpus, --pids (as fork), and --json. Commands see
-  BRANCH_INDEX (and BRANCHBOX_DEPTH in searches).
-`
-
 // patternCmd is what every pattern command parses.
 type patternCmd struct {
 	g         globals
 	opts      patterns.Options
-	memory    string
-	env       multi
 	sandbox   string
 	parent    string
 	cmd       []string
 	scoreCmd  string
 	scoreFile string
 	goal      string
-}
-
-func (p *patternCmd) flags(name string, g globals) *flag.FlagSet {
-	p.g = g
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.StringVar(&p.g.address, "address", g.address, "containerd's socket")
-	fs.StringVar(&p.g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.BoolVar(&p.g.json, "json", g.json, "print the result as JSON")
-	fs.DurationVar(&p.opts.Timeout, "timeout", 0, "overall timeout (e.g. 30s): then every branch still running is aborted; 0: none")
-	fs.DurationVar(&p.opts.BranchTimeout, "branch-timeout", 0, "timeout of each branch's work, from its fork; 0: none")
-	fs.Var(&p.env, "env", "add an environment variable (K=V) to every command, repeatable")
-	fs.StringVar(&p.opts.Fork.Seal, "seal", "ro", "how the parent is sealed while it has branches: ro or freeze")
-	fs.StringVar(&p.opts.Fork.Net, "net", "shared", "branch network: shared or isolated")
-	fs.StringVar(&p.memory, "memory", "", "memory limit per branch (bytes, or with k, m, g)")
-	fs.Float64Var(&p.opts.Fork.CPUs, "cpus", 0, "CPU limit per branch")
-	fs.Int64Var(&p.opts.Fork.Pids, "pids", 0, "process limit per branch")
-	return fs
-}
-
-func (p *patternCmd) scoreFlags(fs *flag.FlagSet) {
-	fs.StringVar(&p.scoreCmd, "score", "", "score each branch by this shell command run in it (last line of its stdout)")
-	fs.StringVar(&p.scoreFile, "score-file", "", "score each branch by the last line of this file it wrote")
 }
 
 func (p *patternCmd) scorer() patterns.Scorer {
@@ -103,13 +46,17 @@ func usageErr(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// parse reads the flags, the one REF and the command after "--"; errors
-// here are usage errors.
-func (p *patternCmd) parse(fs *flag.FlagSet, args []string, needCmd bool) error {
-	pos, cmd, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+// parse reads patternFlags (and scoreFlags, --goal where the command
+// has them), the one REF and the command after "--"; errors here are
+// usage errors.
+func (p *patternCmd) parse(c *cli.Context, g globals, needCmd bool) error {
+	p.g = g
+	p.opts.Timeout, p.opts.BranchTimeout = c.Duration("timeout"), c.Duration("branch-timeout")
+	p.opts.Env = c.StringSlice("env")
+	p.opts.Fork.Seal, p.opts.Fork.Net = c.String("seal"), c.String("net")
+	p.opts.Fork.CPUs, p.opts.Fork.Pids = c.Float64("cpus"), c.Int64("pids")
+	p.scoreCmd, p.scoreFile, p.goal = c.String("score"), c.String("score-file"), c.String("goal")
+	pos, cmd := split(c)
 	ref, err := oneArg(pos, "SANDBOX or SANDBOX/BRANCH to explore from")
 	if err != nil {
 		return err
@@ -118,10 +65,10 @@ func (p *patternCmd) parse(fs *flag.FlagSet, args []string, needCmd bool) error 
 		return err
 	}
 	if needCmd && len(cmd) == 0 {
-		return usageErr("no command: write `branchctl %s %s [flags] -- CMD...`", fs.Name(), ref)
+		return usageErr("no command: write `branchctl %s %s [flags] -- CMD...`", c.Command.Name, ref)
 	}
 	p.cmd = cmd
-	if p.opts.Fork.Memory, err = parseBytes(p.memory); err != nil {
+	if p.opts.Fork.Memory, err = parseBytes(c.String("memory")); err != nil {
 		return err
 	}
 	if p.opts.Timeout < 0 || p.opts.BranchTimeout < 0 {
@@ -130,7 +77,6 @@ func (p *patternCmd) parse(fs *flag.FlagSet, args []string, needCmd bool) error 
 	if p.scoreCmd != "" && p.scoreFile != "" {
 		return usageErr("--score and --score-file: give one")
 	}
-	p.opts.Env = p.env
 	return nil
 }
 
@@ -145,10 +91,15 @@ func (p *patternCmd) goalValue() (*float64, error) {
 	return &v, nil
 }
 
-// runPattern dials the sandbox and runs the pattern until it returns or
-// the command is interrupted (then the pattern aborts what it made), and
-// prints its result.
-func (p *patternCmd) run(ctx context.Context, stdout io.Writer, f func(context.Context, patterns.Brancher, string) (*patterns.Result, error)) (int, error) {
+// run dials the sandbox and runs the pattern until it returns or the
+// command is interrupted (then the pattern aborts what it made), prints
+// its result and sets the exit status: 0 if something was committed.
+func (p *patternCmd) run(ctx context.Context, inv *invocation, f func(context.Context, patterns.Brancher, string) (*patterns.Result, error)) error {
+	code, err := p.runPattern(ctx, inv.stdout, f)
+	return ran(inv, code, err)
+}
+
+func (p *patternCmd) runPattern(ctx context.Context, stdout io.Writer, f func(context.Context, patterns.Brancher, string) (*patterns.Result, error)) (int, error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, unix.SIGTERM)
 	defer stop()
 	c, err := dial(ctx, p.g, p.sandbox)
@@ -177,15 +128,25 @@ func (p *patternCmd) run(ctx context.Context, stdout io.Writer, f func(context.C
 	return 0, nil
 }
 
-func cmdSpeculate(ctx context.Context, g globals, args []string, stdout io.Writer) (int, error) {
+// usageCode sets a pattern's exit status for an error before it ran.
+func usageCode(inv *invocation, err error) error {
+	if err != nil {
+		inv.code = 2
+	}
+	return err
+}
+
+// ran sets a pattern's exit status from what it did.
+func ran(inv *invocation, code int, err error) error {
+	inv.code = code
+	return err
+}
+
+func cmdSpeculate(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
-	var cmds multi
-	n := 1
-	fs := p.flags("speculate", g)
-	fs.Var(&cmds, "c", "an attempt: a shell command (sh -c), repeatable")
-	fs.IntVar(&n, "n", 1, "copies of the command after --")
-	if err := p.parse(fs, args, false); err != nil {
-		return 2, err
+	cmds, n := c.StringSlice("c"), c.Int("n")
+	if err := p.parse(c, g, false); err != nil {
+		return usageCode(inv, err)
 	}
 	var attempts []patterns.Command
 	for _, c := range cmds {
@@ -193,105 +154,90 @@ func cmdSpeculate(ctx context.Context, g globals, args []string, stdout io.Write
 	}
 	if len(p.cmd) > 0 {
 		if n < 1 {
-			return 2, usageErr("-n %d: want at least 1", n)
+			return usageCode(inv, usageErr("-n %d: want at least 1", n))
 		}
 		for range n {
 			attempts = append(attempts, patterns.Command{Args: p.cmd})
 		}
 	}
 	if len(attempts) == 0 {
-		return 2, usageErr("no attempts: give -c SH (repeatable) or -- CMD...")
+		return usageCode(inv, usageErr("no attempts: give -c SH (repeatable) or -- CMD..."))
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+	return p.run(c.Context, inv, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
 		return patterns.Speculate(ctx, s, parent, attempts, p.opts)
 	})
 }
 
-func cmdBestOfN(ctx context.Context, g globals, args []string, stdout io.Writer) (int, error) {
+func cmdBestOfN(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
-	var n int
-	fs := p.flags("best-of-n", g)
-	fs.IntVar(&n, "n", 0, "number of branches")
-	p.scoreFlags(fs)
-	if err := p.parse(fs, args, true); err != nil {
-		return 2, err
+	n := c.Int("n")
+	if err := p.parse(c, g, true); err != nil {
+		return usageCode(inv, err)
 	}
 	if n < 1 {
-		return 2, usageErr("-n %d: want the number of branches, at least 1", n)
+		return usageCode(inv, usageErr("-n %d: want the number of branches, at least 1", n))
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+	return p.run(c.Context, inv, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
 		return patterns.BestOfN(ctx, s, parent, n, patterns.Command{Args: p.cmd}, p.scorer(), p.opts)
 	})
 }
 
-func cmdTournament(ctx context.Context, g globals, args []string, stdout io.Writer) (int, error) {
+func cmdTournament(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
-	var n int
-	var judge, file string
-	fs := p.flags("tournament", g)
-	fs.IntVar(&n, "n", 0, "number of branches")
-	fs.StringVar(&judge, "judge", "", "shell command judging two candidates ($BRANCHBOX_A, $BRANCHBOX_B): prints a or b")
-	fs.StringVar(&file, "candidate-file", "", "a branch's candidate is this file it wrote (default: its stdout)")
-	if err := p.parse(fs, args, true); err != nil {
-		return 2, err
+	n, judge, file := c.Int("n"), c.String("judge"), c.String("candidate-file")
+	if err := p.parse(c, g, true); err != nil {
+		return usageCode(inv, err)
 	}
 	if n < 1 {
-		return 2, usageErr("-n %d: want the number of branches, at least 1", n)
+		return usageCode(inv, usageErr("-n %d: want the number of branches, at least 1", n))
 	}
 	if judge == "" {
-		return 2, usageErr("no --judge: give a shell command that prints a or b")
+		return usageCode(inv, usageErr("no --judge: give a shell command that prints a or b"))
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+	return p.run(c.Context, inv, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
 		return patterns.Tournament(ctx, s, parent, n, patterns.Command{Args: p.cmd}, patterns.Judge{Args: shell(judge), File: file}, p.opts)
 	})
 }
 
-func cmdReflexion(ctx context.Context, g globals, args []string, stdout io.Writer) (int, error) {
+func cmdReflexion(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
-	var k int
-	fs := p.flags("reflexion", g)
-	fs.IntVar(&k, "attempts", 3, "at most this many attempts")
-	if err := p.parse(fs, args, true); err != nil {
-		return 2, err
+	k := c.Int("attempts")
+	if err := p.parse(c, g, true); err != nil {
+		return usageCode(inv, err)
 	}
 	if k < 1 {
-		return 2, usageErr("--attempts %d: want at least 1", k)
+		return usageCode(inv, usageErr("--attempts %d: want at least 1", k))
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+	return p.run(c.Context, inv, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
 		return patterns.Reflexion(ctx, s, parent, k, patterns.Command{Args: p.cmd}, p.opts)
 	})
 }
 
-func cmdSearch(ctx context.Context, g globals, name string, args []string, stdout io.Writer) (int, error) {
+func cmdSearch(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
-	var so patterns.SearchOptions
-	beam := name == "beam"
-	fs := p.flags(name, g)
-	fs.IntVar(&so.Width, "width", 2, "children per expanded node")
-	fs.IntVar(&so.Depth, "depth", 2, "deepest level")
+	beam := c.Command.Name == "beam"
+	so := patterns.SearchOptions{Width: c.Int("width"), Depth: c.Int("depth")}
 	if beam {
-		fs.IntVar(&so.Keep, "keep", 2, "nodes kept per depth")
+		so.Keep = c.Int("keep")
 	} else {
-		fs.IntVar(&so.Budget, "budget", 0, "expansions, the start included (default: --depth)")
+		so.Budget = c.Int("budget")
 	}
-	fs.StringVar(&p.goal, "goal", "", "stop once a node scores at least this")
-	p.scoreFlags(fs)
-	if err := p.parse(fs, args, true); err != nil {
-		return 2, err
+	if err := p.parse(c, g, true); err != nil {
+		return usageCode(inv, err)
 	}
 	goal, err := p.goalValue()
 	if err != nil {
-		return 2, err
+		return usageCode(inv, err)
 	}
 	so.Goal = goal
 	if so.Width < 1 || so.Depth < 1 || (beam && so.Keep < 1) || so.Budget < 0 {
-		return 2, usageErr("--width, --depth and --keep must be at least 1, --budget not negative")
+		return usageCode(inv, usageErr("--width, --depth and --keep must be at least 1, --budget not negative"))
 	}
 	search := patterns.TreeSearch
 	if beam {
 		search = patterns.BeamSearch
 	}
-	return p.run(ctx, stdout, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
+	return p.run(c.Context, inv, func(ctx context.Context, s patterns.Brancher, parent string) (*patterns.Result, error) {
 		return search(ctx, s, parent, patterns.Command{Args: p.cmd}, p.scorer(), so, p.opts)
 	})
 }

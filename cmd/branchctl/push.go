@@ -3,16 +3,14 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/client/oci"
@@ -20,14 +18,10 @@ import (
 
 // cmdPush: push SANDBOX[/BRANCH] REF [--plain-http] [--hosts-dir DIR]
 // [--user USER[:SECRET]].
-func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("push", flag.ContinueOnError)
-	g.commandFlags(fs)
-	remote := remoteFlags(fs)
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdPush(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	remote := remoteOf(c)
+	pos, _ := split(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want push SANDBOX[/BRANCH] REF, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -44,7 +38,7 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	defer cc.Close()
-	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), cc, src, pos[1], remote())
+	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), cc, src, pos[1], remote)
 	if err != nil {
 		return err
 	}
@@ -61,15 +55,10 @@ func cmdPush(ctx context.Context, g globals, args []string, stdout io.Writer) er
 }
 
 // cmdSave: save SANDBOX[/BRANCH] FILE [--name NAME].
-func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("save", flag.ContinueOnError)
-	g.commandFlags(fs)
-	var name string
-	fs.StringVar(&name, "name", "", "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)")
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdSave(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	name := c.String("name")
+	pos, _ := split(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want save SANDBOX[/BRANCH] FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -83,11 +72,11 @@ func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	if name == "" {
-		c := src.Branch
-		if c == "" {
-			c = "0"
+		ctxID := src.Branch
+		if ctxID == "" {
+			ctxID = "0"
 		}
-		name = "branchbox/" + strings.ToLower(named) + ":" + c
+		name = "branchbox/" + strings.ToLower(named) + ":" + ctxID
 	}
 	cc, err := g.dial()
 	if err != nil {
@@ -106,15 +95,10 @@ func cmdSave(ctx context.Context, g globals, args []string, stdout io.Writer) er
 }
 
 // cmdLoad: load FILE [--snapshotter NAME].
-func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	g.commandFlags(fs)
-	var sn string
-	fs.StringVar(&sn, "snapshotter", "branch", "the snapshotter to unpack into")
-	pos, _, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	sn := c.String("snapshotter")
+	pos, _ := split(c)
 	if len(pos) != 1 {
 		return fmt.Errorf("want load FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -143,14 +127,10 @@ func cmdLoad(ctx context.Context, g globals, args []string, stdout io.Writer) er
 
 // cmdPull: pull REF SANDBOX [--plain-http] [--hosts-dir DIR]
 // [--user USER[:SECRET]] [-- CMD...].
-func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("pull", flag.ContinueOnError)
-	g.commandFlags(fs)
-	remote := remoteFlags(fs)
-	pos, cmd, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
+func cmdPull(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	remote := remoteOf(c)
+	pos, cmd := split(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -159,7 +139,7 @@ func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) er
 		return err
 	}
 	defer cc.Close()
-	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), cc, pos[0], pos[1], remote(), cmd...)
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), cc, pos[0], pos[1], remote, cmd...)
 	if err != nil {
 		return err
 	}
@@ -171,18 +151,11 @@ func cmdPull(ctx context.Context, g globals, args []string, stdout io.Writer) er
 	return nil
 }
 
-// remoteFlags registers the registry flags of push and pull; what it
-// returns gives the registry options they set, once parsed.
-func remoteFlags(fs *flag.FlagSet) func() oci.Remote {
-	var remote oci.Remote
-	var user string
-	fs.BoolVar(&remote.PlainHTTP, "plain-http", false, "talk plain HTTP to a registry hosts.toml does not configure")
-	fs.StringVar(&remote.HostsDir, "hosts-dir", oci.DefaultHostsDir, "containerd's registry host configuration directory")
-	fs.StringVar(&user, "user", "", "USER[:SECRET] to authenticate to the registry")
-	return func() oci.Remote {
-		remote.User, remote.Secret, _ = strings.Cut(user, ":")
-		return remote
-	}
+// remoteOf reads remoteFlags.
+func remoteOf(c *cli.Context) oci.Remote {
+	r := oci.Remote{PlainHTTP: c.Bool("plain-http"), HostsDir: c.String("hosts-dir")}
+	r.User, r.Secret, _ = strings.Cut(c.String("user"), ":")
+	return r
 }
 
 // dial connects to containerd at the address the flags gave.

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -13,64 +12,63 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/urfave/cli/v2"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 )
 
-const selfUsage = `usage: branchctl self COMMAND ... (from inside a sandbox run with the
-annotation io.branchbox.socket=true; the socket is /run/branchbox/branch.sock)
-
-  fork -n N [--parent ID] [--from CHECKPOINT] [--seal ro|freeze]
-       [--net shared|isolated] [--memory BYTES] [--cpus N] [--pids N] [-- CMD...]
-                          fork this context (or a descendant) into N branches
-  exec [-d] ID -- CMD...  run CMD in descendant ID, print its output, exit
-                          with its status; with -d, print its exec id and
-                          leave it running (the shim keeps its output, up
-                          to 1 MiB per stream, until it is waited for)
-  wait ID EXEC            wait for a process started with exec -d, as exec
-  commit [ID]             commit descendant ID into its parent; without ID,
-                          this context into its parent: on success every
-                          process of this context is killed, this one too,
-                          and nothing is printed
-  abort [ID]              discard descendant ID (without ID: this context)
-  tree                    this context and its descendants
-  checkpoint [--branch ID] NAME
-  checkpoint ls
-  rollback [--branch ID] NAME
-
-Every command takes --json and --socket PATH (default $BRANCHBOX_SOCKET, then
-/run/branchbox/branch.sock). IDs are branch ids as fork and tree print them;
-only this context and what was forked from it can be named.
-`
-
-func cmdSelf(ctx context.Context, g globals, args []string, stdout, stderr io.Writer) (int, error) {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stdout, selfUsage)
-		return 0, nil
+// selfCommand is branchctl self: the same commands from inside a
+// sandbox, on its own context, through its branch socket.
+func selfCommand(inv *invocation) *cli.Command {
+	sub := func(name, args, usage string, own ...cli.Flag) *cli.Command {
+		return &cli.Command{
+			Name: name, ArgsUsage: args, Usage: usage,
+			Flags: append([]cli.Flag{
+				&cli.StringFlag{Name: "socket", Usage: "the branch socket (default $BRANCHBOX_SOCKET, then /run/branchbox/branch.sock)"},
+				&cli.BoolFlag{Name: "json", Usage: "print one JSON document on stdout, also on error"},
+				&cli.StringFlag{Name: "branch", Usage: "the context (default: this one)"},
+			}, own...),
+			Action: func(c *cli.Context) error {
+				code, err := cmdSelf(c, globalsOf(c), inv.stdout, inv.stderr)
+				inv.code = code
+				return err
+			},
+		}
 	}
-	name, rest := args[0], args[1:]
-	fs := flag.NewFlagSet("self "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var socket, ref string
-	fs.StringVar(&socket, "socket", "", "the branch socket")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
-	fs.StringVar(&ref, "branch", "", "the context (default: this one)")
-	var (
-		opts   client.ForkOptions
-		memory string
-	)
-	var detach bool
-	switch name {
-	case "fork":
-		forkFlags(fs, &opts, &memory)
-		fs.StringVar(&opts.Parent, "parent", "", "fork this descendant instead of this context")
-	case "exec":
-		fs.BoolVar(&detach, "d", false, "print the exec id and do not wait (see wait)")
+	return &cli.Command{
+		Name:     "self",
+		Category: "inside a sandbox",
+		Usage:    "from inside a sandbox: the same on its own context, through /run/branchbox/branch.sock",
+		Description: `From inside a sandbox run with the annotation io.branchbox.socket=true
+(the socket is /run/branchbox/branch.sock). IDs are branch ids as fork and
+tree print them; only this context and what was forked from it can be
+named.`,
+		Subcommands: []*cli.Command{
+			sub("fork", "[-- CMD...]", "fork this context (or a descendant) into N branches",
+				append(forkFlags(), &cli.StringFlag{Name: "parent", Usage: "fork this descendant instead of this context"})...),
+			sub("exec", "ID -- CMD...", "run CMD in descendant ID, print its output, exit with its status; with -d, print its exec id and leave it running (the shim keeps its output, up to 1 MiB per stream, until it is waited for)",
+				&cli.BoolFlag{Name: "d", Usage: "print the exec id and do not wait (see wait)"}),
+			sub("wait", "ID EXEC", "wait for a process started with exec -d, as exec"),
+			sub("commit", "[ID]", "commit descendant ID into its parent; without ID, this context into its parent: on success every process of this context is killed, this one too, and nothing is printed"),
+			sub("abort", "[ID]", "discard descendant ID (without ID: this context)"),
+			sub("tree", "", "this context and its descendants"),
+			sub("checkpoint", "[--branch ID] NAME | ls", "record a context's rootfs as NAME; ls lists the checkpoints"),
+			sub("rollback", "[--branch ID] NAME", "bring a context's rootfs back to checkpoint NAME"),
+		},
 	}
-	pos, cmd, err := parse(fs, rest)
-	if err != nil {
-		return 2, err
+}
+
+func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) {
+	ctx, name := cc.Context, cc.Command.Name
+	socket, ref, detach := cc.String("socket"), cc.String("branch"), cc.Bool("d")
+	pos, cmd := split(cc)
+	var err error
+	var opts client.ForkOptions
+	var memory string
+	if name == "fork" {
+		opts, memory = forkOptions(cc)
+		opts.Parent = cc.String("parent")
 	}
 	c, err := client.DialSelf(ctx, socket)
 	if err != nil {

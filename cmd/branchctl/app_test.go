@@ -1,0 +1,90 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+// TestArrange: flags may follow a command's positional arguments (up to
+// "--"), and the command line after "--" is left alone.
+func TestArrange(t *testing.T) {
+	app := newApp(&invocation{})
+	for _, tc := range []struct{ in, want string }{
+		{"fork sb -n 3", "fork -n 3 -- sb"},
+		{"fork sb -n 3 --seal=freeze -- sleep -n 1", "fork -n 3 --seal=freeze -- sb -- sleep -n 1"},
+		{"-n k8s.io --json tree sb", "-n k8s.io --json tree -- sb"},
+		{"exec sb/1 -t --env A=1 -- sh -c x --json", "exec -t --env A=1 -- sb/1 -- sh -c x --json"},
+		{"self fork -n 2 --json", "self fork -n 2 --json"},
+		{"self exec 1 -d -- true", "self exec -d -- 1 -- true"},
+		{"checkpoint ls sb --json", "checkpoint --json -- ls sb"},
+		{"ls", "ls"},
+		{"frobnicate -x", "frobnicate -x"},
+		{"fork sb -x -n 2", "fork -x -n 2 -- sb"},
+	} {
+		got := strings.Join(arrange(app, strings.Fields(tc.in)), " ")
+		if got != tc.want {
+			t.Errorf("arrange(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestGlobals: a global flag after the command wins over one before it,
+// which wins over the environment, which wins over the default.
+func TestGlobals(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want globals
+	}{
+		{"", []string{"ls"}, globals{address: defaultAddress, namespace: "default"}},
+		{"envns", []string{"ls"}, globals{address: defaultAddress, namespace: "envns"}},
+		{"envns", []string{"-n", "top", "ls"}, globals{address: defaultAddress, namespace: "top"}},
+		{"envns", []string{"-n", "top", "--json", "ls", "--namespace", "cmd"}, globals{address: defaultAddress, namespace: "cmd", json: true}},
+		{"", []string{"-a", "/x.sock", "ls", "--json"}, globals{address: "/x.sock", namespace: "default", json: true}},
+		{"envns", []string{"fork", "sb", "-n", "3"}, globals{address: defaultAddress, namespace: "envns"}},
+		{"envns", []string{"-n", "top", "fork", "sb", "-n", "3"}, globals{address: defaultAddress, namespace: "top"}},
+	} {
+		t.Setenv("CONTAINERD_NAMESPACE", tc.env)
+		t.Setenv("CONTAINERD_ADDRESS", "")
+		var got globals
+		inv := &invocation{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+		app := newApp(inv)
+		for _, c := range app.Commands {
+			c.Action = func(c *cli.Context) error { got = globalsOf(c); return nil }
+		}
+		if err := app.Run(append([]string{"branchctl"}, arrange(app, tc.args)...)); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got != tc.want {
+			t.Errorf("env %q %v: %+v, want %+v", tc.env, tc.args, got, tc.want)
+		}
+	}
+}
+
+// TestUsageErrors: bad flags and unknown commands exit 2 with a hint.
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fork", "sb", "-x"}, "branchctl fork: flag provided but not defined: -x"},
+		{[]string{"frobnicate"}, `branchctl: unknown command "frobnicate"`},
+		{[]string{"fork", "sb", "-n", "many"}, `invalid value "many" for flag -n`},
+		{[]string{"completion", "tcsh"}, "want bash, zsh or fish"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(t.Context(), tc.args, nil, &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) || !strings.Contains(errOut.String(), "hint: see `branchctl help`") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "--seal value") {
+		t.Errorf("fork --help: exit %d, %q", code, out.String())
+	}
+}
