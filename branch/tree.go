@@ -404,11 +404,13 @@ func (t *Tree) Abort(id string, now time.Time) ([]string, error) {
 // Subtree returns id and every descendant still holding a layer, parents
 // before children.
 func (t *Tree) Subtree(id string) []string {
-	out := []string{id}
-	for i := 0; i < len(out); i++ {
-		out = append(out, t.Children(out[i])...)
+	parents := make(map[string]string, len(t.Nodes))
+	for _, n := range t.Nodes {
+		if n.ID != RootID {
+			parents[n.ID] = n.Parent
+		}
 	}
-	return out
+	return Subtree(id, parents)
 }
 
 // Layered returns every branch that owns a layer on disk: live or

@@ -280,12 +280,16 @@ func branchCgroup(parent, id string) string { return parent + "/b" + id }
 // descendants lists id's descendants among the running contexts, deepest
 // first.
 func (sb *sandbox) descendants(id string) []*bctx {
-	var out []*bctx
+	parents := make(map[string]string, len(sb.nodes))
 	for _, n := range sb.nodes {
-		if n.parent == id && n.id != branch.RootID {
-			out = append(out, sb.descendants(n.id)...)
-			out = append(out, n)
+		if n.id != branch.RootID {
+			parents[n.id] = n.parent
 		}
+	}
+	ids := branch.Subtree(id, parents)[1:]
+	out := make([]*bctx, 0, len(ids))
+	for i := len(ids) - 1; i >= 0; i-- {
+		out = append(out, sb.nodes[ids[i]])
 	}
 	return out
 }

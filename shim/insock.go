@@ -546,16 +546,13 @@ func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (
 func (s *selfService) subtree(nodes []*shimv1.Context) map[string]bool {
 	parents := map[string]string{}
 	for _, n := range nodes {
-		parents[n.Id] = n.Parent
+		if n.Id != branch.RootID {
+			parents[n.Id] = n.Parent
+		}
 	}
 	in := map[string]bool{}
-	for id := range parents {
-		for cur, i := id, 0; cur != "" && i <= len(parents); cur, i = parents[cur], i+1 {
-			if cur == s.self {
-				in[id] = true
-				break
-			}
-		}
+	for _, id := range branch.Subtree(s.self, parents) {
+		in[id] = true
 	}
 	return in
 }
