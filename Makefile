@@ -75,11 +75,13 @@ $(SHIM_RUNTIME): FORCE
 	$(GO) build -tags seccomp -o $@ ./cmd/containerd-shim-branch-v1/runtime
 
 # The branch init, static: it starts in new namespaces for every branch
-# and runs as C before the Go runtime would (see its main.go).
+# and runs as C before the Go runtime would (shim/brinit). osusergo and
+# netgo keep glibc's NSS out of the static link (the init never looks up
+# a user or a host).
 SHIM_INIT := $(BIN)/containerd-shim-branch-v1-init
 $(SHIM_INIT): FORCE
 	@mkdir -p $(BIN)
-	$(GO) build -ldflags '-extldflags "-static"' -o $@ ./cmd/containerd-shim-branch-v1/init
+	$(GO) build -tags osusergo,netgo -ldflags '-extldflags "-static"' -o $@ ./cmd/containerd-shim-branch-v1/init
 
 FORCE:
 
@@ -120,7 +122,7 @@ check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 

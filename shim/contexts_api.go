@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/client/branchapi"
+	"github.com/branchbox/branchbox/shim/brinit"
 
 	"github.com/containerd/console"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -217,7 +218,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	}
 	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {
 		if sb.pool == nil {
-			sb.pool = newInitPool(c, parent.cgroup, cloneFlags(made[0].spec), prepOf(ctx, made[0].spec))
+			sb.pool = newInitPool(c, parent.cgroup, brinit.CloneFlags(made[0].spec), prepOf(ctx, made[0].spec))
 		}
 		sb.pool.fill(ctx, int(req.Count))
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/client/branchapi"
+	"github.com/branchbox/branchbox/shim/brinit"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
@@ -262,7 +263,7 @@ func (c *contexts) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info
 	}
 	spawnDone := make(chan spawnResult, 1)
 	go func() {
-		flags := cloneFlags(n.spec)
+		flags := brinit.CloneFlags(n.spec)
 		if warm != nil {
 			if s := warm.claim(ctx, n.cgroup); s != nil {
 				if s.flags == flags {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/brinit"
 )
 
 // defaultBranchSpec is a branch spec derived from containerd's default
@@ -64,14 +65,14 @@ func TestPlanFast(t *testing.T) {
 		t.Fatalf("containerd's default spec needs the runtime: %s", r)
 	}
 	paths := map[string]string{"memory": "/sys/fs/cgroup/memory/test/sb/b1", "cpu": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1"}
-	p, err := planFast(spec, "/run/b/rootfs", paths, nil)
+	p, err := brinit.NewPlan(spec, "/run/b/rootfs", paths, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS); p.cloneFlags != want {
-		t.Errorf("clone flags %#x, want %#x (the sandbox's network is joined)", p.cloneFlags, want)
+	if want := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS); p.Clone != want {
+		t.Errorf("clone flags %#x, want %#x (the sandbox's network is joined)", p.Clone, want)
 	}
-	list := ops(t, p.conf.Bytes())
+	list := ops(t, p.Conf.Bytes())
 	index := func(pred func([]string) bool) int {
 		for i, o := range list {
 			if pred(o) {
@@ -111,12 +112,12 @@ func TestPlanFast(t *testing.T) {
 
 	// A new network namespace is cloned and gets its loopback up.
 	isolated := defaultBranchSpec(t, "")
-	p, err = planFast(isolated, "/run/b/rootfs", paths, nil)
+	p, err = brinit.NewPlan(isolated, "/run/b/rootfs", paths, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.cloneFlags&unix.CLONE_NEWNET == 0 || !bytes.Contains(p.conf.Bytes(), []byte("\x00lo\x00")) {
-		t.Errorf("isolated network: clone flags %#x; want CLONE_NEWNET and the lo op", p.cloneFlags)
+	if p.Clone&unix.CLONE_NEWNET == 0 || !bytes.Contains(p.Conf.Bytes(), []byte("\x00lo\x00")) {
+		t.Errorf("isolated network: clone flags %#x; want CLONE_NEWNET and the lo op", p.Clone)
 	}
 }
 
@@ -153,12 +154,12 @@ func TestProcConfig(t *testing.T) {
 	spec := defaultBranchSpec(t, "/proc/1/ns/net")
 	spec.Process.Args = []string{"sh", "-c", "x"}
 	spec.Process.User = specs.User{UID: 5, GID: 6, AdditionalGids: []uint32{7}}
-	var w cfgWriter
-	p, err := planFast(spec, "/r", nil, nil)
+	var w brinit.Config
+	p, err := brinit.NewPlan(spec, "/r", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeProc(&w, spec.Process, p.cfg, true); err != nil {
+	if err := brinit.WriteProc(&w, spec.Process, p.Cfg, true); err != nil {
 		t.Fatal(err)
 	}
 	got := strings.ReplaceAll(w.String(), "\x00", " ")
@@ -167,16 +168,8 @@ func TestProcConfig(t *testing.T) {
 			t.Errorf("process config %q lacks %q", got, want)
 		}
 	}
-	// CAP_CHOWN is bit 0 and in the default set; CAP_SYS_ADMIN (21) is not.
-	caps, err := capBits([]string{"CAP_CHOWN", "CAP_KILL"})
-	if err != nil || caps != 1<<unix.CAP_CHOWN|1<<unix.CAP_KILL {
-		t.Errorf("capBits: %#x %v", caps, err)
-	}
-	if _, err := capBits([]string{"CAP_NOPE"}); err == nil {
-		t.Error("an unknown capability was taken")
-	}
 	spec.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOPE"}}
-	if err := writeProc(&w, spec.Process, p.cfg, true); err == nil {
+	if err := brinit.WriteProc(&w, spec.Process, p.Cfg, true); err == nil {
 		t.Error("an unknown rlimit was taken")
 	}
 }

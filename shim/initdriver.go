@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/brinit"
 )
 
 // The branch init's driver: an init spawned in its cgroups, configured over
@@ -306,12 +307,16 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 			return nil, fmt.Errorf("branch %s: %w", n.id, err)
 		}
 	}
-	plan, err := planFast(n.spec, rootfs, s.paths, prog)
+	var sc *brinit.Seccomp
+	if prog != nil {
+		sc = &prog.Seccomp
+	}
+	plan, err := brinit.NewPlan(n.spec, rootfs, s.paths, sc)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
-	if plan.cloneFlags != s.flags {
-		return nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", n.id, s.flags, plan.cloneFlags, errdefs.ErrInternal)
+	if plan.Clone != s.flags {
+		return nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", n.id, s.flags, plan.Clone, errdefs.ErrInternal)
 	}
 	// The init attaches a clone of the shim's rootfs mount: it may have
 	// been started (its mount namespace copied) before the rootfs was
@@ -322,21 +327,21 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 	}
 	defer unix.Close(rootMnt)
 	fds := []int{rootMnt}
-	conf := &plan.conf
+	conf := &plan.Conf
 	if s.prepped != nil {
 		// An init started ahead did the early part already: if it is
 		// this plan's (it is, unless the sandbox's namespaces moved), it
 		// gets the rest; otherwise all of it, and drops what it made.
-		if early, late, ok := splitPrep(plan.conf.ops); ok && bytes.Equal(early.Bytes(), s.prepped) {
+		if early, late, ok := brinit.SplitPrep(plan.Conf.Ops()); ok && bytes.Equal(early.Bytes(), s.prepped) {
 			conf = &late
 			log.G(ctx).WithField("branch", n.id).Debug("the branch's init, started ahead, made the early part of its root")
 		}
 	}
 	if n.hasCommand {
-		if err := writeProc(conf, n.spec.Process, plan.cfg, false); err != nil {
+		if err := brinit.WriteProc(conf, n.spec.Process, plan.Cfg, false); err != nil {
 			return nil, err
 		}
-		conf.op("run")
+		conf.Op("run")
 		null, err := os.Open(os.DevNull)
 		if err != nil {
 			return nil, err
@@ -350,7 +355,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
 	}
 	if prog != nil {
-		fds = append(fds, int(prog.file.Fd())) // last: seccompPlan
+		fds = append(fds, int(prog.file.Fd())) // last: the seccomp op (brinit.NewPlan)
 	}
 	oob := unix.UnixRights(fds...)
 	ctl := s.ctl
@@ -362,7 +367,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	if joined {
-		conf.op("joined")
+		conf.Op("joined")
 	}
 	msg := append([]byte{'C'}, conf.Bytes()...)
 	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
@@ -396,7 +401,7 @@ func (c *contexts) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawn
 		return nil, fmt.Errorf("branch %s: %w", n.id, err)
 	}
 	_ = ctl.SetReadDeadline(time.Time{})
-	fc := &fastCtx{init: s.init, ctl: ctl, cfg: plan.cfg, byID: map[string]*fastProc{}, byPid: map[int]*fastProc{}}
+	fc := &fastCtx{init: s.init, ctl: ctl, cfg: plan.Cfg, byID: map[string]*fastProc{}, byPid: map[int]*fastProc{}}
 	go fc.read(context.WithoutCancel(ctx))
 	return fc, nil
 }
@@ -539,8 +544,8 @@ func (fc *fastCtx) exec(ctx context.Context, id string, ps *specs.Process, stdin
 			p.closeIO()
 		}
 	}()
-	var w cfgWriter
-	if err := writeProc(&w, ps, fc.cfg, true); err != nil {
+	var w brinit.Config
+	if err := brinit.WriteProc(&w, ps, fc.cfg, true); err != nil {
 		return nil, err
 	}
 	files, err := p.openIO(ctx)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/seccompbpf"
 )
 
@@ -33,13 +33,12 @@ type initPath struct {
 
 // compiledSeccomp is a profile compiled for the branch init.
 type compiledSeccomp struct {
-	flags uint // SECCOMP_FILTER_FLAG_*
+	brinit.Seccomp // its filter flags and length
 	// file holds the program's instructions, sealed: every init is
 	// handed it with its config (containerd's default profile is 10 KB of
 	// instructions, which as config text cost every branch a fraction of
 	// a millisecond to write, copy and parse).
 	file *os.File
-	len  int // its instructions
 }
 
 // sealedProgram puts a program into a memfd sealed against any change.
@@ -119,12 +118,12 @@ func (p *initPath) seccomp(ctx context.Context, profile *specs.LinuxSeccomp) (*c
 		var file *os.File
 		if prog, p.progErr = seccompbpf.Compile(cfg); p.progErr == nil {
 			if file, p.progErr = sealedProgram(prog.Bytes()); p.progErr == nil {
-				p.prog = &compiledSeccomp{flags: prog.Flags, file: file, len: len(prog.Filter)}
+				p.prog = &compiledSeccomp{Seccomp: brinit.Seccomp{Flags: prog.Flags, Len: len(prog.Filter)}, file: file}
 			}
 		}
 	}
 	if p.progErr == nil {
-		log.G(ctx).WithField("instructions", p.prog.len).WithField("took", time.Since(started)).Debug("compiled the sandbox's seccomp profile for the branch init")
+		log.G(ctx).WithField("instructions", p.prog.Len).WithField("took", time.Since(started)).Debug("compiled the sandbox's seccomp profile for the branch init")
 	}
 	return p.prog, p.progErr
 }
@@ -156,14 +155,4 @@ func seccompNotifies(s *specs.LinuxSeccomp) bool {
 		}
 	}
 	return false
-}
-
-// seccompPlan has the init install prog in every process it starts, where
-// runc would (see brinit.c). The program comes as the config's last
-// descriptor (configure).
-func seccompPlan(w *cfgWriter, prog *compiledSeccomp) {
-	if prog == nil {
-		return
-	}
-	w.op("seccomp", strconv.FormatUint(uint64(prog.flags), 10), strconv.Itoa(prog.len))
 }

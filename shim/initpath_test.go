@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -22,11 +23,11 @@ func TestSchedPlan(t *testing.T) {
 	if r := fastUnsupported(spec); r != "" {
 		t.Fatalf("the branch init does not take it: %s", r)
 	}
-	p, err := planFast(spec, "/r", nil, nil)
+	p, err := brinit.NewPlan(spec, "/r", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.ReplaceAll(p.conf.String(), "\x00", " "); !strings.HasPrefix(got, "timens boottime 7 9\n ") || !strings.Contains(got, " root /r ") {
+	if got := strings.ReplaceAll(p.Conf.String(), "\x00", " "); !strings.HasPrefix(got, "timens boottime 7 9\n ") || !strings.Contains(got, " root /r ") {
 		t.Errorf("plan %q lacks the time namespace before the root", got)
 	}
 	for _, c := range []struct {
@@ -36,8 +37,8 @@ func TestSchedPlan(t *testing.T) {
 		{true, "sched 3 1 5 0 0 0 0 ioprio 16390 affinity 0a00000000000000"},
 		{false, "sched 3 1 5 0 0 0 0 ioprio 16390 affinity  "},
 	} {
-		var w cfgWriter
-		if err := writeProc(&w, spec.Process, p.cfg, c.exec); err != nil {
+		var w brinit.Config
+		if err := brinit.WriteProc(&w, spec.Process, p.Cfg, c.exec); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.ReplaceAll(w.String(), "\x00", " "); !strings.Contains(got, c.want) {
@@ -45,8 +46,8 @@ func TestSchedPlan(t *testing.T) {
 		}
 	}
 	spec.Process.IOPriority.Class = "IOPRIO_CLASS_NOPE"
-	var w cfgWriter
-	if err := writeProc(&w, spec.Process, p.cfg, true); err == nil {
+	var w brinit.Config
+	if err := brinit.WriteProc(&w, spec.Process, p.Cfg, true); err == nil {
 		t.Error("an unknown I/O priority class was taken")
 	}
 }
@@ -61,13 +62,13 @@ func TestAppArmorPlan(t *testing.T) {
 	if r := fastUnsupported(spec); r != "" {
 		t.Fatalf("the branch init does not take it: %s", r)
 	}
-	p, err := planFast(spec, "/r", nil, nil)
+	p, err := brinit.NewPlan(spec, "/r", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, exec := range []bool{true, false} {
-		var w cfgWriter
-		if err := writeProc(&w, spec.Process, p.cfg, exec); err != nil {
+		var w brinit.Config
+		if err := brinit.WriteProc(&w, spec.Process, p.Cfg, exec); err != nil {
 			t.Fatal(err)
 		}
 		if got := strings.ReplaceAll(w.String(), "\x00", " "); !strings.Contains(got, " apparmor cri-containerd.apparmor.d ") {

@@ -2,10 +2,11 @@
 
 package shim
 
-// The branch init (cmd/containerd-shim-branch-v1/init, brinit.c): where it
-// is and which specs it takes; the runtime runs the branches of the others.
-// Its plan is initplan.go, its driver initdriver.go, its processes
-// initproc.go, its pool of inits started ahead initpool.go.
+// The branch init (package brinit: its C and its plan; built as
+// cmd/containerd-shim-branch-v1/init): where it is and which specs it
+// takes; the runtime runs the branches of the others. Its driver is
+// initdriver.go, its processes initproc.go, its pool of inits started
+// ahead initpool.go and initprep.go.
 
 import (
 	"os"

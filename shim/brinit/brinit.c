@@ -1,7 +1,7 @@
 // brinit: the init of a branch context, run by the shim in new PID and
 // mount namespaces (and whatever others the branch needs). It runs before
 // the Go runtime starts (a constructor) and never returns to it, so that a
-// branch starts without a run of the Go runtime: see main.go.
+// branch starts without a run of the Go runtime: see init.go.
 //
 // Protocol, on a SOCK_SEQPACKET socket at fd 3 (the shim's end holds the
 // other side):
@@ -1030,7 +1030,11 @@ static int run_ops(int nw, struct proc *cmd) {
 	return have_cmd;
 }
 
-void brinit(void) {
+void brinit(int argc, char **argv) {
+	// Only a process the shim started as the init (argv ["brinit"]) is
+	// taken over; in the shim, which links this file too, it returns.
+	if (argc != 1 || argv == NULL || argv[0] == NULL || strcmp(argv[0], "brinit") != 0)
+		return;
 	sigset_t all;
 	sigfillset(&all);
 	sigprocmask(SIG_BLOCK, &all, NULL);

@@ -1,6 +1,6 @@
 //go:build linux
 
-package shim
+package brinit
 
 import (
 	"reflect"
@@ -13,28 +13,28 @@ import (
 func TestSplitPrep(t *testing.T) {
 	fl := func(f int) string { return strconv.Itoa(f) }
 	nosuid := fl(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
-	var w cfgWriter
-	w.op("setns", "/proc/9/ns/net")
-	w.op("root", "/bundle/rootfs")
-	w.op("mount", "proc", "/proc", "proc", nosuid, "")
-	w.op("mount", "tmpfs", "/dev", "tmpfs", fl(unix.MS_NOSUID), "mode=755")
-	w.op("mount", "devpts", "/dev/pts", "devpts", nosuid, "newinstance")
-	w.op("mount", "sysfs", "/sys", "sysfs", fl(unix.MS_RDONLY|unix.MS_NOSUID), "")
+	var w Config
+	w.Op("setns", "/proc/9/ns/net")
+	w.Op("root", "/bundle/rootfs")
+	w.Op("mount", "proc", "/proc", "proc", nosuid, "")
+	w.Op("mount", "tmpfs", "/dev", "tmpfs", fl(unix.MS_NOSUID), "mode=755")
+	w.Op("mount", "devpts", "/dev/pts", "devpts", nosuid, "newinstance")
+	w.Op("mount", "sysfs", "/sys", "sysfs", fl(unix.MS_RDONLY|unix.MS_NOSUID), "")
 	// A propagation flag: left to the fork.
-	w.op("mount", "tmpfs", "/run", "tmpfs", fl(unix.MS_NOSUID|unix.MS_SLAVE), "")
+	w.Op("mount", "tmpfs", "/run", "tmpfs", fl(unix.MS_NOSUID|unix.MS_SLAVE), "")
 	// Not a filesystem a slot holds.
-	w.op("mount", "/dev/vdb", "/data", "ext4", "0", "")
-	w.op("bind", "/host/f", "/dev/termination-log", "0", "0")
-	w.op("mknod", "/dev/null", "8630", "1", "3", "0", "0")
+	w.Op("mount", "/dev/vdb", "/data", "ext4", "0", "")
+	w.Op("bind", "/host/f", "/dev/termination-log", "0", "0")
+	w.Op("mknod", "/dev/null", "8630", "1", "3", "0", "0")
 	// Nodes a bind covers, in a subdirectory, or outside /dev stay.
-	w.op("mknod", "/dev/termination-log", "8630", "1", "3", "0", "0")
-	w.op("mknod", "/dev/net/tun", "8630", "10", "200", "0", "0")
-	w.op("mknod", "/run/x", "8630", "1", "3", "0", "0")
-	w.op("symlink", "/proc/self/fd", "/dev/fd")
-	w.op("pivot")
-	w.op("mask", "/proc/kcore")
-	w.op("setns", "/late") // after the root: stays in order
-	early, late, ok := splitPrep(w.ops)
+	w.Op("mknod", "/dev/termination-log", "8630", "1", "3", "0", "0")
+	w.Op("mknod", "/dev/net/tun", "8630", "10", "200", "0", "0")
+	w.Op("mknod", "/run/x", "8630", "1", "3", "0", "0")
+	w.Op("symlink", "/proc/self/fd", "/dev/fd")
+	w.Op("pivot")
+	w.Op("mask", "/proc/kcore")
+	w.Op("setns", "/late") // after the root: stays in order
+	early, late, ok := SplitPrep(w.Ops())
 	if !ok {
 		t.Fatal("nothing moved")
 	}
@@ -63,16 +63,16 @@ func TestSplitPrep(t *testing.T) {
 		{"mask", "/proc/kcore"},
 		{"setns", "/late"},
 	}
-	if !reflect.DeepEqual(early.ops, wantEarly) {
-		t.Errorf("early:\n%q\nwant\n%q", early.ops, wantEarly)
+	if !reflect.DeepEqual(early.Ops(), wantEarly) {
+		t.Errorf("early:\n%q\nwant\n%q", early.Ops(), wantEarly)
 	}
-	if !reflect.DeepEqual(late.ops, wantLate) {
-		t.Errorf("late:\n%q\nwant\n%q", late.ops, wantLate)
+	if !reflect.DeepEqual(late.Ops(), wantLate) {
+		t.Errorf("late:\n%q\nwant\n%q", late.Ops(), wantLate)
 	}
 	// The encoding is the ops'.
-	var enc cfgWriter
+	var enc Config
 	for _, o := range wantEarly {
-		enc.op(o[0], o[1:]...)
+		enc.Op(o[0], o[1:]...)
 	}
 	if early.String() != enc.String() {
 		t.Errorf("early encoded %q, want %q", early.String(), enc.String())
@@ -80,20 +80,20 @@ func TestSplitPrep(t *testing.T) {
 
 	// A /dev mounted twice: its nodes stay at the fork (the second mount
 	// would cover what was made in the first).
-	var twice cfgWriter
-	twice.op("root", "/r")
-	twice.op("mount", "tmpfs", "/dev", "tmpfs", "0", "")
-	twice.op("mount", "tmpfs", "/dev", "tmpfs", "0", "")
-	twice.op("mknod", "/dev/null", "8630", "1", "3", "0", "0")
-	_, late, _ = splitPrep(twice.ops)
-	if got := late.ops[len(late.ops)-1]; got[0] != "mknod" {
+	var twice Config
+	twice.Op("root", "/r")
+	twice.Op("mount", "tmpfs", "/dev", "tmpfs", "0", "")
+	twice.Op("mount", "tmpfs", "/dev", "tmpfs", "0", "")
+	twice.Op("mknod", "/dev/null", "8630", "1", "3", "0", "0")
+	_, late, _ = SplitPrep(twice.Ops())
+	if got := late.Ops()[len(late.Ops())-1]; got[0] != "mknod" {
 		t.Errorf("a node in a /dev mounted twice went early: late ends with %q", got)
 	}
 	// Nothing to move: not ok.
-	var none cfgWriter
-	none.op("root", "/r")
-	none.op("pivot")
-	if _, _, ok := splitPrep(none.ops); ok {
+	var none Config
+	none.Op("root", "/r")
+	none.Op("pivot")
+	if _, _, ok := SplitPrep(none.Ops()); ok {
 		t.Error("a plan with nothing to move was split")
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package shim
+package brinit
 
 import (
 	"bytes"
@@ -24,14 +24,18 @@ import (
 // init's config (brinit.c's protocol), written once per sandbox and completed
 // per branch.
 
-// cfgWriter encodes the init's instructions: NUL-terminated strings. It
-// keeps them as ops too, for splitPrep.
-type cfgWriter struct {
+// Config encodes the init's instructions: NUL-terminated strings. It
+// keeps them as ops too, for SplitPrep.
+type Config struct {
 	bytes.Buffer
 	ops [][]string
 }
 
-func (w *cfgWriter) op(name string, args ...string) {
+// Ops returns the ops written so far, each its name and arguments.
+func (w *Config) Ops() [][]string { return w.ops }
+
+// Op writes an op: its name and its arguments.
+func (w *Config) Op(name string, args ...string) {
 	w.ops = append(w.ops, append([]string{name}, args...))
 	w.WriteString(name)
 	w.WriteByte(0)
@@ -62,24 +66,24 @@ func capBits(names []string) (uint64, error) {
 	return m, nil
 }
 
-// writeProc encodes a process: its command, environment, user,
+// WriteProc encodes a process: its command, environment, user,
 // capabilities, limits and scheduling. exec is true for a process exec'd
 // into the branch (runc's setns process, which takes the spec's
 // execCPUAffinity), false for the branch's command (runc's init).
-func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config, exec bool) error {
+func WriteProc(w *Config, p *specs.Process, cfg *configs.Config, exec bool) error {
 	for _, a := range p.Args {
-		w.op("arg", a)
+		w.Op("arg", a)
 	}
 	for _, e := range p.Env {
-		w.op("env", e)
+		w.Op("env", e)
 	}
-	w.op("cwd", p.Cwd)
-	w.op("user", strconv.FormatUint(uint64(p.User.UID), 10), strconv.FormatUint(uint64(p.User.GID), 10))
+	w.Op("cwd", p.Cwd)
+	w.Op("user", strconv.FormatUint(uint64(p.User.UID), 10), strconv.FormatUint(uint64(p.User.GID), 10))
 	for _, g := range p.User.AdditionalGids {
-		w.op("group", strconv.FormatUint(uint64(g), 10))
+		w.Op("group", strconv.FormatUint(uint64(g), 10))
 	}
 	if p.User.Umask != nil {
-		w.op("umask", strconv.FormatUint(uint64(*p.User.Umask), 10))
+		w.Op("umask", strconv.FormatUint(uint64(*p.User.Umask), 10))
 	}
 	var sets [5]uint64
 	if c := p.Capabilities; c != nil {
@@ -91,28 +95,28 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config, exec bool) e
 			sets[i] = b
 		}
 	}
-	w.op("caps", hex(sets[0]), hex(sets[1]), hex(sets[2]), hex(sets[3]), hex(sets[4]))
+	w.Op("caps", hex(sets[0]), hex(sets[1]), hex(sets[2]), hex(sets[3]), hex(sets[4]))
 	if p.NoNewPrivileges {
-		w.op("nnp")
+		w.Op("nnp")
 	}
 	if p.ApparmorProfile != "" {
 		// Written to the process's AppArmor exec attribute, as runc
 		// does; on a host without AppArmor that fails, as it does in
 		// runc.
-		w.op("apparmor", p.ApparmorProfile)
+		w.Op("apparmor", p.ApparmorProfile)
 	}
 	if p.Terminal {
-		w.op("term")
+		w.Op("term")
 	}
 	if cfg.OomScoreAdj != nil {
-		w.op("oom", strconv.Itoa(*cfg.OomScoreAdj))
+		w.Op("oom", strconv.Itoa(*cfg.OomScoreAdj))
 	}
 	for _, r := range p.Rlimits {
 		t, ok := rlimitNumber(r.Type)
 		if !ok {
 			return fmt.Errorf("unknown rlimit %q: %w", r.Type, errdefs.ErrInvalidArgument)
 		}
-		w.op("rlimit", strconv.Itoa(t), strconv.FormatUint(r.Soft, 10), strconv.FormatUint(r.Hard, 10))
+		w.Op("rlimit", strconv.Itoa(t), strconv.FormatUint(r.Soft, 10), strconv.FormatUint(r.Hard, 10))
 	}
 	return writeSched(w, p, exec)
 }
@@ -121,13 +125,13 @@ func writeProc(w *cfgWriter, p *specs.Process, cfg *configs.Config, exec bool) e
 // as runc applies them (libcontainer's setupScheduler, setupIOPriority and
 // its setns process's CPU affinity, which is reset to every CPU unless the
 // spec names the final set).
-func writeSched(w *cfgWriter, p *specs.Process, exec bool) error {
+func writeSched(w *Config, p *specs.Process, exec bool) error {
 	if p.Scheduler != nil {
 		a, err := configs.ToSchedAttr(p.Scheduler)
 		if err != nil {
 			return fmt.Errorf("scheduler: %v: %w", err, errdefs.ErrInvalidArgument)
 		}
-		w.op("sched", strconv.FormatUint(uint64(a.Policy), 10), strconv.FormatUint(a.Flags, 10),
+		w.Op("sched", strconv.FormatUint(uint64(a.Policy), 10), strconv.FormatUint(a.Flags, 10),
 			strconv.FormatInt(int64(a.Nice), 10), strconv.FormatUint(uint64(a.Priority), 10),
 			strconv.FormatUint(a.Runtime, 10), strconv.FormatUint(a.Deadline, 10), strconv.FormatUint(a.Period, 10))
 	}
@@ -143,7 +147,7 @@ func writeSched(w *cfgWriter, p *specs.Process, exec bool) error {
 		default:
 			return fmt.Errorf("invalid io priority class %q: %w", io.Class, errdefs.ErrInvalidArgument)
 		}
-		w.op("ioprio", strconv.Itoa(class<<13|io.Priority))
+		w.Op("ioprio", strconv.Itoa(class<<13|io.Priority))
 	}
 	var final *unix.CPUSet
 	if exec && p.ExecCPUAffinity != nil {
@@ -158,14 +162,14 @@ func writeSched(w *cfgWriter, p *specs.Process, exec bool) error {
 	if final == nil {
 		// As runc: every CPU (the kernel masks it with the cgroup's
 		// cpuset), not the shim's affinity.
-		w.op("affinity", "")
+		w.Op("affinity", "")
 		return nil
 	}
 	var b []byte
 	for _, word := range final {
 		b = binary.NativeEndian.AppendUint64(b, uint64(word))
 	}
-	w.op("affinity", hexBytes(b))
+	w.Op("affinity", hexBytes(b))
 	return nil
 }
 
@@ -217,11 +221,11 @@ func rlimitNumber(name string) (int, bool) {
 	return 0, false
 }
 
-// cloneFlags are the namespaces a branch init is cloned into: new PID and
+// CloneFlags are the namespaces a branch init is cloned into: new PID and
 // mount namespaces, and the spec's new IPC, UTS and network namespaces (a
 // cgroup namespace is made once the init is in its cgroup; namespaces with
 // a path are joined).
-func cloneFlags(spec *specs.Spec) uintptr {
+func CloneFlags(spec *specs.Spec) uintptr {
 	f := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS)
 	for _, n := range spec.Linux.Namespaces {
 		if n.Path != "" {
@@ -239,18 +243,26 @@ func cloneFlags(spec *specs.Spec) uintptr {
 	return f
 }
 
-// fastPlan is what the init is told to build, and how it is cloned.
-type fastPlan struct {
-	cfg        *configs.Config
-	cloneFlags uintptr
-	conf       cfgWriter
+// Plan is what the init is told to build, and how it is cloned.
+type Plan struct {
+	Cfg   *configs.Config // runc's conversion of the spec
+	Clone uintptr         // the namespaces the init is cloned into
+	Conf  Config          // the init's config
 }
 
-// planFast converts a branch's spec (with runc's own conversion, so that
+// Seccomp is a seccomp program compiled for the init: its filter flags
+// and its length in instructions. The program itself is handed to the
+// init as the config's last descriptor.
+type Seccomp struct {
+	Flags uint
+	Len   int
+}
+
+// NewPlan converts a branch's spec (with runc's own conversion, so that
 // mount options, devices and limits mean what they mean to runc) into the
 // init's instructions. cgroupPaths are the branch's cgroup directories;
 // seccomp is the spec's profile compiled (nil for none).
-func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, seccomp *compiledSeccomp) (*fastPlan, error) {
+func NewPlan(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, seccomp *Seccomp) (*Plan, error) {
 	s := *spec
 	s.Root = &specs.Root{Path: rootfs, Readonly: spec.Root != nil && spec.Root.Readonly}
 	if spec.Linux.Seccomp != nil {
@@ -264,9 +276,9 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, se
 	if err != nil {
 		return nil, fmt.Errorf("convert the branch spec: %w", err)
 	}
-	p := &fastPlan{cfg: cfg, cloneFlags: cloneFlags(spec)}
-	w := &p.conf
-	newUTS, newNet := p.cloneFlags&unix.CLONE_NEWUTS != 0, p.cloneFlags&unix.CLONE_NEWNET != 0
+	p := &Plan{Cfg: cfg, Clone: CloneFlags(spec)}
+	w := &p.Conf
+	newUTS, newNet := p.Clone&unix.CLONE_NEWUTS != 0, p.Clone&unix.CLONE_NEWNET != 0
 	var joins []string
 	for _, n := range cfg.Namespaces {
 		switch n.Type {
@@ -274,7 +286,7 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, se
 		case configs.NEWCGROUP:
 			if n.Path == "" {
 				// After the shim put the init in its cgroup.
-				w.op("cgroupns")
+				w.Op("cgroupns")
 				continue
 			}
 			joins = append(joins, n.Path)
@@ -293,28 +305,28 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, se
 			for clock, o := range cfg.TimeOffsets {
 				fmt.Fprintf(&offsets, "%s %d %d\n", clock, o.Secs, o.Nanosecs)
 			}
-			w.op("timens", offsets.String())
+			w.Op("timens", offsets.String())
 		default:
 			return nil, fmt.Errorf("namespace %s: %w", n.Type, errdefs.ErrNotImplemented)
 		}
 	}
 	for _, j := range joins {
-		w.op("setns", j)
+		w.Op("setns", j)
 	}
-	w.op("root", rootfs)
+	w.Op("root", rootfs)
 	devTmpfs := false
 	for _, m := range cfg.Mounts {
 		flags := m.Flags
 		switch {
 		case m.Device == "bind":
-			w.op("bind", m.Source, m.Destination, strconv.Itoa(flags), boolStr(flags&unix.MS_REC != 0))
+			w.Op("bind", m.Source, m.Destination, strconv.Itoa(flags), boolStr(flags&unix.MS_REC != 0))
 		case m.Device == "cgroup" || m.Device == "cgroup2":
 			cgroupMountsPlan(w, m, cgroupPaths)
 		default:
 			if m.Destination == "/dev" && m.Device == "tmpfs" {
 				devTmpfs = true
 			}
-			w.op("mount", m.Source, m.Destination, m.Device, strconv.Itoa(flags), m.Data)
+			w.Op("mount", m.Source, m.Destination, m.Device, strconv.Itoa(flags), m.Data)
 		}
 	}
 	if devTmpfs {
@@ -330,34 +342,34 @@ func planFast(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, se
 			default:
 				continue
 			}
-			w.op("mknod", d.Path, strconv.FormatUint(uint64(mode), 10), strconv.FormatInt(d.Major, 10),
+			w.Op("mknod", d.Path, strconv.FormatUint(uint64(mode), 10), strconv.FormatInt(d.Major, 10),
 				strconv.FormatInt(d.Minor, 10), strconv.FormatUint(uint64(d.Uid), 10), strconv.FormatUint(uint64(d.Gid), 10))
 		}
 		for _, l := range [][2]string{{"/proc/self/fd", "/dev/fd"}, {"/proc/self/fd/0", "/dev/stdin"}, {"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"}, {"pts/ptmx", "/dev/ptmx"}} {
-			w.op("symlink", l[0], l[1])
+			w.Op("symlink", l[0], l[1])
 		}
 	}
-	w.op("pivot")
+	w.Op("pivot")
 	for _, m := range cfg.MaskPaths {
-		w.op("mask", m)
+		w.Op("mask", m)
 	}
 	for _, r := range cfg.ReadonlyPaths {
-		w.op("readonly", r)
+		w.Op("readonly", r)
 	}
 	for k, v := range cfg.Sysctl {
-		w.op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), v)
+		w.Op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), v)
 	}
 	if newUTS && cfg.Hostname != "" {
-		w.op("hostname", cfg.Hostname)
+		w.Op("hostname", cfg.Hostname)
 	}
 	if newUTS && cfg.Domainname != "" {
-		w.op("domainname", cfg.Domainname)
+		w.Op("domainname", cfg.Domainname)
 	}
 	if newNet {
-		w.op("lo")
+		w.Op("lo")
 	}
 	if cfg.Readonlyfs {
-		w.op("rootro")
+		w.Op("rootro")
 	}
 	seccompPlan(w, seccomp)
 	return p, nil
@@ -373,16 +385,16 @@ func boolStr(b bool) string {
 // cgroupMountsPlan mounts the branch's own cgroup directories at the cgroup
 // mount's destination, as runc does on cgroup v1: a tmpfs holding a bind of
 // each hierarchy's directory, and links for co-mounted controllers.
-func cgroupMountsPlan(w *cfgWriter, m *configs.Mount, paths map[string]string) {
+func cgroupMountsPlan(w *Config, m *configs.Mount, paths map[string]string) {
 	ro := m.Flags&unix.MS_RDONLY != 0
 	bindFlags := (m.Flags | unix.MS_BIND) &^ unix.MS_REC
 	if cgroups.IsCgroup2UnifiedMode() {
 		if p, ok := paths[""]; ok {
-			w.op("bind", p, m.Destination, strconv.Itoa(bindFlags), "0")
+			w.Op("bind", p, m.Destination, strconv.Itoa(bindFlags), "0")
 		}
 		return
 	}
-	w.op("mount", "tmpfs", m.Destination, "tmpfs", strconv.Itoa(unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV), "mode=755")
+	w.Op("mount", "tmpfs", m.Destination, "tmpfs", strconv.Itoa(unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV), "mode=755")
 	seen := map[string]bool{}
 	for _, dir := range paths {
 		// dir is <hierarchy mount point>/<cgroup path>; the hierarchy's
@@ -396,14 +408,24 @@ func cgroupMountsPlan(w *cfgWriter, m *configs.Mount, paths map[string]string) {
 			continue
 		}
 		seen[name] = true
-		w.op("bind", dir, filepath.Join(m.Destination, name), strconv.Itoa(bindFlags), "0")
+		w.Op("bind", dir, filepath.Join(m.Destination, name), strconv.Itoa(bindFlags), "0")
 		if strings.Contains(name, ",") {
 			for _, c := range strings.Split(name, ",") {
-				w.op("symlink", name, filepath.Join(m.Destination, c))
+				w.Op("symlink", name, filepath.Join(m.Destination, c))
 			}
 		}
 	}
 	if ro {
-		w.op("remount", m.Destination, strconv.Itoa(unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV))
+		w.Op("remount", m.Destination, strconv.Itoa(unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC|unix.MS_NODEV))
 	}
+}
+
+// seccompPlan has the init install prog in every process it starts, where
+// runc would (see brinit.c). The program comes as the config's last
+// descriptor (configure).
+func seccompPlan(w *Config, prog *Seccomp) {
+	if prog == nil {
+		return
+	}
+	w.Op("seccomp", strconv.FormatUint(uint64(prog.Flags), 10), strconv.Itoa(prog.Len))
 }
