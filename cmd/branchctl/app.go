@@ -74,16 +74,18 @@ Shell completion: source <(branchctl completion bash).`,
 			return nil
 		},
 	}
-	setUsageErrors(app.Commands)
+	finish(app.Commands)
 	return app
 }
 
-// setUsageErrors makes a flag that does not parse a usage error of the
-// command, printed by run like any other.
-func setUsageErrors(cmds []*cli.Command) {
+// finish makes a flag that does not parse a usage error of the command,
+// printed by run like any other, and keeps a help subcommand (which the
+// shell would complete) to the commands that have subcommands.
+func finish(cmds []*cli.Command) {
 	for _, c := range cmds {
 		c.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return usage(err) }
-		setUsageErrors(c.Subcommands)
+		c.HideHelpCommand = len(c.Subcommands) == 0
+		finish(c.Subcommands)
 	}
 }
 

@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
@@ -86,5 +87,37 @@ func TestUsageErrors(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if code := run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "--seal value") {
 		t.Errorf("fork --help: exit %d, %q", code, out.String())
+	}
+}
+
+// TestCompletion: the shell's completion (urfave/cli's
+// --generate-bash-completion, as the script of `branchctl completion bash`
+// asks) offers commands, subcommands and a command's flags.
+func TestCompletion(t *testing.T) {
+	for _, tc := range []struct {
+		line, want, not string
+	}{
+		{"branchctl --generate-bash-completion", "checkpoint\n", ""},
+		{"branchctl self --generate-bash-completion", "rollback\n", ""},
+		{"branchctl fork sb --se --generate-bash-completion", "--seal\n", "--from"},
+		{"branchctl fork sb -n 2 -- --generate-bash-completion", "", "--seal"},
+		{"branchctl exec sb/1 -- rm -x --generate-bash-completion", "", ""},
+	} {
+		old := os.Args
+		os.Args = strings.Fields(tc.line) // urfave/cli reads the word before the flag there
+		var out, errOut bytes.Buffer
+		code := run(t.Context(), os.Args[1:], nil, &out, &errOut)
+		os.Args = old
+		if !strings.Contains(out.String(), tc.want) || (tc.not != "" && strings.Contains(out.String(), tc.not)) {
+			t.Errorf("%s: %q; want %q and not %q", tc.line, out.String(), tc.want, tc.not)
+		}
+		// Completing runs nothing: no command, no error.
+		if code != 0 || errOut.Len() > 0 {
+			t.Errorf("%s: exit %d, stderr %q", tc.line, code, errOut.String())
+		}
+	}
+	var out bytes.Buffer
+	if code := run(t.Context(), []string{"completion", "bash"}, nil, &out, &bytes.Buffer{}); code != 0 || !strings.Contains(out.String(), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
+		t.Errorf("completion bash: %d %q", code, out.String())
 	}
 }

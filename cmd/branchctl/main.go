@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,7 +49,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		inv.namespace = "default"
 	}
 	app := newApp(inv)
-	err := app.RunContext(ctx, append([]string{app.Name}, arrange(app, args)...))
+	// The shell's completion asks with a last flag, and urfave/cli gives
+	// up on a line with "--" in it, which arrange may add.
+	if n := len(args); n == 0 || args[n-1] != "--generate-bash-completion" {
+		args = arrange(app, args)
+	} else if slices.Contains(args, "--") {
+		// Past "--" is the command a branch will run: nothing to offer,
+		// and nothing may run (urfave/cli would run the command).
+		return 0
+	}
+	err := app.RunContext(ctx, append([]string{app.Name}, args...))
 	if err == nil {
 		return inv.code
 	}
