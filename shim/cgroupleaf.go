@@ -88,7 +88,7 @@ func prepareBranchParent(ctx context.Context, path string) error {
 // none is left (a process can fork while the others are moved).
 func moveAll(dir, to string) error {
 	for i := 0; i < 100; i++ {
-		pids, err := readPidsErr(filepath.Join(dir, "cgroup.procs"))
+		pids, err := readPidsErr(dir)
 		if err != nil {
 			return err
 		}

@@ -133,45 +133,36 @@ func subdirs(dir string) []string {
 	return out
 }
 
-// readPids lists the processes of a cgroup.procs file, none if it cannot
-// be read: for what is shown, not for what is killed (readPidsErr).
-func readPids(file string) []int {
-	pids, _ := readPidsErr(file)
+// readPids lists the processes of the cgroup dir, none if they cannot be
+// read: for what is shown, not for what is killed (readPidsErr).
+func readPids(dir string) []int {
+	pids, _ := readPidsErr(dir)
 	return pids
 }
 
-// readPidsErr lists the processes of a cgroup.procs file. A cgroup that is
-// gone has none; any other failure (a threaded cgroup's cgroup.procs
-// cannot be read) is an error, not an empty list.
-func readPidsErr(file string) ([]int, error) {
-	b, err := os.ReadFile(file)
+// readPidsErr lists the processes of the cgroup dir (its cgroup.procs; a
+// threaded cgroup, which has none, lists its threads, and a signal to or a
+// move of a thread acts on its whole process). A cgroup that is gone has
+// none; any other failure is an error, not an empty list.
+func readPidsErr(dir string) ([]int, error) {
+	pids, err := cgroups.GetPids(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
-		}
-	}
 	return pids, nil
 }
 
-// pidsIn lists the processes of a cgroup (its directories on every
-// hierarchy); with recursive, those of its descendants too.
-func pidsIn(dirs []cgroupMount, recursive bool) []int {
+// pidsIn lists the processes of a cgroup's own (its directories on every
+// hierarchy), not its branches'.
+func pidsIn(dirs []cgroupMount) []int {
 	seen := map[int]bool{}
 	var pids []int
 	for _, d := range dirs {
-		list := ownDirs(d.dir)
-		if recursive {
-			list = subdirs(d.dir)
-		}
-		for _, dir := range list {
-			for _, pid := range readPids(filepath.Join(dir, "cgroup.procs")) {
+		for _, dir := range ownDirs(d.dir) {
+			for _, pid := range readPids(dir) {
 				if !seen[pid] {
 					seen[pid] = true
 					pids = append(pids, pid)
@@ -202,13 +193,14 @@ func thaw(dirs []cgroupMount) {
 }
 
 // subtreePids lists the processes in dirs and every cgroup below them; a
-// list that cannot be read is an error.
+// list that cannot be read is an error. Not cgroups.GetAllPids, which
+// reads every cgroup's directory: subdirs spares a leaf that read.
 func subtreePids(dirs []cgroupMount) ([]int, error) {
 	seen := map[int]bool{}
 	var pids []int
 	for _, d := range dirs {
 		for _, dir := range subdirs(d.dir) {
-			list, err := readPidsErr(filepath.Join(dir, "cgroup.procs"))
+			list, err := readPidsErr(dir)
 			if err != nil {
 				return nil, fmt.Errorf("list processes of cgroup %s: %w", dir, err)
 			}
@@ -452,7 +444,7 @@ func freezeOwn(ctx context.Context, path string) error {
 		} else {
 			// Repeat: a process can fork while the others are being moved.
 			for i := 0; i < 100; i++ {
-				pids := readPids(filepath.Join(from, "cgroup.procs"))
+				pids := readPids(from)
 				if len(pids) == 0 {
 					break
 				}
@@ -508,7 +500,7 @@ func thawOwn(ctx context.Context, path string) error {
 		} else if d.v2 {
 			_ = os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("0"), 0)
 		}
-		for _, pid := range readPids(filepath.Join(leaf, "cgroup.procs")) {
+		for _, pid := range readPids(leaf) {
 			if err := os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
 				log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
 			}

@@ -701,7 +701,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 	} else if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
 		if ms, err := c.hier(); err == nil {
 			dirs := dirsIn(ms, n.cgroup)
-			pids := pidsIn(oneHierarchy(dirs), false)
+			pids := pidsIn(oneHierarchy(dirs))
 			sort.Ints(pids)
 			for _, p := range pids {
 				d.Pids = append(d.Pids, uint32(p))

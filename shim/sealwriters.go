@@ -141,7 +141,7 @@ func ownWriters(cgroup string, initPid int) bool {
 		return true
 	}
 	for _, d := range oneHierarchy(dirs) {
-		for _, pid := range readPids(filepath.Join(d.dir, "cgroup.procs")) {
+		for _, pid := range readPids(d.dir) {
 			fdDir := "/proc/" + strconv.Itoa(pid) + "/fd/"
 			fd, err := os.Open(fdDir)
 			if err != nil {
@@ -178,7 +178,7 @@ func writersOutside(cgroup string, writers []branch.Writer) []branch.Writer {
 	dirs, err := cgroupDirs(cgroup)
 	if err == nil {
 		for _, d := range oneHierarchy(dirs) {
-			for _, pid := range readPids(filepath.Join(d.dir, "cgroup.procs")) {
+			for _, pid := range readPids(d.dir) {
 				own[pid] = true
 			}
 		}
