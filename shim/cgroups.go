@@ -20,6 +20,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
+	cgfs "github.com/opencontainers/cgroups/fs"
+	"github.com/opencontainers/cgroups/fs2"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,14 +184,24 @@ func thaw(dirs []cgroupMount) {
 			continue // no freezer here: nothing to walk
 		}
 		for _, dir := range subdirs(d.dir) {
-			switch {
-			case d.freezer:
-				_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
-			case d.v2:
-				_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
-			}
+			_ = setFreezer(d, dir, cgroups.Thawed)
 		}
 	}
+}
+
+// setFreezer freezes or thaws one cgroup directory dir of the hierarchy
+// m, a v1 freezer or cgroup v2, with the library's freezer: it checks the
+// state the kernel reports after its write, and a freeze returns once
+// frozen (at once for an empty cgroup).
+func setFreezer(m cgroupMount, dir string, state cgroups.FreezerState) error {
+	if m.freezer {
+		return (&cgfs.FreezerGroup{}).Set(dir, &cgroups.Resources{Freezer: state})
+	}
+	mgr, err := fs2.NewManager(&cgroups.Cgroup{Resources: &cgroups.Resources{}}, dir)
+	if err != nil {
+		return err
+	}
+	return mgr.Freeze(state)
 }
 
 // subtreePids lists the processes in dirs and every cgroup below them; a
@@ -423,11 +435,7 @@ func freezeOwn(ctx context.Context, path string) error {
 		}
 		// The leaf starts thawed; it is frozen first so moved processes
 		// stop the moment they arrive.
-		file, value, state, frozen := "freezer.state", "FROZEN", "freezer.state", "FROZEN"
-		if !d.freezer {
-			file, value, state, frozen = "cgroup.freeze", "1", "cgroup.events", "frozen 1"
-		}
-		if err := os.WriteFile(filepath.Join(leaf, file), []byte(value), 0); err != nil {
+		if err := setFreezer(d, leaf, cgroups.Frozen); err != nil {
 			return fmt.Errorf("freeze %s: %w", path, err)
 		}
 		if v2 {
@@ -449,33 +457,40 @@ func freezeOwn(ctx context.Context, path string) error {
 					break
 				}
 				for _, pid := range pids {
-					if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+					if err := cgroups.WriteCgroupProc(leaf, pid); err != nil && !errors.Is(err, unix.ESRCH) {
 						log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process to seal cgroup")
 					}
 				}
 			}
 		}
-		if err := waitFrozen(filepath.Join(leaf, state), frozen); err != nil {
+		if err := waitFrozen(d, leaf); err != nil {
 			return fmt.Errorf("freeze %s: %w", path, err)
 		}
 	}
 	return nil
 }
 
-// waitFrozen waits until file (freezer.state on v1, cgroup.events on v2)
-// has a line want.
-func waitFrozen(file, want string) error {
+// waitFrozen waits until the kernel says the cgroup dir of hierarchy m is
+// frozen: FROZEN in its v1 freezer.state, frozen 1 in its v2
+// cgroup.events. Not the library's freeze: on v1 it thaws and refreezes a
+// cgroup slow to freeze (letting sealed processes run), on v2 it polls
+// every 10ms, a sleep nearly every seal would pay.
+func waitFrozen(m cgroupMount, dir string) error {
+	file, want := "freezer.state", "FROZEN"
+	if !m.freezer {
+		file, want = "cgroup.events", "frozen 1"
+	}
 	for i := 0; i < 2000; i++ {
-		b, err := os.ReadFile(file)
+		s, err := cgroups.ReadFile(dir, file)
 		if err != nil {
 			return err
 		}
-		if slices.Contains(strings.Split(string(b), "\n"), want) {
+		if slices.Contains(strings.Split(s, "\n"), want) {
 			return nil
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return fmt.Errorf("%s has no %q after 2s: %w", file, want, errdefs.ErrUnavailable)
+	return fmt.Errorf("%s has no %q after 2s: %w", filepath.Join(dir, file), want, errdefs.ErrUnavailable)
 }
 
 // thawOwn undoes freezeOwn: the processes go back to the context's cgroup
@@ -495,13 +510,11 @@ func thawOwn(ctx context.Context, path string) error {
 		if d.v2 && isDir(filepath.Join(d.dir, ownLeaf)) {
 			to = filepath.Join(d.dir, ownLeaf)
 		}
-		if d.freezer {
-			_ = os.WriteFile(filepath.Join(leaf, "freezer.state"), []byte("THAWED"), 0)
-		} else if d.v2 {
-			_ = os.WriteFile(filepath.Join(leaf, "cgroup.freeze"), []byte("0"), 0)
+		if d.freezer || d.v2 {
+			_ = setFreezer(d, leaf, cgroups.Thawed)
 		}
 		for _, pid := range readPids(leaf) {
-			if err := os.WriteFile(filepath.Join(to, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			if err := cgroups.WriteCgroupProc(to, pid); err != nil && !errors.Is(err, unix.ESRCH) {
 				log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
 			}
 		}
