@@ -3,8 +3,6 @@
 package shim
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +39,8 @@ type cgroupMount struct {
 
 // cgroupMounts lists the host's cgroup hierarchies (v1 controllers and the
 // unified v2 tree), read afresh: hierarchies are not mutable state of ours.
+// Not cgroups.GetCgroupMounts: on a v1 or hybrid host it leaves out the
+// unified hierarchy and lists only this process's controllers, read once.
 func cgroupMounts() ([]cgroupMount, error) {
 	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
@@ -57,8 +57,8 @@ func cgroupMounts() ([]cgroupMount, error) {
 		v2 := m.FSType == "cgroup2"
 		pids := strings.Contains(opts, ",pids,")
 		if v2 {
-			b, _ := os.ReadFile(filepath.Join(m.Mountpoint, "cgroup.controllers"))
-			pids = slices.Contains(strings.Fields(string(b)), "pids")
+			s, _ := cgroups.ReadFile(m.Mountpoint, "cgroup.controllers")
+			pids = slices.Contains(strings.Fields(s), "pids")
 		}
 		out = append(out, cgroupMount{
 			dir:     m.Mountpoint,
@@ -294,7 +294,9 @@ func killV2(dirs []cgroupMount) error {
 		if !d.v2 {
 			continue
 		}
-		err := os.WriteFile(filepath.Join(d.dir, "cgroup.kill"), []byte("1"), 0)
+		// cgroups.WriteFile, as it does not create: os.WriteFile's
+		// O_CREAT makes a missing file EACCES, not ENOENT.
+		err := cgroups.WriteFile(d.dir, "cgroup.kill", "1")
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("kill cgroup %s: %w", d.dir, err))
 		}
@@ -317,11 +319,11 @@ func populated(dirs []cgroupMount) bool {
 		if !d.v2 {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
+		s, err := cgroups.ReadFile(d.dir, "cgroup.events")
 		if err != nil {
 			break
 		}
-		return !bytes.Contains(b, []byte("populated 0"))
+		return !strings.Contains(s, "populated 0")
 	}
 	pids, err := subtreePids(dirs[:1])
 	return err != nil || len(pids) > 0 // unreadable: maybe populated
@@ -534,14 +536,14 @@ func oomKillsIn(dirs []cgroupMount) uint64 {
 	for _, d := range dirs {
 		switch {
 		case d.memory:
-			if n, ok := oomKillLine(filepath.Join(d.dir, "memory.oom_control")); ok {
+			if n, ok := oomKillLine(d.dir, "memory.oom_control"); ok {
 				return n
 			}
 		case d.v2:
 			var sum uint64
 			found := false
 			for _, dir := range ownDirs(d.dir) {
-				if n, ok := oomKillLine(filepath.Join(dir, "memory.events.local")); ok {
+				if n, ok := oomKillLine(dir, "memory.events.local"); ok {
 					sum, found = sum+n, true
 				}
 			}
@@ -553,16 +555,16 @@ func oomKillsIn(dirs []cgroupMount) uint64 {
 	return 0
 }
 
-// oomKillLine reads the oom_kill line of a memory controller's file.
-func oomKillLine(file string) (uint64, bool) {
-	f, err := os.Open(file)
+// oomKillLine reads the oom_kill line of a memory controller's file of
+// the cgroup dir. Not fscommon.GetValueByKey, which reads a file without
+// the line as 0.
+func oomKillLine(dir, file string) (uint64, bool) {
+	s, err := cgroups.ReadFile(dir, file)
 	if err != nil {
 		return 0, false
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+	for line := range strings.SplitSeq(s, "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
 			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 			return n, true
 		}
