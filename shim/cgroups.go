@@ -143,9 +143,9 @@ func readPids(dir string) []int {
 }
 
 // readPidsErr lists the processes of the cgroup dir (its cgroup.procs; a
-// threaded cgroup, which has none, lists its threads, and a signal to or a
-// move of a thread acts on its whole process). A cgroup that is gone has
-// none; any other failure is an error, not an empty list.
+// threaded cgroup, whose cgroup.procs cannot be read, lists its threads:
+// a signal to or a move of a thread acts on its whole process). A cgroup
+// that is gone has none; any other failure is an error, not an empty list.
 func readPidsErr(dir string) ([]int, error) {
 	pids, err := cgroups.GetPids(dir)
 	if errors.Is(err, os.ErrNotExist) {
