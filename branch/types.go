@@ -4,6 +4,7 @@ package branch
 // snapshotter and the shim serve them, the clients return them.
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -15,10 +16,36 @@ type Root struct {
 	Upperdir string
 }
 
+// String names the root in messages as its user knows it: by the key
+// they gave, or, named by its upper directory (a shim's call), as the
+// sandbox's root snapshot (the shim adds the sandbox's name; the path is
+// internal).
+func (r Root) String() string {
+	if r.Key != "" {
+		return DisplayKey(r.Key)
+	}
+	return "the sandbox's root snapshot"
+}
+
 // Ref names a context: the root (Branch "" or RootID) or a branch of it.
 type Ref struct {
 	Root   Root
 	Branch string
+}
+
+// String names the context in messages as its user knows it.
+func (c Ref) String() string {
+	where := c.Root.String()
+	if c.Branch == "" || c.Branch == RootID {
+		if c.Root.Key != "" {
+			return "root snapshot " + where
+		}
+		return where
+	}
+	if c.Root.Key == "" {
+		where = "the sandbox"
+	}
+	return "branch " + strconv.Quote(c.Branch) + " of " + where
 }
 
 // Info is one node of a branch tree as the snapshotter reports it.

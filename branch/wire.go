@@ -112,6 +112,52 @@ func InfoFromProto(b *branchv1.Branch) Info {
 	return i
 }
 
+// RootFromProto is RootToProto's inverse.
+func RootFromProto(r *branchv1.Root) Root {
+	return Root{Key: r.GetKey(), Upperdir: r.GetUpperdir()}
+}
+
+// RefFromProto is RefToProto's inverse.
+func RefFromProto(c *branchv1.Context) Ref {
+	return Ref{Root: RootFromProto(c.GetRoot()), Branch: c.GetBranch()}
+}
+
+// MountsToProto is MountsFromProto's inverse.
+func MountsToProto(ms []mount.Mount) []*branchv1.Mount {
+	out := make([]*branchv1.Mount, len(ms))
+	for i, m := range ms {
+		out[i] = &branchv1.Mount{Type: m.Type, Source: m.Source, Options: m.Options}
+	}
+	return out
+}
+
+// InfoToProto is InfoFromProto's inverse.
+func InfoToProto(i Info) *branchv1.Branch {
+	b := &branchv1.Branch{
+		Id:          i.ID,
+		Parent:      i.Parent,
+		State:       StateToProto(i.State),
+		Epoch:       i.Epoch,
+		ForkEpoch:   i.ForkEpoch,
+		Winner:      i.Winner,
+		WinnerEpoch: i.WinnerEpoch,
+		UpperSize:   i.UpperSize,
+		UpperInodes: i.UpperInodes,
+		Sealed:      i.Sealed,
+		Children:    i.Children,
+		Mounts:      MountsToProto(i.Mounts),
+
+		FromCheckpoint: i.FromCheckpoint,
+	}
+	if !i.Created.IsZero() {
+		b.Created = timestamppb.New(i.Created)
+	}
+	if !i.Ended.IsZero() {
+		b.Ended = timestamppb.New(i.Ended)
+	}
+	return b
+}
+
 // StateToProto converts a State for the wire.
 func StateToProto(s State) branchv1.State {
 	switch s {

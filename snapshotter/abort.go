@@ -50,7 +50,7 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // Abort discards branch c and its descendants. Its parent is unsealed when
 // its last child ends. A committing branch whose apply failed and was put
 // back (see CommitBranch) is abandoned: its parent stays as it was.
-func (s *Snapshotter) Abort(ctx context.Context, c Context) ([]string, error) {
+func (s *Snapshotter) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 	var (
 		r    rootSnap
 		id   string

@@ -33,7 +33,7 @@ func liveIDs(t *testing.T, ctx context.Context, sb sandbox) []string {
 // forkedAndClosed makes a snapshotter in a new root with a sandbox "sb"
 // forked into two branches, closes it, and returns the root, the sandbox's
 // snapshot id and the branches.
-func forkedAndClosed(t *testing.T, ctx context.Context) (root, id string, kids []BranchInfo) {
+func forkedAndClosed(t *testing.T, ctx context.Context) (root, id string, kids []branch.Info) {
 	t.Helper()
 	requireRoot(t)
 	root = t.TempDir()
@@ -89,7 +89,7 @@ func TestBranchDBMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	sb := sandbox{s: s, key: "sb", root: Root{Key: "sb"}}
+	sb := sandbox{s: s, key: "sb", root: branch.Root{Key: "sb"}}
 	if got := liveIDs(t, ctx, sb); len(got) != 2 || got[0] != kids[0].ID || got[1] != kids[1].ID {
 		t.Fatalf("live branches after migration: %v, want %s and %s", got, kids[0].ID, kids[1].ID)
 	}
@@ -126,7 +126,7 @@ func TestBranchDBDamaged(t *testing.T) {
 		t.Fatalf("start over a damaged branches.db: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
-	sb := sandbox{s: s, key: "sb", root: Root{Key: "sb"}}
+	sb := sandbox{s: s, key: "sb", root: branch.Root{Key: "sb"}}
 	if got := liveIDs(t, ctx, sb); len(got) != 0 {
 		t.Fatalf("branches after losing branches.db: %v", got)
 	}

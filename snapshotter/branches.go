@@ -44,45 +44,10 @@ const (
 	maxTombstones   = 1024    // per tree; the oldest are dropped first
 )
 
-// Root names a root snapshot: by key, or by its upper directory (which is
-// what a shim sees in the mounts containerd hands it). An upper directory of
-// a branch names that branch.
-type Root struct {
-	Key      string
-	Upperdir string
-}
-
-// String names the root in messages as its user knows it: by the key
-// they gave, or, named by its upper directory (a shim's call), as the
-// sandbox's root snapshot (the shim adds the sandbox's name; the path is
-// internal).
-func (r Root) String() string {
-	if r.Key != "" {
-		return branch.DisplayKey(r.Key)
-	}
-	return "the sandbox's root snapshot"
-}
-
-// Context names the root context ("" or branch.RootID) or a branch of a root.
-type Context struct {
-	Root   Root
-	Branch string
-}
-
-// BranchInfo describes one node of a branch tree.
-type BranchInfo struct {
-	branch.Node
-	Sealed      bool
-	Children    []string
-	UpperSize   int64
-	UpperInodes int64
-	Mounts      []mount.Mount
-}
-
 // TreeInfo is a branch tree with the state of every node.
 type TreeInfo struct {
 	Root  string
-	Nodes []BranchInfo
+	Nodes []branch.Info
 	// Quarantine, if not "", says that the tree's recovery failed and why:
 	// its branch operations are refused (quarantine.go).
 	Quarantine string
@@ -91,7 +56,7 @@ type TreeInfo struct {
 // CommitResult says what a commit did.
 type CommitResult struct {
 	Plan   branch.CommitPlan
-	Parent BranchInfo
+	Parent branch.Info
 }
 
 // Fault points the tests arm to crash the daemon mid-operation.
@@ -127,7 +92,7 @@ func (r rootSnap) id() string { return r.snap.ID }
 
 // resolve finds the root snapshot and the branch a Context names. It must
 // run inside a metadata transaction.
-func (s *Snapshotter) resolve(ctx context.Context, c Context) (rootSnap, string, error) {
+func (s *Snapshotter) resolve(ctx context.Context, c branch.Ref) (rootSnap, string, error) {
 	var key, fromUpper string
 	switch {
 	case c.Root.Key != "" && c.Root.Upperdir != "":
@@ -240,7 +205,7 @@ func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, reado
 
 // Tree returns the branch tree of a root snapshot: every context still
 // known, with its state, epoch, upper size and age.
-func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
+func (s *Snapshotter) Tree(ctx context.Context, root branch.Root) (TreeInfo, error) {
 	var (
 		r     rootSnap
 		tree  *branch.Tree
@@ -248,7 +213,7 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 		cause error
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		if r, _, err = s.resolve(ctx, Context{Root: root}); err != nil {
+		if r, _, err = s.resolve(ctx, branch.Ref{Root: root}); err != nil {
 			return err
 		}
 		if cause = s.usable(r); cause != nil {
@@ -284,7 +249,7 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 		out.Nodes = append(out.Nodes, s.describe(ctx, r, tree, id, true))
 	}
 	for _, n := range ended {
-		out.Nodes = append(out.Nodes, BranchInfo{Node: n})
+		out.Nodes = append(out.Nodes, branch.Info{Node: n})
 	}
 	sort.SliceStable(out.Nodes, func(i, j int) bool { return numLess(out.Nodes[i].ID, out.Nodes[j].ID) })
 	return out, nil
@@ -292,7 +257,7 @@ func (s *Snapshotter) Tree(ctx context.Context, root Root) (TreeInfo, error) {
 
 // BranchMounts returns the mounts of a context. A sealed context's mounts
 // are read-only: its layer is its children's lower.
-func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Mount, error) {
+func (s *Snapshotter) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Mount, error) {
 	var out []mount.Mount
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, id, err := s.resolve(ctx, c)
@@ -321,9 +286,9 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c Context) ([]mount.Moun
 	return out, nil
 }
 
-func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) BranchInfo {
+func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) branch.Info {
 	n := tree.Nodes[id]
-	info := BranchInfo{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
+	info := branch.Info{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
 		if usage {
 			if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
@@ -396,20 +361,6 @@ func numLess(a, b string) bool {
 		return len(a) < len(b)
 	}
 	return a < b
-}
-
-func (c Context) String() string {
-	where := c.Root.String()
-	if c.Branch == "" || c.Branch == branch.RootID {
-		if c.Root.Key != "" {
-			return "root snapshot " + where
-		}
-		return where
-	}
-	if c.Root.Key == "" {
-		where = "the sandbox"
-	}
-	return "branch " + strconv.Quote(c.Branch) + " of " + where
 }
 
 func getSnapshot(ctx context.Context, key string) (storage.Snapshot, error) {

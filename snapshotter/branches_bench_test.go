@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
@@ -116,7 +117,7 @@ func TestMain(m *testing.M) {
 
 type sandboxFixture struct {
 	s    *Snapshotter
-	root Context
+	root branch.Ref
 }
 
 // mountedSandbox makes a snapshotter in dir with a root snapshot "sandbox"
@@ -145,7 +146,7 @@ func mountedSandbox(b *testing.B, ctx context.Context, dir string, files int, ad
 
 // benchSandbox is a mounted root snapshot over a base of files, as a
 // running container's rootfs would be.
-func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, Context) {
+func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, branch.Ref) {
 	b.Helper()
 	requireRoot(b)
 	v := benchFixtures.get(b, fmt.Sprintf("sandbox-%d", files), func(dir string, add func(func())) (any, error) {
@@ -153,7 +154,7 @@ func benchSandbox(b *testing.B, ctx context.Context, files int) (*Snapshotter, C
 		if err != nil {
 			return nil, err
 		}
-		return sandboxFixture{s: s, root: Context{Root: Root{Key: "sandbox"}}}, nil
+		return sandboxFixture{s: s, root: branch.Ref{Root: branch.Root{Key: "sandbox"}}}, nil
 	}).(sandboxFixture)
 	return v.s, v.root
 }
@@ -249,7 +250,7 @@ func benchFork(b *testing.B, ctx context.Context, files, n int) {
 		}
 		b.StopTimer()
 		for _, k := range kids {
-			if _, err := s.Abort(ctx, Context{Root: root.Root, Branch: k.ID}); err != nil {
+			if _, err := s.Abort(ctx, branch.Ref{Root: root.Root, Branch: k.ID}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -299,7 +300,7 @@ func BenchmarkCommit(b *testing.B) {
 					}
 					writeChange(b, upperOf(b, kids[0].Mounts), sz.size)
 					b.StartTimer()
-					if _, err := s.CommitBranch(ctx, Context{Root: root.Root, Branch: kids[0].ID}); err != nil {
+					if _, err := s.CommitBranch(ctx, branch.Ref{Root: root.Root, Branch: kids[0].ID}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -336,7 +337,7 @@ func BenchmarkAbort(b *testing.B) {
 			}
 			writeChange(b, upperOf(b, kids[0].Mounts), 1<<10)
 			b.StartTimer()
-			if _, err := s.Abort(ctx, Context{Root: root.Root, Branch: kids[0].ID}); err != nil {
+			if _, err := s.Abort(ctx, branch.Ref{Root: root.Root, Branch: kids[0].ID}); err != nil {
 				b.Fatal(err)
 			}
 		}

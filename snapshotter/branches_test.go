@@ -25,7 +25,7 @@ import (
 type sandbox struct {
 	s    *Snapshotter
 	key  string
-	root Root
+	root branch.Root
 }
 
 func newSandbox(t *testing.T, ctx context.Context, s *Snapshotter, key string) sandbox {
@@ -42,10 +42,10 @@ func newSandbox(t *testing.T, ctx context.Context, s *Snapshotter, key string) s
 	if _, err := s.Prepare(ctx, key, key+"-base"); err != nil {
 		t.Fatal(err)
 	}
-	return sandbox{s: s, key: key, root: Root{Key: key}}
+	return sandbox{s: s, key: key, root: branch.Root{Key: key}}
 }
 
-func (sb sandbox) ctx(b string) Context { return Context{Root: sb.root, Branch: b} }
+func (sb sandbox) ctx(b string) branch.Ref { return branch.Ref{Root: sb.root, Branch: b} }
 
 // mountAt mounts a context at a new directory and unmounts it at cleanup.
 func mountAt(t *testing.T, m []mount.Mount) string {
@@ -272,7 +272,7 @@ func TestNesting64(t *testing.T) {
 	sb := newSandbox(t, ctx, s, "sb")
 	const depth = 64
 	ids := []string{branch.RootID}
-	var deepest BranchInfo
+	var deepest branch.Info
 	for i := 0; i < depth; i++ {
 		kids, err := s.Fork(ctx, sb.ctx(ids[len(ids)-1]), 1)
 		if err != nil {
@@ -428,19 +428,19 @@ func TestBranchBadInput(t *testing.T) {
 	}{
 		{"zero count", func() error { _, err := s.Fork(ctx, sb.ctx(""), 0); return err }(), errdefs.IsInvalidArgument, "count"},
 		{"huge count", func() error { _, err := s.Fork(ctx, sb.ctx(""), 100000); return err }(), errdefs.IsInvalidArgument, "count"},
-		{"no root", func() error { _, err := s.Fork(ctx, Context{}, 1); return err }(), errdefs.IsInvalidArgument, "no root snapshot"},
-		{"unknown key", func() error { _, err := s.Fork(ctx, Context{Root: Root{Key: "nope"}}, 1); return err }(), errdefs.IsNotFound, `"nope"`},
-		{"committed snapshot", func() error { _, err := s.Fork(ctx, Context{Root: Root{Key: "sb-base"}}, 1); return err }(), errdefs.IsFailedPrecondition, "only active snapshots"},
+		{"no root", func() error { _, err := s.Fork(ctx, branch.Ref{}, 1); return err }(), errdefs.IsInvalidArgument, "no root snapshot"},
+		{"unknown key", func() error { _, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Key: "nope"}}, 1); return err }(), errdefs.IsNotFound, `"nope"`},
+		{"committed snapshot", func() error { _, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Key: "sb-base"}}, 1); return err }(), errdefs.IsFailedPrecondition, "only active snapshots"},
 		{"upperdir outside root", func() error {
-			_, err := s.Fork(ctx, Context{Root: Root{Upperdir: "/etc"}}, 1)
+			_, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Upperdir: "/etc"}}, 1)
 			return err
 		}(), errdefs.IsInvalidArgument, "not inside the snapshotter root"},
 		{"upperdir with dotdot", func() error {
-			_, err := s.Fork(ctx, Context{Root: Root{Upperdir: s.root + "/snapshots/" + id + "/fs/../../" + id + "/fs"}}, 1)
+			_, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Upperdir: s.root + "/snapshots/" + id + "/fs/../../" + id + "/fs"}}, 1)
 			return err
 		}(), errdefs.IsInvalidArgument, "clean"},
 		{"upperdir not an upper", func() error {
-			_, err := s.Fork(ctx, Context{Root: Root{Upperdir: s.root + "/snapshots/" + id + "/work"}}, 1)
+			_, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Upperdir: s.root + "/snapshots/" + id + "/work"}}, 1)
 			return err
 		}(), errdefs.IsInvalidArgument, "not a snapshot's or a branch's upper"},
 		{"unknown branch", func() error { _, err := s.CommitBranch(ctx, sb.ctx("42")); return err }(), errdefs.IsNotFound, `branch "42" of "sb"`},
@@ -448,7 +448,7 @@ func TestBranchBadInput(t *testing.T) {
 		{"commit the root", func() error { _, err := s.CommitBranch(ctx, sb.ctx("")); return err }(), errdefs.IsInvalidArgument, "no parent"},
 		{"abort the root", func() error { _, err := s.Abort(ctx, sb.ctx("0")); return err }(), errdefs.IsInvalidArgument, "cannot be aborted"},
 		{"key and upperdir", func() error {
-			_, err := s.Fork(ctx, Context{Root: Root{Key: "sb", Upperdir: s.upperPath(id)}}, 1)
+			_, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Key: "sb", Upperdir: s.upperPath(id)}}, 1)
 			return err
 		}(), errdefs.IsInvalidArgument, "not both"},
 	} {
@@ -458,14 +458,14 @@ func TestBranchBadInput(t *testing.T) {
 	}
 	// Named by its upper directory (a shim's call), the message names the
 	// branch and not the snapshotter's internal path.
-	if _, err := s.CommitBranch(ctx, Context{Root: Root{Upperdir: s.upperPath(id)}, Branch: "42"}); !errdefs.IsNotFound(err) || strings.Contains(err.Error(), s.root) || !strings.Contains(err.Error(), `branch "42"`) {
+	if _, err := s.CommitBranch(ctx, branch.Ref{Root: branch.Root{Upperdir: s.upperPath(id)}, Branch: "42"}); !errdefs.IsNotFound(err) || strings.Contains(err.Error(), s.root) || !strings.Contains(err.Error(), `branch "42"`) {
 		t.Errorf("unknown branch by upperdir: %v; want not found, naming the branch and not %s", err, s.root)
 	}
 	// Addressing by upper directory works, for the root and for a branch.
-	if _, err := s.Tree(ctx, Root{Upperdir: s.upperPath(id)}); err != nil {
+	if _, err := s.Tree(ctx, branch.Root{Upperdir: s.upperPath(id)}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.BranchMounts(ctx, Context{Root: Root{Upperdir: filepath.Join(s.branchDir(id, kids[0].ID), "fs")}})
+	m, err := s.BranchMounts(ctx, branch.Ref{Root: branch.Root{Upperdir: filepath.Join(s.branchDir(id, kids[0].ID), "fs")}})
 	if err != nil || len(m) != 1 {
 		t.Fatalf("mounts by branch upperdir: %v %v", m, err)
 	}

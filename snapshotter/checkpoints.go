@@ -98,7 +98,7 @@ func validCheckpointName(name string) error {
 
 // lockedContext resolves c, locks its root and returns what the operation
 // needs; the caller must call unlock.
-func (s *Snapshotter) lockContext(ctx context.Context, c Context) (r rootSnap, id string, unlock func(), err error) {
+func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
 		return err
@@ -115,7 +115,7 @@ func (s *Snapshotter) lockContext(ctx context.Context, c Context) (r rootSnap, i
 // (unique among the checkpoints of its root). A running context is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
-func (s *Snapshotter) Checkpoint(ctx context.Context, c Context, name string) (_ branch.Checkpoint, retErr error) {
+func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string) (_ branch.Checkpoint, retErr error) {
 	if err := validCheckpointName(name); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -234,10 +234,10 @@ func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpoi
 
 // Checkpoints lists the checkpoints of a root snapshot's contexts, oldest
 // first.
-func (s *Snapshotter) Checkpoints(ctx context.Context, root Root) ([]branch.Checkpoint, error) {
+func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
 	var out []branch.Checkpoint
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		r, _, err := s.resolve(ctx, Context{Root: root})
+		r, _, err := s.resolve(ctx, branch.Ref{Root: root})
 		if err != nil {
 			return err
 		}
@@ -282,8 +282,8 @@ func describeCheckpoint(t *branch.Tree, d *checkpointDoc, c *checkpointRecord) b
 // refused while a live branch is forked from it or a rollback to it is under
 // way. Checkpoints built on it keep its layer (their chains stack it) until
 // the last of them is deleted or ends.
-func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root Root, name string) error {
-	r, _, unlock, err := s.lockContext(ctx, Context{Root: root})
+func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
+	r, _, unlock, err := s.lockContext(ctx, branch.Ref{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}

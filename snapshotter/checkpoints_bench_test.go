@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/branchbox/branchbox/branch"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,7 +21,7 @@ var checkpointSizes = []struct {
 
 type ckptFixture struct {
 	s    *Snapshotter
-	root Context
+	root branch.Ref
 	live string
 	seq  *int // names checkpoints uniquely across runs of the benchmark
 }
@@ -38,7 +39,7 @@ func ckptSandbox(b *testing.B, ctx context.Context, files, size int) ckptFixture
 			return nil, err
 		}
 		writeChangeByte(b, live, size, 1)
-		root := Context{Root: Root{Key: "sandbox"}}
+		root := branch.Ref{Root: branch.Root{Key: "sandbox"}}
 		if _, err := s.Checkpoint(ctx, root, "base"); err != nil {
 			return nil, err
 		}

@@ -375,7 +375,7 @@ func mustRootID(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox) s
 	t.Helper()
 	var id string
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) error {
-		r, _, err := s.resolve(ctx, Context{Root: sb.root})
+		r, _, err := s.resolve(ctx, branch.Ref{Root: sb.root})
 		id = r.id()
 		return err
 	}); err != nil {

@@ -36,7 +36,7 @@ import (
 // fail, the parent is put back as it was (commitundo.go) and the branch
 // stays committing: calling commit again applies it anew, aborting it
 // abandons it. A crash after the decision is completed by recovery.
-func (s *Snapshotter) CommitBranch(ctx context.Context, c Context) (CommitResult, error) {
+func (s *Snapshotter) CommitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := s.commitBranch(ctx, c)
 		// The branch became a live leaf after the check was skipped, or its
@@ -63,7 +63,7 @@ type checked struct {
 	err    error
 }
 
-func (s *Snapshotter) commitBranch(ctx context.Context, c Context) (CommitResult, error) {
+func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
 	var (
 		r       rootSnap
 		id      string
@@ -197,7 +197,7 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c Context) (CommitResult
 // branch that was committed already it returns that commit's result
 // instead. Anything else (a stale or committing branch, one with children)
 // is left to the decision to answer.
-func (s *Snapshotter) commitPrecheck(ctx context.Context, c Context, r *rootSnap, id *string) (*CommitResult, *checked, error) {
+func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootSnap, id *string) (*CommitResult, *checked, error) {
 	var (
 		tree  *branch.Tree
 		node  *branch.Node
@@ -258,7 +258,7 @@ func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSn
 
 // carryOutCommit does everything after a commit's decision. The caller
 // holds the root's lock.
-func (s *Snapshotter) carryOutCommit(ctx context.Context, c Context, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
+func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
 	// Whether the parent is as before if this attempt fails before its
 	// apply changes anything: after a first decision, or after an attempt
 	// that was undone.

@@ -143,7 +143,7 @@ func nodeState(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox, id
 	t.Helper()
 	var st branch.State
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		r, _, err := s.resolve(ctx, Context{Root: sb.root})
+		r, _, err := s.resolve(ctx, branch.Ref{Root: sb.root})
 		if err != nil {
 			return err
 		}
@@ -292,7 +292,7 @@ func newFaultyCommit(t *testing.T, ctx context.Context) *faultyCommit {
 // branchChanges forks two branches and makes, in the first, changes of
 // every kind over the parent's files and about 24 MB of new data; it
 // returns the branches and what the first one shows.
-func (f *faultyCommit) branchChanges(t *testing.T, ctx context.Context, round int) ([]BranchInfo, fstree.Tree) {
+func (f *faultyCommit) branchChanges(t *testing.T, ctx context.Context, round int) ([]branch.Info, fstree.Tree) {
 	t.Helper()
 	kids, err := f.s.Fork(ctx, f.sb.ctx(""), 2)
 	if err != nil {
@@ -611,7 +611,7 @@ func TestCommitCallerCancelled(t *testing.T) {
 	rm, _ := s.Mounts(ctx, sb.key)
 	parent := mountAt(t, rm)
 	const files = 30000
-	branchOf := func(round string) BranchInfo {
+	branchOf := func(round string) branch.Info {
 		kids, err := s.Fork(ctx, sb.ctx(""), 2)
 		if err != nil {
 			t.Fatal(err)

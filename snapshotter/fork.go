@@ -23,14 +23,14 @@ import (
 
 // Fork makes count children of the context c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
-func (s *Snapshotter) Fork(ctx context.Context, c Context, count int) ([]BranchInfo, error) {
+func (s *Snapshotter) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
 	return s.ForkFrom(ctx, c, count, "")
 }
 
 // ForkFrom is Fork; with a checkpoint named (one of c's own), the children
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
-func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from string, opts ...ForkOption) (_ []BranchInfo, retErr error) {
+func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
 	var o forkOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -159,9 +159,9 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c Context, count int, from s
 			return nil, fmt.Errorf("fork %s: seal the parent: %w", c, err)
 		}
 	}
-	out := make([]BranchInfo, len(kids))
+	out := make([]branch.Info, len(kids))
 	for i, id := range kids {
-		out[i] = BranchInfo{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
+		out[i] = branch.Info{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
 	}
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
 	return out, nil

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -22,7 +23,7 @@ import (
 // runs on a goroutine of its own; the hook ends that goroutine (its
 // deferred unlocks run, as the kernel drops a dead daemon's locks) and
 // cancels the caller, which would otherwise wait for it.
-func commitCrashingAt(t *testing.T, ctx context.Context, s *Snapshotter, point string, c Context) {
+func commitCrashingAt(t *testing.T, ctx context.Context, s *Snapshotter, point string, c branch.Ref) {
 	t.Helper()
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -57,7 +57,7 @@ func (s *Snapshotter) recoverBranches(ctx context.Context) error {
 func (s *Snapshotter) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
 	var r rootSnap
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		r, _, err = s.resolve(ctx, Context{Root: Root{Key: t.Root}})
+		r, _, err = s.resolve(ctx, branch.Ref{Root: branch.Root{Key: t.Root}})
 		return err
 	})
 	if (err != nil && errdefs.IsNotFound(err)) || (err == nil && r.id() != rootID) {
@@ -235,7 +235,7 @@ func (s *Snapshotter) finishPendingRollback(ctx context.Context, p pendingRollba
 		if !ok {
 			return fmt.Errorf("snapshot %s: %w", p.rootID, errdefs.ErrNotFound)
 		}
-		r, _, err = s.resolve(ctx, Context{Root: Root{Key: key}})
+		r, _, err = s.resolve(ctx, branch.Ref{Root: branch.Root{Key: key}})
 		return err
 	})
 	if err != nil {

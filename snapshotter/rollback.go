@@ -30,7 +30,7 @@ import (
 // live mount if it has one, so its running processes see it at once. It is
 // refused while c has live children (their lowers are c's upper). The
 // decision is recorded first; a crash after it is completed on restart.
-func (s *Snapshotter) Rollback(ctx context.Context, c Context, name string) error {
+func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string) error {
 	r, id, unlock, err := s.lockContext(ctx, c)
 	if err != nil {
 		return fmt.Errorf("rollback: %w", err)

@@ -6,7 +6,6 @@ import (
 	"context"
 
 	"github.com/containerd/containerd/v2/core/mount"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -33,27 +32,27 @@ func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*b
 	if req.GetParentFrozen() {
 		opts = append(opts, WithParentFrozen())
 	}
-	kids, err := b.s.ForkFrom(ctx, contextFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint(), opts...)
+	kids, err := b.s.ForkFrom(ctx, branch.RefFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint(), opts...)
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	resp := &branchv1.ForkResponse{}
 	for _, k := range kids {
-		resp.Branches = append(resp.Branches, infoToProto(k))
+		resp.Branches = append(resp.Branches, branch.InfoToProto(k))
 	}
 	return resp, nil
 }
 
 func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest) (*branchv1.CommitResponse, error) {
-	res, err := b.s.CommitBranch(ctx, contextFromProto(req.GetBranch()))
+	res, err := b.s.CommitBranch(ctx, branch.RefFromProto(req.GetBranch()))
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
-	return &branchv1.CommitResponse{Parent: infoToProto(res.Parent), Invalidated: res.Plan.Invalidated}, nil
+	return &branchv1.CommitResponse{Parent: branch.InfoToProto(res.Parent), Invalidated: res.Plan.Invalidated}, nil
 }
 
 func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
-	gone, err := b.s.Abort(ctx, contextFromProto(req.GetBranch()))
+	gone, err := b.s.Abort(ctx, branch.RefFromProto(req.GetBranch()))
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -61,13 +60,13 @@ func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (
 }
 
 func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*branchv1.TreeResponse, error) {
-	t, err := b.s.Tree(ctx, rootFromProto(req.GetRoot()))
+	t, err := b.s.Tree(ctx, branch.RootFromProto(req.GetRoot()))
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	resp := &branchv1.TreeResponse{Root: t.Root, Quarantine: t.Quarantine}
 	for _, n := range t.Nodes {
-		resp.Nodes = append(resp.Nodes, infoToProto(n))
+		resp.Nodes = append(resp.Nodes, branch.InfoToProto(n))
 	}
 	return resp, nil
 }
@@ -76,60 +75,18 @@ func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest)
 	var m []mount.Mount
 	var err error
 	if req.GetCheckpoint() != "" {
-		m, err = b.s.CheckpointMounts(ctx, contextFromProto(req.GetContext()), req.GetCheckpoint())
+		m, err = b.s.CheckpointMounts(ctx, branch.RefFromProto(req.GetContext()), req.GetCheckpoint())
 	} else {
-		m, err = b.s.BranchMounts(ctx, contextFromProto(req.GetContext()))
+		m, err = b.s.BranchMounts(ctx, branch.RefFromProto(req.GetContext()))
 	}
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
-	return &branchv1.MountsResponse{Mounts: mountsToProto(m)}, nil
-}
-
-func rootFromProto(r *branchv1.Root) Root {
-	return Root{Key: r.GetKey(), Upperdir: r.GetUpperdir()}
-}
-
-func contextFromProto(c *branchv1.Context) Context {
-	return Context{Root: rootFromProto(c.GetRoot()), Branch: c.GetBranch()}
-}
-
-func mountsToProto(ms []mount.Mount) []*branchv1.Mount {
-	out := make([]*branchv1.Mount, len(ms))
-	for i, m := range ms {
-		out[i] = &branchv1.Mount{Type: m.Type, Source: m.Source, Options: m.Options}
-	}
-	return out
-}
-
-func infoToProto(i BranchInfo) *branchv1.Branch {
-	b := &branchv1.Branch{
-		Id:          i.ID,
-		Parent:      i.Parent,
-		State:       branch.StateToProto(i.State),
-		Epoch:       i.Epoch,
-		ForkEpoch:   i.ForkEpoch,
-		Winner:      i.Winner,
-		WinnerEpoch: i.WinnerEpoch,
-		UpperSize:   i.UpperSize,
-		UpperInodes: i.UpperInodes,
-		Sealed:      i.Sealed,
-		Children:    i.Children,
-		Mounts:      mountsToProto(i.Mounts),
-
-		FromCheckpoint: i.FromCheckpoint,
-	}
-	if !i.Created.IsZero() {
-		b.Created = timestamppb.New(i.Created)
-	}
-	if !i.Ended.IsZero() {
-		b.Ended = timestamppb.New(i.Ended)
-	}
-	return b
+	return &branchv1.MountsResponse{Mounts: branch.MountsToProto(m)}, nil
 }
 
 func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.CheckpointRequest) (*branchv1.CheckpointResponse, error) {
-	c, err := b.s.Checkpoint(ctx, contextFromProto(req.GetContext()), req.GetName())
+	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetContext()), req.GetName())
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -137,7 +94,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 }
 
 func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListCheckpointsRequest) (*branchv1.ListCheckpointsResponse, error) {
-	list, err := b.s.Checkpoints(ctx, rootFromProto(req.GetRoot()))
+	list, err := b.s.Checkpoints(ctx, branch.RootFromProto(req.GetRoot()))
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -149,14 +106,14 @@ func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListC
 }
 
 func (b *branchService) DeleteCheckpoint(ctx context.Context, req *branchv1.DeleteCheckpointRequest) (*branchv1.DeleteCheckpointResponse, error) {
-	if err := b.s.DeleteCheckpoint(ctx, rootFromProto(req.GetRoot()), req.GetName()); err != nil {
+	if err := b.s.DeleteCheckpoint(ctx, branch.RootFromProto(req.GetRoot()), req.GetName()); err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.DeleteCheckpointResponse{}, nil
 }
 
 func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequest) (*branchv1.RollbackResponse, error) {
-	if err := b.s.Rollback(ctx, contextFromProto(req.GetContext()), req.GetName()); err != nil {
+	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetContext()), req.GetName()); err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.RollbackResponse{}, nil
