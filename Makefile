@@ -180,6 +180,7 @@ PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 DATADIR ?= $(PREFIX)/share/branchbox
+COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
 
 install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
@@ -187,6 +188,9 @@ install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-runtime $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-runtime
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-init $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-init
 	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
+	install -d $(DESTDIR)$(COMPLETIONDIR)
+	$(BIN)/branchctl completion bash > $(DESTDIR)$(COMPLETIONDIR)/branchctl
+	chmod 0644 $(DESTDIR)$(COMPLETIONDIR)/branchctl
 	install -d $(DESTDIR)$(UNITDIR)/containerd.service.d
 	sed 's|@BINDIR@|$(BINDIR)|g' hack/systemd/containerd-branch-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/containerd-branch-snapshotter.service

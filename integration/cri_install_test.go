@@ -44,6 +44,7 @@ func TestMakeInstall(t *testing.T) {
 		"/usr/local/bin/containerd-shim-branch-v1-runtime":                     filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
 		"/usr/local/bin/containerd-shim-branch-v1-init":                        filepath.Join(bin, "containerd-shim-branch-v1-init"),
 		"/usr/local/bin/branchctl":                                             filepath.Join(bin, "branchctl"),
+		"/usr/local/share/bash-completion/completions/branchctl":               "",
 		"/usr/local/lib/systemd/system/containerd-branch-snapshotter.service":  "",
 		"/usr/local/lib/systemd/system/containerd.service.d/10-branchbox.conf": filepath.Join(filepath.Dir(bin), "hack", "systemd", "containerd-branchbox.conf"),
 		"/usr/local/share/branchbox/containerd-config.toml":                    filepath.Join(filepath.Dir(bin), "docs", "containerd-config.toml"),
@@ -80,6 +81,9 @@ func TestMakeInstall(t *testing.T) {
 		if !strings.Contains(string(guide), path) {
 			t.Errorf("docs/node-setup.md does not say where %s goes", path)
 		}
+	}
+	if c := readFile(t, filepath.Join(dest, "/usr/local/share/bash-completion/completions/branchctl")); !strings.Contains(string(c), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
+		t.Errorf("installed bash completion is not branchctl's:\n%s", c)
 	}
 	unit, err := os.ReadFile(filepath.Join(dest, "/usr/local/lib/systemd/system/containerd-branch-snapshotter.service"))
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// InitBinary is the branch init (cmd/containerd-shim-branch-v1/init),
+// InitBinary is the branch init (cmd/containerd-shim-branch-v1/init, package brinit),
 // looked for beside the shim. With it, a branch starts without the runtime:
 // the shim makes the cgroup and starts the init in the branch's new
 // namespaces, and the init, which is C run before any Go runtime starts,
