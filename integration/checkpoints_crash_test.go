@@ -3,8 +3,10 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -100,8 +102,19 @@ func TestCheckpointCrashSafety(t *testing.T) {
 	for _, point := range []string{snapshotter.FaultRollbackDecided, snapshotter.FaultRollbackApplied, snapshotter.FaultRollbackFinished} {
 		sh("echo dirty > /state; echo more > /more; rm -f /extra")
 		crashAt(point, func(c *branchapi.Client) error { return c.Rollback(ctx, branch.Ref{Root: root}, "two") })
-		if out := sh("cat /state /extra; test -e /more || echo no-more"); out != "two\nextra\nno-more\n" {
-			t.Fatalf("%s: the running container reads %q after restart, want checkpoint two's state", point, out)
+		// cat's errors go into what is compared, and a mismatch shows what
+		// the upper on disk holds: a stale view of the live mount and a
+		// wrong rollback read differently.
+		if out := sh("cat /state /extra 2>&1; test -e /more || echo no-more"); out != "two\nextra\nno-more\n" {
+			var disk []string
+			for _, f := range []string{"state", "extra", "more"} {
+				paths, _ := filepath.Glob(filepath.Join(env.SnapshotterRoot, "snapshots", "*", "fs", f))
+				for _, p := range paths {
+					b, err := os.ReadFile(p)
+					disk = append(disk, fmt.Sprintf("%s=%q(%v)", strings.TrimPrefix(p, env.SnapshotterRoot), b, err))
+				}
+			}
+			t.Fatalf("%s: the running container reads %q after restart, want checkpoint two's state; on disk: %v", point, out, disk)
 		}
 		leftovers(2)
 	}
