@@ -164,6 +164,14 @@ func runDocBlock(t *testing.T, ctx context.Context, root string, env *daemons.En
 	if m, _ := daemons.MountsUnder(tmp); len(m) > 0 {
 		t.Errorf("%s:%d left mounts: %v", b.file, b.line, m)
 	}
+	// The runtime's directory of a namespace the block used on its own
+	// containerd (the shim makes it and, as runc, leaves it): removed if
+	// empty, reported if not.
+	for _, m := range regexp.MustCompile(`CONTAINERD_NAMESPACE=([A-Za-z0-9._-]+)`).FindAllStringSubmatch(b.text, -1) {
+		if err := os.Remove(filepath.Join(runtimeRoot, m[1])); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s:%d left runtime state: %v", b.file, b.line, err)
+		}
+	}
 	if runErr != nil {
 		var ee *exec.ExitError
 		if errors.As(runErr, &ee) || ctx.Err() != nil {
