@@ -25,6 +25,13 @@ type invocation struct {
 	namespace string
 }
 
+// ran sets the exit status a command chose (exec, self, the patterns)
+// and passes its error on.
+func ran(inv *invocation, code int, err error) error {
+	inv.code = code
+	return err
+}
+
 // usageError is a command line that could not be parsed: exit status 2.
 type usageError struct{ err error }
 
@@ -161,7 +168,7 @@ func arrange(app *cli.App, args []string) []string {
 	if i >= len(args) {
 		return args
 	}
-	cmd := findCommand(app.Commands, args[i])
+	cmd := app.Command(args[i])
 	if cmd == nil {
 		return args
 	}
@@ -171,7 +178,7 @@ func arrange(app *cli.App, args []string) []string {
 		if j >= len(args) {
 			return args
 		}
-		sub := findCommand(cmd.Subcommands, args[j])
+		sub := cmd.Command(args[j])
 		if sub == nil {
 			return args
 		}
@@ -213,15 +220,6 @@ func skipFlags(flags []cli.Flag, args []string) int {
 		i++
 	}
 	return i
-}
-
-func findCommand(cmds []*cli.Command, name string) *cli.Command {
-	for _, c := range cmds {
-		if c.HasName(name) {
-			return c
-		}
-	}
-	return nil
 }
 
 // takesValue reports whether arg is a flag of flags that takes its value

@@ -75,7 +75,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return code
 	}
 	name := "branchctl"
-	if i := skipFlags(app.Flags, args); i < len(args) && findCommand(app.Commands, args[i]) != nil {
+	if i := skipFlags(app.Flags, args); i < len(args) && app.Command(args[i]) != nil {
 		name += " " + args[i]
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", name, err)
@@ -259,8 +259,7 @@ func parseBytes(s string) (int64, error) {
 
 func cmdExec(c *cli.Context, g globals, inv *invocation) error {
 	code, err := execIn(c, g, inv)
-	inv.code = code
-	return err
+	return ran(inv, code, err)
 }
 
 func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {

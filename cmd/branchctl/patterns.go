@@ -136,12 +136,6 @@ func usageCode(inv *invocation, err error) error {
 	return err
 }
 
-// ran sets a pattern's exit status from what it did.
-func ran(inv *invocation, code int, err error) error {
-	inv.code = code
-	return err
-}
-
 func cmdSpeculate(c *cli.Context, g globals, inv *invocation) error {
 	var p patternCmd
 	cmds, n := c.StringSlice("c"), c.Int("n")

@@ -31,8 +31,7 @@ func selfCommand(inv *invocation) *cli.Command {
 			}, own...),
 			Action: func(c *cli.Context) error {
 				code, err := cmdSelf(c, globalsOf(c), inv.stdout, inv.stderr)
-				inv.code = code
-				return err
+				return ran(inv, code, err)
 			},
 		}
 	}
