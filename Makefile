@@ -9,6 +9,9 @@ STATICCHECK_VERSION := v0.8.2
 CRICTL_VERSION := v1.37.0
 # The CNCF distribution registry the push and pull tests run on loopback.
 REGISTRY_VERSION := v3.0.0
+# CRIU, which memory forks dump and restore processes with, built from a
+# pinned release (hack/build-criu.sh says why it is built).
+CRIU_VERSION := 4.1.1
 
 GO ?= go
 BIN := $(CURDIR)/bin
@@ -55,6 +58,14 @@ $(BIN)/.registry-$(REGISTRY_VERSION):
 
 $(REGISTRY_BINS): $(BIN)/.registry-$(REGISTRY_VERSION) ;
 
+$(BIN)/.criu-$(CRIU_VERSION):
+	@hack/build-criu.sh $(BIN)
+	@rm -f $(BIN)/.criu-*
+	@touch $@
+
+CRIU_BINS := $(BIN)/criu
+$(CRIU_BINS): $(BIN)/.criu-$(CRIU_VERSION) ;
+
 # Our own binaries are always rebuilt; go's cache makes that cheap.
 $(OUR_BINS) $(DEMO): FORCE
 	@mkdir -p $(BIN)
@@ -85,7 +96,7 @@ $(SHIM_INIT): FORCE
 
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(CRIU_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.

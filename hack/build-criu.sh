@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds CRIU, which memory forks dump and restore sandboxes' processes
+# with (docs/memory-fork.md), into bin/criu from a pinned release.
+#
+# Why built: Debian 12's criu 3.17 fails its vDSO check on the 6.x kernels
+# these nodes run, and trixie's 4.1.1 binary needs glibc 2.38. Its source is
+# the same release, from Debian's archive (apt-get source, trixie suite,
+# through the mirror the host's apt already uses), checked against the
+# sha256 below before anything is built.
+#
+# Usage: hack/build-criu.sh BIN_DIR
+set -euo pipefail
+CRIU_VERSION=4.1.1
+CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+bin=${1:?usage: build-criu.sh BIN_DIR}
+mkdir -p "$bin"
+bin=$(cd "$bin" && pwd)
+
+# The build's dependencies (Debian 12 has them all); iptables is what CRIU
+# locks a dumped network namespace with.
+pkgs=(libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev
+	libcap-dev pkg-config libbsd-dev libnftables-dev libgnutls28-dev uuid-dev python3 make gcc
+	xz-utils iptables)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/src"
+# the mirror the host's apt uses, trixie's sources
+uri=$(grep -hoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
+	/etc/apt/sources.list.d/*.list 2>/dev/null | head -1 | tr -d ' ' || true)
+[ -n "$uri" ] || { echo "build-criu: no Debian mirror in /etc/apt/sources.list*" >&2; exit 1; }
+echo "deb-src ${uri%/} trixie main" > "$work/apt/sources.list"
+apto=(-o Dir::Etc::SourceList="$work/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+	-o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" -o APT::Get::List-Cleanup=0
+	-o APT::Sandbox::User=root)
+apt-get "${apto[@]}" update -qq
+# Only the upstream tarball is needed (the Debian packaging is not used), and
+# the mirror may not serve the rest: its own check is the sha256 below.
+(cd "$work/src" && apt-get "${apto[@]}" source --download-only "criu=${CRIU_VERSION}-1" >/dev/null 2>&1 || true)
+tarball="$work/src/criu_${CRIU_VERSION}.orig.tar.xz"
+[ -f "$tarball" ] || { echo "build-criu: criu_${CRIU_VERSION}.orig.tar.xz could not be downloaded" >&2; exit 1; }
+echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet - || { echo "build-criu: checksum mismatch" >&2; exit 1; }
+tar -C "$work/src" -xf "$tarball"
+make -C "$work/src/criu-${CRIU_VERSION}" -j"$(nproc)" criu >"$work/build.log" 2>&1 ||
+	{ tail -30 "$work/build.log" >&2; exit 1; }
+install -m 0755 "$work/src/criu-${CRIU_VERSION}/criu/criu" "$bin/criu"
+"$bin/criu" --version
