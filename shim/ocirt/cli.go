@@ -60,7 +60,8 @@ func (c *cmdline) bool(name string) bool {
 // unambiguous across the commands go-runc uses).
 func boolFlag(flag string) bool {
 	switch flag {
-	case "detach", "d", "no-pivot", "no-new-keyring", "force", "f", "all", "a", "stats", "tty", "t", "no-subreaper", "keep", "ignore-paused", "no-new-privs":
+	case "detach", "d", "no-pivot", "no-new-keyring", "force", "f", "all", "a", "stats", "tty", "t", "no-subreaper", "keep", "ignore-paused", "no-new-privs",
+		"leave-running", "tcp-established", "ext-unix-sk", "shell-job", "file-locks":
 		return true
 	}
 	return false
@@ -264,6 +265,16 @@ func run(c *cmdline) error {
 			return err
 		}
 		return events(c)
+	case "checkpoint":
+		if err := want(1); err != nil {
+			return err
+		}
+		return checkpoint(c)
+	case "restore":
+		if err := want(1); err != nil {
+			return err
+		}
+		return restore(c)
 	case "features":
 		return printFeatures()
 	default:

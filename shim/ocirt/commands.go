@@ -54,34 +54,7 @@ func create(c *cmdline) error {
 			return fmt.Errorf("bundle %s: %w", b, err)
 		}
 	}
-	spec, err := loadSpec("config.json")
-	if err != nil {
-		return err
-	}
-	if spec.Root == nil || spec.Root.Path == "" {
-		return errors.New("root path must be set in config.json")
-	}
-	rootfs := spec.Root.Path
-	if !filepath.IsAbs(rootfs) {
-		rootfs, _ = filepath.Abs(rootfs)
-	}
-	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
-		return fmt.Errorf("rootfs %s is not a directory: %v", rootfs, err)
-	}
-	id := c.args[0]
-	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName:       id,
-		UseSystemdCgroup: c.g.systemd,
-		NoPivotRoot:      c.bool("no-pivot"),
-		NoNewKeyring:     c.bool("no-new-keyring"),
-		Spec:             spec,
-		RootlessEUID:     os.Geteuid() != 0,
-		RootlessCgroups:  false,
-	})
-	if err != nil {
-		return err
-	}
-	container, err := libcontainer.Create(c.g.root, id, config)
+	container, spec, err := newContainer(c)
 	if err != nil {
 		return err
 	}
@@ -95,6 +68,43 @@ func create(c *cmdline) error {
 		subreaper:     !c.bool("no-subreaper"),
 	}
 	return r.run(spec.Process)
+}
+
+// newContainer creates the libcontainer container of the bundle in the
+// working directory (its state, not yet its processes).
+func newContainer(c *cmdline) (*libcontainer.Container, *specs.Spec, error) {
+	spec, err := loadSpec("config.json")
+	if err != nil {
+		return nil, nil, err
+	}
+	if spec.Root == nil || spec.Root.Path == "" {
+		return nil, nil, errors.New("root path must be set in config.json")
+	}
+	rootfs := spec.Root.Path
+	if !filepath.IsAbs(rootfs) {
+		rootfs, _ = filepath.Abs(rootfs)
+	}
+	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
+		return nil, nil, fmt.Errorf("rootfs %s is not a directory: %v", rootfs, err)
+	}
+	id := c.args[0]
+	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
+		CgroupName:       id,
+		UseSystemdCgroup: c.g.systemd,
+		NoPivotRoot:      c.bool("no-pivot"),
+		NoNewKeyring:     c.bool("no-new-keyring"),
+		Spec:             spec,
+		RootlessEUID:     os.Geteuid() != 0,
+		RootlessCgroups:  false,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	container, err := libcontainer.Create(c.g.root, id, config)
+	if err != nil {
+		return nil, nil, err
+	}
+	return container, spec, nil
 }
 
 func atoi(s string) int {

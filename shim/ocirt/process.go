@@ -36,7 +36,8 @@ type runner struct {
 	consoleSocket string
 	pidFile       string
 	preserveFDs   int
-	subCgroup     string // cgroup v2: where below the container's an exec goes
+	subCgroup     string                 // cgroup v2: where below the container's an exec goes
+	restore       *libcontainer.CriuOpts // restore the init from a checkpoint instead
 }
 
 func (r *runner) run(config *specs.Process) (retErr error) {
@@ -93,9 +94,12 @@ func (r *runner) run(config *specs.Process) (retErr error) {
 	} else {
 		process.Stdin, process.Stdout, process.Stderr = os.Stdin, os.Stdout, os.Stderr
 	}
-	if r.init {
+	switch {
+	case r.restore != nil:
+		err = r.container.Restore(process, r.restore)
+	case r.init:
 		err = r.container.Start(process)
-	} else {
+	default:
 		err = r.container.Run(process)
 	}
 	if err != nil {

@@ -1,0 +1,262 @@
+//go:build linux
+
+package ocirt
+
+// checkpoint and restore: runc's commands of those names, for the memory
+// forks of branch contexts (docs/memory-fork.md). Restore is runc's, on
+// libcontainer's Restore. Checkpoint drives CRIU itself (go-criu, as
+// libcontainer does) for two reasons libcontainer's Checkpoint cannot
+// serve: the cgroup CRIU freezes must be the one the sandbox's processes
+// are in (a sealed sandbox's are in a frozen leaf below its cgroup, which
+// CRIU must thaw and refreeze itself, or it waits forever for them), and
+// the network namespace is always external, so that each branch restored
+// from the image joins the namespace the shim gives it. Everything else
+// is what libcontainer's Checkpoint sends, so that its Restore reads the
+// image as its own: the same external mount keys, descriptors.json.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	criurpc "github.com/checkpoint-restore/go-criu/v7/rpc"
+	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// descriptorsFile is where libcontainer's Restore looks for the init's
+// standard descriptors.
+const descriptorsFile = "descriptors.json"
+
+// ExtNetNSKey is the key under which a dump records the sandbox's network
+// namespace as external, and a restore is handed the one to join
+// (libcontainer's criuNsToKey(NEWNET)).
+const ExtNetNSKey = "extRootNetNS"
+
+// checkpoint is runc checkpoint: it dumps the container's init and its
+// descendants into --image-path. With --leave-running they run on after
+// the dump; --freeze-cgroup names the cgroup (a directory under
+// /sys/fs/cgroup) CRIU freezes them with, the container's own by default.
+func checkpoint(c *cmdline) error {
+	container, err := getContainer(c)
+	if err != nil {
+		return err
+	}
+	status, err := container.Status()
+	if err != nil {
+		return err
+	}
+	if status != libcontainer.Running && status != libcontainer.Paused {
+		return fmt.Errorf("container cannot be checkpointed in %s state", status)
+	}
+	st, err := container.State()
+	if err != nil {
+		return err
+	}
+	images := c.str("image-path")
+	if images == "" {
+		return errors.New("checkpoint: --image-path is required")
+	}
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return err
+	}
+	imageDir, err := os.Open(images)
+	if err != nil {
+		return err
+	}
+	defer imageDir.Close()
+	config := container.Config()
+	opts := &criurpc.CriuOpts{
+		ImagesDirFd:     proto.Int32(int32(imageDir.Fd())),
+		LogLevel:        proto.Int32(4),
+		LogFile:         proto.String("dump.log"),
+		Root:            proto.String(config.Rootfs),
+		ManageCgroups:   proto.Bool(true),
+		Pid:             proto.Int32(int32(st.InitProcessPid)),
+		LeaveRunning:    proto.Bool(c.bool("leave-running")),
+		ShellJob:        proto.Bool(c.bool("shell-job")),
+		TcpEstablished:  proto.Bool(c.bool("tcp-established")),
+		ExtUnixSk:       proto.Bool(c.bool("ext-unix-sk")),
+		FileLocks:       proto.Bool(c.bool("file-locks")),
+		OrphanPtsMaster: proto.Bool(true),
+	}
+	if !c.bool("tcp-established") {
+		// No connection is dumped, so none needs the network locked
+		// (with iptables, in a namespace the branches share).
+		opts.NetworkLock = criurpc.CriuNetworkLockMethod_SKIP.Enum()
+	}
+	if w := c.str("work-path"); w != "" {
+		if err := os.MkdirAll(w, 0o700); err != nil {
+			return err
+		}
+		workDir, err := os.Open(w)
+		if err != nil {
+			return err
+		}
+		defer workDir.Close()
+		opts.WorkDirFd = proto.Int32(int32(workDir.Fd()))
+	}
+	// The init's network namespace, whoever made it, is external: a
+	// branch restored from the image joins the one it is given.
+	var netns unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.InitProcessPid), &netns); err != nil {
+		return fmt.Errorf("checkpoint: network namespace of the init: %w", err)
+	}
+	opts.External = append(opts.External, fmt.Sprintf("net[%d]:%s", netns.Ino, ExtNetNSKey))
+	freeze := c.str("freeze-cgroup")
+	if freeze == "" {
+		freeze = st.CgroupPaths["freezer"]
+		if cgroups.IsCgroup2UnifiedMode() {
+			freeze = st.CgroupPaths[""]
+		}
+	}
+	if freeze != "" {
+		opts.FreezeCgroup = proto.String(freeze)
+	}
+	if err := addDumpMounts(opts, &config, st.InitProcessPid); err != nil {
+		return err
+	}
+	fds, err := json.Marshal(st.ExternalDescriptors)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(images, descriptorsFile), fds, 0o600); err != nil {
+		return err
+	}
+	cr := criu.MakeCriu()
+	if err := cr.Dump(opts, criu.NoNotify{}); err != nil {
+		return fmt.Errorf("criu dump: %w%s", err, criuLogTail(c.str("work-path"), images, "dump.log"))
+	}
+	return nil
+}
+
+// addDumpMounts marks the mounts CRIU cannot dump as external, under the
+// keys libcontainer's Restore maps back: bind mounts and device nodes by
+// their destination, a v1 cgroup mount's binds, masked files (/dev/null).
+func addDumpMounts(opts *criurpc.CriuOpts, config *configs.Config, pid int) error {
+	add := func(dest string) error {
+		d := strings.TrimPrefix(dest, config.Rootfs)
+		if j, err := securejoin.SecureJoin(config.Rootfs, d); err == nil {
+			d = j[len(config.Rootfs):]
+		}
+		if d == "" || strings.Contains(d, "]:") {
+			return fmt.Errorf("criu: invalid external mount destination %q", d)
+		}
+		opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(d), Val: proto.String(d)})
+		return nil
+	}
+	cgroupns := config.Namespaces.Contains(configs.NEWCGROUP)
+	for _, m := range config.Mounts {
+		switch m.Device {
+		case "bind":
+			if err := add(m.Destination); err != nil {
+				return err
+			}
+		case "cgroup":
+			if cgroups.IsCgroup2UnifiedMode() || cgroupns {
+				continue
+			}
+			mounts, err := cgroups.GetCgroupMounts(false)
+			if err != nil {
+				return err
+			}
+			for _, mm := range mounts {
+				if err := add(filepath.Join(m.Destination, filepath.Base(mm.Mountpoint))); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, p := range config.MaskPaths {
+		fi, err := os.Stat(fmt.Sprintf("/proc/%d/root/%s", pid, p))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		if !fi.IsDir() {
+			opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(p), Val: proto.String("/dev/null")})
+		}
+	}
+	for _, d := range config.Devices {
+		if d.Path != "" {
+			if err := add(d.Path); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// criuLogTail is the last error lines of CRIU's log, for the error the
+// caller sees: "criu failed" alone says nothing of why.
+func criuLogTail(work, images, name string) string {
+	dir := work
+	if dir == "" {
+		dir = images
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error (") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) > 5 {
+		errs = errs[len(errs)-5:]
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(errs, "; ")
+}
+
+// restore is runc restore: a container created from the bundle whose
+// processes are restored from --image-path instead of started.
+func restore(c *cmdline) error {
+	if b := c.str("bundle"); b != "" {
+		if err := os.Chdir(b); err != nil {
+			return fmt.Errorf("bundle %s: %w", b, err)
+		}
+	}
+	container, spec, err := newContainer(c)
+	if err != nil {
+		return err
+	}
+	images := c.str("image-path")
+	if images == "" {
+		_ = container.Destroy()
+		return errors.New("restore: --image-path is required")
+	}
+	opts := &libcontainer.CriuOpts{
+		ImagesDirectory:         images,
+		WorkDirectory:           c.str("work-path"),
+		TcpEstablished:          c.bool("tcp-established"),
+		ExternalUnixConnections: c.bool("ext-unix-sk"),
+		ShellJob:                c.bool("shell-job"),
+		FileLocks:               c.bool("file-locks"),
+		StatusFd:                -1,
+	}
+	r := &runner{
+		container:     container,
+		shouldDestroy: true,
+		consoleSocket: c.str("console-socket"),
+		pidFile:       c.str("pid-file"),
+		init:          true,
+		subreaper:     !c.bool("no-subreaper"),
+		restore:       opts,
+	}
+	return r.run(spec.Process)
+}
