@@ -148,6 +148,26 @@ type ForkOptions struct {
 	// From names a checkpoint of Parent to fork from instead of its current
 	// state; committing such a branch replaces Parent's state with its own.
 	From string
+	// WithMemory forks Parent's running processes too (a memory fork,
+	// docs/memory-fork.md): each branch's processes are restored from one
+	// dump of Parent's init and its descendants, and continue from there.
+	WithMemory bool
+}
+
+// ForkResult is a fork's branches and, for a memory fork, its figures.
+type ForkResult struct {
+	Branches []ContextInfo   `json:"branches"`
+	Memory   *MemoryForkInfo `json:"memory,omitempty"`
+}
+
+// MemoryForkInfo is what a memory fork cost: how long the parent's
+// processes were stopped for the dump, the dump and the restores as the
+// caller waited for them, and the size of the memory image.
+type MemoryForkInfo struct {
+	Pause      time.Duration `json:"pause"`
+	Dump       time.Duration `json:"dump"`
+	Restore    time.Duration `json:"restore"`
+	ImageBytes int64         `json:"imageBytes"`
 }
 
 // ContextInfo is one context of a sandbox: the sandbox itself (ID "0") or
@@ -178,6 +198,8 @@ type ContextInfo struct {
 	// snapshotter could not recover, says why; branch operations on the
 	// sandbox are refused until a retry succeeds.
 	Quarantine string `json:"quarantine,omitempty"`
+	// MemoryFork: its processes were restored from a memory fork.
+	MemoryFork bool `json:"memoryFork,omitempty"`
 }
 
 func contextFromProto(c *shimv1.Context) ContextInfo {
@@ -192,7 +214,7 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 		UpperSize: c.UpperSize, UpperInodes: c.UpperInodes,
 		Sealed: c.Sealed, Seal: c.Seal, Children: c.Children, InitPid: int(c.InitPid), Status: c.Status,
 		ExitStatus: int(c.ExitStatus), OOMKilled: c.OomKilled, Net: c.Net, Cgroup: c.Cgroup,
-		Quarantine: c.Quarantine,
+		Quarantine: c.Quarantine, MemoryFork: c.Memory,
 	}
 	for _, p := range c.Pids {
 		i.Pids = append(i.Pids, int(p))
@@ -220,18 +242,28 @@ func contextsFromProto(list []*shimv1.Context) []ContextInfo {
 // Fork makes opts.Count branch contexts of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
 func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+	res, err := s.ForkResult(ctx, opts)
+	return res.Branches, err
+}
+
+// ForkResult is Fork, with a memory fork's figures.
+func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkResult, error) {
 	if err := checkCount(opts.Count); err != nil {
-		return nil, err
+		return ForkResult{}, err
 	}
 	resp, err := s.api.Fork(s.ctx(ctx), &shimv1.ForkRequest{
 		Sandbox: s.ID, Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
-		FromCheckpoint: opts.From,
+		FromCheckpoint: opts.From, Memory: opts.WithMemory,
 	})
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return ForkResult{}, fromTTRPC(err)
 	}
-	return contextsFromProto(resp.Branches), nil
+	res := ForkResult{Branches: contextsFromProto(resp.Branches)}
+	if m := resp.Memory; m != nil {
+		res.Memory = &MemoryForkInfo{Pause: time.Duration(m.PauseNs), Dump: time.Duration(m.DumpNs), Restore: time.Duration(m.RestoreNs), ImageBytes: m.ImageBytes}
+	}
+	return res, nil
 }
 
 // checkCount refuses a fork count that is not positive or does not fit the

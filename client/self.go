@@ -60,7 +60,7 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 	resp, err := s.api.Fork(ctx, &shimv1.SelfForkRequest{
 		Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
-		FromCheckpoint: opts.From,
+		FromCheckpoint: opts.From, Memory: opts.WithMemory,
 	})
 	if err != nil {
 		return nil, fromTTRPC(err)

@@ -495,6 +495,28 @@ func waitFrozen(m cgroupMount, dir string) error {
 	return fmt.Errorf("%s has no %q after 2s: %w", filepath.Join(dir, file), want, errdefs.ErrUnavailable)
 }
 
+// thawSealForKill thaws the seal leaf of a sandbox being killed, so that
+// the signal lands; its processes stay in the leaf, where the sandbox's
+// end finds them.
+func (c *contexts) thawSealForKill(ctx context.Context, id string) {
+	sb, err := c.sandbox(id)
+	if err != nil || sb.cgroup == "" {
+		return
+	}
+	ms, err := c.hier()
+	if err != nil {
+		return
+	}
+	for _, d := range dirsIn(ms, sb.cgroup) {
+		leaf := filepath.Join(d.dir, sealLeaf)
+		if (d.freezer || d.v2) && isDir(leaf) {
+			if err := setFreezer(d, leaf, cgroups.Thawed); err != nil {
+				log.G(ctx).WithError(err).WithField("sandbox", id).Warn("thaw the sealed processes of a killed sandbox")
+			}
+		}
+	}
+}
+
 // thawOwn undoes freezeOwn: the processes go back to the context's cgroup
 // (on cgroup v2 its leaf).
 func thawOwn(ctx context.Context, path string) error {

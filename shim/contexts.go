@@ -206,6 +206,7 @@ type bctx struct {
 	fast       *fastCtx        // run by the branch init; nil for the sandbox
 	limits     *shimv1.Limits  // given at fork
 	hasCommand bool
+	memory     bool // its processes were restored from a memory fork
 	exited     bool
 	// held: frozen for a commit whose outcome is not known yet; killed
 	// once the snapshotter decided it, thawed if it did not.

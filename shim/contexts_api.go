@@ -88,8 +88,14 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err != nil {
 		return nil, err
 	}
+	if req.Memory {
+		if err := c.checkMemoryFork(ctx, sb, parent, pid, req); err != nil {
+			return nil, err
+		}
+	}
 	ms, _ := c.hier()
-	runtimePath := c.init == "" || fastUnsupported(parent.spec) != ""
+	// A memory branch is restored by the runtime, not the branch init.
+	runtimePath := req.Memory || c.init == "" || fastUnsupported(parent.spec) != ""
 	if err := c.pidsRoom(sb, parent, ms, runtimePath, req); err != nil {
 		return nil, err
 	}
@@ -154,6 +160,15 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
+	var img *memoryImage
+	if req.Memory {
+		// Sealed first: the image and the branches' lower layer are
+		// the same instant.
+		if img, err = c.dumpMemory(ctx, sb, parent); err != nil {
+			return nil, err
+		}
+		defer img.remove(context.WithoutCancel(ctx))
+	}
 	for i, a := range aheads {
 		if i >= len(infos) || a.guess != branchCgroup(parent.cgroup, infos[i].ID) {
 			// A wrong guess (ids used behind the shim's back): the
@@ -186,6 +201,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		par = 1
 	}
 	sem := make(chan struct{}, par)
+	restoring := time.Now()
 	for i, info := range infos {
 		wg.Add(1)
 		go func() {
@@ -196,7 +212,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 			if i < len(aheads) {
 				a = aheads[i]
 			}
-			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req, a)
+			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req, a, img)
 		}()
 	}
 	wg.Wait()
@@ -227,11 +243,14 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 		parent.seal = SealFreeze // by request, or for files open for writing
 	}
 	resp := &shimv1.ForkResponse{}
+	if img != nil {
+		resp.Memory = &shimv1.MemoryFork{PauseNs: int64(img.pause), DumpNs: int64(img.dump), RestoreNs: int64(time.Since(restoring)), ImageBytes: img.size}
+	}
 	ids := make([]string, len(made))
 	for i, n := range made {
 		sb.nodes[n.id] = n
 		ids[i] = n.id
-		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i], n.hasCommand))
+		resp.Branches = append(resp.Branches, c.describe(sb, n, &infos[i], n.hasCommand || n.memory))
 	}
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: parentID, Branches: ids})
 	return resp, nil
@@ -676,7 +695,7 @@ func (c *contexts) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1
 // processes are not read from its cgroup: a branch just started without a
 // command has its init alone, and has had no OOM kill.
 func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs bool) *shimv1.Context {
-	d := &shimv1.Context{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup}
+	d := &shimv1.Context{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup, Memory: n.memory}
 	if info != nil {
 		d.Parent = info.Parent
 		d.State = string(info.State)
@@ -717,7 +736,7 @@ func (c *contexts) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs b
 			if p, err := procs.Process(""); err == nil {
 				d.ExitStatus = int32(p.ExitStatus())
 			}
-		case n.hasCommand:
+		case n.hasCommand || n.memory:
 			d.Status = "running"
 		default:
 			d.Status = "waiting"

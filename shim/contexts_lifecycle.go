@@ -164,13 +164,15 @@ func (c *contexts) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, erro
 
 // start creates one branch context: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
-// An init taken ahead for it (nil: none) is claimed or released.
-func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest, warm *ahead) (_ *bctx, retErr error) {
+// An init taken ahead for it (nil: none) is claimed or released. With a
+// memory image (nil: none) the runtime restores its processes from it.
+func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest, warm *ahead, img *memoryImage) (_ *bctx, retErr error) {
 	n := &bctx{
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
 		cgroup: branchCgroup(parent.cgroup, info.ID),
 		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0, limits: req.Limits,
+		memory: img != nil,
 	}
 	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)
 	if err != nil {
@@ -189,7 +191,7 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
 		return nil, err
 	}
-	if c.useInit(ctx, sb, spec) {
+	if img == nil && c.useInit(ctx, sb, spec) {
 		var pool *initPool
 		if parent.id == branch.RootID {
 			pool = sb.pool
@@ -219,7 +221,11 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		rootfs = append(rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
 	cr := &taskAPI.CreateTaskRequest{ID: n.runtimeID, Bundle: n.bundle, Rootfs: rootfs, Options: anyOpts}
-	if n.hasCommand {
+	if img != nil {
+		// Created from the image: the runtime restores it at Start.
+		cr.Checkpoint = img.dir
+	}
+	if n.hasCommand || n.memory {
 		// The command's output is kept with the branch (init.log).
 		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
 		cr.Stderr = cr.Stdout
@@ -235,9 +241,12 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	n.container = container
 	init, _ := container.Process("")
 	c.watch(init, started)
-	if n.hasCommand {
+	if n.hasCommand || n.memory {
 		if _, err := container.Start(ctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
 			c.destroy(ctx, sb, n)
+			if n.memory {
+				return nil, fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", info.ID, errgrpc.ToNative(err), criuErrors(filepath.Join(n.bundle, "work", "restore.log")))
+			}
 			return nil, fmt.Errorf("branch %s: start %v: %w", info.ID, req.Args, errgrpc.ToNative(err))
 		}
 		go func() {

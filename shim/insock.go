@@ -391,7 +391,7 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 	}
 	resp, err := s.c.Fork(withSelfFork(ctx), &shimv1.ForkRequest{
 		Sandbox: s.sandbox, Parent: parent, Count: req.Count, Seal: req.Seal, Net: req.Net,
-		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint,
+		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint, Memory: req.Memory,
 	})
 	if err != nil {
 		return nil, err

@@ -296,6 +296,19 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	return s.TTRPCTaskService.Delete(ctx, r)
 }
 
+// Kill is runc-v2's, and then, for a SIGKILL of a sandbox, thaws the
+// processes a seal froze (--seal freeze, or a fork that found them
+// writing): a frozen process takes no signal, not even SIGKILL, until it
+// is thawed, and the sandbox would never stop. The signal is sent first,
+// so that the init dies on the thaw without running again.
+func (s *taskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
+	resp, err := s.TTRPCTaskService.Kill(ctx, r)
+	if err == nil && r.ExecID == "" && r.Signal == uint32(unix.SIGKILL) {
+		s.contexts.thawSealForKill(ctx, r.ID)
+	}
+	return resp, err
+}
+
 // Wait for a container's init returns once its branches are gone too (see
 // exitPublisher): a stopped sandbox has nothing running.
 func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {

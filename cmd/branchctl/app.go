@@ -196,6 +196,12 @@ func arrange(app *cli.App, args []string) []string {
 			pos = append(pos, a)
 			continue
 		}
+		if lim, ok := memoryLimitFlag(a, rest[k+1:]); ok {
+			// The old spelling of --memory-limit.
+			flags = append(flags, lim...)
+			k += len(lim) - 1
+			continue
+		}
 		flags = append(flags, a)
 		if takesValue(cmd.Flags, a) && k+1 < len(rest) {
 			k++
@@ -207,6 +213,40 @@ func arrange(app *cli.App, args []string) []string {
 		out = append(append(out, "--"), pos...)
 	}
 	return append(out, after...)
+}
+
+// memoryLimitFlag reads --memory SIZE and --memory=SIZE, the spelling of
+// --memory-limit before --memory meant a memory fork, as --memory-limit: a
+// size (digits, then k, m or g) is never a sandbox's name nor a boolean.
+func memoryLimitFlag(a string, next []string) ([]string, bool) {
+	name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+	if name != "memory" {
+		return nil, false
+	}
+	if hasVal {
+		if isSize(val) {
+			return []string{"--memory-limit=" + val}, true
+		}
+		return nil, false
+	}
+	if len(next) > 0 && isSize(next[0]) {
+		return []string{"--memory-limit", next[0]}, true
+	}
+	return nil, false
+}
+
+// isSize says whether s is a byte count as --memory-limit takes it.
+func isSize(s string) bool {
+	s = strings.TrimRight(strings.ToLower(s), "kmg")
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // skipFlags returns the index of the first argument that is not one of

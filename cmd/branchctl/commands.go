@@ -150,7 +150,8 @@ func forkFlags() []cli.Flag {
 		&cli.IntFlag{Name: "n", Value: 1, Usage: "number of branches"},
 		&cli.StringFlag{Name: "seal", Value: "ro", Usage: "how the parent is sealed while it has branches: ro (rootfs read-only) or freeze (processes frozen too)"},
 		&cli.StringFlag{Name: "net", Value: "shared", Usage: "network: shared (the parent's namespace) or isolated (loopback only)"},
-		&cli.StringFlag{Name: "memory", Usage: "memory limit per branch (bytes, or with k, m, g); default the parent's"},
+		&cli.BoolFlag{Name: "memory", Usage: "fork the parent's running processes too: each branch's continue from their state at the fork (CRIU; docs/memory-fork.md)"},
+		&cli.StringFlag{Name: "memory-limit", Usage: "memory limit per branch (bytes, or with k, m, g); default the parent's"},
 		&cli.Float64Flag{Name: "cpus", Usage: "CPU limit per branch; default the parent's"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit per branch; default the parent's"},
 		&cli.StringFlag{Name: "from", Usage: "fork from this checkpoint of the context instead of its current state"},
@@ -174,7 +175,7 @@ func patternFlags(own ...cli.Flag) []cli.Flag {
 		&cli.StringSliceFlag{Name: "env", Usage: "add an environment variable (K=V) to every command, repeatable (commands also see BRANCH_INDEX, and BRANCHBOX_DEPTH in searches)"},
 		&cli.StringFlag{Name: "seal", Value: "ro", Usage: "how the parent is sealed while it has branches: ro or freeze"},
 		&cli.StringFlag{Name: "net", Value: "shared", Usage: "branch network: shared or isolated"},
-		&cli.StringFlag{Name: "memory", Usage: "memory limit per branch (bytes, or with k, m, g)"},
+		&cli.StringFlag{Name: "memory-limit", Usage: "memory limit per branch (bytes, or with k, m, g)"},
 		&cli.Float64Flag{Name: "cpus", Usage: "CPU limit per branch"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit per branch"},
 	}, own...)...)

@@ -210,10 +210,11 @@ func cmdFork(c *cli.Context, g globals, inv *invocation) error {
 	}
 	defer sc.Close()
 	start := time.Now()
-	kids, err := sc.Fork(ctx, opts)
+	res, err := sc.ForkResult(ctx, opts)
 	if err != nil {
 		return err
 	}
+	kids := res.Branches
 	if g.json {
 		return printJSON(stdout, kids)
 	}
@@ -223,15 +224,19 @@ func cmdFork(c *cli.Context, g globals, inv *invocation) error {
 		fmt.Fprintf(tw, "%s/%s\t%s\t%d\t%s\t%s\n", sb, k.ID, k.Parent, k.InitPid, k.Status, k.Net)
 	}
 	fmt.Fprintf(tw, "forked %d in %s\n", len(kids), time.Since(start).Round(time.Microsecond))
+	if m := res.Memory; m != nil {
+		fmt.Fprintf(tw, "memory: parent stopped %s, dump %s, restore %s, image %d bytes\n", m.Pause.Round(time.Microsecond), m.Dump.Round(time.Microsecond), m.Restore.Round(time.Microsecond), m.ImageBytes)
+	}
 	return tw.Flush()
 }
 
-// forkOptions reads forkFlags: the options, and --memory as given.
+// forkOptions reads forkFlags: the options, and --memory-limit as given.
 func forkOptions(c *cli.Context) (client.ForkOptions, string) {
 	return client.ForkOptions{
 		Count: c.Int("n"), Seal: c.String("seal"), Net: c.String("net"),
 		CPUs: c.Float64("cpus"), Pids: c.Int64("pids"), From: c.String("from"),
-	}, c.String("memory")
+		WithMemory: c.Bool("memory"),
+	}, c.String("memory-limit")
 }
 
 func parseBytes(s string) (int64, error) {
@@ -252,7 +257,7 @@ func parseBytes(s string) (int64, error) {
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("--memory %q: want a positive number of bytes, optionally with k, m or g: %w", s, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("--memory-limit %q: want a positive number of bytes, optionally with k, m or g: %w", s, errdefs.ErrInvalidArgument)
 	}
 	return v * mult, nil
 }
@@ -333,7 +338,7 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 		}
 	}
 	if st.OOMKilled {
-		fmt.Fprintf(stderr, "branchctl exec: %v was killed by the OOM killer: branch %s ran out of memory (fork with a larger --memory)\n", cmd, ref)
+		fmt.Fprintf(stderr, "branchctl exec: %v was killed by the OOM killer: branch %s ran out of memory (fork with a larger --memory-limit)\n", cmd, ref)
 	}
 	return st.Code, nil
 }

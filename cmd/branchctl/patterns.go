@@ -68,7 +68,7 @@ func (p *patternCmd) parse(c *cli.Context, g globals, needCmd bool) error {
 		return usageErr("no command: write `branchctl %s %s [flags] -- CMD...`", c.Command.Name, ref)
 	}
 	p.cmd = cmd
-	if p.opts.Fork.Memory, err = parseBytes(c.String("memory")); err != nil {
+	if p.opts.Fork.Memory, err = parseBytes(c.String("memory-limit")); err != nil {
 		return err
 	}
 	if p.opts.Timeout < 0 || p.opts.BranchTimeout < 0 {

@@ -41,11 +41,26 @@ const descriptorsFile = "descriptors.json"
 // (libcontainer's criuNsToKey(NEWNET)).
 const ExtNetNSKey = "extRootNetNS"
 
+// useCriuBeside puts the directory of this binary first on PATH if CRIU is
+// there (make install puts it beside the shim): go-criu, in our dump and
+// in libcontainer's restore, runs "criu" from PATH.
+func useCriuBeside() {
+	self, err := os.Executable()
+	if err != nil {
+		return
+	}
+	dir := filepath.Dir(self)
+	if fi, err := os.Stat(filepath.Join(dir, "criu")); err == nil && fi.Mode().IsRegular() {
+		_ = os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+}
+
 // checkpoint is runc checkpoint: it dumps the container's init and its
 // descendants into --image-path. With --leave-running they run on after
 // the dump; --freeze-cgroup names the cgroup (a directory under
 // /sys/fs/cgroup) CRIU freezes them with, the container's own by default.
 func checkpoint(c *cmdline) error {
+	useCriuBeside()
 	container, err := getContainer(c)
 	if err != nil {
 		return err
@@ -226,6 +241,7 @@ func criuLogTail(work, images, name string) string {
 // restore is runc restore: a container created from the bundle whose
 // processes are restored from --image-path instead of started.
 func restore(c *cmdline) error {
+	useCriuBeside()
 	if b := c.str("bundle"); b != "" {
 		if err := os.Chdir(b); err != nil {
 			return fmt.Errorf("bundle %s: %w", b, err)

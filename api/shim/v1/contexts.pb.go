@@ -141,8 +141,12 @@ type ForkRequest struct {
 	Args []string `protobuf:"bytes,7,rep,name=args,proto3" json:"args,omitempty"`
 	// Fork from this checkpoint of the parent instead of its current state.
 	FromCheckpoint string `protobuf:"bytes,8,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Fork the parent's processes too (docs/memory-fork.md): each branch's
+	// processes are restored, with CRIU, from a dump of the parent's init
+	// and its descendants, instead of a branch init.
+	Memory        bool `protobuf:"varint,9,opt,name=memory,proto3" json:"memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkRequest) Reset() {
@@ -231,6 +235,13 @@ func (x *ForkRequest) GetFromCheckpoint() string {
 	return ""
 }
 
+func (x *ForkRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
 type Context struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -259,7 +270,9 @@ type Context struct {
 	Cgroup     string  `protobuf:"bytes,22,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// On the root context of a tree whose recovery failed: why. Its branch
 	// operations are refused until a retry succeeds.
-	Quarantine    string `protobuf:"bytes,23,opt,name=quarantine,proto3" json:"quarantine,omitempty"`
+	Quarantine string `protobuf:"bytes,23,opt,name=quarantine,proto3" json:"quarantine,omitempty"`
+	// Its processes were restored from a memory fork of its parent.
+	Memory        bool `protobuf:"varint,24,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,9 +468,19 @@ func (x *Context) GetQuarantine() string {
 	return ""
 }
 
+func (x *Context) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
 type ForkResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Branches      []*Context             `protobuf:"bytes,1,rep,name=branches,proto3" json:"branches,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Branches []*Context             `protobuf:"bytes,1,rep,name=branches,proto3" json:"branches,omitempty"`
+	// A memory fork's figures: how long the parent's processes were stopped
+	// for the dump, the dump's whole time, and the image's size.
+	Memory        *MemoryFork `protobuf:"bytes,2,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +522,81 @@ func (x *ForkResponse) GetBranches() []*Context {
 	return nil
 }
 
+func (x *ForkResponse) GetMemory() *MemoryFork {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+type MemoryFork struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PauseNs       int64                  `protobuf:"varint,1,opt,name=pause_ns,json=pauseNs,proto3" json:"pause_ns,omitempty"`
+	DumpNs        int64                  `protobuf:"varint,2,opt,name=dump_ns,json=dumpNs,proto3" json:"dump_ns,omitempty"`
+	RestoreNs     int64                  `protobuf:"varint,3,opt,name=restore_ns,json=restoreNs,proto3" json:"restore_ns,omitempty"`
+	ImageBytes    int64                  `protobuf:"varint,4,opt,name=image_bytes,json=imageBytes,proto3" json:"image_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryFork) Reset() {
+	*x = MemoryFork{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryFork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryFork) ProtoMessage() {}
+
+func (x *MemoryFork) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryFork.ProtoReflect.Descriptor instead.
+func (*MemoryFork) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MemoryFork) GetPauseNs() int64 {
+	if x != nil {
+		return x.PauseNs
+	}
+	return 0
+}
+
+func (x *MemoryFork) GetDumpNs() int64 {
+	if x != nil {
+		return x.DumpNs
+	}
+	return 0
+}
+
+func (x *MemoryFork) GetRestoreNs() int64 {
+	if x != nil {
+		return x.RestoreNs
+	}
+	return 0
+}
+
+func (x *MemoryFork) GetImageBytes() int64 {
+	if x != nil {
+		return x.ImageBytes
+	}
+	return 0
+}
+
 type ExecRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -519,7 +617,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +629,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +642,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecRequest) GetSandbox() string {
@@ -626,7 +724,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +736,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +749,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -672,7 +770,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +782,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +795,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitRequest) GetSandbox() string {
@@ -732,7 +830,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +842,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +855,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WaitResponse) GetExitStatus() uint32 {
@@ -794,7 +892,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +904,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +917,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResizePtyRequest) GetSandbox() string {
@@ -868,7 +966,7 @@ type CloseIORequest struct {
 
 func (x *CloseIORequest) Reset() {
 	*x = CloseIORequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +978,7 @@ func (x *CloseIORequest) String() string {
 func (*CloseIORequest) ProtoMessage() {}
 
 func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +991,7 @@ func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseIORequest.ProtoReflect.Descriptor instead.
 func (*CloseIORequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CloseIORequest) GetSandbox() string {
@@ -929,7 +1027,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1039,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1052,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *KillRequest) GetSandbox() string {
@@ -995,7 +1093,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1105,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1118,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CommitRequest) GetSandbox() string {
@@ -1047,7 +1145,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1157,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1170,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommitResponse) GetParent() *Context {
@@ -1099,7 +1197,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1209,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1222,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{14}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AbortRequest) GetSandbox() string {
@@ -1150,7 +1248,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1260,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1273,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{15}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AbortResponse) GetAborted() []string {
@@ -1194,7 +1292,7 @@ type TreeRequest struct {
 
 func (x *TreeRequest) Reset() {
 	*x = TreeRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1304,7 @@ func (x *TreeRequest) String() string {
 func (*TreeRequest) ProtoMessage() {}
 
 func (x *TreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1317,7 @@ func (x *TreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRequest.ProtoReflect.Descriptor instead.
 func (*TreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{16}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TreeRequest) GetSandbox() string {
@@ -1238,7 +1336,7 @@ type TreeResponse struct {
 
 func (x *TreeResponse) Reset() {
 	*x = TreeResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1348,7 @@ func (x *TreeResponse) String() string {
 func (*TreeResponse) ProtoMessage() {}
 
 func (x *TreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1361,7 @@ func (x *TreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeResponse.ProtoReflect.Descriptor instead.
 func (*TreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{17}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TreeResponse) GetNodes() []*Context {
@@ -1285,7 +1383,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1395,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1408,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckpointRequest) GetSandbox() string {
@@ -1343,7 +1441,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1453,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1466,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
@@ -1387,7 +1485,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1497,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1510,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsRequest) GetSandbox() string {
@@ -1431,7 +1529,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1541,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1554,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
@@ -1476,7 +1574,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1586,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1599,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteCheckpointRequest) GetSandbox() string {
@@ -1529,7 +1627,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1639,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1652,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RollbackRequest) GetSandbox() string {
@@ -1587,7 +1685,7 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x06Limits\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x03R\x06memory\x12\x12\n" +
 	"\x04cpus\x18\x02 \x01(\x01R\x04cpus\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xeb\x01\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\x83\x02\n" +
 	"\vForkRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x14\n" +
@@ -1596,7 +1694,8 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x03net\x18\x05 \x01(\tR\x03net\x121\n" +
 	"\x06limits\x18\x06 \x01(\v2\x19.branchbox.shim.v1.LimitsR\x06limits\x12\x12\n" +
 	"\x04args\x18\a \x03(\tR\x04args\x12'\n" +
-	"\x0ffrom_checkpoint\x18\b \x01(\tR\x0efromCheckpoint\"\xad\x05\n" +
+	"\x0ffrom_checkpoint\x18\b \x01(\tR\x0efromCheckpoint\x12\x16\n" +
+	"\x06memory\x18\t \x01(\bR\x06memory\"\xc5\x05\n" +
 	"\aContext\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x14\n" +
@@ -1627,9 +1726,19 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x06cgroup\x18\x16 \x01(\tR\x06cgroup\x12\x1e\n" +
 	"\n" +
 	"quarantine\x18\x17 \x01(\tR\n" +
-	"quarantine\"F\n" +
+	"quarantine\x12\x16\n" +
+	"\x06memory\x18\x18 \x01(\bR\x06memory\"}\n" +
 	"\fForkResponse\x126\n" +
-	"\bbranches\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\bbranches\"\xf2\x01\n" +
+	"\bbranches\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\bbranches\x125\n" +
+	"\x06memory\x18\x02 \x01(\v2\x1d.branchbox.shim.v1.MemoryForkR\x06memory\"\x80\x01\n" +
+	"\n" +
+	"MemoryFork\x12\x19\n" +
+	"\bpause_ns\x18\x01 \x01(\x03R\apauseNs\x12\x17\n" +
+	"\adump_ns\x18\x02 \x01(\x03R\x06dumpNs\x12\x1d\n" +
+	"\n" +
+	"restore_ns\x18\x03 \x01(\x03R\trestoreNs\x12\x1f\n" +
+	"\vimage_bytes\x18\x04 \x01(\x03R\n" +
+	"imageBytes\"\xf2\x01\n" +
 	"\vExecRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x17\n" +
@@ -1731,77 +1840,79 @@ func file_api_shim_v1_contexts_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_contexts_proto_rawDescData
 }
 
-var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: branchbox.shim.v1.Empty
 	(*Limits)(nil),                  // 1: branchbox.shim.v1.Limits
 	(*ForkRequest)(nil),             // 2: branchbox.shim.v1.ForkRequest
 	(*Context)(nil),                 // 3: branchbox.shim.v1.Context
 	(*ForkResponse)(nil),            // 4: branchbox.shim.v1.ForkResponse
-	(*ExecRequest)(nil),             // 5: branchbox.shim.v1.ExecRequest
-	(*ExecResponse)(nil),            // 6: branchbox.shim.v1.ExecResponse
-	(*WaitRequest)(nil),             // 7: branchbox.shim.v1.WaitRequest
-	(*WaitResponse)(nil),            // 8: branchbox.shim.v1.WaitResponse
-	(*ResizePtyRequest)(nil),        // 9: branchbox.shim.v1.ResizePtyRequest
-	(*CloseIORequest)(nil),          // 10: branchbox.shim.v1.CloseIORequest
-	(*KillRequest)(nil),             // 11: branchbox.shim.v1.KillRequest
-	(*CommitRequest)(nil),           // 12: branchbox.shim.v1.CommitRequest
-	(*CommitResponse)(nil),          // 13: branchbox.shim.v1.CommitResponse
-	(*AbortRequest)(nil),            // 14: branchbox.shim.v1.AbortRequest
-	(*AbortResponse)(nil),           // 15: branchbox.shim.v1.AbortResponse
-	(*TreeRequest)(nil),             // 16: branchbox.shim.v1.TreeRequest
-	(*TreeResponse)(nil),            // 17: branchbox.shim.v1.TreeResponse
-	(*CheckpointRequest)(nil),       // 18: branchbox.shim.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),      // 19: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 20: branchbox.shim.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 21: branchbox.shim.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil), // 22: branchbox.shim.v1.DeleteCheckpointRequest
-	(*RollbackRequest)(nil),         // 23: branchbox.shim.v1.RollbackRequest
-	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
-	(*v1.Checkpoint)(nil),           // 25: branchbox.types.v1.Checkpoint
+	(*MemoryFork)(nil),              // 5: branchbox.shim.v1.MemoryFork
+	(*ExecRequest)(nil),             // 6: branchbox.shim.v1.ExecRequest
+	(*ExecResponse)(nil),            // 7: branchbox.shim.v1.ExecResponse
+	(*WaitRequest)(nil),             // 8: branchbox.shim.v1.WaitRequest
+	(*WaitResponse)(nil),            // 9: branchbox.shim.v1.WaitResponse
+	(*ResizePtyRequest)(nil),        // 10: branchbox.shim.v1.ResizePtyRequest
+	(*CloseIORequest)(nil),          // 11: branchbox.shim.v1.CloseIORequest
+	(*KillRequest)(nil),             // 12: branchbox.shim.v1.KillRequest
+	(*CommitRequest)(nil),           // 13: branchbox.shim.v1.CommitRequest
+	(*CommitResponse)(nil),          // 14: branchbox.shim.v1.CommitResponse
+	(*AbortRequest)(nil),            // 15: branchbox.shim.v1.AbortRequest
+	(*AbortResponse)(nil),           // 16: branchbox.shim.v1.AbortResponse
+	(*TreeRequest)(nil),             // 17: branchbox.shim.v1.TreeRequest
+	(*TreeResponse)(nil),            // 18: branchbox.shim.v1.TreeResponse
+	(*CheckpointRequest)(nil),       // 19: branchbox.shim.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),      // 20: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 21: branchbox.shim.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 22: branchbox.shim.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil), // 23: branchbox.shim.v1.DeleteCheckpointRequest
+	(*RollbackRequest)(nil),         // 24: branchbox.shim.v1.RollbackRequest
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),           // 26: branchbox.types.v1.Checkpoint
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	1,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	24, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
-	24, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
+	25, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
+	25, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
 	1,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
 	3,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
-	24, // 5: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	3,  // 6: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
-	3,  // 7: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
-	25, // 8: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
-	25, // 9: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
-	2,  // 10: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
-	5,  // 11: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
-	7,  // 12: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
-	9,  // 13: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
-	10, // 14: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
-	11, // 15: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
-	12, // 16: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
-	14, // 17: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
-	16, // 18: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
-	18, // 19: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
-	20, // 20: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
-	22, // 21: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
-	23, // 22: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
-	4,  // 23: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	6,  // 24: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	8,  // 25: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	0,  // 26: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
-	0,  // 27: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
-	0,  // 28: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
-	13, // 29: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	15, // 30: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	17, // 31: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	19, // 32: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	21, // 33: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	0,  // 34: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
-	0,  // 35: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
-	23, // [23:36] is the sub-list for method output_type
-	10, // [10:23] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	5,  // 5: branchbox.shim.v1.ForkResponse.memory:type_name -> branchbox.shim.v1.MemoryFork
+	25, // 6: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	3,  // 7: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
+	3,  // 8: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
+	26, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	26, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	2,  // 11: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
+	6,  // 12: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
+	8,  // 13: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
+	10, // 14: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
+	11, // 15: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
+	12, // 16: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
+	13, // 17: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
+	15, // 18: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
+	17, // 19: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
+	19, // 20: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
+	21, // 21: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
+	23, // 22: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
+	24, // 23: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
+	4,  // 24: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	7,  // 25: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	9,  // 26: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	0,  // 27: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
+	0,  // 28: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
+	0,  // 29: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
+	14, // 30: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	16, // 31: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	18, // 32: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	20, // 33: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	22, // 34: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	0,  // 35: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	0,  // 36: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
+	24, // [24:37] is the sub-list for method output_type
+	11, // [11:24] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_contexts_proto_init() }
@@ -1815,7 +1926,7 @@ func file_api_shim_v1_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_contexts_proto_rawDesc), len(file_api_shim_v1_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,7 @@ type SelfForkRequest struct {
 	Limits         *Limits  `protobuf:"bytes,5,opt,name=limits,proto3" json:"limits,omitempty"`
 	Args           []string `protobuf:"bytes,6,rep,name=args,proto3" json:"args,omitempty"`
 	FromCheckpoint string   `protobuf:"bytes,7,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	Memory         bool     `protobuf:"varint,8,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -121,6 +122,13 @@ func (x *SelfForkRequest) GetFromCheckpoint() string {
 		return x.FromCheckpoint
 	}
 	return ""
+}
+
+func (x *SelfForkRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 type SelfExecRequest struct {
@@ -756,7 +764,7 @@ var File_api_shim_v1_self_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\n" +
-	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/contexts.proto\"\xd5\x01\n" +
+	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/contexts.proto\"\xed\x01\n" +
 	"\x0fSelfForkRequest\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\tR\x06parent\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x12\n" +
@@ -764,7 +772,8 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x03net\x18\x04 \x01(\tR\x03net\x121\n" +
 	"\x06limits\x18\x05 \x01(\v2\x19.branchbox.shim.v1.LimitsR\x06limits\x12\x12\n" +
 	"\x04args\x18\x06 \x03(\tR\x04args\x12'\n" +
-	"\x0ffrom_checkpoint\x18\a \x01(\tR\x0efromCheckpoint\"a\n" +
+	"\x0ffrom_checkpoint\x18\a \x01(\tR\x0efromCheckpoint\x12\x16\n" +
+	"\x06memory\x18\b \x01(\bR\x06memory\"a\n" +
 	"\x0fSelfExecRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +

@@ -1,0 +1,240 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
+)
+
+// replScript is a small REPL in the image's shell: its state is in shell
+// variables only (k, the next command's number, and whatever commands
+// set); it runs /dev/shm/cmd.K when it appears, writing /dev/shm/out.K,
+// and holds /data.log open for append on descriptor 3. /dev/shm is a tmpfs
+// of the container's own, which a memory fork copies and a commit does not
+// carry: each context's commands and outputs stay its own.
+const replScript = `echo before > /data.log; exec 3>>/data.log; k=0
+while :; do
+  if [ -f /dev/shm/cmd.$k ]; then
+    . /dev/shm/cmd.$k > /dev/shm/out.$k.tmp 2>&1; mv /dev/shm/out.$k.tmp /dev/shm/out.$k; k=$((k+1))
+  fi
+  sleep 0.02
+done`
+
+// replSandbox runs replScript as the sandbox "sb" and returns a client.
+func replSandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClient) {
+	t.Helper()
+	ctx, env, _ := shimEnv(t)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.ImageRef, "sb", "sh", "-c", replScript); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/data.log"); return out == "before\n" })
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return ctx, env, sc
+}
+
+// replIn runs one REPL command (a line of shell) in a context: the sandbox
+// ("0", through the runtime's exec) or a branch, and returns its output.
+func replIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, b string, k int, line string) string {
+	t.Helper()
+	// Written whole, then renamed: the REPL must not find it half written.
+	write := fmt.Sprintf("cat > /dev/shm/.cmd <<'EOF'\n%s\nEOF\nmv /dev/shm/.cmd /dev/shm/cmd.%d", line, k)
+	read := []string{"cat", fmt.Sprintf("/dev/shm/out.%d", k)}
+	var out string
+	if b == branch.RootID {
+		if o, err := execIn(ctx, env, "sb", "sh", "-c", write); err != nil {
+			t.Fatalf("sandbox: write command %d: %v: %s", k, err, o)
+		}
+		waitUntil(t, fmt.Sprintf("sandbox: output of command %d", k), 10*time.Second, func() bool {
+			o, err := execIn(ctx, env, "sb", read...)
+			out = o
+			return err == nil
+		})
+		return out
+	}
+	mustRun(t, ctx, sc, b, "sh", "-c", write)
+	waitUntil(t, fmt.Sprintf("branch %s: output of command %d", b, k), 10*time.Second, func() bool {
+		o, code := run(t, ctx, sc, b, read...)
+		out = o
+		return code == 0
+	})
+	return out
+}
+
+// TestMemoryFork forks a running sandbox's processes: each branch's REPL
+// continues from the sandbox's state at the fork (a variable only its
+// memory held, its command counter, its descriptor open for append on the
+// rootfs), diverges on its own, and the usual guarantees hold: first
+// commit wins, the loser's processes are killed, the sandbox sees the
+// winner's files and keeps its own processes, nothing is left behind.
+func TestMemoryFork(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	secret := strings.TrimSpace(replIn(t, ctx, env, sc, branch.RootID, 0, `mem=v$RANDOM$RANDOM; echo $mem`))
+	if secret == "" {
+		t.Fatal("the REPL printed no value")
+	}
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork: %v", err)
+	}
+	if len(res.Branches) != 2 || res.Memory == nil || res.Memory.ImageBytes == 0 || res.Memory.Pause <= 0 {
+		t.Fatalf("memory fork: %+v, figures %+v", res.Branches, res.Memory)
+	}
+	t.Logf("memory fork of 2: parent stopped %s, dump %s, restore %s, image %d bytes", res.Memory.Pause, res.Memory.Dump, res.Memory.Restore, res.Memory.ImageBytes)
+	a, b := res.Branches[0], res.Branches[1]
+	for _, k := range res.Branches {
+		if !k.MemoryFork || k.Status != "running" || k.InitPid == 0 {
+			t.Fatalf("branch %s: memory %v, status %q, init %d", k.ID, k.MemoryFork, k.Status, k.InitPid)
+		}
+		if got := replIn(t, ctx, env, sc, k.ID, 1, `echo "mem=$mem k=$k"`); got != fmt.Sprintf("mem=%s k=1\n", secret) {
+			t.Fatalf("branch %s continues with %q, want the sandbox's state (mem=%s k=1)", k.ID, got, secret)
+		}
+	}
+	// They diverge, each in its own memory and its own copy of the file
+	// the REPL appends to.
+	for _, k := range res.Branches {
+		replIn(t, ctx, env, sc, k.ID, 2, fmt.Sprintf(`mem=from-%s; echo $mem >&3`, k.ID))
+	}
+	for _, k := range res.Branches {
+		if got := replIn(t, ctx, env, sc, k.ID, 3, `echo $mem`); got != "from-"+k.ID+"\n" {
+			t.Fatalf("branch %s: mem %q after its own change", k.ID, got)
+		}
+		if got := mustRun(t, ctx, sc, k.ID, "cat", "/data.log"); got != "before\nfrom-"+k.ID+"\n" {
+			t.Fatalf("branch %s: /data.log %q", k.ID, got)
+		}
+	}
+	loser := branchProcs(env, b)
+	if len(loser) == 0 {
+		t.Fatal("the loser's processes are not seen from the host")
+	}
+	cr, err := sc.Commit(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cr.Invalidated) != 1 || cr.Invalidated[0] != b.ID {
+		t.Fatalf("invalidated %v, want [%s]", cr.Invalidated, b.ID)
+	}
+	assertBranchGone(t, env, a, nil)
+	assertBranchGone(t, env, b, loser)
+	var se *branch.StaleError
+	if _, _, err := runErr(ctx, sc, b.ID, "true"); !errors.As(err, &se) || se.Winner != a.ID {
+		t.Fatalf("exec in the loser: %v; want stale naming %s", err, a.ID)
+	}
+	// The sandbox has the winner's files and its own processes, which
+	// were stopped only for the dump: its memory is as it was.
+	if out, err := execIn(ctx, env, "sb", "cat", "/data.log"); err != nil || out != "before\nfrom-"+a.ID+"\n" {
+		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
+	}
+	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `echo "mem=$mem k=$k"`); got != fmt.Sprintf("mem=%s k=1\n", secret) {
+		t.Fatalf("sandbox after the commit: %q, want its own state", got)
+	}
+	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryForkStop: a sandbox killed while it has memory branches (its
+// processes frozen by the seal, as the REPL's open file makes them) ends
+// with every branch's processes, as with any branch.
+func TestMemoryForkStop(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { testForkStop(t, client.ForkOptions{Count: 2, WithMemory: true}) })
+	// The same stop of a sandbox frozen by a plain fork's seal.
+	t.Run("plain", func(t *testing.T) { testForkStop(t, client.ForkOptions{Count: 2, Seal: "freeze"}) })
+}
+
+func testForkStop(t *testing.T, opts client.ForkOptions) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=1`)
+	kids, err := sc.Fork(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var procs []hostProc
+	for _, k := range kids {
+		procs = append(procs, branchProcs(env, k)...)
+	}
+	if len(procs) < 2 {
+		t.Fatalf("branches' processes seen from the host: %v", procs)
+	}
+	_, task := sandboxTask(t, ctx, env, "sb")
+	wait, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Kill(ctx, 9); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wait:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sandbox did not exit within 30s of SIGKILL")
+	}
+	for _, k := range kids {
+		assertBranchGone(t, env, k, procs)
+	}
+}
+
+// TestMemoryForkRefusals: what a memory fork cannot carry is refused
+// before anything changes, naming the process and the resource.
+func TestMemoryForkRefusals(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	// A listener the branches could not bind beside the sandbox's.
+	replIn(t, ctx, env, sc, branch.RootID, 0, `nc -l -p 8123 >/dev/null 2>&1 & echo started`)
+	waitUntil(t, "the listener", 10*time.Second, func() bool {
+		_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err != nil && strings.Contains(err.Error(), "listens on TCP port 8123")
+	})
+	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(nc)") {
+		t.Fatalf("memory fork with a listener: %v; want failed precondition naming nc and the port", err)
+	}
+	for _, o := range []client.ForkOptions{
+		{Count: 1, WithMemory: true, Net: "isolated"},
+		{Count: 1, WithMemory: true, Args: []string{"true"}},
+	} {
+		if _, err := sc.ForkResult(ctx, o); err == nil {
+			t.Fatalf("memory fork %+v succeeded; want refused", o)
+		}
+	}
+	// Nothing changed: no branch, the sandbox unsealed, writable.
+	tree, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tree) != 1 || tree[0].Sealed {
+		t.Fatalf("after refused memory forks the tree is %+v", tree)
+	}
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "echo x > /x"); err != nil {
+		t.Fatalf("sandbox not writable after refused forks: %v %s", err, out)
+	}
+	assertNoMemoryImages(t, env)
+}
+
+// assertNoMemoryImages checks that no memory fork left its image in the
+// sandbox's bundle.
+func assertNoMemoryImages(t *testing.T, env *daemons.Env) {
+	t.Helper()
+	left, _ := filepath.Glob(filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", ".memory-fork-*"))
+	if len(left) > 0 {
+		t.Fatalf("memory images left: %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")); err != nil {
+		t.Fatalf("the sandbox's bundle: %v (the check looks in the wrong place)", err)
+	}
+}

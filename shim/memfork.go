@@ -1,0 +1,220 @@
+//go:build linux
+
+package shim
+
+// Memory forks (docs/memory-fork.md): a branch whose processes are a copy
+// of its parent's, restored with CRIU from one dump of the parent's init
+// and its descendants, taken after the parent is sealed, so that the
+// memory image and the branch's lower layer are the same instant.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/stats"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/errdefs"
+	runcC "github.com/containerd/go-runc"
+	"github.com/containerd/log"
+	"github.com/opencontainers/cgroups"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// CriuBinary is the name of the CRIU binary, looked for beside the shim
+// first, then on PATH.
+const CriuBinary = "criu"
+
+// memoryImagePrefix names, in a sandbox's bundle, the directory a memory
+// fork dumps into; it is removed when the fork is done, and any left by a
+// shim killed midway is removed by the next memory fork and by the
+// sandbox's deletion (the bundle goes).
+const memoryImagePrefix = ".memory-fork-"
+
+// memoryImage is one dump of a context's processes, restored into each
+// branch of the fork.
+type memoryImage struct {
+	dir   string
+	pause time.Duration // how long CRIU kept the processes stopped
+	dump  time.Duration // the dump's whole time, as the caller waits for it
+	size  int64
+}
+
+// criuPath finds CRIU: beside the shim (make install puts it there), or on
+// the PATH the shim was started with.
+func criuPath(self string) (string, error) {
+	p := filepath.Join(filepath.Dir(self), CriuBinary)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return p, nil
+	}
+	return exec.LookPath(CriuBinary)
+}
+
+// checkMemoryFork refuses, before anything changes, a memory fork that
+// could not be restored, naming the process and the resource.
+func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bctx, initPid int, req *shimv1.ForkRequest) error {
+	what := fmt.Sprintf("memory fork of %s", sb.id)
+	if parent.id != branch.RootID {
+		what = fmt.Sprintf("memory fork of branch %s of %s", parent.id, sb.id)
+	}
+	if isSelfFork(ctx) {
+		// The caller is one of the processes to copy, stopped in a call
+		// on the branch socket, whose connection a restored copy cannot
+		// be given.
+		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; fork it with --memory from outside (branchctl fork): %w", what, errdefs.ErrNotImplemented)
+	}
+	if parent.id != branch.RootID && parent.container == nil {
+		return fmt.Errorf("%s: it runs on the branch init, whose control connection to the shim cannot be restored; fork it with --memory only if it was itself made by a memory fork: %w", what, errdefs.ErrNotImplemented)
+	}
+	if req.Net == NetIsolated {
+		return fmt.Errorf("%s: --net isolated: a memory branch joins its parent's network namespace (its sockets were dumped there): %w", what, errdefs.ErrNotImplemented)
+	}
+	if req.FromCheckpoint != "" {
+		return fmt.Errorf("%s: --from %s: checkpoints hold no memory; fork the live context: %w", what, req.FromCheckpoint, errdefs.ErrNotImplemented)
+	}
+	if len(req.Args) > 0 {
+		return fmt.Errorf("%s: a command: the branches' processes are the parent's, restored; exec the command into them: %w", what, errdefs.ErrInvalidArgument)
+	}
+	if parent.spec != nil && parent.spec.Process != nil && parent.spec.Process.Terminal {
+		return fmt.Errorf("%s: its init holds a terminal whose other end is on the host (ctr run -t, nerdctl -t), which a restored copy cannot be given: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := criuPath(c.self); err != nil {
+		return fmt.Errorf("%s: CRIU is not installed beside the shim (%s) or on its PATH (make install puts it there; docs/memory-fork.md): %w", what, filepath.Join(filepath.Dir(c.self), CriuBinary), errdefs.ErrFailedPrecondition)
+	}
+	ms, err := c.hier()
+	if err != nil {
+		return err
+	}
+	var own []int
+	for _, d := range oneHierarchy(dirsIn(ms, parent.cgroup)) {
+		for _, dir := range ownDirs(d.dir) {
+			own = append(own, readPids(dir)...)
+		}
+	}
+	if problems := unforkable(initPid, own); len(problems) > 0 {
+		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// dumpMemory dumps the parent's processes, leaving them running (or as
+// frozen as they were), into a new directory of the sandbox's bundle. The
+// cgroup CRIU stops them with is the one they are in: the seal leaf if
+// the fork froze them, else their own.
+func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*memoryImage, error) {
+	c.removeMemoryImages(ctx, sb)
+	dir, err := os.MkdirTemp(sb.bundle, memoryImagePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("memory fork of %s: %w", sb.id, err)
+	}
+	img := &memoryImage{dir: dir}
+	ms, err := c.hier()
+	if err != nil {
+		img.remove(ctx)
+		return nil, err
+	}
+	freeze := ""
+	for _, d := range dirsIn(ms, parent.cgroup) {
+		if !(d.freezer || (d.v2 && cgroups.IsCgroup2UnifiedMode())) {
+			continue
+		}
+		freeze = d.dir
+		if parent.frozen {
+			freeze = filepath.Join(d.dir, sealLeaf)
+		} else if d.v2 && isDir(filepath.Join(d.dir, ownLeaf)) {
+			freeze = filepath.Join(d.dir, ownLeaf)
+		}
+		break
+	}
+	runtimeID := sb.id
+	if parent.container != nil {
+		runtimeID = parent.runtimeID
+	}
+	r := c.runtimeOf(sb)
+	opts := &runcC.CheckpointOpts{ImagePath: dir, WorkDir: dir}
+	if freeze != "" {
+		opts.ExtraArgs = []string{"--freeze-cgroup", freeze}
+	}
+	start := time.Now()
+	err = r.Checkpoint(ctx, runtimeID, opts, runcC.LeaveRunning)
+	img.dump = time.Since(start)
+	if err != nil {
+		img.remove(ctx)
+		return nil, fmt.Errorf("memory fork of %s: dump its processes: %w%s", sb.id, err, criuErrors(filepath.Join(dir, "dump.log")))
+	}
+	if f, err := os.Open(dir); err == nil {
+		if st, err := stats.CriuGetDumpStats(f); err == nil {
+			img.pause = time.Duration(st.GetFrozenTime()+st.GetFreezingTime()) * time.Microsecond
+		}
+		f.Close()
+	}
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				img.size += fi.Size()
+			}
+		}
+		return nil
+	})
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "context": parent.id, "pause": img.pause, "dump": img.dump, "bytes": img.size}).Debug("memory fork: dumped")
+	return img, nil
+}
+
+// runtimeOf is the runtime command line the sandbox's containers are run
+// with (containerd's runc-v2 derives it the same way).
+func (c *contexts) runtimeOf(sb *sandbox) *runcC.Runc {
+	root, systemd := DefaultRoot, false
+	if sb.opts != nil {
+		if sb.opts.Root != "" {
+			root = sb.opts.Root
+		}
+		systemd = sb.opts.SystemdCgroup
+	}
+	return process.NewRunc(root, sb.bundle, sb.ns, c.runtime, systemd)
+}
+
+// remove removes the image.
+func (img *memoryImage) remove(ctx context.Context) {
+	if img == nil {
+		return
+	}
+	if err := os.RemoveAll(img.dir); err != nil {
+		log.G(ctx).WithError(err).WithField("dir", img.dir).Warn("remove memory fork image")
+	}
+}
+
+// removeMemoryImages removes the images of memory forks a killed shim left
+// in the sandbox's bundle.
+func (c *contexts) removeMemoryImages(ctx context.Context, sb *sandbox) {
+	left, _ := filepath.Glob(filepath.Join(sb.bundle, memoryImagePrefix+"*"))
+	for _, d := range left {
+		(&memoryImage{dir: d}).remove(ctx)
+	}
+}
+
+// criuErrors is CRIU's error lines of a log, to say why it failed.
+func criuErrors(logPath string) string {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if i := strings.Index(l, "Error ("); i >= 0 && !strings.Contains(l, "RLIMIT_NOFILE") {
+			errs = append(errs, strings.TrimSpace(l[i:]))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	if len(errs) > 4 {
+		errs = errs[len(errs)-4:]
+	}
+	return " (criu: " + strings.Join(errs, "; ") + ")"
+}
