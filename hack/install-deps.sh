@@ -6,9 +6,10 @@
 # checks the installed units) and iproute2 (the CRI tests' CNI plugin) and
 # gcc with libc6-dev (cgo, and the static branch init links libc.a) and
 # e2fsprogs with mount (the out-of-space commit tests make a small ext4 on
-# a loop device: mkfs.ext4, losetup).
+# a loop device: mkfs.ext4, losetup) and python3.11 (the memory fork tests
+# run Debian's Python REPL in a sandbox).
 set -euo pipefail
-pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev e2fsprogs mount)
+pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev e2fsprogs mount python3.11)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,150 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
+)
+
+// importPythonImage imports busybox with Debian's python3 over it.
+func importPythonImage(t *testing.T, ctx context.Context, env *daemons.Env) {
+	t.Helper()
+	base, err := ociimage.BusyboxLayer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	py, err := ociimage.PythonLayer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "python.tar")
+	out, err := os.Create(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ociimage.WriteImage(out, ociimage.PythonImageRef, ocispec.ImageConfig{Env: []string{"PATH=/usr/bin:/bin"}, Cmd: []string{"/usr/bin/python3"}, WorkingDir: "/"}, base, py)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Ctr(ctx, "images", "import", "--snapshotter", "branch", archive); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pyREPL is Python's own interactive interpreter (python3 -i) as the
+// sandbox's init, reading its input from a FIFO in the container's /dev/shm
+// (held open for reading and writing, so that it never sees an end) and
+// writing its prompts and output to /dev/shm/out.
+const pyREPL = `mkfifo /dev/shm/in && exec python3 -q -u -i 0<>/dev/shm/in >/dev/shm/out 2>&1`
+
+// pyIn types a line into the REPL of a context (the sandbox, "0", or a
+// branch) and waits until its output holds want.
+func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, b, line, want string) {
+	t.Helper()
+	typeIt := []string{"sh", "-c", `printf '%s\n' "$1" > /dev/shm/in`, "_", line}
+	read := []string{"cat", "/dev/shm/out"}
+	var out string
+	if b == branch.RootID {
+		if o, err := execIn(ctx, env, "sb", typeIt...); err != nil {
+			t.Fatalf("sandbox: type %q: %v %s", line, err, o)
+		}
+	} else {
+		mustRun(t, ctx, sc, b, typeIt...)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if b == branch.RootID {
+			out, _ = execIn(ctx, env, "sb", read...)
+		} else {
+			out, _ = run(t, ctx, sc, b, read...)
+		}
+		if strings.Contains(out, want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("context %s: after %q the REPL's output has no %q:\n%s", b, line, want, out)
+}
+
+// TestMemoryForkPythonREPL forks a Python REPL four ways with its memory:
+// a variable and a file it holds open for append carry over, each branch
+// continues and diverges, the first branch whose "test" passes is
+// committed, the others are invalidated and killed, and the sandbox has
+// the winner's file and its own interpreter's state (docs/memory-fork.md:
+// a commit brings the winner's files, not its processes).
+func TestMemoryForkPythonREPL(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importPythonImage(t, ctx, env)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
+	pyIn(t, ctx, env, sc, branch.RootID, `x = 41; tries = []; log = open('/data.log', 'a'); log.write('before\n'); log.flush(); print('ready', x)`, "ready 41")
+
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 4, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork of the REPL: %v", err)
+	}
+	t.Logf("memory fork of 4 Python REPLs: parent stopped %s, dump %s, restore %s, image %d bytes", res.Memory.Pause, res.Memory.Dump, res.Memory.Restore, res.Memory.ImageBytes)
+	kids := res.Branches
+	for _, k := range kids {
+		pyIn(t, ctx, env, sc, k.ID, fmt.Sprintf(`print('branch %s sees', x, len(tries))`, k.ID), fmt.Sprintf("branch %s sees 41 0", k.ID))
+	}
+	// Each tries its own value; the "test" passes for an even one.
+	for i, k := range kids {
+		pyIn(t, ctx, env, sc, k.ID, fmt.Sprintf(`x = %d; tries.append(x); log.write('tried %d\n'); log.flush(); print('passes' if x %% 2 == 0 else 'fails', x)`, 100+i, 100+i), fmt.Sprint(100+i))
+	}
+	for i, k := range kids {
+		if got := mustRun(t, ctx, sc, k.ID, "cat", "/data.log"); got != fmt.Sprintf("before\ntried %d\n", 100+i) {
+			t.Fatalf("branch %s: /data.log %q", k.ID, got)
+		}
+	}
+	var winner client.ContextInfo
+	for i, k := range kids {
+		out := mustRun(t, ctx, sc, k.ID, "cat", "/dev/shm/out")
+		if strings.Contains(out, fmt.Sprintf("passes %d", 100+i)) {
+			winner = k
+			break
+		}
+	}
+	if winner.ID == "" {
+		t.Fatal("no branch passed")
+	}
+	cr, err := sc.Commit(ctx, winner.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cr.Invalidated) != len(kids)-1 {
+		t.Fatalf("commit invalidated %v, want the %d others", cr.Invalidated, len(kids)-1)
+	}
+	for _, k := range kids {
+		assertBranchGone(t, env, k, nil)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/data.log"); err != nil || out != "before\ntried 100\n" {
+		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
+	}
+	pyIn(t, ctx, env, sc, branch.RootID, `print('parent has', x, tries)`, "parent has 41 []")
+	assertNoMemoryImages(t, env)
+}
