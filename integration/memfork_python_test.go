@@ -148,3 +148,58 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 	pyIn(t, ctx, env, sc, branch.RootID, `print('parent has', x, tries)`, "parent has 41 []")
 	assertNoMemoryImages(t, env)
 }
+
+// TestMemoryForkDirty100MB forks a process holding 100 MB of dirty memory,
+// then forks the memory branch again (a nested memory fork): each copy
+// has the whole of it, and the nested one commits into its parent.
+func TestMemoryForkDirty100MB(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importPythonImage(t, ctx, env)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
+	// Every page written with its own number (mod 251), so that a page
+	// copied from the wrong place or left zero shows in the sum.
+	pyIn(t, ctx, env, sc, branch.RootID, `b = bytearray(100 << 20); exec("for i in range(0, len(b), 4096): b[i] = (i >> 12) % 251"); print('dirty', sum(b))`, "dirty ")
+	want := 0
+	for i := 0; i < 100<<20; i += 4096 {
+		want += (i >> 12) % 251
+	}
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Memory.ImageBytes < 100<<20 {
+		t.Fatalf("memory image of %d bytes for 100 MB of dirty memory", res.Memory.ImageBytes)
+	}
+	t.Logf("memory fork of 100 MB dirty: parent stopped %s, dump %s, restore %s, image %d bytes", res.Memory.Pause, res.Memory.Dump, res.Memory.Restore, res.Memory.ImageBytes)
+	b1 := res.Branches[0]
+	pyIn(t, ctx, env, sc, b1.ID, `print('copy has', sum(b), len(b))`, fmt.Sprintf("copy has %d %d", want, 100<<20))
+	pyIn(t, ctx, env, sc, b1.ID, `b[0] = 7; open('/nested', 'w').write('from b1'); print('b1 changed')`, "b1 changed")
+	// A memory fork of the memory branch.
+	nested, err := sc.ForkResult(ctx, client.ForkOptions{Parent: b1.ID, Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("nested memory fork: %v", err)
+	}
+	b2 := nested.Branches[0]
+	if b2.Parent != b1.ID || !b2.MemoryFork {
+		t.Fatalf("nested branch %+v", b2)
+	}
+	pyIn(t, ctx, env, sc, b2.ID, `print('nested has', b[0], sum(b) - b[0])`, fmt.Sprintf("nested has 7 %d", want))
+	mustRun(t, ctx, sc, b2.ID, "sh", "-c", "echo from-b2 > /nested")
+	if _, err := sc.Commit(ctx, b2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRun(t, ctx, sc, b1.ID, "cat", "/nested"); got != "from-b2\n" {
+		t.Fatalf("b1 after the nested commit: /nested %q", got)
+	}
+	pyIn(t, ctx, env, sc, b1.ID, `print('b1 still has', b[0])`, "b1 still has 7")
+	assertNoMemoryImages(t, env)
+}

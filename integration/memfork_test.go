@@ -238,3 +238,33 @@ func assertNoMemoryImages(t *testing.T, env *daemons.Env) {
 		t.Fatalf("the sandbox's bundle: %v (the check looks in the wrong place)", err)
 	}
 }
+
+// TestMemoryForkBackgroundJob forks a shell with a job running in the
+// background: in each branch the job runs on, as the shell's child, and
+// writes to the branch's own files.
+func TestMemoryForkBackgroundJob(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `(while :; do echo tick >> /dev/shm/ticks; sleep 0.05; done) & job=$!; echo started`)
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if got := replIn(t, ctx, env, sc, k.ID, 1, `kill -0 $job && echo "job $job alive"`); !strings.HasPrefix(got, "job ") || !strings.HasSuffix(got, " alive\n") {
+			t.Fatalf("branch %s: the shell's background job: %q", k.ID, got)
+		}
+		count := func() int {
+			out := mustRun(t, ctx, sc, k.ID, "cat", "/dev/shm/ticks")
+			return strings.Count(out, "tick")
+		}
+		n := count()
+		waitUntil(t, "the job ticking in branch "+k.ID, 10*time.Second, func() bool { return count() > n+2 })
+	}
+	for _, k := range kids {
+		if _, err := sc.Abort(ctx, k.ID); err != nil {
+			t.Fatal(err)
+		}
+		assertBranchGone(t, env, k, nil)
+	}
+	assertNoMemoryImages(t, env)
+}
