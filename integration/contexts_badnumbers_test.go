@@ -28,7 +28,8 @@ func TestContextsBadNumbers(t *testing.T) {
 		{"--cpus", "Inf"},
 		{"--cpus", "1e-12"},
 		{"--cpus", "-1"},
-		{"--memory", "1"},
+		{"--memory", "1"}, // the old spelling of --memory-limit
+		{"--memory-limit", "1"},
 		{"--pids", "-1"},
 	} {
 		_, stderr, code := branchctl(t, ctx, env, "", append([]string{"fork", "sb"}, args...)...)

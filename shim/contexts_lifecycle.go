@@ -242,7 +242,13 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	init, _ := container.Process("")
 	c.watch(init, started)
 	if n.hasCommand || n.memory {
-		if _, err := container.Start(ctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
+		sctx := ctx
+		if n.memory {
+			// A restore is not cut short either: the runtime killed
+			// midway would leave CRIU restoring on.
+			sctx = context.WithoutCancel(ctx)
+		}
+		if _, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
 			c.destroy(ctx, sb, n)
 			if n.memory {
 				return nil, fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", info.ID, errgrpc.ToNative(err), criuErrors(filepath.Join(n.bundle, "work", "restore.log")))

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
+	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -142,7 +144,10 @@ func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*
 		opts.ExtraArgs = []string{"--freeze-cgroup", freeze}
 	}
 	start := time.Now()
-	err = r.Checkpoint(ctx, runtimeID, opts, runcC.LeaveRunning)
+	// Not cut short when the caller gives up: a runtime killed midway
+	// leaves CRIU (its child, which nothing kills with it) dumping on;
+	// the fork undoes the whole branch instead.
+	err = r.Checkpoint(context.WithoutCancel(ctx), runtimeID, opts, runcC.LeaveRunning)
 	img.dump = time.Since(start)
 	if err != nil {
 		img.remove(ctx)
@@ -192,10 +197,79 @@ func (img *memoryImage) remove(ctx context.Context) {
 // removeMemoryImages removes the images of memory forks a killed shim left
 // in the sandbox's bundle.
 func (c *contexts) removeMemoryImages(ctx context.Context, sb *sandbox) {
-	left, _ := filepath.Glob(filepath.Join(sb.bundle, memoryImagePrefix+"*"))
+	removeMemoryImages(ctx, sb.bundle)
+}
+
+// removeMemoryImages removes the memory fork images in a bundle: those of a
+// killed shim, which containerd's cleanup of it (shim.go) does not find.
+func removeMemoryImages(ctx context.Context, bundle string) {
+	left, _ := filepath.Glob(filepath.Join(bundle, memoryImagePrefix+"*"))
 	for _, d := range left {
 		(&memoryImage{dir: d}).remove(ctx)
 	}
+}
+
+// killCriuOf kills the CRIU processes working on a bundle's memory fork
+// images (they hold the image directory open) and waits for them to end:
+// a runtime killed with its shim leaves CRIU running, dumping or restoring
+// into cgroups and state that the dead shim's cleanup would remove too
+// early.
+func killCriuOf(ctx context.Context, bundle string) {
+	// containerd may have renamed the bundle to .ID already, on its way
+	// to removing it.
+	dirs := []string{bundle + "/", filepath.Join(filepath.Dir(bundle), "."+filepath.Base(bundle)) + "/"}
+	under := func(p string) bool {
+		for _, d := range dirs {
+			if strings.HasPrefix(p, d) {
+				return true
+			}
+		}
+		return false
+	}
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || comm(pid) != CriuBinary {
+			continue
+		}
+		// Its working directory is the dump's image directory or the
+		// restore's work directory, both in the bundle; it holds the
+		// image directory open.
+		links := []string{fmt.Sprintf("/proc/%d/cwd", pid)}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			links = append(links, fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		}
+		for _, l := range links {
+			if p, err := os.Readlink(l); err == nil && under(p) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	for _, pid := range pids {
+		log.G(ctx).WithField("pid", pid).Warn("killing the CRIU of a memory fork its shim left")
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	// Within containerd's cleanup timeout (5s) with the rest of it.
+	deadline := time.Now().Add(2 * time.Second)
+	for _, pid := range pids {
+		for time.Now().Before(deadline) && alive(pid) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// alive says whether a process still runs: a zombie (an orphan waiting
+// for the host's init to reap it) does not.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, ok := strings.Cut(string(b), ") ")
+	return ok && len(rest) > 0 && rest[0] != 'Z' && rest[0] != 'X'
 }
 
 // criuErrors is CRIU's error lines of a log, to say why it failed.

@@ -101,13 +101,13 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if address, err := shimAddress(path); err == nil && !shimServed(address) {
 		stopDeadGroup(ctx, r, filepath.Join(root, ns), id, address)
 	}
+	killCriuOf(ctx, path)
 	stopBranches(ctx, r, path, id)
+	removeMemoryImages(ctx, path)
 	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
 		log.G(ctx).WithError(err).Warn("failed to remove container")
 	}
-	if err := mount.UnmountRecursive(filepath.Join(path, "rootfs"), 0); err != nil {
-		log.G(ctx).WithError(err).Warn("failed to clean up rootfs mount")
-	}
+	unmountDeadRootfs(ctx, filepath.Join(path, "rootfs"))
 	pid, err := runcC.ReadPidFile(filepath.Join(path, process.InitPidFile))
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("failed to read init pid file")
@@ -118,6 +118,25 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 		ExitStatus: 128 + int(unix.SIGKILL),
 		Pid:        pid,
 	}, nil
+}
+
+// unmountDeadRootfs unmounts a dead shim's sandbox rootfs. Its processes,
+// just killed, may still be ending and hold it busy for a moment (a sealed
+// sandbox's, thawed to take the kill, or one a memory fork's CRIU held):
+// it is tried for a while, then detached, so that no mount is left.
+func unmountDeadRootfs(ctx context.Context, rootfs string) {
+	var err error
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err = mount.UnmountRecursive(rootfs, 0); err == nil || !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if errors.Is(err, unix.EBUSY) {
+		err = mount.UnmountRecursive(rootfs, unix.MNT_DETACH)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("failed to clean up rootfs mount")
+	}
 }
 
 // removeDeadSockets removes the sockets of a shim that was killed (it could

@@ -26,6 +26,13 @@ func TestArrange(t *testing.T) {
 		{"ls", "ls"},
 		{"frobnicate -x", "frobnicate -x"},
 		{"fork sb -x -n 2", "fork -x -n 2 -- sb"},
+		// --memory is a memory fork; with a size it is the old spelling
+		// of --memory-limit.
+		{"fork sb --memory -n 2", "fork --memory -n 2 -- sb"},
+		{"fork --memory sb", "fork --memory -- sb"},
+		{"fork sb --memory 256m", "fork --memory-limit 256m -- sb"},
+		{"fork sb --memory=1g -n 2", "fork --memory-limit=1g -n 2 -- sb"},
+		{"fork sb --memory=true", "fork --memory=true -- sb"},
 	} {
 		got := strings.Join(arrange(app, strings.Fields(tc.in)), " ")
 		if got != tc.want {

@@ -248,8 +248,11 @@ func deleteContainer(c *cmdline) error {
 	container, err := getContainer(c)
 	if err != nil {
 		if errors.Is(err, libcontainer.ErrNotExist) {
-			// An aborted create can leave the directory without state.json.
+			// An aborted create can leave the directory without state.json,
+			// and an aborted restore libcontainer's bind mount of the
+			// rootfs in it (criu-root), which it unmounts only on return.
 			path := filepath.Join(c.g.root, id)
+			_ = unix.Unmount(filepath.Join(path, "criu-root"), unix.MNT_DETACH)
 			if e := os.RemoveAll(path); e != nil {
 				fmt.Fprintf(os.Stderr, "remove %s: %v\n", path, e)
 			}

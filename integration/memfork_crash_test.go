@@ -1,0 +1,130 @@
+//go:build linux
+
+package integration
+
+import (
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+)
+
+// TestMemoryForkCrash kills (SIGKILL) the snapshotter, and in a second
+// variant the shim, at a random moment of a memory fork of two branches
+// (the seal, the dump, the restores). A killed snapshotter is restarted:
+// the shim then runs exactly the branches the snapshotter holds live,
+// each can be aborted, the sandbox's processes run on with their state,
+// and no memory image is left. A killed shim takes its sandbox down
+// (containerd's cleanup): no process, branch cgroup, mount, CRIU process
+// or memory image of it is left.
+func TestMemoryForkCrash(t *testing.T) {
+	t.Run("snapshotter", func(t *testing.T) {
+		ctx, env, sc := replSandbox(t)
+		replIn(t, ctx, env, sc, branch.RootID, 0, `mem=kept`)
+		for round := 0; round < 3; round++ {
+			done := make(chan error, 1)
+			go func() {
+				_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+				done <- err
+			}()
+			time.Sleep(time.Duration(rand.Intn(250)) * time.Millisecond)
+			if err := env.StopSnapshotter(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			err := <-done
+			t.Logf("round %d: fork: %v", round, err)
+			if err := env.StartSnapshotter(ctx); err != nil {
+				t.Fatal(err)
+			}
+			want := liveInSnapshotter(t, ctx, env, "sb")
+			waitUntil(t, "the shim to run the snapshotter's live branches", 20*time.Second, func() bool {
+				return slices.Equal(runningInShim(t, ctx, sc), want)
+			})
+			for _, id := range want {
+				if _, err := sc.Abort(ctx, id); err != nil {
+					t.Fatalf("round %d: abort %s: %v", round, id, err)
+				}
+			}
+			if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(pids) > 0 {
+				t.Fatalf("round %d: processes left in branch cgroups %v: %v", round, dirs, pids)
+			}
+			assertNoMemoryImages(t, env)
+			if got := replIn(t, ctx, env, sc, branch.RootID, round+1, `echo $mem`); got != "kept\n" {
+				t.Fatalf("round %d: the sandbox's REPL after the crash: %q", round, got)
+			}
+		}
+	})
+	t.Run("shim", func(t *testing.T) {
+		ctx, env, sc := replSandbox(t)
+		replIn(t, ctx, env, sc, branch.RootID, 0, `mem=kept`)
+		_, task := sandboxTask(t, ctx, env, "sb")
+		exited, err := task.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		initPid := int(task.Pid())
+		shims := env.ShimPids()
+		if len(shims) != 1 {
+			t.Fatalf("shims: %v", shims)
+		}
+		bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")
+		go func() { _, _ = sc.ForkResult(ctx, client.ForkOptions{Count: 2, WithMemory: true}) }()
+		// Past the seal, into the dump or the restores.
+		time.Sleep(time.Duration(50+rand.Intn(200)) * time.Millisecond)
+		procs := containerHostProcs(env.Namespace, "sb", initPid)
+		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
+		}
+		if _, err := task.Delete(ctx); err != nil {
+			t.Logf("delete the task: %v", err)
+		}
+		waitUntil(t, "the sandbox's processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
+		if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) > 0 || len(pids) > 0 {
+			t.Fatalf("branch cgroups %v (processes %v) left", dirs, pids)
+		}
+		assertNoCriu(t, env)
+		// containerd removes the bundle just after it reports the exit.
+		waitUntil(t, "no memory image and no mount left in the sandbox's bundle", 10*time.Second, func() bool {
+			left, _ := filepath.Glob(filepath.Join(bundle, ".memory-fork-*"))
+			return len(left) == 0 && len(mountsUnder(bundle)) == 0
+		})
+	})
+}
+
+// assertNoCriu checks that no CRIU of this checkout's bin/ runs.
+func assertNoCriu(t *testing.T, env *daemons.Env) {
+	t.Helper()
+	criu := filepath.Join(env.BinDir, "criu")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && exe == criu {
+			t.Errorf("CRIU left running: pid %s", e.Name())
+		}
+	}
+}
+
+// mountsUnder lists the mount points below dir.
+func mountsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
