@@ -104,6 +104,16 @@ func TestMemoryFork(t *testing.T) {
 		if !k.MemoryFork || k.Status != "running" || k.InitPid == 0 {
 			t.Fatalf("branch %s: memory %v, status %q, init %d", k.ID, k.MemoryFork, k.Status, k.InitPid)
 		}
+		// Its processes are in its own cgroup, on every hierarchy.
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", k.InitPid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+			if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && parts[1] != "" && parts[2] != k.Cgroup && !strings.HasPrefix(parts[2], k.Cgroup+"/") {
+				t.Fatalf("branch %s's init is in cgroup %s, not its own %s", k.ID, line, k.Cgroup)
+			}
+		}
 		if got := replIn(t, ctx, env, sc, k.ID, 1, `echo "mem=$mem k=$k"`); got != fmt.Sprintf("mem=%s k=1\n", secret) {
 			t.Fatalf("branch %s continues with %q, want the sandbox's state (mem=%s k=1)", k.ID, got, secret)
 		}

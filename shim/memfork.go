@@ -106,9 +106,7 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 }
 
 // dumpMemory dumps the parent's processes, leaving them running (or as
-// frozen as they were), into a new directory of the sandbox's bundle. The
-// cgroup CRIU stops them with is the one they are in: the seal leaf if
-// the fork froze them, else their own.
+// frozen as they were), into a new directory of the sandbox's bundle.
 func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*memoryImage, error) {
 	c.removeMemoryImages(ctx, sb)
 	dir, err := os.MkdirTemp(sb.bundle, memoryImagePrefix)
@@ -121,18 +119,18 @@ func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*
 		img.remove(ctx)
 		return nil, err
 	}
+	// Processes the seal froze are dumped from their frozen cgroup (CRIU
+	// thaws them under ptrace and refreezes them); running ones are
+	// stopped with ptrace alone, which CRIU's freezer path would pay a
+	// 100ms poll for.
 	freeze := ""
-	for _, d := range dirsIn(ms, parent.cgroup) {
-		if !(d.freezer || (d.v2 && cgroups.IsCgroup2UnifiedMode())) {
-			continue
+	if parent.frozen {
+		for _, d := range dirsIn(ms, parent.cgroup) {
+			if d.freezer || (d.v2 && cgroups.IsCgroup2UnifiedMode()) {
+				freeze = filepath.Join(d.dir, sealLeaf)
+				break
+			}
 		}
-		freeze = d.dir
-		if parent.frozen {
-			freeze = filepath.Join(d.dir, sealLeaf)
-		} else if d.v2 && isDir(filepath.Join(d.dir, ownLeaf)) {
-			freeze = filepath.Join(d.dir, ownLeaf)
-		}
-		break
 	}
 	runtimeID := sb.id
 	if parent.container != nil {

@@ -25,7 +25,7 @@ func unforkable(initPid int, own []int) []string {
 	var out []string
 	for _, pid := range own {
 		if !tree[pid] {
-			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init, and a memory fork carries only the init's process tree (end it first)", pid, comm(pid)))
+			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init (%d), and a memory fork carries only the init's process tree (end it first)", pid, comm(pid), initPid))
 		}
 	}
 	socks := inetSockets(initPid)

@@ -57,8 +57,9 @@ func useCriuBeside() {
 
 // checkpoint is runc checkpoint: it dumps the container's init and its
 // descendants into --image-path. With --leave-running they run on after
-// the dump; --freeze-cgroup names the cgroup (a directory under
-// /sys/fs/cgroup) CRIU freezes them with, the container's own by default.
+// the dump; --freeze-cgroup names a cgroup (a directory under
+// /sys/fs/cgroup) they were frozen in, which CRIU thaws under ptrace and
+// refreezes after the dump.
 func checkpoint(c *cmdline) error {
 	useCriuBeside()
 	container, err := getContainer(c)
@@ -126,14 +127,10 @@ func checkpoint(c *cmdline) error {
 		return fmt.Errorf("checkpoint: network namespace of the init: %w", err)
 	}
 	opts.External = append(opts.External, fmt.Sprintf("net[%d]:%s", netns.Ino, ExtNetNSKey))
-	freeze := c.str("freeze-cgroup")
-	if freeze == "" {
-		freeze = st.CgroupPaths["freezer"]
-		if cgroups.IsCgroup2UnifiedMode() {
-			freeze = st.CgroupPaths[""]
-		}
-	}
-	if freeze != "" {
+	// Without --freeze-cgroup, CRIU stops the processes with ptrace alone:
+	// its freezer path polls the freezer every 100ms, which a running
+	// tree pays in full; a tree the caller froze already it does not.
+	if freeze := c.str("freeze-cgroup"); freeze != "" {
 		opts.FreezeCgroup = proto.String(freeze)
 	}
 	if err := addDumpMounts(opts, &config, st.InitProcessPid); err != nil {
