@@ -24,8 +24,10 @@ func unforkable(initPid int, own []int) []string {
 	tree := processTree(initPid)
 	var out []string
 	for _, pid := range own {
-		if !tree[pid] {
-			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init (%d), and a memory fork carries only the init's process tree (end it first)", pid, comm(pid), initPid))
+		// One that ended since the listing, or that a process of the
+		// tree forked since it was read, is no stranger.
+		if !tree[pid] && alive(pid) && !descends(pid, tree) {
+			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init, and a memory fork carries only the init's process tree (end it first)", pid, comm(pid)))
 		}
 	}
 	socks := inetSockets(initPid)
@@ -62,6 +64,29 @@ func unforkable(initPid int, own []int) []string {
 		}
 	}
 	return out
+}
+
+// descends says whether pid is a descendant of a process of tree, from
+// the parent pids in /proc.
+func descends(pid int, tree map[int]bool) bool {
+	for i := 0; i < 64 && pid > 1; i++ {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		_, rest, ok := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 2 {
+			return false
+		}
+		if pid, err = strconv.Atoi(f[1]); err != nil {
+			return false
+		}
+		if tree[pid] {
+			return true
+		}
+	}
+	return false
 }
 
 // processTree is pid and its descendants, from each thread's children.
