@@ -5,7 +5,6 @@ package oci
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -53,30 +52,4 @@ func Save(ctx context.Context, client *containerd.Client, src Source, name, path
 		return Image{}, fmt.Errorf("save %s: %w", src, err)
 	}
 	return img, nil
-}
-
-// Load imports an image layout tar Save (or any OCI exporter) wrote and
-// unpacks its images into the named snapshotter, ready to run.
-func Load(ctx context.Context, client *containerd.Client, r io.Reader, snapshotter string) ([]string, error) {
-	ctx, done, err := client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-	if err != nil {
-		return nil, fmt.Errorf("load: take a lease: %w", err)
-	}
-	defer done(context.WithoutCancel(ctx))
-	imgs, err := client.Import(ctx, r, containerd.WithImportPlatform(platforms.Default()), containerd.WithSkipDigestRef(func(string) bool { return true }))
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	var names []string
-	for _, i := range imgs {
-		img := containerd.NewImageWithPlatform(client, i, platforms.Default())
-		if err := img.Unpack(ctx, snapshotter); err != nil {
-			return names, fmt.Errorf("load: unpack %s into snapshotter %s: %w", i.Name, snapshotter, err)
-		}
-		names = append(names, i.Name)
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("load: the archive names no image: %w", errdefs.ErrInvalidArgument)
-	}
-	return names, nil
 }
