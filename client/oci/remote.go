@@ -102,6 +102,10 @@ func (c countingResolver) Pusher(ctx context.Context, ref string) (remotes.Pushe
 func remoteError(ref string, err error) error {
 	var st remoteserrors.ErrUnexpectedStatus
 	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up, not the registry (the HTTP client's
+		// error for it is a *url.Error too).
+		return err
 	case errors.As(err, &st) && (st.StatusCode == http.StatusUnauthorized || st.StatusCode == http.StatusForbidden),
 		errors.Is(err, docker.ErrInvalidAuthorization):
 		return fmt.Errorf("the registry of %s refused the credentials (give --user USER:SECRET, or the registry's credentials in containerd's hosts configuration): %w: %w", ref, err, errdefs.ErrPermissionDenied)
