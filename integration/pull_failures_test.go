@@ -178,7 +178,7 @@ func TestPullFailuresLeaveNodeAsBefore(t *testing.T) {
 				out, code = pull(ref, "f")
 			}
 			if code == 0 {
-				t.Logf("%s: the pull got through making %d requests: %v", fault, n-1, requests)
+				t.Logf("%s: the pull got through; its requests: %v", fault, proxy.Requests())
 				unpull("f")
 				if d := before.diff(stateOf(t, ctxB, envB, ccB)); d != "" {
 					t.Logf("after a pull and the removal of what it made, the node differs from before:\n%s", d)
@@ -221,4 +221,27 @@ func TestPullFailuresLeaveNodeAsBefore(t *testing.T) {
 	if out, err := execIn(ctx, envB, "good", "cat", "/state"); err != nil || out != "one\n" {
 		t.Fatalf("the pulled sandbox, rolled back to first, reads %q (%v)", out, err)
 	}
+}
+
+// manifestDigest is the digest of the manifest reg has under repo:tag
+// ("" if none).
+func manifestDigest(t *testing.T, reg *daemons.Registry, repo, tag string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodHead, "http://"+reg.Host+"/v2/"+repo+"/manifests/"+tag, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", ocispec.MediaTypeImageManifest)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return ""
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD manifest %s:%s: %s", repo, tag, resp.Status)
+	}
+	return resp.Header.Get("Docker-Content-Digest")
 }

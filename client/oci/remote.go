@@ -111,6 +111,8 @@ func remoteError(ref string, err error) error {
 		return fmt.Errorf("the registry of %s refused the credentials (give --user USER:SECRET, or the registry's credentials in containerd's hosts configuration): %w: %w", ref, err, errdefs.ErrPermissionDenied)
 	case errors.As(err, &st) && st.StatusCode == http.StatusNotFound, errdefs.IsNotFound(err):
 		return fmt.Errorf("the registry has no %s: %w: %w", ref, err, errdefs.ErrNotFound)
+	case errors.As(err, &st) && st.StatusCode >= http.StatusInternalServerError:
+		return fmt.Errorf("the registry of %s failed (%s; try again once it works): %w: %w", ref, http.StatusText(st.StatusCode), err, errdefs.ErrUnavailable)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.EPIPE), errors.As(err, new(*url.Error)):
 		// A *url.Error is the HTTP client's: the request never got an

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images/archive"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
@@ -21,17 +19,18 @@ import (
 // needs, as an OCI image layout tar at path, named name: a move without a
 // registry. The file appears whole or not at all (written beside it and
 // renamed into place).
-func Save(ctx context.Context, client *containerd.Client, src Source, name, path string) (Image, error) {
+func Save(ctx context.Context, client *containerd.Client, src Source, name, path string) (_ Image, retErr error) {
 	named, err := reference.ParseNormalizedNamed(name)
 	if err != nil {
 		return Image{}, fmt.Errorf("image name %q: %v: %w", name, err, errdefs.ErrInvalidArgument)
 	}
 	name = reference.TagNameOnly(named).String()
-	ctx, done, err := client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	ctx, end, err := holdLease(ctx, client)
 	if err != nil {
-		return Image{}, fmt.Errorf("save %s: take a lease: %w", src, err)
+		return Image{}, fmt.Errorf("save %s: %w", src, err)
 	}
-	defer done(context.WithoutCancel(ctx))
+	// Nothing records the image: its blobs go when the lease ends.
+	defer func() { end(retErr) }()
 	img, err := Build(ctx, client, src)
 	if err != nil {
 		return Image{}, err

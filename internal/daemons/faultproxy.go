@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 )
 
@@ -62,6 +63,10 @@ type FaultProxy struct {
 	failFrom int      // 1-based number of the first request to fail; 0: none
 	fault    Fault
 	onFail   func()
+	// failMethod and failPath, if set, name the first request to fail
+	// instead of failFrom: the first with that method whose path
+	// contains failPath.
+	failMethod, failPath string
 }
 
 // NewFaultProxy starts a proxy to the registry at upstream (HOST:PORT,
@@ -96,11 +101,22 @@ func (p *FaultProxy) Fail(n int, f Fault, onFail func()) {
 	p.failFrom, p.fault, p.onFail = n, f, onFail
 }
 
+// FailRequest is Fail from the first request with method whose path
+// contains path: a request a test names by what it is rather than by its
+// place (which changes as a registry keeps the blobs of earlier tries).
+func (p *FaultProxy) FailRequest(method, path string, f Fault, onFail func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failFrom, p.fault, p.onFail = 0, f, onFail
+	p.failMethod, p.failPath = method, path
+}
+
 // Reset forgets the requests seen and passes everything again.
 func (p *FaultProxy) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seen, p.failFrom, p.fault, p.onFail = nil, 0, 0, nil
+	p.failMethod, p.failPath = "", ""
 }
 
 // Requests lists "METHOD PATH" of every request since the last Reset.
@@ -122,6 +138,9 @@ func (p *FaultProxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.seen = append(p.seen, r.Method+" "+r.URL.Path)
 	n := len(p.seen)
+	if p.failMethod != "" && p.failFrom == 0 && r.Method == p.failMethod && strings.Contains(r.URL.Path, p.failPath) {
+		p.failFrom = n
+	}
 	fault := Fault(0)
 	var onFail func()
 	if p.failFrom > 0 && n >= p.failFrom {
