@@ -56,4 +56,3 @@ func Push(ctx context.Context, client *containerd.Client, src Source, ref string
 	}
 	return PushResult{Ref: ref, Image: img, Sent: sent}, nil
 }
-
