@@ -146,8 +146,8 @@ func (c *cancelReader) Read(b []byte) (int, error) {
 // points: a layer whose diff id the config gives wrongly (found only by
 // unpacking it), a blob whose bytes are not its digest's, an archive cut
 // off in the middle of a blob, an archive of two images whose second is
-// bad (the first is not kept either), and a load cancelled while reading
-// the archive and once it was read.
+// bad (the first is not kept either), a snapshotter that is not there, and
+// a load cancelled while reading the archive and while unpacking a layer.
 func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 	ctx, env, cc := shimEnv(t)
 	dir := t.TempDir()
@@ -234,6 +234,13 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 		t.Logf("load of %s: %s", c.name, strings.TrimSpace(errOut))
 		assertUnchanged(t, ctx, env, cc, before, "a load of "+c.name)
 	}
+
+	// A snapshotter that is not there: found when unpacking, once the
+	// blobs are in.
+	if out, errOut, code := branchctl(t, ctx, env, "", "load", good, "--snapshotter", "nosuch"); code == 0 || !strings.Contains(errOut, "nosuch") {
+		t.Fatalf("load into snapshotter nosuch: exit %d: %s%s", code, out, errOut)
+	}
+	assertUnchanged(t, ctx, env, cc, before, "a load into a snapshotter that is not there")
 
 	// Cancelled: in the middle of reading the archive, and while a layer
 	// is being unpacked (16 MB: it takes a while).

@@ -187,7 +187,7 @@ func TestPullFailuresLeaveNodeAsBefore(t *testing.T) {
 				before = stateOf(t, ctxB, envB, ccB)
 				break
 			}
-			requests = proxy.Requests()
+			requests = append([]string{"none made"}, proxy.Requests()...)
 			t.Logf("%s at request %d (%s): %s", fault, n, requests[len(requests)-1], lastLines(out, 1))
 			assertUnchanged(t, ctxB, envB, ccB, before, fmt.Sprintf("a pull whose request %d (%s) met fault %s", n, requests[len(requests)-1], fault))
 		}

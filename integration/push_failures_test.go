@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
 
 	"github.com/branchbox/branchbox/client/oci"
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -21,7 +23,9 @@ import (
 // (containerd's and the snapshotter's own Walk, no view of the image
 // left) and the snapshotter's directories; and the registry's tag as it
 // was. Each request of the push in turn: the connection closed without an
-// answer, a 503, the push cancelled while the request waits.
+// answer, a 503, the push cancelled while the request waits; the push
+// cancelled while it makes its layers; the manifest of a tag pushed
+// before refused.
 func TestPushFailuresLeaveNodeAsBefore(t *testing.T) {
 	reg := startRegistry(t, daemons.RegistryConfig{})
 	ctx, env, _ := sandboxCtxEnv(t)
@@ -85,9 +89,9 @@ func TestPushFailuresLeaveNodeAsBefore(t *testing.T) {
 				proxy.Fail(n, fault, nil)
 				out, code = push(ref)
 			}
-			requests := proxy.Requests()
+			requests := append([]string{"none made"}, proxy.Requests()...)
 			if code == 0 {
-				t.Logf("%s: the push got through; its requests: %v", fault, requests)
+				t.Logf("%s: the push got through; its requests: %v", fault, requests[1:])
 				if manifestDigest(t, reg, repo, "v1") == "" {
 					t.Fatalf("%s: the push that worked left no tag", fault)
 				}
@@ -106,6 +110,40 @@ func TestPushFailuresLeaveNodeAsBefore(t *testing.T) {
 			}
 		}
 	}
+
+	// Cancelled while it makes its layers (16 MB more: the change layer
+	// takes a while), before any request: its view of the image and
+	// the blobs it wrote so far go.
+	sh("head -c 16777216 /dev/urandom > /big")
+	collectGarbage(t, ctx, cc)
+	before = stateOf(t, ctx, env, cc)
+	sn := cc.SnapshotService("branch")
+	building := func() bool {
+		found := false
+		_ = sn.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+			found = found || (i.Kind == snapshots.KindView && strings.HasPrefix(i.Name, "branchbox-push-"))
+			return nil
+		})
+		return found
+	}
+	proxy.Reset()
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		for cctx.Err() == nil && !building() {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	_, err = oci.Push(cctx, cc, oci.Source{Sandbox: "sb"}, pushed, oci.Remote{PlainHTTP: true})
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("a push cancelled while it makes its layers: %v", err)
+	}
+	if n := len(proxy.Requests()); n != 0 {
+		t.Fatalf("a push cancelled while it makes its layers made %d requests", n)
+	}
+	t.Logf("push cancelled while it makes its layers: %v", err)
+	assertUnchanged(t, ctx, env, cc, before, "a push cancelled while it makes its layers")
 
 	// The manifest, the last request, refused on the tag pushed before:
 	// its record and its tag stay as they were.
