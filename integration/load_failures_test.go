@@ -8,13 +8,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,7 +263,9 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 		name string
 		at   int64 // bytes read before the cancel; -1: once the big layer is being unpacked
 	}{{"while reading the archive", int64(bytes.Index(data, fresh) + len(fresh)/2)}, {"while unpacking", -1}} {
-		lctx, cancel := context.WithCancel(ctx)
+		lctx, cancelCtx := context.WithCancel(ctx)
+		var cancelled atomic.Bool
+		cancel := func() { cancelled.Store(true); cancelCtx() }
 		stop := make(chan struct{})
 		if c.at < 0 {
 			go func() {
@@ -282,13 +284,15 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 		}
 		_, err := oci.Load(lctx, cc, &cancelReader{r: bytes.NewReader(data), n: c.at, cancel: cancel}, "branch")
 		close(stop)
-		cancel()
 		if err == nil {
 			t.Fatalf("a load cancelled %s succeeded", c.name)
 		}
-		if !errors.Is(err, context.Canceled) && !strings.Contains(err.Error(), "context canceled") {
-			t.Fatalf("a load cancelled %s failed otherwise: %v", c.name, err)
+		// (containerd's client may report the cut stream, an EOF, rather
+		// than the cancel.)
+		if !cancelled.Load() {
+			t.Fatalf("a load to be cancelled %s failed before it was: %v", c.name, err)
 		}
+		cancelCtx()
 		t.Logf("load cancelled %s: %v", c.name, err)
 		assertUnchanged(t, ctx, env, cc, before, "a load cancelled "+c.name)
 	}

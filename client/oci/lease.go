@@ -8,7 +8,9 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
 
@@ -29,14 +31,57 @@ func holdLease(ctx context.Context, client *containerd.Client) (_ context.Contex
 		return nil, nil, fmt.Errorf("take a lease: %w", err)
 	}
 	end = func(opErr error) {
+		// Released whatever became of the operation's own context.
+		ctx := context.WithoutCancel(ctx)
 		var opts []leases.DeleteOpt
 		if opErr != nil {
+			settleIngests(ctx, client, l)
 			opts = append(opts, leases.SynchronousDelete)
 		}
-		// Released whatever became of the operation's own context.
-		if err := lm.Delete(context.WithoutCancel(ctx), l, opts...); err != nil {
+		if err := lm.Delete(ctx, l, opts...); err != nil {
 			log.G(ctx).WithError(err).WithField("lease", l.ID).Warn("release the lease of an image operation (it expires in an hour)")
 		}
 	}
 	return leases.WithLease(ctx, l.ID), end, nil
+}
+
+// settleIngests aborts each write in progress that lease l holds once
+// containerd is done with it. A write that failed (an archive cut short, a
+// transfer broken off) is closed at the client's end before containerd's:
+// its content store still writes the ingest's updatedat file as it closes
+// it, and a collection removing the ingest's directory at that moment
+// leaves the directory behind, holding that file. A writer of the same ref
+// opens only once the other is gone (the store locks a ref while a writer
+// has it); the ingest is aborted while that one holds it, and nothing else
+// writes there.
+func settleIngests(ctx context.Context, client *containerd.Client, l leases.Lease) {
+	rs, err := client.LeasesService().ListResources(ctx, l)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("lease", l.ID).Warn("list the writes of a failed image operation")
+		return
+	}
+	cs := client.ContentStore()
+	for _, r := range rs {
+		if r.Type != "ingests" {
+			continue
+		}
+		abortIngest(ctx, cs, r.ID)
+	}
+}
+
+// abortIngest aborts the write ref once it holds it (see settleIngests).
+func abortIngest(ctx context.Context, cs content.Store, ref string) {
+	// The writer lives with this context: cancelled before the abort,
+	// its end in containerd would write the ingest's files meanwhile.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	w, err := content.OpenWriter(ctx, cs, content.WithRef(ref))
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("ref", ref).Warn("wait for a write of a failed image operation to end")
+		return
+	}
+	defer w.Close()
+	if err := cs.Abort(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("ref", ref).Warn("abort a write of a failed image operation")
+	}
 }
