@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,16 +129,19 @@ func TestPushFailuresLeaveNodeAsBefore(t *testing.T) {
 	}
 	proxy.Reset()
 	cctx, cancel := context.WithCancel(ctx)
+	var cancelled atomic.Bool
 	go func() {
 		for cctx.Err() == nil && !building() {
 			time.Sleep(time.Millisecond)
 		}
+		cancelled.Store(cctx.Err() == nil)
 		cancel()
 	}()
 	_, err = oci.Push(cctx, cc, oci.Source{Sandbox: "sb"}, pushed, oci.Remote{PlainHTTP: true})
 	cancel()
-	if err == nil || !strings.Contains(err.Error(), "context canceled") {
-		t.Fatalf("a push cancelled while it makes its layers: %v", err)
+	// (containerd's client may report a cut stream as EOF, not the cancel.)
+	if err == nil || !cancelled.Load() {
+		t.Fatalf("a push to be cancelled while it makes its layers ended before (%v)", err)
 	}
 	if n := len(proxy.Requests()); n != 0 {
 		t.Fatalf("a push cancelled while it makes its layers made %d requests", n)
