@@ -57,6 +57,13 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 	if sandbox == "" {
 		return PullResult{}, fmt.Errorf("pull %s: name the sandbox to make: %w", ref, errdefs.ErrInvalidArgument)
 	}
+	// A name taken is found before anything is downloaded (and again,
+	// for one taken meanwhile, when the sandbox is made).
+	if _, err := cc.LoadContainer(ctx, sandbox); err == nil {
+		return PullResult{}, fmt.Errorf("pull %s: sandbox %s: a container of that name exists already: %w", ref, sandbox, errdefs.ErrAlreadyExists)
+	} else if !errdefs.IsNotFound(err) {
+		return PullResult{}, fmt.Errorf("pull %s: look up sandbox %s: %w", ref, sandbox, err)
+	}
 	ctx, end, err := holdLease(ctx, cc)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
