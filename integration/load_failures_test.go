@@ -146,7 +146,8 @@ func (c *cancelReader) Read(b []byte) (int, error) {
 // points: a layer whose diff id the config gives wrongly (found only by
 // unpacking it), a blob whose bytes are not its digest's, an archive cut
 // off in the middle of a blob, an archive of two images whose second is
-// bad (the first is not kept either), a snapshotter that is not there, and
+// bad (the first is not kept either), an archive that names no image, a
+// snapshotter that is not there, and
 // a load cancelled while reading the archive and while unpacking a layer.
 func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 	ctx, env, cc := shimEnv(t)
@@ -214,6 +215,7 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 		{"a wrong diff id", layoutFiles(t, badDiffID), false, "diff"},
 		{"a corrupt blob", corrupt, false, "damaged"},
 		{"a truncated archive", layoutFiles(t, testImage{ref: app, layers: [][]byte{busybox, v2, fresh}}), true, ""},
+		{"an archive that names no image", layoutFiles(t, testImage{layers: [][]byte{busybox, fresh}}), false, "names no image"},
 		{"two images, the second bad", layoutFiles(t, testImage{ref: "docker.io/library/other:v1", layers: [][]byte{busybox, fresh}}, badDiffID), false, "diff"},
 	} {
 		path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".tar")

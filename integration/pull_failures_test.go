@@ -10,9 +10,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/branchbox/branchbox/client/oci"
@@ -93,7 +96,8 @@ func retagWithCheckpoints(t *testing.T, reg *daemons.Registry, repo, from, to st
 // and the first checkpoint were made), every request of the pull in turn
 // failing (the registry gone: the connection closed without an answer),
 // every answer in turn arriving damaged, the pull cancelled at every
-// request in turn, and a sandbox name already taken. A failed pull of a
+// request in turn and while it builds the rootfs, and a sandbox name
+// already taken. A failed pull of a
 // tag the node has pulled before leaves that image's record as it was.
 func TestPullFailuresLeaveNodeAsBefore(t *testing.T) {
 	reg := startRegistry(t, daemons.RegistryConfig{})
@@ -192,6 +196,38 @@ func TestPullFailuresLeaveNodeAsBefore(t *testing.T) {
 			assertUnchanged(t, ctxB, envB, ccB, before, fmt.Sprintf("a pull whose request %d (%s) met fault %s", n, requests[len(requests)-1], fault))
 		}
 	}
+
+	// Cancelled while it builds the sandbox's rootfs above the base, layer
+	// by layer, a checkpoint after each checkpoint layer (the change, 16
+	// MB, takes a while to apply).
+	sh("head -c 16777216 /dev/urandom > /big")
+	ctl(envA, "push", "sb", reg.Ref("branchbox/ck:big"), "--plain-http")
+	proxy.Reset()
+	sn := ccB.SnapshotService("branch")
+	building := func() bool {
+		found := false
+		_ = sn.Walk(ctxB, func(_ context.Context, i snapshots.Info) error {
+			found = found || (i.Kind == snapshots.KindActive && strings.HasPrefix(i.Name, "big-"))
+			return nil
+		})
+		return found
+	}
+	cctx, cancel := context.WithCancel(ctxB)
+	var cancelled atomic.Bool
+	go func() {
+		for cctx.Err() == nil && !building() {
+			time.Sleep(time.Millisecond)
+		}
+		cancelled.Store(cctx.Err() == nil)
+		cancel()
+	}()
+	_, err := oci.Pull(cctx, ccB, proxy.Host+"/branchbox/ck:big", "big", oci.Remote{PlainHTTP: true}, "sleep", "1000")
+	cancel()
+	if err == nil || !cancelled.Load() {
+		t.Fatalf("a pull to be cancelled while it builds the rootfs ended before (%v)", err)
+	}
+	t.Logf("pull cancelled while it builds the rootfs: %v", err)
+	assertUnchanged(t, ctxB, envB, ccB, before, "a pull cancelled while it builds the rootfs")
 
 	// A tag the node has pulled: a pull that fails keeps its record.
 	proxy.Reset()
