@@ -14,8 +14,12 @@ REGISTRY_VERSION := v3.0.0
 CRIU_VERSION := 4.1.1
 
 GO ?= go
-BIN := $(CURDIR)/bin
-export BRANCHBOX_BIN := $(BIN)
+# bin/ of this clone, named relative to it in targets (make splits a target
+# at spaces: the clone may be in a path with one) and absolute where a tool
+# needs it so (GOBIN, the tests' BRANCHBOX_BIN), quoted.
+BIN := bin
+ABSBIN := $(CURDIR)/bin
+export BRANCHBOX_BIN := $(ABSBIN)
 
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
 CRI_BINS := $(BIN)/crictl
@@ -33,7 +37,7 @@ deps:
 # containerd, ctr and the runc shim, pinned; rebuilt only when the pin moves.
 $(BIN)/.containerd-$(CONTAINERD_VERSION):
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install \
+	GOBIN="$(ABSBIN)" $(GO) install \
 		github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD_VERSION) \
 		github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD_VERSION) \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD_VERSION)
@@ -44,7 +48,7 @@ $(CONTAINERD_BINS): $(BIN)/.containerd-$(CONTAINERD_VERSION) ;
 
 $(BIN)/.crictl-$(CRICTL_VERSION):
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
+	GOBIN="$(ABSBIN)" $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 	@rm -f $(BIN)/.crictl-*
 	@touch $@
 
@@ -52,7 +56,7 @@ $(CRI_BINS): $(BIN)/.crictl-$(CRICTL_VERSION) ;
 
 $(BIN)/.registry-$(REGISTRY_VERSION):
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install github.com/distribution/distribution/v3/cmd/registry@$(REGISTRY_VERSION)
+	GOBIN="$(ABSBIN)" $(GO) install github.com/distribution/distribution/v3/cmd/registry@$(REGISTRY_VERSION)
 	@rm -f $(BIN)/.registry-*
 	@touch $@
 
@@ -108,7 +112,7 @@ check-version:
 		{ echo "go.mod does not pin containerd $(CONTAINERD_VERSION)"; exit 1; }
 
 $(BIN)/staticcheck:
-	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	GOBIN="$(ABSBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 lint: check-version check-tidy check-proto check-imports $(BIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
@@ -167,7 +171,7 @@ test-cgroupv2: binaries
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da
 $(BIN)/.benchstat-$(BENCHSTAT_VERSION):
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	GOBIN="$(ABSBIN)" $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 	@rm -f $(BIN)/.benchstat-*
 	@touch $@
 

@@ -7,6 +7,7 @@ bin=${BRANCHBOX_BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 leaks=0
 m=$(findmnt -rn -t overlay -o TARGET | grep -v '^/$' || true)
 if [ -n "$m" ]; then echo "leaked overlay mounts:"; echo "$m"; leaks=1; fi
-p=$(ps -eo pid=,args= | awk -v bin="$bin/" 'index($2, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc' || true)
+# (the command line after the pid: bin may hold spaces)
+p=$(ps -eo pid=,args= | awk -v bin="$bin/" '{ a = $0; sub(/^ *[0-9]+ /, "", a) } index(a, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc' || true)
 if [ -n "$p" ]; then echo "leaked daemons:"; echo "$p"; leaks=1; fi
 exit $leaks

@@ -17,13 +17,16 @@ import (
 // rebuilding the binaries (make test has just built them).
 func makeInstall(t *testing.T, vars ...string) {
 	t.Helper()
+	// bin/ named relative to the clone, as the Makefile names it (make
+	// splits a target at a space, and the clone's path may have one).
 	bin := daemons.BinDirFromEnv()
-	args := []string{"-C", filepath.Dir(bin), "BIN=" + bin,
-		"-o", filepath.Join(bin, "containerd-branch-snapshotter"),
-		"-o", filepath.Join(bin, "containerd-shim-branch-v1"),
-		"-o", filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
-		"-o", filepath.Join(bin, "containerd-shim-branch-v1-init"),
-		"-o", filepath.Join(bin, "branchctl"), "install"}
+	rel := filepath.Base(bin)
+	args := []string{"-C", filepath.Dir(bin), "BIN=" + rel,
+		"-o", filepath.Join(rel, "containerd-branch-snapshotter"),
+		"-o", filepath.Join(rel, "containerd-shim-branch-v1"),
+		"-o", filepath.Join(rel, "containerd-shim-branch-v1-runtime"),
+		"-o", filepath.Join(rel, "containerd-shim-branch-v1-init"),
+		"-o", filepath.Join(rel, "branchctl"), "install"}
 	out, err := exec.Command("make", append(args, vars...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("make install %v: %v\n%s", vars, err, out)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 
 	"github.com/branchbox/branchbox/branch"
@@ -235,6 +236,13 @@ func TestRegistryPushFaults(t *testing.T) {
 	// lasts long enough to be cut in the middle, here and under emulation.
 	reg := startRegistry(t, daemons.RegistryConfig{User: "agent", Password: "s3cret", Rate: 1 << 20})
 	ctx, env, _ := sandboxCtxEnv(t)
+	cc, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	collectGarbage(t, ctx, cc)
+	before := stateOf(t, ctx, env, cc)
 	push := func(args ...string) (string, int) {
 		t.Helper()
 		out, errOut, code := branchctl(t, ctx, env, "", append([]string{"push"}, args...)...)
@@ -253,6 +261,7 @@ func TestRegistryPushFaults(t *testing.T) {
 		if reg.Pid() != 0 && reg.HasTag("branchbox/faults", "v1", "agent", "s3cret") {
 			t.Fatalf("after %s the registry has the tag", what)
 		}
+		assertUnchanged(t, ctx, env, cc, before, what)
 	}
 	for _, c := range []struct {
 		args []string
@@ -318,7 +327,9 @@ func TestRegistryPushFaults(t *testing.T) {
 
 	// A pull on node B that the registry dies in the middle of (/big
 	// being fetched) fails clearly and makes no sandbox; the retry does.
-	_, envB, clientB := shimEnv(t)
+	ctxB, envB, clientB := shimEnv(t)
+	collectGarbage(t, ctxB, clientB)
+	beforeB := stateOf(t, ctxB, envB, clientB)
 	pull := func() (string, int) {
 		out, errOut, code := branchctl(t, ctx, envB, "", "pull", ref, "moved", "--plain-http", "--user", "agent:s3cret", "--", "sleep", "1000")
 		return out + errOut, code
@@ -341,6 +352,8 @@ func TestRegistryPushFaults(t *testing.T) {
 	if out, err := envB.Ctr(ctx, "images", "ls", "-q"); err != nil || strings.Contains(out, ref) {
 		t.Fatalf("an interrupted pull left an image record: %q %v", out, err)
 	}
+	// Nor anything else: its partial download went with its lease.
+	assertUnchanged(t, ctxB, envB, clientB, beforeB, "an interrupted pull")
 	if err := reg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -6,13 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/branchbox/branchbox/client/branchapi"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
@@ -42,7 +41,13 @@ type PullResult struct {
 // image's snapshot one layer at a time, with a checkpoint of the given
 // name taken after each checkpoint layer, so that rollback and fork --from
 // work on the new node as on the old. Any other image becomes a sandbox
-// as `ctr run` would make it. A pull that fails removes what it made.
+// as `ctr run` would make it.
+//
+// A pull that fails, at any point, leaves the node as it was: everything
+// is made under a lease, and the image record is written last (an image
+// of that name keeps its target until then); a failure removes the
+// sandbox and rootfs it made, and the lease's end takes the blobs and
+// snapshots nothing else holds.
 func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remote Remote, args ...string) (_ PullResult, retErr error) {
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
@@ -52,18 +57,26 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 	if sandbox == "" {
 		return PullResult{}, fmt.Errorf("pull %s: name the sandbox to make: %w", ref, errdefs.ErrInvalidArgument)
 	}
-	ctx, done, err := cc.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
-	if err != nil {
-		return PullResult{}, fmt.Errorf("pull %s: take a lease: %w", ref, err)
+	// A name taken is found before anything is downloaded (and again,
+	// for one taken meanwhile, when the sandbox is made).
+	if _, err := cc.LoadContainer(ctx, sandbox); err == nil {
+		return PullResult{}, fmt.Errorf("pull %s: sandbox %s: a container of that name exists already: %w", ref, sandbox, errdefs.ErrAlreadyExists)
+	} else if !errdefs.IsNotFound(err) {
+		return PullResult{}, fmt.Errorf("pull %s: look up sandbox %s: %w", ref, sandbox, err)
 	}
-	defer done(context.WithoutCancel(ctx))
-	img, err := cc.Pull(ctx, ref, containerd.WithResolver(remote.resolver(ctx)), containerd.WithPullUnpack,
-		containerd.WithPullSnapshotter(snapshotterName), containerd.WithPlatformMatcher(platforms.Default()))
+	ctx, end, err := holdLease(ctx, cc)
+	if err != nil {
+		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	defer func() { end(retErr) }()
+	platform := platforms.Default()
+	fetched, err := fetchUnpacked(ctx, cc, ref, remote.resolver(ctx), platform)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
 	}
+	img := containerd.NewImageWithPlatform(cc, fetched, platform)
 	cs := cc.ContentStore()
-	md, err := manifestDescriptor(ctx, cs, img.Target(), platforms.Default())
+	md, err := manifestDescriptor(ctx, cs, img.Target(), platform)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
@@ -130,11 +143,26 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 	if len(args) > 0 {
 		spec = append(spec, oci.WithProcessArgs(args...))
 	}
-	if _, err := cc.NewContainer(ctx, sandbox,
+	ctr, err := cc.NewContainer(ctx, sandbox,
 		containerd.WithImage(img), containerd.WithSnapshotter(snapshotterName), containerd.WithSnapshot(key),
-		containerd.WithRuntime(branch.RuntimeName, nil), containerd.WithNewSpec(spec...)); err != nil {
+		containerd.WithRuntime(branch.RuntimeName, nil), containerd.WithNewSpec(spec...))
+	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: make sandbox %s: %w", ref, sandbox, err)
 	}
+	defer func() {
+		if retErr != nil {
+			// Its rootfs goes with the deferred removal above.
+			if err := ctr.Delete(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).WithField("sandbox", sandbox).Warn("remove the sandbox of a failed pull")
+			}
+		}
+	}()
+	// The image record last: a pull that failed before it leaves an image
+	// of that name as it was.
+	if err := recordImages(ctx, cc.ImageService(), []images.Image{fetched}, "target"); err != nil {
+		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	labelSource(ctx, cc, fetched, platform)
 	return res, nil
 }
 

@@ -5,11 +5,9 @@ package oci
 import (
 	"context"
 	"fmt"
-	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 )
@@ -26,19 +24,21 @@ type PushResult struct {
 // already (the base image's layers) is not sent again. The image is also
 // recorded in containerd under ref. A lease holds everything until the
 // image record does, so containerd collects nothing halfway; a push that
-// fails leaves no image record and the tag in the registry as it was (the
-// manifest goes last, once every blob is there).
-func Push(ctx context.Context, client *containerd.Client, src Source, ref string, remote Remote) (PushResult, error) {
+// fails, at any point, leaves the node as it was (no image record, or
+// that of an earlier push as it was; what it made collected when the
+// lease ends) and the tag in the registry as it was (the manifest goes
+// last, once every blob is there).
+func Push(ctx context.Context, client *containerd.Client, src Source, ref string, remote Remote) (_ PushResult, retErr error) {
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
 		return PushResult{}, fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
 	ref = reference.TagNameOnly(named).String()
-	ctx, done, err := client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	ctx, end, err := holdLease(ctx, client)
 	if err != nil {
-		return PushResult{}, fmt.Errorf("push %s: take a lease: %w", src, err)
+		return PushResult{}, fmt.Errorf("push %s: %w", src, err)
 	}
-	defer done(context.WithoutCancel(ctx))
+	defer func() { end(retErr) }()
 	img, err := Build(ctx, client, src)
 	if err != nil {
 		return PushResult{}, err
@@ -48,24 +48,11 @@ func Push(ctx context.Context, client *containerd.Client, src Source, ref string
 	if err := client.Push(ctx, ref, img.Manifest, containerd.WithResolver(resolver)); err != nil {
 		return PushResult{}, fmt.Errorf("push %s to %s: %w", src, ref, remoteError(ref, err))
 	}
-	if err := record(ctx, client.ImageService(), ref, img); err != nil {
-		return PushResult{}, fmt.Errorf("push %s: record image %s: %w", src, ref, err)
-	}
-	return PushResult{Ref: ref, Image: img, Sent: sent}, nil
-}
-
-// record creates or updates the image named ref to point at img.
-func record(ctx context.Context, is images.Store, ref string, img Image) error {
 	rec := images.Image{Name: ref, Target: img.Manifest, Labels: map[string]string{
 		AnnotationSandbox: img.Lineage.Sandbox, AnnotationBranch: img.Lineage.Branch,
 	}}
-	if _, err := is.Create(ctx, rec); err != nil {
-		if !errdefs.IsAlreadyExists(err) {
-			return err
-		}
-		if _, err := is.Update(ctx, rec, "target", "labels"); err != nil {
-			return err
-		}
+	if err := recordImages(ctx, client.ImageService(), []images.Image{rec}, "target", "labels"); err != nil {
+		return PushResult{}, fmt.Errorf("push %s: record image %s: %w", src, ref, err)
 	}
-	return nil
+	return PushResult{Ref: ref, Image: img, Sent: sent}, nil
 }

@@ -102,11 +102,17 @@ func (c countingResolver) Pusher(ctx context.Context, ref string) (remotes.Pushe
 func remoteError(ref string, err error) error {
 	var st remoteserrors.ErrUnexpectedStatus
 	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up, not the registry (the HTTP client's
+		// error for it is a *url.Error too).
+		return err
 	case errors.As(err, &st) && (st.StatusCode == http.StatusUnauthorized || st.StatusCode == http.StatusForbidden),
 		errors.Is(err, docker.ErrInvalidAuthorization):
 		return fmt.Errorf("the registry of %s refused the credentials (give --user USER:SECRET, or the registry's credentials in containerd's hosts configuration): %w: %w", ref, err, errdefs.ErrPermissionDenied)
 	case errors.As(err, &st) && st.StatusCode == http.StatusNotFound, errdefs.IsNotFound(err):
 		return fmt.Errorf("the registry has no %s: %w: %w", ref, err, errdefs.ErrNotFound)
+	case errors.As(err, &st) && st.StatusCode >= http.StatusInternalServerError:
+		return fmt.Errorf("the registry of %s failed (%s; try again once it works): %w: %w", ref, http.StatusText(st.StatusCode), err, errdefs.ErrUnavailable)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.EPIPE), errors.As(err, new(*url.Error)):
 		// A *url.Error is the HTTP client's: the request never got an

@@ -132,6 +132,7 @@ func errKind(err error) string {
 		{errdefs.IsAborted, "aborted"},
 		{errdefs.IsCanceled, "canceled"},
 		{errdefs.IsDeadlineExceeded, "deadline-exceeded"},
+		{errdefs.IsDataLoss, "data-loss"},
 	} {
 		if k.is(err) {
 			return k.name

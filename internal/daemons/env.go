@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -245,13 +246,30 @@ func (e *Env) spawn(name string, extraEnv []string, path string, args ...string)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH")), extraEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
+	// The kernel sends Pdeathsig when the thread that started the daemon
+	// ends, not the process. A goroutine that ends with its thread locked
+	// ends the thread (lockedthread.Go does so after a push's layer
+	// writer changed its mount namespace, in a test's own process): a
+	// daemon started from that thread earlier would be killed with it. So
+	// each is started, and waited for, on a thread locked for as long as
+	// it runs, which ends only after it.
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	err = <-started
+	logf.Close()
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	logf.Close()
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
 	return p, nil
 }
 
