@@ -197,12 +197,14 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 DATADIR ?= $(PREFIX)/share/branchbox
 COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
 
-install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
+install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT) $(CRIU_BINS)
 	install -D -m 0755 $(BIN)/containerd-branch-snapshotter $(DESTDIR)$(BINDIR)/containerd-branch-snapshotter
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1 $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-runtime $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-runtime
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-init $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-init
 	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
+	# CRIU, for memory forks: the runtime looks for it beside itself.
+	install -D -m 0755 $(BIN)/criu $(DESTDIR)$(BINDIR)/criu
 	install -d $(DESTDIR)$(COMPLETIONDIR)
 	$(BIN)/branchctl completion bash > $(DESTDIR)$(COMPLETIONDIR)/branchctl
 	chmod 0644 $(DESTDIR)$(COMPLETIONDIR)/branchctl

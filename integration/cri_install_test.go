@@ -47,6 +47,7 @@ func TestMakeInstall(t *testing.T) {
 		"/usr/local/bin/containerd-shim-branch-v1-runtime":                     filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
 		"/usr/local/bin/containerd-shim-branch-v1-init":                        filepath.Join(bin, "containerd-shim-branch-v1-init"),
 		"/usr/local/bin/branchctl":                                             filepath.Join(bin, "branchctl"),
+		"/usr/local/bin/criu":                                                  filepath.Join(bin, "criu"),
 		"/usr/local/share/bash-completion/completions/branchctl":               "",
 		"/usr/local/lib/systemd/system/containerd-branch-snapshotter.service":  "",
 		"/usr/local/lib/systemd/system/containerd.service.d/10-branchbox.conf": filepath.Join(filepath.Dir(bin), "hack", "systemd", "containerd-branchbox.conf"),

@@ -148,8 +148,9 @@ func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*
 	err = r.Checkpoint(context.WithoutCancel(ctx), runtimeID, opts, runcC.LeaveRunning)
 	img.dump = time.Since(start)
 	if err != nil {
+		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
-		return nil, fmt.Errorf("memory fork of %s: dump its processes: %w%s", sb.id, err, criuErrors(filepath.Join(dir, "dump.log")))
+		return nil, fmt.Errorf("memory fork of %s: dump its processes: %w%s", sb.id, err, why)
 	}
 	if f, err := os.Open(dir); err == nil {
 		if st, err := stats.CriuGetDumpStats(f); err == nil {
@@ -282,11 +283,19 @@ func criuErrors(logPath string) string {
 			errs = append(errs, strings.TrimSpace(l[i:]))
 		}
 	}
-	if len(errs) == 0 {
-		return ""
-	}
 	if len(errs) > 4 {
 		errs = errs[len(errs)-4:]
 	}
-	return " (criu: " + strings.Join(errs, "; ") + ")"
+	// The lines before the end say which step failed, which no Error
+	// line may (a dump failed by a check prints none).
+	var tail []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			tail = append(tail, l)
+		}
+	}
+	if len(tail) > 6 {
+		tail = tail[len(tail)-6:]
+	}
+	return " (criu: " + strings.Join(errs, "; ") + "; log ends: " + strings.Join(tail, " | ") + ")"
 }
