@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -88,9 +90,13 @@ func TestMemoryForkCrash(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
 		}
-		if _, err := task.Delete(ctx); err != nil {
-			t.Logf("delete the task: %v", err)
-		}
+		// The wait ends with the shim's connection; containerd's cleanup
+		// (the shim binary's delete) runs after it: the task is gone, and
+		// no process of this containerd's shims, once it is done.
+		waitUntil(t, "containerd's cleanup of the dead shim", 20*time.Second, func() bool {
+			_, err := task.Status(ctx)
+			return errdefs.IsNotFound(err) && len(env.ShimPids()) == 0
+		})
 		waitUntil(t, "the sandbox's processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
 		if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) > 0 || len(pids) > 0 {
 			t.Fatalf("branch cgroups %v (processes %v) left", dirs, pids)

@@ -643,6 +643,10 @@ func (c *contexts) endAll(ctx context.Context, sb *sandbox) {
 // the dead shim: the branches are found in the bundle.
 func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 	killBranchCgroups(ctx, bundle)
+	// A branch the runtime was still creating or restoring when the shim
+	// died has cgroups but no state the runtime's delete finds: the
+	// branch cgroups, emptied above, are removed last.
+	defer removeBranchCgroups(ctx, bundle)
 	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
 	for _, e := range entries {
 		// Only a branch run by the runtime has its spec in its bundle;
@@ -674,6 +678,44 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 		return
 	}
 	killCgroupsBelow(ctx, cg)
+}
+
+// removeBranchCgroups removes the cgroups below a sandbox's (its branches',
+// their seal and own leaves), deepest first; their processes are gone.
+func removeBranchCgroups(ctx context.Context, bundle string) {
+	spec, err := readSpec(bundle)
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
+		return
+	}
+	ms, err := cgroupMounts()
+	if err != nil {
+		return
+	}
+	// A killed task whose parent died too is reaped by the host's init,
+	// maybe late, and on cgroup v1 keeps its cgroup busy until then:
+	// tried for a while, within containerd's cleanup timeout.
+	var err2 error
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var errs []error
+		for _, d := range dirsIn(ms, cg) {
+			entries, _ := os.ReadDir(d.dir)
+			for _, e := range entries {
+				if e.IsDir() {
+					errs = append(errs, removeDirs(dirsIn(ms, cg+"/"+e.Name())))
+				}
+			}
+		}
+		if err2 = errors.Join(errs...); err2 == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err2 != nil {
+		log.G(ctx).WithError(err2).Warn("remove branch cgroups")
+	}
 }
 
 // killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath (a

@@ -126,7 +126,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 // it is tried for a while, then detached, so that no mount is left.
 func unmountDeadRootfs(ctx context.Context, rootfs string) {
 	var err error
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if err = mount.UnmountRecursive(rootfs, 0); err == nil || !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			break
 		}
