@@ -1,0 +1,174 @@
+//go:build linux
+
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/client"
+)
+
+// Exec is the body of POST .../branches/{branch}/exec.
+type Exec struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	// Stdin is the process's whole standard input; it reads EOF after it.
+	Stdin *string `json:"stdin,omitempty"`
+	// Timeout, in seconds, kills the process (SIGKILL) when it runs
+	// longer; 0: none.
+	Timeout float64 `json:"timeout,omitempty"`
+}
+
+// ExecEvent is one line of an exec's response, a stream of JSON lines
+// (application/x-ndjson): output as it comes, then the exit status, or
+// an error.
+type ExecEvent struct {
+	Stdout *string            `json:"stdout,omitempty"`
+	Stderr *string            `json:"stderr,omitempty"`
+	Exit   *client.ExitStatus `json:"exit,omitempty"`
+	Error  *Error             `json:"error,omitempty"`
+}
+
+// ndjson writes JSON lines to a response, flushing each: the writes come
+// from the two goroutines that copy a process's stdout and stderr. Lines
+// wait until begin sends the status (output may come before the exec
+// call returns), and are dropped after fail.
+type ndjson struct {
+	w     http.ResponseWriter
+	ready chan struct{}
+
+	mu  sync.Mutex
+	ok  bool
+	enc *json.Encoder
+	f   http.Flusher
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	return &ndjson{w: w, ready: make(chan struct{})}
+}
+
+// begin sends the response's status and headers.
+func (n *ndjson) begin() {
+	n.mu.Lock()
+	n.w.Header().Set("Content-Type", "application/x-ndjson")
+	n.w.Header().Set("Cache-Control", "no-store")
+	n.w.WriteHeader(http.StatusOK)
+	n.f, _ = n.w.(http.Flusher)
+	if n.f != nil {
+		n.f.Flush()
+	}
+	n.enc, n.ok = json.NewEncoder(n.w), true
+	n.mu.Unlock()
+	close(n.ready)
+}
+
+// fail drops every line: the response is an error instead.
+func (n *ndjson) fail() { close(n.ready) }
+
+func (n *ndjson) send(v any) error {
+	<-n.ready
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.ok {
+		return nil
+	}
+	if err := n.enc.Encode(v); err != nil {
+		return err
+	}
+	if n.f != nil {
+		n.f.Flush()
+	}
+	return nil
+}
+
+// streamWriter sends what a process writes as ExecEvents of one stream.
+type streamWriter struct {
+	out    *ndjson
+	stderr bool
+}
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	text := string(p)
+	ev := ExecEvent{Stdout: &text}
+	if s.stderr {
+		ev = ExecEvent{Stderr: &text}
+	}
+	// A client that went away stops reading; the process's output is
+	// then dropped rather than blocking it.
+	_ = s.out.send(ev)
+	return len(p), nil
+}
+
+// exec runs a process in a branch and streams its output and exit status.
+// A client that disconnects kills it.
+func (s *Server) exec(w http.ResponseWriter, r request) error {
+	var req Exec
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	if len(req.Args) == 0 {
+		return fmt.Errorf("exec: no command (args): %w", errdefs.ErrInvalidArgument)
+	}
+	release, err := s.limits.acquire(r.client, true)
+	if err != nil {
+		return err
+	}
+	defer release()
+	ctx := r.Context()
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout*float64(time.Second)))
+		defer cancel()
+	}
+	sc, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
+	out := newNDJSON(w)
+	opts := client.ExecOptions{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
+		Stdout: streamWriter{out: out}, Stderr: streamWriter{out: out, stderr: true}}
+	if req.Stdin != nil {
+		opts.Stdin = strings.NewReader(*req.Stdin)
+	}
+	// The response's status is sent once the process exists: an exec
+	// refused is an ordinary JSON error.
+	p, err := sc.Exec(ctx, r.PathValue("branch"), opts)
+	if err != nil {
+		out.fail()
+		return err
+	}
+	out.begin()
+	st, err := p.Wait(ctx)
+	if err != nil && ctx.Err() != nil {
+		// Timed out or the client left: the process goes, then its
+		// status is collected so that its stdio is released.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = p.Kill(kctx, uint32(unix.SIGKILL))
+		st, err = p.Wait(kctx)
+		if err == nil && r.Context().Err() == nil {
+			e := Error{Kind: "deadline-exceeded", Message: fmt.Sprintf("exec %v: killed after its timeout of %gs", req.Args, req.Timeout)}
+			_ = out.send(ExecEvent{Exit: &st})
+			_ = out.send(ExecEvent{Error: &e})
+			return nil
+		}
+	}
+	if err != nil {
+		e := errorOf(err)
+		_ = out.send(ExecEvent{Error: &e})
+		return nil
+	}
+	_ = out.send(ExecEvent{Exit: &st})
+	return nil
+}
