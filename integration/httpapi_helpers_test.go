@@ -94,8 +94,8 @@ func startServe(t *testing.T, env *daemons.Env, tcp bool, flags ...string) *serv
 			if !ok {
 				t.Fatalf("branchctl serve exited: %s", s.out)
 			}
-			if a, ok := strings.CutPrefix(l, "listening on http://"); ok {
-				s.TCP = "http://" + a
+			if a, ok := strings.CutPrefix(l, "listening on http"); ok && strings.HasPrefix(l, "listening on http") {
+				s.TCP = "http" + a
 			}
 			got++
 		case <-deadline:

@@ -135,4 +135,3 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	return ln, nil
 }
-
