@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 )
 
@@ -143,7 +144,12 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	// The response's status is sent once the process exists: an exec
 	// refused is an ordinary JSON error.
-	p, err := sc.Exec(ctx, r.PathValue("branch"), opts)
+	var p process
+	if b := r.PathValue("branch"); b == branch.RootID {
+		p, err = s.execRoot(r, sc.ID, opts)
+	} else {
+		p, err = sc.Exec(ctx, b, opts)
+	}
 	if err != nil {
 		out.fail()
 		return err

@@ -186,6 +186,11 @@ func TestHTTPAPI(t *testing.T) {
 	if r := api.must(ctx, 200, "GET", sb+"/branches/0/files"+q("/answer"), nil); string(r.Body) != "one\n" {
 		t.Fatalf("the sandbox after the commit: %q", r.Body)
 	}
+	// A process in the sandbox itself is an exec of its task.
+	r = api.must(ctx, 200, "POST", sb+"/branches/0/exec", map[string]any{"args": []string{"sh", "-c", "read x; cat /answer; echo $x; exit 5"}, "stdin": "in-root\n"})
+	if stdout, _, exit, _ = execOut(r.Lines); stdout != "one\nin-root\n" || exit == nil || exit["exitCode"] != float64(5) {
+		t.Fatalf("exec in the sandbox: %s", r.Body)
+	}
 	// The sandbox is writable again, and a checkpoint of it can go.
 	api.must(ctx, 200, "PUT", sb+"/branches/0/files"+q("/root-file"), []byte("r\n"))
 	api.must(ctx, 200, "POST", sb+"/checkpoints", map[string]any{"name": "r1"})

@@ -1,0 +1,119 @@
+//go:build linux
+
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+
+	"github.com/branchbox/branchbox/client"
+)
+
+// The shim runs processes in branches; a process in the sandbox itself
+// (context "0") is an exec of its containerd task, as `ctr task exec`
+// makes one. rootProcess gives it the same Wait and Kill as a branch's.
+
+type process interface {
+	Wait(ctx context.Context) (client.ExitStatus, error)
+	Kill(ctx context.Context, sig uint32) error
+}
+
+type rootProcess struct {
+	p    containerd.Process
+	exit <-chan containerd.ExitStatus
+}
+
+// execRoot starts opts in the sandbox's own task.
+func (s *Server) execRoot(r request, sandboxID string, opts client.ExecOptions) (process, error) {
+	ctx := r.ctx()
+	c, err := s.cc.LoadContainer(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return nil, err
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s has no task to exec in: %w", sandboxID, err)
+	}
+	ps := *spec.Process
+	ps.Terminal = false
+	ps.Args = opts.Args
+	ps.Env = append(append([]string{}, ps.Env...), opts.Env...)
+	if opts.Cwd != "" {
+		ps.Cwd = opts.Cwd
+	}
+	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
+	rp := &rootProcess{}
+	started := make(chan struct{})
+	defer close(started)
+	stdin := opts.Stdin
+	if stdin != nil {
+		// The task's stdin FIFO stays open until CloseIO: EOF is sent
+		// once the process exists.
+		stdin = &eofReader{r: stdin, eof: func() {
+			<-started
+			if rp.p != nil {
+				_ = rp.p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
+			}
+		}}
+	}
+	p, err := task.Exec(ctx, id, &ps, cio.NewCreator(cio.WithStreams(stdin, opts.Stdout, opts.Stderr)))
+	if err != nil {
+		return nil, err
+	}
+	// Wait is set up before Start, so that a fast exit is not missed.
+	exit, err := p.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		_, _ = p.Delete(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		_, _ = p.Delete(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	rp.p, rp.exit = p, exit
+	return rp, nil
+}
+
+func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
+	select {
+	case st := <-rp.exit:
+		// Delete waits for the output to drain and releases the exec.
+		_, _ = rp.p.Delete(context.WithoutCancel(ctx))
+		if err := st.Error(); err != nil {
+			return client.ExitStatus{}, err
+		}
+		return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
+	case <-ctx.Done():
+		return client.ExitStatus{}, ctx.Err()
+	}
+}
+
+func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
+	return rp.p.Kill(ctx, syscall.Signal(sig))
+}
+
+type eofReader struct {
+	r    io.Reader
+	eof  func()
+	once sync.Once
+}
+
+func (e *eofReader) Read(b []byte) (int, error) {
+	n, err := e.r.Read(b)
+	if errors.Is(err, io.EOF) {
+		e.once.Do(e.eof)
+	}
+	return n, err
+}
