@@ -41,3 +41,35 @@ func TestPythonSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// nodeModules is where make installs the pinned npm packages the tests
+// use (integration/node/package-lock.json).
+const nodeModules = "node/node_modules"
+
+func requireNodeModules(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(nodeModules, ".package-lock.json")); err != nil {
+		t.Fatalf("the test's npm packages are not installed (make node-deps, which make test runs): %v", err)
+	}
+}
+
+// TestTypeScriptSDK type-checks the TypeScript SDK's declarations with the
+// example and tests that use them (tsc, pinned), then runs its tests, the
+// best-of-N example among them, under the machine's node against real
+// daemons.
+func TestTypeScriptSDK(t *testing.T) {
+	requireNodeModules(t)
+	tsc := exec.Command(filepath.Join(nodeModules, ".bin", "tsc"), "-p", "../sdk/typescript/tsconfig.json")
+	if out, err := tsc.CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, out)
+	}
+	environ := sdkEnv(t)
+	cmd := exec.Command("node", "--test", "--test-reporter=spec", "test/")
+	cmd.Dir = "../sdk/typescript"
+	cmd.Env = environ
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
