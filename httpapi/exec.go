@@ -14,8 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ops"
 )
 
 // Exec is the body of POST .../branches/{branch}/exec.
@@ -144,12 +144,7 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	// The response's status is sent once the process exists: an exec
 	// refused is an ordinary JSON error.
-	var p process
-	if b := r.PathValue("branch"); b == branch.RootID {
-		p, err = s.execRoot(r, sc.ID, opts)
-	} else {
-		p, err = sc.Exec(ctx, b, opts)
-	}
+	p, err := ops.Exec(ctx, s.cc, sc, r.PathValue("branch"), opts)
 	if err != nil {
 		out.fail()
 		return err

@@ -1,6 +1,6 @@
 //go:build linux
 
-package httpapi
+package ops
 
 import (
 	"context"
@@ -13,17 +13,27 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 )
 
-// The shim runs processes in branches; a process in the sandbox itself
-// (context "0") is an exec of its containerd task, as `ctr task exec`
-// makes one. rootProcess gives it the same Wait and Kill as a branch's.
-
-type process interface {
+// Process is a process started in a context.
+type Process interface {
+	// Wait waits for it to exit and its output to drain.
 	Wait(ctx context.Context) (client.ExitStatus, error)
 	Kill(ctx context.Context, sig uint32) error
+}
+
+// Exec starts a process in a context of the sandbox. The shim runs
+// processes in branches; one in the sandbox itself (context "0") is an
+// exec of its containerd task, as `ctr task exec` makes one.
+func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, contextID string, opts client.ExecOptions) (Process, error) {
+	if contextID == branch.RootID || contextID == "" {
+		return execRoot(ctx, cc, sc, opts)
+	}
+	return sc.Exec(ctx, contextID, opts)
 }
 
 type rootProcess struct {
@@ -32,9 +42,10 @@ type rootProcess struct {
 }
 
 // execRoot starts opts in the sandbox's own task.
-func (s *Server) execRoot(r request, sandboxID string, opts client.ExecOptions) (process, error) {
-	ctx := r.ctx()
-	c, err := s.cc.LoadContainer(ctx, sandboxID)
+func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, opts client.ExecOptions) (Process, error) {
+	ctx = namespaces.WithNamespace(ctx, sc.Namespace)
+	sandboxID := sc.ID
+	c, err := cc.LoadContainer(ctx, sandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +69,12 @@ func (s *Server) execRoot(r request, sandboxID string, opts client.ExecOptions) 
 	started := make(chan struct{})
 	defer close(started)
 	stdin := opts.Stdin
+	if opts.Stdout == nil {
+		opts.Stdout = io.Discard
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
 	if stdin != nil {
 		// The task's stdin FIFO stays open until CloseIO: EOF is sent
 		// once the process exists.
