@@ -17,7 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// tokens is the bearer token file: one token a line, followed by the
+// Tokens is the bearer token file: one token a line, followed by the
 // namespaces it may reach (separated by spaces or commas; * for every
 // one). Blank lines and lines starting with # are skipped:
 //
@@ -28,7 +28,7 @@ import (
 // The file is read again whenever it changes (its inode, size or
 // modification time), checked on each request: rotating a token is
 // writing the file anew, with no restart and no signal.
-type tokens struct {
+type Tokens struct {
 	path string
 
 	mu    sync.Mutex
@@ -44,8 +44,9 @@ type fileStamp struct {
 	mtime     time.Time
 }
 
-func newTokens(path string) (*tokens, error) {
-	t := &tokens{path: path}
+// NewTokens reads the token file at path.
+func NewTokens(path string) (*Tokens, error) {
+	t := &Tokens{path: path}
 	if _, err := t.current(); err != nil {
 		return nil, err
 	}
@@ -56,7 +57,7 @@ func newTokens(path string) (*tokens, error) {
 // becomes unreadable or malformed keeps no token valid (and the error
 // says why) rather than the old tokens: a rotation that went wrong must
 // not leave a revoked token working.
-func (t *tokens) current() (map[[32]byte][]string, error) {
+func (t *Tokens) current() (map[[32]byte][]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fi, err := os.Stat(t.path)
@@ -100,8 +101,9 @@ func readTokens(path string) (map[[32]byte][]string, error) {
 	return out, nil
 }
 
-// namespaces returns what token may reach, or an Unauthenticated error.
-func (t *tokens) namespaces(token string) ([]string, error) {
+// Namespaces returns what token may reach (* for any), or an
+// Unauthenticated error.
+func (t *Tokens) Namespaces(token string) ([]string, error) {
 	table, err := t.current()
 	if err != nil {
 		return nil, fmt.Errorf("no token is valid now (%v): %w", err, errdefs.ErrUnauthenticated)
@@ -113,8 +115,8 @@ func (t *tokens) namespaces(token string) ([]string, error) {
 	return ns, nil
 }
 
-// allowed reports whether a list of namespaces (nil: no restriction)
+// Allowed reports whether a list of namespaces (nil: no restriction)
 // holds ns.
-func allowed(list []string, ns string) bool {
+func Allowed(list []string, ns string) bool {
 	return list == nil || slices.Contains(list, "*") || slices.Contains(list, ns)
 }

@@ -60,7 +60,7 @@ const (
 type Server struct {
 	cfg    Config
 	cc     *containerd.Client
-	tokens *tokens
+	tokens *Tokens
 	limits *limits
 	mux    *http.ServeMux
 }
@@ -81,7 +81,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, limits: newLimits(cfg.MaxExecs, cfg.MaxStreams), mux: http.NewServeMux()}
 	if cfg.TokenFile != "" {
-		t, err := newTokens(cfg.TokenFile)
+		t, err := NewTokens(cfg.TokenFile)
 		if err != nil {
 			return nil, err
 		}
@@ -200,7 +200,7 @@ func (s *Server) authorize(r *http.Request, ns string) (request, error) {
 	if err := identifiers.Validate(ns); err != nil {
 		return rq, fmt.Errorf("namespace %q: %v: %w", ns, err, errdefs.ErrInvalidArgument)
 	}
-	token, hasToken := bearer(r)
+	token, hasToken := Bearer(r)
 	if ci.tcp && !hasToken {
 		return rq, fmt.Errorf("a request over TCP needs a bearer token: %w", errdefs.ErrUnauthenticated)
 	}
@@ -209,11 +209,11 @@ func (s *Server) authorize(r *http.Request, ns string) (request, error) {
 		if s.tokens == nil {
 			return rq, fmt.Errorf("a bearer token was sent, but this server has no token file: %w", errdefs.ErrUnauthenticated)
 		}
-		list, err := s.tokens.namespaces(token)
+		list, err := s.tokens.Namespaces(token)
 		if err != nil {
 			return rq, err
 		}
-		if !allowed(reach, ns) {
+		if !Allowed(reach, ns) {
 			list = nil
 		}
 		reach = list
@@ -223,13 +223,15 @@ func (s *Server) authorize(r *http.Request, ns string) (request, error) {
 		sum := sha256.Sum256([]byte(token))
 		rq.client = "token:" + hex.EncodeToString(sum[:8])
 	}
-	if !allowed(reach, ns) {
+	if !Allowed(reach, ns) {
 		return rq, fmt.Errorf("namespace %q is not one this client may reach: %w", ns, errdefs.ErrPermissionDenied)
 	}
 	return rq, nil
 }
 
-func bearer(r *http.Request) (string, bool) {
+// Bearer returns the request's bearer token, and whether it sent an
+// Authorization header at all.
+func Bearer(r *http.Request) (string, bool) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		return "", false

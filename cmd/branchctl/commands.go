@@ -140,6 +140,7 @@ it); checkpoints built on it keep its layer while they need it.`,
 			Flags:     patternFlags(append(searchFlags(), &cli.IntFlag{Name: "budget", Usage: "expansions, the start included (default: --depth)"})...),
 		},
 		serveCommand(inv),
+		mcpCommand(inv),
 		completionCommand(),
 	}
 	return cmds
