@@ -36,11 +36,11 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 	if req.Parent == branch.RootID {
 		req.Parent = ""
 	}
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	kids, err := sc.Fork(r.Context(), client.ForkOptions{
 		Parent: req.Parent, Count: req.Count, From: req.From, Seal: req.Seal, Net: req.Net,
 		Memory: req.Memory, CPUs: req.CPUs, Pids: req.Pids, Args: req.Args,
@@ -53,11 +53,11 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 }
 
 func (s *Server) tree(w http.ResponseWriter, r request) error {
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	nodes, err := sc.Tree(r.Context())
 	if err != nil {
 		return err
@@ -81,11 +81,11 @@ type commitDoc struct {
 }
 
 func (s *Server) commit(w http.ResponseWriter, r request) error {
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	res, err := sc.Commit(r.Context(), r.PathValue("branch"))
 	if err != nil {
 		return err
@@ -104,11 +104,11 @@ type abortDoc struct {
 }
 
 func (s *Server) abort(w http.ResponseWriter, r request) error {
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	ids, err := sc.Abort(r.Context(), r.PathValue("branch"))
 	if err != nil {
 		return err

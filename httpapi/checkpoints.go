@@ -36,11 +36,11 @@ func (s *Server) checkpoint(w http.ResponseWriter, r request) error {
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	ck, err := sc.Checkpoint(r.Context(), rootOr(req.Branch), req.Name)
 	if err != nil {
 		return err
@@ -50,11 +50,11 @@ func (s *Server) checkpoint(w http.ResponseWriter, r request) error {
 }
 
 func (s *Server) listCheckpoints(w http.ResponseWriter, r request) error {
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	list, err := sc.Checkpoints(r.Context())
 	if err != nil {
 		return err
@@ -67,11 +67,11 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r request) error {
 }
 
 func (s *Server) deleteCheckpoint(w http.ResponseWriter, r request) error {
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	name := r.PathValue("name")
 	if err := sc.DeleteCheckpoint(r.Context(), name); err != nil {
 		return err
@@ -93,11 +93,11 @@ func (s *Server) rollback(w http.ResponseWriter, r request) error {
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	start := time.Now()
 	if err := sc.Rollback(r.Context(), rootOr(req.Branch), req.Name); err != nil {
 		return err

@@ -131,11 +131,11 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout*float64(time.Second)))
 		defer cancel()
 	}
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
 	}
-	defer sc.Close()
+	defer done()
 	out := newNDJSON(w)
 	opts := client.ExecOptions{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
 		Stdout: streamWriter{out: out}, Stderr: streamWriter{out: out, stderr: true}}

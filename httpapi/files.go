@@ -24,11 +24,11 @@ func (s *Server) root(r request) (*os.File, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	sc, err := s.dial(r)
+	sc, done, err := s.dial(r)
 	if err != nil {
 		return nil, "", err
 	}
-	defer sc.Close()
+	defer done()
 	root, err := ops.Root(r.Context(), s.cc, sc, r.PathValue("branch"))
 	return root, p, err
 }

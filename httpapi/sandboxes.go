@@ -164,6 +164,7 @@ func (s *Server) removeSandbox(w http.ResponseWriter, r request) error {
 	if err != nil {
 		return err
 	}
+	s.sandboxes.forget(r.ns, id)
 	if err := s.deleteContainer(ctx, c); err != nil {
 		return fmt.Errorf("remove sandbox %q: %w", id, err)
 	}

@@ -63,6 +63,8 @@ type Server struct {
 	tokens *Tokens
 	limits *limits
 	mux    *http.ServeMux
+	// sandboxes keeps connections to shims between requests.
+	sandboxes *sandboxCache
 }
 
 // New connects to containerd and makes the server's routes.
@@ -79,7 +81,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
 	}
-	s := &Server{cfg: cfg, limits: newLimits(cfg.MaxExecs, cfg.MaxStreams), mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, limits: newLimits(cfg.MaxExecs, cfg.MaxStreams), mux: http.NewServeMux(), sandboxes: newSandboxCache(cfg.Address)}
 	if cfg.TokenFile != "" {
 		t, err := NewTokens(cfg.TokenFile)
 		if err != nil {
@@ -96,8 +98,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close closes the connection to containerd.
-func (s *Server) Close() error { return s.cc.Close() }
+// Close closes the connections to containerd and the shims.
+func (s *Server) Close() error {
+	s.sandboxes.close()
+	return s.cc.Close()
+}
 
 // connInfo is what the server knows of a connection: the listener it came
 // through, and on a unix socket the peer's uid.
@@ -262,9 +267,10 @@ func (s *Server) decode(w http.ResponseWriter, r request, v any) error {
 	return nil
 }
 
-// dial resolves the sandbox the path names and connects to its shim.
-func (s *Server) dial(r request) (*client.SandboxClient, error) {
-	return client.NewSandboxClient(r.Context(), s.cfg.Address, r.ns, r.PathValue("sandbox"))
+// dial returns a client of the sandbox the path names, and what to call
+// when done with it.
+func (s *Server) dial(r request) (*client.SandboxClient, func(), error) {
+	return s.sandboxes.get(r.Context(), r.ns, r.PathValue("sandbox"))
 }
 
 func (s *Server) routes() {

@@ -40,7 +40,7 @@ type served struct {
 // startServe runs bin/branchctl serve against env with extra flags, waits
 // for it to say where it listens, and stops it (SIGTERM, then SIGKILL) when
 // the test ends; its socket must be gone by then.
-func startServe(t *testing.T, env *daemons.Env, tcp bool, flags ...string) *served {
+func startServe(t testing.TB, env *daemons.Env, tcp bool, flags ...string) *served {
 	t.Helper()
 	dir := t.TempDir()
 	s := &served{Socket: filepath.Join(dir, "api.sock"), out: &bytes.Buffer{}}

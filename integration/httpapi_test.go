@@ -268,6 +268,22 @@ func TestHTTPAPI(t *testing.T) {
 		t.Fatalf("fork -n 100000: the server says %d %q, branchctl --json %s", r.Status, r.Kind, out)
 	}
 
+	// A sandbox removed behind the server's back and made anew under the
+	// same name is the new one (the server keeps connections to shims).
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
+	if _, err := env.Ctr(ctx, "task", "rm", "-f", "sb"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Ctr(ctx, "container", "rm", "sb"); err != nil {
+		t.Fatal(err)
+	}
+	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
+	api.fails(ctx, 404, "not-found", "GET", sb+"/branches/0/files"+q("/answer"), nil)
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
+	if r := api.must(ctx, 200, "GET", sb+"/tree", nil); strings.Count(string(r.Body), `"id":`) != 2 {
+		t.Fatalf("the new sandbox's tree: %s", r.Body)
+	}
+
 	api.must(ctx, 200, "DELETE", sb, nil)
 	api.fails(ctx, 404, "not-found", "DELETE", sb, nil)
 	if r := api.must(ctx, 200, "GET", ns+"/sandboxes", nil); !strings.Contains(string(r.Body), `"sandboxes":[]`) {
