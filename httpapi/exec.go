@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -93,13 +94,45 @@ func (n *ndjson) send(v any) error {
 }
 
 // streamWriter sends what a process writes as ExecEvents of one stream.
+// Each stream is copied by one goroutine; a character split between two
+// writes is held back until its end comes, so that every line is valid
+// UTF-8 (JSON would replace the halves).
 type streamWriter struct {
-	out    *ndjson
-	stderr bool
+	out     *ndjson
+	stderr  bool
+	pending []byte
 }
 
-func (s streamWriter) Write(p []byte) (int, error) {
-	text := string(p)
+func (s *streamWriter) Write(p []byte) (int, error) {
+	data := append(s.pending, p...)
+	cut := len(data)
+	// A rune is at most 4 bytes: look for an incomplete one at the end.
+	for i := len(data) - 1; i >= 0 && i >= len(data)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(data[i]) {
+			if !utf8.FullRune(data[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	s.pending = append([]byte(nil), data[cut:]...)
+	s.send(data[:cut])
+	return len(p), nil
+}
+
+// flush sends what is held back: the process ended mid-character.
+func (s *streamWriter) flush() {
+	s.send(s.pending)
+	s.pending = nil
+}
+
+func (s *streamWriter) send(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	// A process that writes bytes that are not UTF-8 gets one
+	// replacement character per run of them.
+	text := strings.ToValidUTF8(string(b), "\uFFFD")
 	ev := ExecEvent{Stdout: &text}
 	if s.stderr {
 		ev = ExecEvent{Stderr: &text}
@@ -107,7 +140,6 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	// A client that went away stops reading; the process's output is
 	// then dropped rather than blocking it.
 	_ = s.out.send(ev)
-	return len(p), nil
 }
 
 // exec runs a process in a branch and streams its output and exit status.
@@ -137,8 +169,8 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	defer done()
 	out := newNDJSON(w)
-	opts := client.ExecOptions{Args: req.Args, Env: req.Env, Cwd: req.Cwd,
-		Stdout: streamWriter{out: out}, Stderr: streamWriter{out: out, stderr: true}}
+	stdout, stderr := &streamWriter{out: out}, &streamWriter{out: out, stderr: true}
+	opts := client.ExecOptions{Args: req.Args, Env: req.Env, Cwd: req.Cwd, Stdout: stdout, Stderr: stderr}
 	if req.Stdin != nil {
 		opts.Stdin = strings.NewReader(*req.Stdin)
 	}
@@ -151,6 +183,16 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	out.begin()
 	st, err := p.Wait(ctx)
+	// Wait returns once the output is drained: what a stream holds back
+	// goes before the last line.
+	end := func(evs ...ExecEvent) error {
+		stdout.flush()
+		stderr.flush()
+		for _, ev := range evs {
+			_ = out.send(ev)
+		}
+		return nil
+	}
 	if err != nil && ctx.Err() != nil {
 		// Timed out or the client left: the process goes, then its
 		// status is collected so that its stdio is released.
@@ -160,16 +202,12 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		st, err = p.Wait(kctx)
 		if err == nil && r.Context().Err() == nil {
 			e := Error{Kind: "deadline-exceeded", Message: fmt.Sprintf("exec %v: killed after its timeout of %gs", req.Args, req.Timeout)}
-			_ = out.send(ExecEvent{Exit: &st})
-			_ = out.send(ExecEvent{Error: &e})
-			return nil
+			return end(ExecEvent{Exit: &st}, ExecEvent{Error: &e})
 		}
 	}
 	if err != nil {
 		e := errorOf(err)
-		_ = out.send(ExecEvent{Error: &e})
-		return nil
+		return end(ExecEvent{Error: &e})
 	}
-	_ = out.send(ExecEvent{Exit: &st})
-	return nil
+	return end(ExecEvent{Exit: &st})
 }

@@ -131,8 +131,11 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, tcp bool) error {
 	hs := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Idle keep-alive connections go after a while (the SDKs dial
+		// again); streams are not idle.
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
+		BaseContext:    func(net.Listener) context.Context { return ctx },
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			ci := connInfo{tcp: tcp, uid: -1}
 			if uc, ok := c.(*net.UnixConn); ok {

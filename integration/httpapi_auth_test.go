@@ -55,6 +55,7 @@ func TestHTTPAPIAuthAndBounds(t *testing.T) {
 	writeTokens(tokA + " " + env.Namespace + "\n" + tokB + " other\n")
 	srv := startServe(t, env, true, "--token-file", tokens, "--max-body", "65536", "--max-execs", "2", "--max-streams", "1")
 	local := newUnixAPI(t, srv)
+	removeSandboxesAtEnd(t, srv, env.Namespace)
 	a := newTCPAPI(t, srv, tokA)
 	b := newTCPAPI(t, srv, tokB)
 	anon := newTCPAPI(t, srv, "")

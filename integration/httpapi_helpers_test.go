@@ -163,6 +163,34 @@ func newTCPAPI(t *testing.T, s *served, token string) *apiClient {
 	return &apiClient{t: t, base: s.TCP, hc: &http.Client{}, token: token, spec: spec, router: r, seen: map[string]bool{}}
 }
 
+// removeSandboxesAtEnd removes, when the test ends (failed or not), every
+// sandbox of the namespace the server sees, before the daemons stop.
+func removeSandboxesAtEnd(t *testing.T, s *served, ns string) {
+	t.Cleanup(func() {
+		hc := unixHTTP(s.Socket)
+		resp, err := hc.Get("http://branchbox/v1/namespaces/" + ns + "/sandboxes")
+		if err != nil {
+			t.Errorf("list sandboxes to remove: %v", err)
+			return
+		}
+		var list struct{ Sandboxes []struct{ ID string } }
+		err = json.NewDecoder(resp.Body).Decode(&list)
+		resp.Body.Close()
+		if err != nil {
+			t.Errorf("list sandboxes to remove: %v", err)
+			return
+		}
+		for _, sb := range list.Sandboxes {
+			req, _ := http.NewRequest("DELETE", "http://branchbox/v1/namespaces/"+ns+"/sandboxes/"+sb.ID, nil)
+			if resp, err := hc.Do(req); err != nil {
+				t.Errorf("remove sandbox %s: %v", sb.ID, err)
+			} else {
+				resp.Body.Close()
+			}
+		}
+	})
+}
+
 // apiResult is a response: its status, its body, and for an error its
 // kind.
 type apiResult struct {

@@ -22,6 +22,7 @@ func TestHTTPAPIInSandboxSocket(t *testing.T) {
 	importInsockImage(t, ctx, env)
 	srv := startServe(t, env, false)
 	api := newUnixAPI(t, srv)
+	removeSandboxesAtEnd(t, srv, env.Namespace)
 	ns := "/v1/namespaces/" + env.Namespace
 	sb := ns + "/sandboxes/sb"
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": insockImage, "socket": true, "args": []string{"sleep", "100000"}})

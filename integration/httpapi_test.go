@@ -48,6 +48,7 @@ func TestHTTPAPI(t *testing.T) {
 	api := newUnixAPI(t, srv)
 	tcp := newTCPAPI(t, srv, tok)
 	ns := "/v1/namespaces/" + env.Namespace
+	removeSandboxesAtEnd(t, srv, env.Namespace)
 
 	// The contract is served as it is in the repository.
 	doc := api.must(ctx, 200, "GET", "/v1/openapi.json", nil)
@@ -145,6 +146,11 @@ func TestHTTPAPI(t *testing.T) {
 	stdout, stderr, exit, kind := execOut(r.Lines)
 	if stdout != "one\ngot hello\n" || stderr != "oops\n" || exit == nil || exit["exitCode"] != float64(3) || kind != "" {
 		t.Fatalf("exec: stdout %q stderr %q exit %v error %q", stdout, stderr, exit, kind)
+	}
+	// A character split between two writes arrives whole.
+	r = api.must(ctx, 200, "POST", br1+"/exec", map[string]any{"args": []string{"sh", "-c", `printf '\303'; sleep 0.2; printf '\251\n'; printf '\342\202' >&2`}})
+	if stdout, stderr, _, _ = execOut(r.Lines); stdout != "é\n" || stderr != "\uFFFD" {
+		t.Fatalf("split characters: stdout %q stderr %q", stdout, stderr)
 	}
 	// A timeout kills it, and the stream says so.
 	start := time.Now()

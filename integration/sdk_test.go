@@ -23,6 +23,8 @@ func sdkEnv(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	srv := startServe(t, env, true, "--token-file", tokens)
+	// What an SDK's test left behind, if it failed halfway.
+	removeSandboxesAtEnd(t, srv, env.Namespace)
 	return append(os.Environ(), "BRANCHBOX_SOCKET="+srv.Socket, "BRANCHBOX_URL="+srv.TCP, "BRANCHBOX_TOKEN="+tok,
 		"BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_IMAGE="+ociimage.ImageRef)
 }
