@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -285,7 +286,7 @@ func (s *Server) routes() {
 	const ns = "/v1/namespaces/{ns}"
 	const sb = ns + "/sandboxes/{sandbox}"
 	const br = sb + "/branches/{branch}"
-	for pattern, h := range map[string]handler{
+	routes := map[string]handler{
 		"GET " + ns + "/sandboxes":             s.listSandboxes,
 		"POST " + ns + "/sandboxes":            s.createSandbox,
 		"DELETE " + sb:                         s.removeSandbox,
@@ -304,8 +305,24 @@ func (s *Server) routes() {
 		"POST " + sb + "/push":                 s.push,
 		"POST " + ns + "/pull":                 s.pull,
 		"GET " + ns + "/events":                s.events,
-	} {
+	}
+	methods := map[string][]string{}
+	for pattern, h := range routes {
 		m.HandleFunc(pattern, s.scoped(h))
+		method, path, _ := strings.Cut(pattern, " ")
+		methods[path] = append(methods[path], method)
+	}
+	// A path with a method it does not take is answered in JSON too
+	// (ServeMux's own 405 is text).
+	for path, ms := range methods {
+		sort.Strings(ms)
+		allow := strings.Join(ms, ", ")
+		m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeJSON(w, http.StatusMethodNotAllowed, errorDoc{Error: Error{Kind: "not-found",
+				Message: fmt.Sprintf("%s %s: this path takes %s", r.Method, r.URL.Path, allow),
+				Hint:    "the routes are in GET /v1/openapi.json"}})
+		})
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s (the routes are in GET /v1/openapi.json): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))

@@ -58,6 +58,24 @@ func TestHTTPAPI(t *testing.T) {
 	if r := api.must(ctx, 200, "GET", ns+"/sandboxes", nil); !strings.Contains(string(r.Body), `"sandboxes":[]`) {
 		t.Fatalf("a fresh namespace lists sandboxes: %s", r.Body)
 	}
+	// Off the contract (a method a path does not take, a path that is
+	// not one), the answer is a JSON error all the same.
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{{"GET", ns + "/sandboxes/sb/fork", 405}, {"POST", "/v1/nosuch", 404}} {
+		req, _ := http.NewRequestWithContext(ctx, c.method, "http://branchbox"+c.path, nil)
+		resp, err := api.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ Error struct{ Kind, Message string } }
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != c.status || e.Error.Kind != "not-found" {
+			t.Fatalf("%s %s: %d %+v %v", c.method, c.path, resp.StatusCode, e, err)
+		}
+	}
 	api.fails(ctx, 404, "not-found", "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": "docker.io/library/nosuch:1"})
 	api.bad(ctx, 400, "invalid-argument", "POST", ns+"/sandboxes/sb/fork", map[string]any{"count": 1, "bogus": true})
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
