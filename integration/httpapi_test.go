@@ -69,7 +69,9 @@ func TestHTTPAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var e struct{ Error struct{ Kind, Message string } }
+		var e struct {
+			Error struct{ Kind, Message string }
+		}
 		err = json.NewDecoder(resp.Body).Decode(&e)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != c.status || e.Error.Kind != "not-found" {
