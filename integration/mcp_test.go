@@ -60,6 +60,9 @@ func TestMCPServer(t *testing.T) {
 	ctrSandbox(t, ctx, env, "mcp-stdio")
 	session("stdio", "BRANCHBOX_CTL="+ctl, "BRANCHBOX_ADDRESS="+env.Address, "BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_SANDBOX=mcp-stdio")
 
+	// Scoped to the namespace, the tools name their sandbox.
+	session("ns", "BRANCHBOX_CTL="+ctl, "BRANCHBOX_ADDRESS="+env.Address, "BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_SANDBOX=mcp-stdio")
+
 	ctrSandbox(t, ctx, env, "mcp-http")
 	const tok = "mcp-test-token-0123456789abcdef"
 	tokens := filepath.Join(t.TempDir(), "tokens")

@@ -22,11 +22,18 @@ if (mode === 'stdio') {
     args: ['mcp', '--address', env.BRANCHBOX_ADDRESS, '--namespace', env.BRANCHBOX_NAMESPACE, '--sandbox', env.BRANCHBOX_SANDBOX],
     stderr: 'inherit',
   });
+} else if (mode === 'ns') {
+  // Scoped to the namespace only: tools take a sandbox argument.
+  transport = new StdioClientTransport({
+    command: env.BRANCHBOX_CTL,
+    args: ['mcp', '--address', env.BRANCHBOX_ADDRESS, '--namespace', env.BRANCHBOX_NAMESPACE],
+    stderr: 'inherit',
+  });
 } else if (mode === 'http') {
   const headers = env.MCP_TOKEN ? { Authorization: `Bearer ${env.MCP_TOKEN}` } : {};
   transport = new StreamableHTTPClientTransport(new URL(env.MCP_URL), { requestInit: { headers } });
 } else {
-  throw new Error(`usage: node mcp-session.mjs stdio|http`);
+  throw new Error(`usage: node mcp-session.mjs stdio|ns|http`);
 }
 
 const client = new Client({ name: 'branchbox-integration', version: '1.0.0' });
@@ -52,6 +59,21 @@ async function fails(name, args, kind, next) {
   if (next) assert.match(text, next, text);
   log(name, JSON.stringify(args), '-> error:', text.replace(/\n/g, ' | '));
   return text;
+}
+
+if (mode === 'ns') {
+  const { tools } = await client.listTools();
+  assert.ok(tools.some((t) => t.name === 'list_sandboxes'));
+  const { sandboxes } = await call('list_sandboxes', {});
+  assert.ok(sandboxes.some((s) => s.id === env.BRANCHBOX_SANDBOX), JSON.stringify(sandboxes));
+  await fails('tree', {}, 'invalid-argument', /list_sandboxes/);
+  await fails('tree', { sandbox: 'nosuch' }, 'not-found', /list_sandboxes/);
+  const { branches } = await call('fork', { sandbox: env.BRANCHBOX_SANDBOX, count: 1 });
+  assert.equal((await call('exec', { sandbox: env.BRANCHBOX_SANDBOX, branch: branches[0].id, command: 'echo hi' })).stdout, 'hi\n');
+  await call('abort', { sandbox: env.BRANCHBOX_SANDBOX, branch: branches[0].id });
+  await client.close();
+  log('session ok');
+  process.exit(0);
 }
 
 // The tools, each with an object input schema that names its required
