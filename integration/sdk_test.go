@@ -11,8 +11,9 @@ import (
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
-// sdkEnv starts daemons and `branchctl serve` (unix socket and TCP with a
-// token) for an SDK's own tests, and returns the environment they read.
+// sdkEnv starts daemons and `branchctl serve` (unix socket, and TCP with
+// TLS and a token) for an SDK's own tests, and returns the environment
+// they read.
 func sdkEnv(t *testing.T) []string {
 	t.Helper()
 	ctx, env := startEnv(t)
@@ -22,10 +23,12 @@ func sdkEnv(t *testing.T) []string {
 	if err := os.WriteFile(tokens, []byte(tok+" "+env.Namespace+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startServe(t, env, true, "--token-file", tokens)
+	// TCP with TLS, as a remote client would reach it.
+	cert, key, _ := selfSigned(t, t.TempDir())
+	srv := startServe(t, env, true, "--token-file", tokens, "--tls-cert", cert, "--tls-key", key)
 	// What an SDK's test left behind, if it failed halfway.
 	removeSandboxesAtEnd(t, srv, env.Namespace)
-	return append(os.Environ(), "BRANCHBOX_SOCKET="+srv.Socket, "BRANCHBOX_URL="+srv.TCP, "BRANCHBOX_TOKEN="+tok,
+	return append(os.Environ(), "BRANCHBOX_SOCKET="+srv.Socket, "BRANCHBOX_URL="+srv.TCP, "BRANCHBOX_TOKEN="+tok, "BRANCHBOX_CA="+cert,
 		"BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_IMAGE="+ociimage.ImageRef)
 }
 

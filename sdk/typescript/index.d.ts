@@ -25,7 +25,7 @@ export declare class StaleError extends BranchboxError {}
 export interface ClientOptions {
   /** The server's unix socket (default /run/branchbox/api.sock). */
   socket?: string;
-  /** Or its URL, http(s)://host:port; a token is then required. */
+  /** Or its URL, http(s)://host:port (not both); a token is then required. */
   url?: string;
   token?: string;
   /** The containerd namespace every call is in (default "default"). */

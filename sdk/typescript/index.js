@@ -47,6 +47,7 @@ export class Client {
   constructor(opts = {}) {
     this.namespace = opts.namespace ?? 'default';
     this.token = opts.token;
+    if (opts.url && opts.socket) throw new TypeError('give url or socket, not both');
     if (opts.url) {
       const u = new URL(opts.url);
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`url must be http: or https:, got ${opts.url}`);

@@ -73,6 +73,8 @@ class Client:
     is in namespace (a containerd namespace)."""
 
     def __init__(self, url=None, socket=None, token=None, namespace="default", timeout=None, ssl_context=None):
+        if url is not None and socket is not None:
+            raise ValueError("give url or socket, not both")
         if url is None and socket is None:
             socket = DEFAULT_SOCKET
         self.namespace = namespace

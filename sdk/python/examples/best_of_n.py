@@ -35,7 +35,9 @@ def main():
     ap.add_argument("--sandbox", default="best-of-n-py")
     a = ap.parse_args()
 
-    c = branchbox.Client(url=a.url, socket=a.socket, token=a.token, namespace=a.namespace)
+    # A socket given wins over a URL (from the environment, say).
+    url = None if a.socket else a.url
+    c = branchbox.Client(url=url, socket=a.socket, token=a.token, namespace=a.namespace)
     sb = c.create_sandbox(a.sandbox, a.image, args=["sleep", "1000000"])
     try:
         sb.root.write_file("/calc.sh", CALC)

@@ -3,6 +3,7 @@ runs it, with BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN,
 BRANCHBOX_NAMESPACE and BRANCHBOX_IMAGE set)."""
 
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -21,8 +22,12 @@ def unix():
     return branchbox.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS)
 
 
+def tls():
+    return ssl.create_default_context(cafile=ENV["BRANCHBOX_CA"])
+
+
 def tcp():
-    return branchbox.Client(url=ENV["BRANCHBOX_URL"], token=ENV["BRANCHBOX_TOKEN"], namespace=NS)
+    return branchbox.Client(url=ENV["BRANCHBOX_URL"], token=ENV["BRANCHBOX_TOKEN"], namespace=NS, ssl_context=tls())
 
 
 class SDKTest(unittest.TestCase):
@@ -90,10 +95,10 @@ class SDKTest(unittest.TestCase):
         with self.assertRaises(branchbox.BranchboxError) as cm:
             self.sb.fork(0)
         self.assertEqual(cm.exception.kind, "invalid-argument")
-        # Over TCP with the token; without it, refused.
+        # Over TCP (TLS) with the token; without it, refused.
         with tcp() as t:
             self.assertIn(self.sb.name, [s["id"] for s in t.sandboxes()])
-        with self.assertRaises(branchbox.BranchboxError) as cm, branchbox.Client(url=ENV["BRANCHBOX_URL"], namespace=NS) as anon:
+        with self.assertRaises(branchbox.BranchboxError) as cm, branchbox.Client(url=ENV["BRANCHBOX_URL"], namespace=NS, ssl_context=tls()) as anon:
             anon.sandboxes()
         self.assertEqual((cm.exception.kind, cm.exception.status), ("permission-denied", 401))
 

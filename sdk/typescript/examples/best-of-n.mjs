@@ -21,9 +21,10 @@ const FIXES = ['+ 2', '- 2', '+ 0', '* 1 + 1'];
 
 /** @param {NodeJS.ProcessEnv} env */
 export async function main(env) {
+  // A socket given wins over a URL.
   const client = new Client({
     socket: env.BRANCHBOX_SOCKET,
-    url: env.BRANCHBOX_URL,
+    url: env.BRANCHBOX_SOCKET ? undefined : env.BRANCHBOX_URL,
     token: env.BRANCHBOX_TOKEN,
     namespace: env.BRANCHBOX_NAMESPACE ?? 'default',
   });

@@ -5,6 +5,7 @@
 // BRANCHBOX_IMAGE set).
 
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 
 import { BranchboxError, Client, StaleError } from '@branchbox/sdk';
@@ -79,9 +80,11 @@ describe('branchbox SDK', () => {
     }
   });
 
-  test('TCP with a token; without one, refused', async () => {
-    const t = new Client({ url: env.BRANCHBOX_URL, token: env.BRANCHBOX_TOKEN, namespace: NS });
-    const anon = new Client({ url: env.BRANCHBOX_URL, namespace: NS });
+  test('TCP (TLS) with a token; without one, refused', async () => {
+    const ca = readFileSync(env.BRANCHBOX_CA ?? '');
+    assert.ok(env.BRANCHBOX_URL?.startsWith('https://'));
+    const t = new Client({ url: env.BRANCHBOX_URL, token: env.BRANCHBOX_TOKEN, namespace: NS, ca });
+    const anon = new Client({ url: env.BRANCHBOX_URL, namespace: NS, ca });
     try {
       assert.ok(Array.isArray(await t.sandboxes()));
       await assert.rejects(() => anon.sandboxes(), (/** @type {any} */ e) => e.kind === 'permission-denied' && e.status === 401);
