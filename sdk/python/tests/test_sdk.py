@@ -2,6 +2,7 @@
 runs it, with BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN,
 BRANCHBOX_NAMESPACE and BRANCHBOX_IMAGE set)."""
 
+import asyncio
 import os
 import ssl
 import subprocess
@@ -136,6 +137,32 @@ class SDKTest(unittest.TestCase):
         self.sb.fork(1)
         t.join(20)
         self.assertIn("/branch/fork", got)
+
+
+class AsyncTest(unittest.IsolatedAsyncioTestCase):
+    async def test_async_fork_exec_commit(self):
+        from branchbox import aio
+
+        c = aio.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS)
+        sb = await c.create_sandbox("py-async", IMAGE, args=["sleep", "1000000"])
+        try:
+            kids = await sb.fork(3)
+            # The branches run at once; the one whose test passes is kept.
+            results = await asyncio.gather(*(k.exec(["sh", "-c", "echo %d > /n; [ %d = 1 ]" % (i, i)]) for i, k in enumerate(kids)))
+            self.assertEqual([r.exit_code for r in results], [1, 0, 1])
+            chunks = [kv async for kv in kids[1].exec_stream(["sh", "-c", "echo a; echo b >&2"])]
+            self.assertEqual(chunks[-1][0], "exit")
+            self.assertEqual("".join(v for k, v in chunks if k == "stdout"), "a\n")
+            res = await kids[1].commit()
+            self.assertEqual(sorted(res["invalidated"]), sorted([kids[0].id, kids[2].id]))
+            self.assertEqual(await sb.root.read_file("/n"), b"1\n")
+            with self.assertRaises(branchbox.StaleError):
+                await kids[0].exec(["true"])
+            winner, _ = await aio.best_of_n(sb, [["true"], ["false"]], ["true"])
+            self.assertIsNotNone(winner)
+        finally:
+            await sb.remove()
+            c.close()
 
 
 class ExampleTest(unittest.TestCase):
