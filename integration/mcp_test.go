@@ -37,8 +37,9 @@ func ctrSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string) 
 // TestMCPServer drives `branchctl mcp` through a whole session (tools and
 // their schemas, fork, files, exec, checkpoint, rollback, commit with the
 // sibling stale, abort, tree, and errors that say what to do) with the
-// official MCP TypeScript SDK as the client: over stdio, and over
-// streamable HTTP with a bearer token.
+// official MCP TypeScript SDK as the client: over stdio (scoped to one
+// sandbox, and to the namespace), and over streamable HTTP with TLS and a
+// bearer token.
 func TestMCPServer(t *testing.T) {
 	requireNodeModules(t)
 	ctx, env := startEnv(t)
@@ -69,8 +70,9 @@ func TestMCPServer(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte(tok+" "+env.Namespace+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	cert, key, _ := selfSigned(t, t.TempDir())
 	srv := exec.Command(ctl, "mcp", "--address", env.Address, "--namespace", env.Namespace, "--sandbox", "mcp-http",
-		"--http", "127.0.0.1:0", "--token-file", tokens)
+		"--http", "127.0.0.1:0", "--token-file", tokens, "--tls-cert", cert, "--tls-key", key)
 	var stderr bytes.Buffer
 	srv.Stderr = &stderr
 	stdout, err := srv.StdoutPipe()
@@ -88,14 +90,23 @@ func TestMCPServer(t *testing.T) {
 	}()
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if err != nil || !ok {
+	if err != nil || !ok || !strings.HasPrefix(url, "https://") {
 		t.Fatalf("branchctl mcp --http said %q (%v): %s", line, err, stderr.String())
 	}
 	// Without the token, the endpoint refuses.
-	if out, err := nodeIn("node", exec.CommandContext(ctx, "node", "mcp-session.mjs", "http"), "MCP_URL="+url).CombinedOutput(); err == nil {
+	// node trusts the test's CA through NODE_EXTRA_CA_CERTS.
+	if out, err := nodeIn("node", exec.CommandContext(ctx, "node", "mcp-session.mjs", "http"), "MCP_URL="+url, "NODE_EXTRA_CA_CERTS="+cert).CombinedOutput(); err == nil {
 		t.Fatalf("an MCP session without a token succeeded:\n%s", out)
 	}
-	session("http", "MCP_URL="+url, "MCP_TOKEN="+tok)
+	session("http", "MCP_URL="+url, "MCP_TOKEN="+tok, "NODE_EXTRA_CA_CERTS="+cert)
+
+	// Off loopback, tokens and TLS are required.
+	for _, args := range [][]string{{}, {"--token-file", tokens}} {
+		out, err := exec.CommandContext(ctx, ctl, append([]string{"mcp", "--address", env.Address, "--namespace", env.Namespace, "--http", "0.0.0.0:0"}, args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "not a loopback address") {
+			t.Fatalf("mcp --http 0.0.0.0:0 %v: %v: %s", args, err, out)
+		}
+	}
 }
 
 func nodeIn(dir string, cmd *exec.Cmd, env ...string) *exec.Cmd {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -32,11 +33,14 @@ func mcpCommand(inv *invocation) *cli.Command {
 		Description: `Scoped to the namespace (--namespace) and, with --sandbox, to one sandbox.
 Over stdio (the default) stdout carries the protocol and nothing else.
 --http ADDR serves streamable HTTP at /mcp instead; an address that is not
-loopback needs --token-file (bearer tokens, as branchctl serve reads them).`,
+loopback needs --token-file (bearer tokens, as branchctl serve reads them)
+and TLS (--tls-cert, --tls-key).`,
 		Flags: withGlobals(
 			&cli.StringFlag{Name: "sandbox", Usage: "the one sandbox the tools reach (id, prefix or name)"},
 			&cli.StringFlag{Name: "http", Usage: "serve streamable HTTP on this address (HOST:PORT; port 0 picks one) instead of stdio"},
 			&cli.StringFlag{Name: "token-file", Usage: "with --http: bearer tokens, lines of TOKEN NAMESPACE... (* for all)"},
+			&cli.StringFlag{Name: "tls-cert", Usage: "with --http: TLS certificate (PEM)"},
+			&cli.StringFlag{Name: "tls-key", Usage: "with --http: TLS key (PEM)"},
 			&cli.IntFlag{Name: "max-output", Value: 64 << 10, Usage: "bytes of each of stdout and stderr an exec returns"},
 			&cli.Int64Flag{Name: "max-file", Value: 1 << 20, Usage: "bytes of a file read or written"},
 			&cli.IntFlag{Name: "max-execs", Value: 16, Usage: "commands running at once"},
@@ -78,9 +82,18 @@ func cmdMCP(c *cli.Context, g globals, inv *invocation) error {
 	if err != nil {
 		return fmt.Errorf("mcp: listen on %s: %w", addr, err)
 	}
-	if tokens == nil && !ln.Addr().(*net.TCPAddr).IP.IsLoopback() {
+	scheme := "http"
+	if cert, key := c.String("tls-cert"), c.String("tls-key"); cert != "" || key != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("mcp: --tls-cert and --tls-key: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		ln, scheme = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}), "https"
+	}
+	if !ln.Addr().(*net.TCPAddr).IP.IsLoopback() && (tokens == nil || scheme != "https") {
 		ln.Close()
-		return fmt.Errorf("mcp --http %s: not a loopback address, and no --token-file: %w", addr, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("mcp --http %s: not a loopback address: it needs --token-file, and TLS (--tls-cert, --tls-key) so that tokens do not cross the network in clear: %w", addr, errdefs.ErrInvalidArgument)
 	}
 	mux := http.NewServeMux()
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv.MCP() }, nil)
@@ -92,7 +105,7 @@ func cmdMCP(c *cli.Context, g globals, inv *invocation) error {
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}()
-	fmt.Fprintf(inv.stdout, "listening on http://%s/mcp\n", ln.Addr())
+	fmt.Fprintf(inv.stdout, "listening on %s://%s/mcp\n", scheme, ln.Addr())
 	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
