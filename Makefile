@@ -122,7 +122,7 @@ check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/ ./httpapi/ ./mcpserver/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 

@@ -283,29 +283,7 @@ func (s *Server) routes() {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.Spec)
 	})
-	const ns = "/v1/namespaces/{ns}"
-	const sb = ns + "/sandboxes/{sandbox}"
-	const br = sb + "/branches/{branch}"
-	routes := map[string]handler{
-		"GET " + ns + "/sandboxes":             s.listSandboxes,
-		"POST " + ns + "/sandboxes":            s.createSandbox,
-		"DELETE " + sb:                         s.removeSandbox,
-		"POST " + sb + "/fork":                 s.fork,
-		"GET " + sb + "/tree":                  s.tree,
-		"POST " + br + "/exec":                 s.exec,
-		"POST " + br + "/commit":               s.commit,
-		"POST " + br + "/abort":                s.abort,
-		"GET " + br + "/files":                 s.readFile,
-		"PUT " + br + "/files":                 s.writeFile,
-		"GET " + br + "/dir":                   s.listDir,
-		"GET " + sb + "/checkpoints":           s.listCheckpoints,
-		"POST " + sb + "/checkpoints":          s.checkpoint,
-		"DELETE " + sb + "/checkpoints/{name}": s.deleteCheckpoint,
-		"POST " + sb + "/rollback":             s.rollback,
-		"POST " + sb + "/push":                 s.push,
-		"POST " + ns + "/pull":                 s.pull,
-		"GET " + ns + "/events":                s.events,
-	}
+	routes := s.routeTable()
 	methods := map[string][]string{}
 	for pattern, h := range routes {
 		m.HandleFunc(pattern, s.scoped(h))
@@ -327,4 +305,32 @@ func (s *Server) routes() {
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s (the routes are in GET /v1/openapi.json): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
+}
+
+// routeTable is every route but the document's, by ServeMux pattern; each
+// is in api/openapi/branchbox.json (TestRoutesAreTheContract).
+func (s *Server) routeTable() map[string]handler {
+	const ns = "/v1/namespaces/{ns}"
+	const sb = ns + "/sandboxes/{sandbox}"
+	const br = sb + "/branches/{branch}"
+	return map[string]handler{
+		"GET " + ns + "/sandboxes":             s.listSandboxes,
+		"POST " + ns + "/sandboxes":            s.createSandbox,
+		"DELETE " + sb:                         s.removeSandbox,
+		"POST " + sb + "/fork":                 s.fork,
+		"GET " + sb + "/tree":                  s.tree,
+		"POST " + br + "/exec":                 s.exec,
+		"POST " + br + "/commit":               s.commit,
+		"POST " + br + "/abort":                s.abort,
+		"GET " + br + "/files":                 s.readFile,
+		"PUT " + br + "/files":                 s.writeFile,
+		"GET " + br + "/dir":                   s.listDir,
+		"GET " + sb + "/checkpoints":           s.listCheckpoints,
+		"POST " + sb + "/checkpoints":          s.checkpoint,
+		"DELETE " + sb + "/checkpoints/{name}": s.deleteCheckpoint,
+		"POST " + sb + "/rollback":             s.rollback,
+		"POST " + sb + "/push":                 s.push,
+		"POST " + ns + "/pull":                 s.pull,
+		"GET " + ns + "/events":                s.events,
+	}
 }
