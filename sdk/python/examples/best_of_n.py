@@ -49,7 +49,13 @@ def main():
         winner, results = branchbox.best_of_n(sb, attempts, ["sh", "/test.sh"])
         took = time.monotonic() - start
         for i, r in enumerate(results):
-            print("attempt %d: fix %-9r test %s" % (i, FIXES[i], "-" if r is None else "exit %d" % r.exit_code))
+            if r is None:
+                what = "-"
+            elif r.exit_code == 137:
+                what = "killed (SIGKILL): a sibling committed first"
+            else:
+                what = "exit %d" % r.exit_code
+            print("attempt %d: fix %-9r test %s" % (i, FIXES[i], what))
         if winner is None:
             print("no fix passed")
             return 1

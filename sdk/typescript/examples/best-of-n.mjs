@@ -41,7 +41,10 @@ export async function main(env) {
     const start = performance.now();
     const { winner, results } = await bestOfN(sb, attempts, ['sh', '/test.sh']);
     const took = performance.now() - start;
-    results.forEach((r, i) => console.log(`attempt ${i}: fix ${JSON.stringify(FIXES[i])} test ${r ? `exit ${r.exitCode}` : '-'}`));
+    results.forEach((r, i) => {
+      const what = !r ? '-' : r.exitCode === 137 ? 'killed (SIGKILL): a sibling committed first' : `exit ${r.exitCode}`;
+      console.log(`attempt ${i}: fix ${JSON.stringify(FIXES[i])} test ${what}`);
+    });
     if (!winner) {
       console.log('no fix passed');
       return 1;
