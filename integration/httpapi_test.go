@@ -151,6 +151,10 @@ func TestHTTPAPI(t *testing.T) {
 	if !found {
 		t.Fatalf("/ of branch %s: no file answer with mode 0600: %+v", b1, dir)
 	}
+	// A fifo is not a file to read or write (nor does opening it wait).
+	api.must(ctx, 200, "POST", br1+"/exec", map[string]any{"args": []string{"mkfifo", "/fifo"}})
+	api.fails(ctx, 400, "invalid-argument", "GET", br1+"/files"+q("/fifo"), nil)
+	api.fails(ctx, 400, "invalid-argument", "PUT", br1+"/files"+q("/fifo"), []byte("x"))
 	// A symlink the branch made does not lead out of it.
 	api.must(ctx, 200, "POST", br1+"/exec", map[string]any{"args": []string{"ln", "-s", "/../../../../etc/hostname", "/escape"}})
 	api.must(ctx, 200, "PUT", br1+"/files"+q("/etc/hostname"), []byte("inside\n"))

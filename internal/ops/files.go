@@ -122,6 +122,9 @@ func fileErr(p string, err error) error {
 		kind = errdefs.ErrPermissionDenied
 	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENAMETOOLONG):
 		kind = errdefs.ErrInvalidArgument
+	case errors.Is(err, unix.ENXIO), errors.Is(err, unix.ENODEV):
+		// A fifo with no reader, a device with none behind it.
+		kind, hint = errdefs.ErrInvalidArgument, " (not a regular file)"
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		kind = errdefs.ErrResourceExhausted
 	default:
@@ -132,7 +135,9 @@ func fileErr(p string, err error) error {
 
 // OpenFile opens a regular file of the context root is the root of.
 func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
-	f, err := openIn(root, p, unix.O_RDONLY, 0)
+	// O_NONBLOCK: opening a fifo a branch made must not wait for a
+	// writer (it is then refused as not a regular file).
+	f, err := openIn(root, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -151,8 +156,25 @@ func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
 // WriteFile replaces a file's content with what r gives, creating it with
 // mode if it does not exist. Its directory must exist.
 func WriteFile(root *os.File, p string, r io.Reader, mode uint32) (int64, error) {
-	f, err := openIn(root, p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, mode)
+	// Opened without O_TRUNC and without blocking, so that only a regular
+	// file is emptied and written (not a fifo or a device a branch made).
+	f, err := openIn(root, p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK, mode)
 	if err != nil {
+		return 0, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
+	if err == nil {
+		err = f.Truncate(0)
+	}
+	if err != nil {
+		f.Close()
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = fileErr(p, pe.Err)
+		}
 		return 0, err
 	}
 	n, err := io.Copy(f, r)
