@@ -199,7 +199,11 @@ func (s *Server) scoped(h handler) http.HandlerFunc {
 		if err != nil {
 			writeError(w, err)
 		}
-		log.G(r.Context()).WithFields(log.Fields{"method": r.Method, "path": r.URL.Path, "namespace": ns, "duration": time.Since(start)}).WithError(err).Debug("request")
+		l := log.G(r.Context()).WithFields(log.Fields{"method": r.Method, "path": r.URL.Path, "namespace": ns, "duration": time.Since(start)})
+		if err != nil {
+			l = l.WithError(err)
+		}
+		l.Debug("request")
 	}
 }
 
