@@ -3,9 +3,12 @@
 package httpapi
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -146,7 +149,13 @@ func (s *streamWriter) send(b []byte) {
 // A client that disconnects kills it.
 func (s *Server) exec(w http.ResponseWriter, r request) error {
 	var req Exec
-	if err := s.decode(w, r, &req); err != nil {
+	var input *bufio.Reader
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/x-ndjson" {
+		var err error
+		if input, err = s.interactive(w, r, &req); err != nil {
+			return err
+		}
+	} else if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	if len(req.Args) == 0 {
@@ -173,6 +182,16 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	opts := client.ExecOptions{Args: req.Args, Env: req.Env, Cwd: req.Cwd, Stdout: stdout, Stderr: stderr}
 	if req.Stdin != nil {
 		opts.Stdin = strings.NewReader(*req.Stdin)
+	}
+	if input != nil {
+		// The input is read while the output is written.
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			return fmt.Errorf("interactive exec: %v: %w", err, errdefs.ErrNotImplemented)
+		}
+		pr, pw := io.Pipe()
+		defer pr.Close() // a process gone unblocks the feed
+		go feed(input, pw)
+		opts.Stdin = pr
 	}
 	// The response's status is sent once the process exists: an exec
 	// refused is an ordinary JSON error.

@@ -58,7 +58,9 @@ func TestHTTPAPICommitRace(t *testing.T) {
 		if kids.Contexts[i].ID == winner {
 			continue
 		}
-		var e struct{ Error struct{ Kind, Message string } }
+		var e struct {
+			Error struct{ Kind, Message string }
+		}
 		if err := json.Unmarshal(r.Body, &e); err != nil || r.Status != 409 || e.Error.Kind != "stale" {
 			t.Fatalf("branch %s: %d %s", kids.Contexts[i].ID, r.Status, r.Body)
 		}

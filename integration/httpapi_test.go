@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -170,6 +171,47 @@ func TestHTTPAPI(t *testing.T) {
 	stdout, stderr, exit, kind := execOut(r.Lines)
 	if stdout != "one\ngot hello\n" || stderr != "oops\n" || exit == nil || exit["exitCode"] != float64(3) || kind != "" {
 		t.Fatalf("exec: stdout %q stderr %q exit %v error %q", stdout, stderr, exit, kind)
+	}
+	// Interactive: the request's body streams stdin while the response
+	// streams the output (full duplex); the first answer comes before the
+	// input ends.
+	pr, pw := io.Pipe()
+	ireq, _ := http.NewRequestWithContext(ctx, "POST", "http://branchbox"+br1+"/exec", pr)
+	ireq.Header.Set("Content-Type", "application/x-ndjson")
+	go func() {
+		_, _ = io.WriteString(pw, `{"args": ["sh", "-c", "while read l; do echo \"got $l\"; done"]}`+"\n"+`{"stdin": "one\n"}`+"\n")
+	}()
+	iresp, err := api.hc.Do(ireq)
+	if err != nil || iresp.StatusCode != 200 {
+		t.Fatalf("interactive exec: %v %v", iresp, err)
+	}
+	lines := bufio.NewScanner(iresp.Body)
+	var evs []map[string]any
+	next := func() map[string]any {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("interactive exec: the stream ended: %v", lines.Err())
+		}
+		var ev map[string]any
+		if err := json.Unmarshal(lines.Bytes(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := api.spec.Components.Schemas["ExecEvent"].Value.VisitJSON(ev); err != nil {
+			t.Fatalf("an interactive exec's line breaks the contract: %v", err)
+		}
+		evs = append(evs, ev)
+		return ev
+	}
+	if ev := next(); ev["stdout"] != "got one\n" {
+		t.Fatalf("interactive exec, first answer: %v", ev)
+	}
+	_, _ = io.WriteString(pw, `{"stdin": "two\n"}`+"\n"+`{"eof": true}`+"\n")
+	pw.Close()
+	for ev := next(); ev["exit"] == nil; ev = next() {
+	}
+	iresp.Body.Close()
+	if stdout, _, exit, _ = execOut(evs); stdout != "got one\ngot two\n" || exit["exitCode"] != float64(0) {
+		t.Fatalf("interactive exec: %v", evs)
 	}
 	// A character split between two writes arrives whole.
 	r = api.must(ctx, 200, "POST", br1+"/exec", map[string]any{"args": []string{"sh", "-c", `printf '\303'; sleep 0.2; printf '\251\n'; printf '\342\202' >&2`}})

@@ -122,6 +122,15 @@ export interface ExecResult extends ExitStatus {
 
 export type ExecEvent = { stdout: string } | { stderr: string } | { exit: ExitStatus };
 
+export interface InteractiveExec extends AsyncIterable<ExecEvent> {
+  /** Write to the process's standard input. */
+  write(data: string): void;
+  /** Close its standard input. */
+  end(): void;
+  /** Close stdin if still open, and wait for the whole result. */
+  wait(): Promise<ExecResult>;
+}
+
 export interface CommitResult {
   parent: Context;
   invalidated: string[];
@@ -226,6 +235,8 @@ export declare class Branch {
   readonly info?: Context;
   execStream(args: string[], opts?: ExecOptions): AsyncIterable<ExecEvent>;
   exec(args: string[], opts?: ExecOptions): Promise<ExecResult>;
+  /** Run args with its standard input open while its output comes. */
+  execInteractive(args: string[], opts?: Omit<ExecOptions, 'stdin'>): InteractiveExec;
   readFile(path: string): Promise<Buffer>;
   writeFile(path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<{ path: string; size: number }>;
   listDir(path: string): Promise<DirEntry[]>;

@@ -237,6 +237,86 @@ export class Branch {
     }
   }
 
+  /**
+   * Run args in the branch with its standard input open: write to it and
+   * end it while its output comes (the request and the response stream at
+   * once). Iterate the returned object for {stdout}, {stderr}, {exit}, or
+   * call wait() for the whole result.
+   */
+  execInteractive(args, opts = {}) {
+    const c = this.sandbox.client;
+    const { signal, ...rest } = opts;
+    const { prefix, ...base } = c._base;
+    const headers = { 'Content-Type': 'application/x-ndjson' };
+    if (c.token) headers.Authorization = `Bearer ${c.token}`;
+    const req = c._mod.request({ ...base, agent: c._agent, method: 'POST', path: prefix + this._path('/exec'), headers, signal });
+    const response = new Promise((resolve, reject) => {
+      req.on('response', (res) => {
+        if (res.statusCode >= 300) {
+          const chunks = [];
+          res.on('data', (d) => chunks.push(d));
+          res.on('end', () => reject(toError(res.statusCode, Buffer.concat(chunks).toString())));
+          return;
+        }
+        resolve(res);
+      });
+      req.on('error', reject);
+    });
+    response.catch(() => {}); // surfaced by iteration or wait()
+    req.write(`${JSON.stringify({ args, ...rest })}\n`);
+    async function* events() {
+      const res = await response;
+      let buf = '';
+      try {
+        for await (const chunk of res) {
+          buf += chunk.toString();
+          let i;
+          while ((i = buf.indexOf('\n')) >= 0) {
+            const line = buf.slice(0, i);
+            buf = buf.slice(i + 1);
+            if (!line) continue;
+            const ev = JSON.parse(line);
+            if (ev.error) {
+              const C = ev.error.kind === 'stale' ? StaleError : BranchboxError;
+              throw new C(ev.error.kind, ev.error.message, ev.error.hint);
+            }
+            yield ev;
+          }
+        }
+      } finally {
+        res.destroy();
+      }
+    }
+    const it = events();
+    return {
+      /** Write to the process's standard input. */
+      write(data) {
+        req.write(`${JSON.stringify({ stdin: String(data) })}\n`);
+      },
+      /** Close its standard input. */
+      end() {
+        req.end(`${JSON.stringify({ eof: true })}\n`);
+      },
+      [Symbol.asyncIterator]() {
+        return it;
+      },
+      /** Close stdin if still open, and wait for the whole result. */
+      async wait() {
+        if (!req.writableEnded) this.end();
+        let stdout = '';
+        let stderr = '';
+        let exit;
+        for await (const ev of it) {
+          if (ev.stdout !== undefined) stdout += ev.stdout;
+          else if (ev.stderr !== undefined) stderr += ev.stderr;
+          else if (ev.exit) exit = ev.exit;
+        }
+        if (!exit) throw new BranchboxError('unknown', `exec ${JSON.stringify(args)}: the stream ended without an exit status`);
+        return { ...exit, stdout, stderr };
+      },
+    };
+  }
+
   /** Run args in the branch and wait: {exitCode, stdout, stderr, oomKilled, exitedAt}. */
   async exec(args, opts = {}) {
     let stdout = '';

@@ -16,10 +16,11 @@ from ._client import (
     BranchboxError,
     Client,
     ExecResult,
+    Interactive,
     Sandbox,
     StaleError,
     best_of_n,
 )
 
-__all__ = ["Branch", "BranchboxError", "Client", "ExecResult", "Sandbox", "StaleError", "best_of_n"]
+__all__ = ["Branch", "BranchboxError", "Client", "ExecResult", "Interactive", "Sandbox", "StaleError", "best_of_n"]
 __version__ = "0.1.0"

@@ -341,6 +341,20 @@ class Branch:
                 e = ev["error"]
                 raise BranchboxError(e.get("kind", "unknown"), e.get("message", ""), e.get("hint"))
 
+    def exec_interactive(self, args, env=None, cwd=None, timeout=None):
+        """Run args with its standard input open: an Interactive to write()
+        to and end(), whose iteration yields ("stdout"|"stderr", text) as
+        the output comes and then ("exit", status); wait() gives the whole
+        ExecResult. The request and the response stream at once."""
+        doc = {"args": list(args)}
+        if env:
+            doc["env"] = list(env)
+        if cwd:
+            doc["cwd"] = cwd
+        if timeout:
+            doc["timeout"] = timeout
+        return Interactive(self.sandbox.client, self._path("/exec"), doc, args)
+
     def exec(self, args, env=None, cwd=None, stdin=None, timeout=None):
         """Run args in the branch and wait: an ExecResult."""
         out, err, st = [], [], None
@@ -381,6 +395,84 @@ class Branch:
     def abort(self):
         """Kill and discard the branch; returns the ids aborted."""
         return self.sandbox.client._call("POST", self._path("/abort"))["abort"]["aborted"]
+
+
+class Interactive:
+    """A process started by Branch.exec_interactive."""
+
+    def __init__(self, client, path, doc, args):
+        self._args = args
+        c = client._stream_conn()
+        # A chunked request written by hand: http.client sends a body
+        # whole before it reads a response, and here the body (stdin) goes
+        # on while the response (the output) comes.
+        c.putrequest("POST", client._prefix + path)
+        c.putheader("Content-Type", "application/x-ndjson")
+        c.putheader("Transfer-Encoding", "chunked")
+        if client._token:
+            c.putheader("Authorization", "Bearer " + client._token)
+        c.endheaders()
+        self._conn = c
+        self._ended = False
+        self._line(doc)
+        resp = c.getresponse()
+        if resp.status >= 300:
+            data = resp.read()
+            c.close()
+            raise _error(resp.status, data)
+        self._resp = resp
+
+    def _line(self, doc):
+        data = (json.dumps(doc) + "\n").encode()
+        self._conn.send(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def write(self, data):
+        """Write to the process's standard input."""
+        if isinstance(data, bytes):
+            data = data.decode()
+        self._line({"stdin": data})
+
+    def end(self):
+        """Close its standard input."""
+        if not self._ended:
+            self._ended = True
+            self._line({"eof": True})
+            self._conn.send(b"0\r\n\r\n")
+
+    def __iter__(self):
+        try:
+            while True:
+                line = self._resp.readline()
+                if not line:
+                    return
+                ev = json.loads(line)
+                if "stdout" in ev:
+                    yield "stdout", ev["stdout"]
+                elif "stderr" in ev:
+                    yield "stderr", ev["stderr"]
+                elif "exit" in ev:
+                    yield "exit", ev["exit"]
+                elif "error" in ev:
+                    e = ev["error"]
+                    cls = StaleError if e.get("kind") == "stale" else BranchboxError
+                    raise cls(e.get("kind", "unknown"), e.get("message", ""), e.get("hint"))
+        finally:
+            self._conn.close()
+
+    def wait(self):
+        """Close stdin if still open, and wait for the whole ExecResult."""
+        self.end()
+        out, err, st = [], [], None
+        for kind, v in self:
+            if kind == "stdout":
+                out.append(v)
+            elif kind == "stderr":
+                err.append(v)
+            else:
+                st = v
+        if st is None:
+            raise BranchboxError("unknown", "exec %r: the stream ended without an exit status" % (self._args,))
+        return ExecResult(st["exitCode"], "".join(out), "".join(err), st.get("oomKilled", False), st.get("exitedAt"))
 
 
 def best_of_n(sandbox, attempts, test, timeout=None):

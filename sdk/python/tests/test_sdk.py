@@ -72,6 +72,23 @@ class SDKTest(unittest.TestCase):
         states = {c["id"]: c["state"] for c in self.sb.tree()}
         self.assertEqual((states[a.id], states[b.id]), ("committed", "stale"))
 
+    def test_interactive(self):
+        (b,) = self.sb.fork(1)
+        p = b.exec_interactive(["sh", "-c", 'while read l; do echo "got $l"; done; echo done'])
+        p.write("a\n")
+        it = iter(p)
+        # The answer to the first line comes before the input ends.
+        self.assertEqual(next(it), ("stdout", "got a\n"))
+        p.write("b\n")
+        p.end()
+        rest = list(it)
+        self.assertEqual("".join(v for k, v in rest if k == "stdout"), "got b\ndone\n")
+        self.assertEqual(rest[-1][1]["exitCode"], 0)
+        q = self.sb.root.exec_interactive(["sh", "-c", 'read x; echo "root got $x"'])
+        q.write("y\n")
+        r = q.wait()
+        self.assertEqual((r.exit_code, r.stdout), (0, "root got y\n"))
+
     def test_checkpoint_rollback_abort(self):
         self.sb.root.write_file("/v", "1")
         self.sb.checkpoint("one")

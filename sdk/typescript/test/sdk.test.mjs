@@ -60,6 +60,36 @@ describe('branchbox SDK', () => {
     }
   });
 
+  test('interactive exec: input written while output comes', async () => {
+    const sb = await c.createSandbox({ id: 'ts-interactive', image: IMAGE, args: ['sleep', '1000000'] });
+    try {
+      const [b] = await sb.fork();
+      const p = b.execInteractive(['sh', '-c', 'while read l; do echo "got $l"; done; echo done']);
+      p.write('a\n');
+      const it = p[Symbol.asyncIterator]();
+      // The answer to the first line comes before the input ends.
+      const first = await it.next();
+      assert.deepEqual(first.value, { stdout: 'got a\n' });
+      p.write('b\n');
+      p.end();
+      let out = '';
+      let exit;
+      for (let r = await it.next(); !r.done; r = await it.next()) {
+        if ('stdout' in r.value) out += r.value.stdout;
+        if ('exit' in r.value) exit = r.value.exit;
+      }
+      assert.equal(out, 'got b\ndone\n');
+      assert.equal(exit?.exitCode, 0);
+      // In the sandbox itself too, with wait().
+      const q = sb.root.execInteractive(['sh', '-c', 'read x; echo "root got $x"']);
+      q.write('y\n');
+      const r = await q.wait();
+      assert.deepEqual([r.exitCode, r.stdout], [0, 'root got y\n']);
+    } finally {
+      await sb.remove();
+    }
+  });
+
   test('checkpoint, rollback, abort, errors', async () => {
     const sb = await c.createSandbox({ id: 'ts-ck', image: IMAGE, args: ['sleep', '1000000'] });
     try {
