@@ -185,12 +185,29 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	if input != nil {
 		// The input is read while the output is written.
-		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		rc := http.NewResponseController(w)
+		if err := rc.EnableFullDuplex(); err != nil {
 			return fmt.Errorf("interactive exec: %v: %w", err, errdefs.ErrNotImplemented)
 		}
+		// The connection ends with the exec: the read deadline below
+		// leaves it unfit for another request.
+		w.Header().Set("Connection", "close")
 		pr, pw := io.Pipe()
-		defer pr.Close() // a process gone unblocks the feed
-		go feed(input, pw)
+		fed := make(chan struct{})
+		go func() {
+			defer close(fed)
+			feed(input, pw)
+		}()
+		defer func() {
+			// The feed must be done with the body before the handler
+			// returns (the server then reads what is left of it, and
+			// two reads at once panic): a process gone fails its
+			// writes, and a read deadline ends a read that waits for
+			// more input.
+			pr.Close()
+			_ = rc.SetReadDeadline(time.Now())
+			<-fed
+		}()
 		opts.Stdin = pr
 	}
 	// The response's status is sent once the process exists: an exec

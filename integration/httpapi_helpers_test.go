@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,10 +32,25 @@ import (
 // served is a `branchctl serve` run for one test: its unix socket and, if
 // asked, its TCP address.
 type served struct {
-	Socket string
-	TCP    string // http://127.0.0.1:PORT, or ""
-	cmd    *exec.Cmd
-	out    *bytes.Buffer
+	Socket   string
+	TCP      string // http://127.0.0.1:PORT, or ""
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	done     chan error
+	quitOnce sync.Once
+}
+
+// quit has the server print its goroutines (what it was doing, for a test
+// that failed or hung) and exit.
+func (s *served) quit() {
+	s.quitOnce.Do(func() {
+		_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case err := <-s.done:
+			s.done <- err
+		case <-time.After(10 * time.Second):
+		}
+	})
 }
 
 // startServe runs bin/branchctl serve against env with extra flags, waits
@@ -43,7 +59,7 @@ type served struct {
 func startServe(t testing.TB, env *daemons.Env, tcp bool, flags ...string) *served {
 	t.Helper()
 	dir := t.TempDir()
-	s := &served{Socket: filepath.Join(dir, "api.sock"), out: &bytes.Buffer{}}
+	s := &served{Socket: filepath.Join(dir, "api.sock"), out: &syncBuffer{}}
 	args := append([]string{"serve", "--address", env.Address, "--socket", s.Socket}, flags...)
 	if tcp {
 		args = append(args, "--tcp", "127.0.0.1:0")
@@ -59,7 +75,12 @@ func startServe(t testing.TB, env *daemons.Env, tcp bool, flags ...string) *serv
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.cmd.Wait() }()
+	s.done = done
 	t.Cleanup(func() {
+		failed := t.Failed()
+		if failed {
+			s.quit()
+		}
 		_ = s.cmd.Process.Signal(os.Interrupt)
 		select {
 		case <-done:
@@ -68,11 +89,11 @@ func startServe(t testing.TB, env *daemons.Env, tcp bool, flags ...string) *serv
 			<-done
 			t.Errorf("branchctl serve did not stop on SIGINT")
 		}
-		if _, err := os.Stat(s.Socket); err == nil {
+		if _, err := os.Stat(s.Socket); err == nil && !failed {
 			t.Errorf("branchctl serve left its socket %s", s.Socket)
 		}
-		if t.Failed() {
-			t.Logf("branchctl serve's stderr:\n%s", lastLines(s.out.String(), 40))
+		if failed {
+			t.Logf("branchctl serve's stderr:\n%s", s.out.String())
 		}
 	})
 	lines := make(chan string)

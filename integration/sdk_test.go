@@ -3,18 +3,24 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
+// sdkTimeout bounds an SDK's test run: one that hangs fails, saying where.
+const sdkTimeout = 3 * time.Minute
+
 // sdkEnv starts daemons and `branchctl serve` (unix socket, and TCP with
 // TLS and a token) for an SDK's own tests, and returns the environment
 // they read.
-func sdkEnv(t *testing.T) []string {
+func sdkEnv(t *testing.T) ([]string, *served) {
 	t.Helper()
 	ctx, env := startEnv(t)
 	importImage(t, ctx, env, "branch")
@@ -29,15 +35,24 @@ func sdkEnv(t *testing.T) []string {
 	// What an SDK's test left behind, if it failed halfway.
 	removeSandboxesAtEnd(t, srv, env.Namespace)
 	return append(os.Environ(), "BRANCHBOX_SOCKET="+srv.Socket, "BRANCHBOX_URL="+srv.TCP, "BRANCHBOX_TOKEN="+tok, "BRANCHBOX_CA="+cert,
-		"BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_IMAGE="+ociimage.ImageRef)
+		"BRANCHBOX_NAMESPACE="+env.Namespace, "BRANCHBOX_IMAGE="+ociimage.ImageRef), srv
 }
 
 // TestPythonSDK runs the Python SDK's tests (sdk/python/tests), the
 // best-of-N example among them, under Debian's python3 against real
 // daemons.
 func TestPythonSDK(t *testing.T) {
-	environ := sdkEnv(t)
-	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "tests/test_sdk.py")
+	environ, srv := sdkEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), sdkTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/usr/bin/python3", "-X", "faulthandler", "-m", "unittest", "-v", "tests/test_sdk.py")
+	// On the timeout, the server and python say where they wait (the
+	// server's goroutines, python's faulthandler), then go.
+	cmd.Cancel = func() error {
+		srv.quit()
+		return cmd.Process.Signal(syscall.SIGABRT)
+	}
+	cmd.WaitDelay = 10 * time.Second
 	cmd.Dir = "../sdk/python"
 	cmd.Env = append(environ, "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
@@ -68,8 +83,15 @@ func TestTypeScriptSDK(t *testing.T) {
 	if out, err := tsc.CombinedOutput(); err != nil {
 		t.Fatalf("tsc: %v\n%s", err, out)
 	}
-	environ := sdkEnv(t)
-	cmd := exec.Command("node", "--test", "--test-reporter=spec", "test/")
+	environ, srv := sdkEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), sdkTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "--test-timeout=120000", "test/")
+	cmd.Cancel = func() error {
+		srv.quit()
+		return cmd.Process.Kill()
+	}
+	cmd.WaitDelay = 10 * time.Second
 	cmd.Dir = "../sdk/typescript"
 	cmd.Env = environ
 	out, err := cmd.CombinedOutput()

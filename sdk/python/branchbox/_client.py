@@ -413,6 +413,10 @@ class Interactive:
             c.putheader("Authorization", "Bearer " + client._token)
         c.endheaders()
         self._conn = c
+        # The socket itself: http.client lets go of it when the response
+        # says Connection: close (the server's, for an interactive exec),
+        # and would send later chunks on a new connection.
+        self._sock = c.sock
         self._ended = False
         self._line(doc)
         resp = c.getresponse()
@@ -424,7 +428,7 @@ class Interactive:
 
     def _line(self, doc):
         data = (json.dumps(doc) + "\n").encode()
-        self._conn.send(b"%x\r\n%s\r\n" % (len(data), data))
+        self._sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
 
     def write(self, data):
         """Write to the process's standard input."""
@@ -437,7 +441,7 @@ class Interactive:
         if not self._ended:
             self._ended = True
             self._line({"eof": True})
-            self._conn.send(b"0\r\n\r\n")
+            self._sock.sendall(b"0\r\n\r\n")
 
     def __iter__(self):
         try:
@@ -457,7 +461,8 @@ class Interactive:
                     cls = StaleError if e.get("kind") == "stale" else BranchboxError
                     raise cls(e.get("kind", "unknown"), e.get("message", ""), e.get("hint"))
         finally:
-            self._conn.close()
+            self._resp.close()
+            self._sock.close()
 
     def wait(self):
         """Close stdin if still open, and wait for the whole ExecResult."""
