@@ -86,7 +86,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	environ, srv := sdkEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), sdkTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "--test-timeout=120000", "test/")
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "test/")
 	cmd.Cancel = func() error {
 		srv.quit()
 		return cmd.Process.Kill()
