@@ -166,12 +166,6 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		return err
 	}
 	defer release()
-	ctx := r.Context()
-	if req.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout*float64(time.Second)))
-		defer cancel()
-	}
 	sc, done, err := s.dial(r)
 	if err != nil {
 		return err
@@ -212,12 +206,19 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	}
 	// The response's status is sent once the process exists: an exec
 	// refused is an ordinary JSON error.
-	p, err := ops.Exec(ctx, s.cc, sc, r.PathValue("branch"), opts)
+	p, err := ops.Exec(r.Context(), s.cc, sc, r.PathValue("branch"), opts)
 	if err != nil {
 		out.fail()
 		return err
 	}
 	out.begin()
+	// The timeout is the process's run, from its start.
+	ctx := r.Context()
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.Timeout*float64(time.Second)))
+		defer cancel()
+	}
 	st, err := p.Wait(ctx)
 	// Wait returns once the output is drained: what a stream holds back
 	// goes before the last line.

@@ -263,6 +263,19 @@ func TestHTTPAPI(t *testing.T) {
 	if stdout, _, exit, _ = execOut(r.Lines); stdout != "one\nin-root\n" || exit == nil || exit["exitCode"] != float64(5) {
 		t.Fatalf("exec in the sandbox: %s", r.Body)
 	}
+	// Its output is whole every time (an exec's exit can come before its
+	// output), and its timeout kills it too.
+	for i := 0; i < 10; i++ {
+		r = api.must(ctx, 200, "POST", sb+"/branches/0/exec", map[string]any{"args": []string{"cat", "/answer"}})
+		if stdout, _, _, _ = execOut(r.Lines); stdout != "one\n" {
+			t.Fatalf("exec %d in the sandbox: %s", i, r.Body)
+		}
+	}
+	start = time.Now()
+	r = api.must(ctx, 200, "POST", sb+"/branches/0/exec", map[string]any{"args": []string{"sleep", "100"}, "timeout": 0.5})
+	if _, _, exit, kind = execOut(r.Lines); kind != "deadline-exceeded" || exit == nil || time.Since(start) > 20*time.Second {
+		t.Fatalf("exec in the sandbox with a timeout: %s after %s", r.Body, time.Since(start))
+	}
 	// The sandbox is writable again, and a checkpoint of it can go.
 	api.must(ctx, 200, "PUT", sb+"/branches/0/files"+q("/root-file"), []byte("r\n"))
 	api.must(ctx, 200, "POST", sb+"/checkpoints", map[string]any{"name": "r1"})

@@ -268,12 +268,13 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	if in.Stdin != "" {
 		opts.Stdin = strings.NewReader(in.Stdin)
 	}
-	tctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	p, err := ops.Exec(tctx, s.cc, sc, in.Branch, opts)
+	p, err := ops.Exec(ctx, s.cc, sc, in.Branch, opts)
 	if err != nil {
 		return ExecOut{}, err
 	}
+	// The timeout is the command's run, from its start.
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	st, err := p.Wait(tctx)
 	if err != nil && tctx.Err() != nil {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

@@ -14,6 +14,8 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
@@ -39,6 +41,9 @@ func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, 
 type rootProcess struct {
 	p    containerd.Process
 	exit <-chan containerd.ExitStatus
+	// ns is the sandbox's namespace: the caller's context of Wait and
+	// Kill has none, and containerd's calls need it.
+	ns string
 }
 
 // execRoot starts opts in the sandbox's own task.
@@ -65,7 +70,7 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 		ps.Cwd = opts.Cwd
 	}
 	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
-	rp := &rootProcess{}
+	rp := &rootProcess{ns: sc.Namespace}
 	started := make(chan struct{})
 	defer close(started)
 	stdin := opts.Stdin
@@ -104,10 +109,10 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 }
 
 func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
+	ctx = namespaces.WithNamespace(ctx, rp.ns)
 	select {
 	case st := <-rp.exit:
-		// Delete waits for the output to drain and releases the exec.
-		_, _ = rp.p.Delete(context.WithoutCancel(ctx))
+		rp.release(context.WithoutCancel(ctx))
 		if err := st.Error(); err != nil {
 			return client.ExitStatus{}, err
 		}
@@ -117,7 +122,38 @@ func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
 	}
 }
 
+// release deletes the exited exec, which waits for its output to drain:
+// the exit status can come before the output, and the output before it
+// would be lost. Right after the exit the task may not report the exec
+// stopped yet (Delete is then refused): it is asked again, and if it
+// still refuses, the output is waited for all the same, for a while.
+func (rp *rootProcess) release(ctx context.Context) {
+	var err error
+	for i := 0; i < 100; i++ {
+		if _, err = rp.p.Delete(ctx); err == nil || !errdefs.IsFailedPrecondition(err) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err == nil {
+		return
+	}
+	log.G(ctx).WithError(err).WithField("exec", rp.p.ID()).Warn("delete an exec of the sandbox's task")
+	if pio := rp.p.IO(); pio != nil {
+		drained := make(chan struct{})
+		go func() {
+			pio.Wait()
+			close(drained)
+		}()
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
 func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
+	ctx = namespaces.WithNamespace(ctx, rp.ns)
 	return rp.p.Kill(ctx, syscall.Signal(sig))
 }
 

@@ -377,7 +377,9 @@ export async function bestOfN(sandbox, attempts, test, opts = {}) {
       await b.commit();
     } catch (e) {
       if (winner === b) winner = null;
-      if (!(e instanceof StaleError)) throw e;
+      // A sibling's commit kills this branch: whatever its calls then
+      // say (stale, or a process that could not start), it lost.
+      if (!(e instanceof StaleError) && !(winner && winner !== b)) throw e;
     }
   }));
   if (!winner) {

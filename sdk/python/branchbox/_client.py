@@ -500,6 +500,12 @@ def best_of_n(sandbox, attempts, test, timeout=None):
             r = b.exec(test, timeout=timeout)
         except StaleError:
             return  # another branch won first
+        except BranchboxError:
+            # A sibling's commit kills this branch: whatever its calls
+            # then say (a process that could not start), it lost.
+            if winner is not None:
+                return
+            raise
         results[i] = r
         if r.exit_code != 0:
             return
