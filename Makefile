@@ -27,7 +27,7 @@ REGISTRY_BINS := $(BIN)/registry
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps binaries demo test unit integration test-cgroupv2 bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
 
 all: binaries
 
@@ -137,15 +137,27 @@ check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/ ./httpapi/ ./mcpserver/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
+
+# The npm packages the integration tests use, pinned by
+# integration/node/package-lock.json: the official MCP TypeScript SDK (the
+# MCP client of branchctl mcp), TypeScript and node's types (to check the
+# TypeScript SDK's declarations). Into integration/node/node_modules
+# (ignored by git); again only when the lock changes.
+NODE_DEPS := integration/node/node_modules/.package-lock.json
+$(NODE_DEPS): integration/node/package-lock.json integration/node/package.json | deps
+	cd integration/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+node-deps: $(NODE_DEPS)
 
 # Every other test, as root, against real daemons it starts and stops
 # itself (-tags seccomp, as the shim is built: shim/seccompbpf's tests check
 # its programs against runc's), then the leak check and the cgroup v2 VM
 # subset.
-integration: binaries
+integration: binaries $(NODE_DEPS)
 	$(GO) test -tags seccomp -count=1 -timeout 20m $$($(GO) list -tags seccomp ./... | grep -vxF "$$($(GO) list $(UNIT_PKGS))")
 	@hack/leakcheck.sh
 	CGV2_NATIVE_SKIP=1 hack/test-cgroupv2.sh $(CGV2_SUBSET)

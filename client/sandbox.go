@@ -124,6 +124,18 @@ func notBranchRuntime(id, rt string) error {
 // Close closes the connection to the shim.
 func (s *SandboxClient) Close() error { return s.conn.Close() }
 
+// Done returns a channel that is closed when the connection to the shim
+// ends: the shim exited (its sandbox is gone) or Close was called. A
+// program that keeps a SandboxClient between calls dials again after it.
+func (s *SandboxClient) Done() <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		_ = s.conn.UserOnCloseWait(context.Background())
+		close(ch)
+	}()
+	return ch
+}
+
 func (s *SandboxClient) ctx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, s.Namespace)
 }

@@ -9,7 +9,7 @@ bad=0
 # forbid PKGS PATTERN WHY: no package of PKGS may depend on one matching PATTERN.
 forbid() {
 	local pkgs=$1 pattern=$2 why=$3 p hits
-	for p in $(go list -tags seccomp "$pkgs"); do
+	for p in $(go list -tags seccomp $pkgs); do
 		hits=$(go list -tags seccomp -deps "$p" | grep -E "$pattern" || true)
 		if [ -n "$hits" ]; then
 			echo "$p must not import $(echo "$hits" | tr '\n' ' ')($why)"
@@ -19,8 +19,12 @@ forbid() {
 }
 # The shim calls the snapshotter's branch API through its client,
 # client/branchapi, and nothing else of client/.
-forbid ./shim/... "^$m/(snapshotter|patterns|client/oci)(/|$)|^$m/client$" "the shim and the snapshotter are peers; the clients are above both"
-forbid ./snapshotter/... "^$m/(shim|client|patterns)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+forbid ./shim/... "^$m/(snapshotter|patterns|client/oci|httpapi|mcpserver|internal/ops)(/|$)|^$m/client$" "the shim and the snapshotter are peers; the clients are above both"
+forbid ./snapshotter/... "^$m/(shim|client|patterns|httpapi|mcpserver|internal/ops)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+# The HTTP API and the MCP server are fronts on the clients (through
+# internal/ops for what they share), and the clients know nothing of them.
+forbid "./httpapi/... ./mcpserver/... ./internal/ops/..." "^$m/(shim|snapshotter|patterns|internal/daemons|integration|cmd)(/|$)" "the servers are fronts on the clients, below the commands"
+forbid "./client/... ./patterns/..." "^$m/(httpapi|mcpserver|internal/ops)(/|$)" "the clients are below the servers built on them"
 forbid ./branch/... "^$m/(shim|snapshotter|client|patterns|cmd|internal/daemons)(/|$)" "branch/ is the domain core, below everything"
 forbid ./cmd/containerd-shim-branch-v1/... "^go.etcd.io/bbolt$|^$m/snapshotter" "the shim binary links neither bbolt nor the snapshotter"
 forbid "./cmd/..." "^$m/integration(/|$)" "the shipped binaries do not link tests"

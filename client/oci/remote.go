@@ -121,3 +121,7 @@ func remoteError(ref string, err error) error {
 	}
 	return err
 }
+
+// Resolver is containerd's docker resolver configured from r, for other
+// pulls than Pull's (the HTTP API's sandbox from an image).
+func (r Remote) Resolver(ctx context.Context) remotes.Resolver { return r.resolver(ctx) }

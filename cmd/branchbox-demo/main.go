@@ -6,7 +6,8 @@
 // fails, forks it into four branches that each try a different fix and run
 // the test, commits the first that passes (the others are invalidated and
 // their processes killed), shows the fix live in the sandbox, prints the
-// tree and the timings, and takes everything down again.
+// tree and the timings, does best-of-N again through `branchctl serve` and
+// the Python SDK, and takes everything down again.
 package main
 
 import (
@@ -82,7 +83,11 @@ func run(ctx context.Context, bin string) (retErr error) {
 	}); err != nil {
 		return err
 	}
-	return timed("total: sandbox, fork, explore, commit, tree", func() error { return runSandbox(ctx, env, timed) })
+	if err := timed("total: sandbox, fork, explore, commit, tree", func() error { return runSandbox(ctx, env, timed) }); err != nil {
+		return err
+	}
+	fmt.Println("the same through the HTTP API, as an agent in Python would do it:")
+	return runSDK(ctx, env, bin, timed)
 }
 
 func indent(s string) string {

@@ -139,6 +139,8 @@ it); checkpoints built on it keep its layer while they need it.`,
 			Usage:     "best-first search: expand the best node so far, B times; commit the best node's path",
 			Flags:     patternFlags(append(searchFlags(), &cli.IntFlag{Name: "budget", Usage: "expansions, the start included (default: --depth)"})...),
 		},
+		serveCommand(inv),
+		mcpCommand(inv),
 		completionCommand(),
 	}
 	return cmds

@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	hint := hintFor(err, inv.namespace)
 	if jsonWanted(args) {
-		_ = printJSON(stdout, jsonError{Error: errorBody{Kind: errKind(err), Message: err.Error(), Hint: hint}})
+		_ = printJSON(stdout, jsonError{Error: errorBody{Kind: client.ErrorKind(err), Message: err.Error(), Hint: hint}})
 		return code
 	}
 	name := "branchctl"
@@ -110,35 +110,6 @@ type errorBody struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	Hint    string `json:"hint,omitempty"`
-}
-
-// errKind names an error's errdefs kind.
-func errKind(err error) string {
-	var se *branch.StaleError
-	for _, k := range []struct {
-		is   func(error) bool
-		name string
-	}{
-		{func(err error) bool { return errors.As(err, &se) }, "stale"},
-		{errdefs.IsNotFound, "not-found"},
-		{errdefs.IsInvalidArgument, "invalid-argument"},
-		{errdefs.IsAlreadyExists, "already-exists"},
-		{errdefs.IsFailedPrecondition, "failed-precondition"},
-		{errdefs.IsConflict, "conflict"},
-		{errdefs.IsUnavailable, "unavailable"},
-		{errdefs.IsNotImplemented, "not-implemented"},
-		{errdefs.IsPermissionDenied, "permission-denied"},
-		{errdefs.IsResourceExhausted, "resource-exhausted"},
-		{errdefs.IsAborted, "aborted"},
-		{errdefs.IsCanceled, "canceled"},
-		{errdefs.IsDeadlineExceeded, "deadline-exceeded"},
-		{errdefs.IsDataLoss, "data-loss"},
-	} {
-		if k.is(err) {
-			return k.name
-		}
-	}
-	return "unknown"
 }
 
 // hintFor says what to do about an error, where its kind tells.

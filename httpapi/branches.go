@@ -1,0 +1,123 @@
+//go:build linux
+
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+)
+
+// Fork is the body of POST .../fork, `branchctl fork`'s options.
+type Fork struct {
+	// Parent is the context to fork: "" or "0" for the sandbox, or a
+	// branch id.
+	Parent string   `json:"parent,omitempty"`
+	Count  int      `json:"count,omitempty"`
+	From   string   `json:"from,omitempty"`
+	Seal   string   `json:"seal,omitempty"`
+	Net    string   `json:"net,omitempty"`
+	Memory int64    `json:"memory,omitempty"`
+	CPUs   float64  `json:"cpus,omitempty"`
+	Pids   int64    `json:"pids,omitempty"`
+	Args   []string `json:"args,omitempty"`
+}
+
+type contextsDoc struct {
+	Contexts []client.ContextInfo `json:"contexts"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r request) error {
+	req := Fork{Count: 1}
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	if req.Parent == branch.RootID {
+		req.Parent = ""
+	}
+	sc, done, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer done()
+	kids, err := sc.Fork(r.Context(), client.ForkOptions{
+		Parent: req.Parent, Count: req.Count, From: req.From, Seal: req.Seal, Net: req.Net,
+		Memory: req.Memory, CPUs: req.CPUs, Pids: req.Pids, Args: req.Args,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contextsDoc{Contexts: kids})
+	return nil
+}
+
+func (s *Server) tree(w http.ResponseWriter, r request) error {
+	sc, done, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer done()
+	nodes, err := sc.Tree(r.Context())
+	if err != nil {
+		return err
+	}
+	// The shim records the sandbox's own context at its first fork; its
+	// age is the container's (as branchctl tree shows it).
+	for i := range nodes {
+		if nodes[i].ID == branch.RootID && !sc.Created.IsZero() {
+			nodes[i].Created = sc.Created
+		}
+	}
+	if nodes == nil {
+		nodes = []client.ContextInfo{}
+	}
+	writeJSON(w, http.StatusOK, contextsDoc{Contexts: nodes})
+	return nil
+}
+
+type commitDoc struct {
+	Commit client.SandboxCommitResult `json:"commit"`
+}
+
+func (s *Server) commit(w http.ResponseWriter, r request) error {
+	sc, done, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer done()
+	res, err := sc.Commit(r.Context(), r.PathValue("branch"))
+	if err != nil {
+		return err
+	}
+	if res.Invalidated == nil {
+		res.Invalidated = []string{}
+	}
+	writeJSON(w, http.StatusOK, commitDoc{Commit: res})
+	return nil
+}
+
+type abortDoc struct {
+	Abort struct {
+		Aborted []string `json:"aborted"`
+	} `json:"abort"`
+}
+
+func (s *Server) abort(w http.ResponseWriter, r request) error {
+	sc, done, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ids, err := sc.Abort(r.Context(), r.PathValue("branch"))
+	if err != nil {
+		return err
+	}
+	var doc abortDoc
+	doc.Abort.Aborted = ids
+	if ids == nil {
+		doc.Abort.Aborted = []string{}
+	}
+	writeJSON(w, http.StatusOK, doc)
+	return nil
+}

@@ -1,0 +1,70 @@
+//go:build linux
+
+package httpapi
+
+import (
+	"encoding/json"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/branchbox/branchbox/api/openapi"
+	"github.com/branchbox/branchbox/client"
+)
+
+// TestRoutesAreTheContract: every route the server serves is an operation
+// of api/openapi/branchbox.json, and every operation is served.
+func TestRoutesAreTheContract(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(openapi.Spec, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var inDoc []string
+	for path, ops := range doc.Paths {
+		for method := range ops {
+			if path != "/v1/openapi.json" {
+				inDoc = append(inDoc, strings.ToUpper(method)+" "+path)
+			}
+		}
+	}
+	var served []string
+	for pattern := range (&Server{}).routeTable() {
+		served = append(served, pattern)
+	}
+	sort.Strings(inDoc)
+	sort.Strings(served)
+	if strings.Join(inDoc, "\n") != strings.Join(served, "\n") {
+		t.Fatalf("the routes served and the contract's differ:\nserved:\n%s\ncontract:\n%s", strings.Join(served, "\n"), strings.Join(inDoc, "\n"))
+	}
+}
+
+// TestErrorKinds: every kind client.ErrorKind returns is in the
+// contract's Error schema and has its status.
+func TestErrorKinds(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Enum []string `json:"enum"`
+				} `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(openapi.Spec, &doc); err != nil {
+		t.Fatal(err)
+	}
+	enum := doc.Components.Schemas["Error"].Properties["kind"].Enum
+	sort.Strings(enum)
+	kinds := client.ErrorKinds()
+	sort.Strings(kinds)
+	if strings.Join(enum, ",") != strings.Join(kinds, ",") {
+		t.Fatalf("the contract's error kinds %v are not the client's %v", enum, kinds)
+	}
+	for _, k := range kinds {
+		if st := statusOf(k); st < 400 || (st == 500 && k != "unknown") {
+			t.Errorf("kind %s: status %d", k, st)
+		}
+	}
+}

@@ -1,0 +1,71 @@
+//go:build linux
+
+package integration
+
+import (
+	"encoding/json"
+	"sync"
+	"testing"
+
+	"github.com/branchbox/branchbox/internal/ociimage"
+)
+
+// TestHTTPAPICommitRace: siblings committed at once through the HTTP API,
+// each in its own request from its own client: exactly one wins, and every
+// other is refused as stale, naming that winner, as through the Go client.
+func TestHTTPAPICommitRace(t *testing.T) {
+	ctx, env := startEnv(t)
+	importImage(t, ctx, env, "branch")
+	srv := startServe(t, env, false)
+	api := newUnixAPI(t, srv)
+	removeSandboxesAtEnd(t, srv, env.Namespace)
+	ns := "/v1/namespaces/" + env.Namespace
+	sb := ns + "/sandboxes/sb"
+	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
+	const n = 8
+	var kids apiContexts
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": n}).decode(t, &kids)
+	for _, k := range kids.Contexts {
+		api.must(ctx, 200, "PUT", sb+"/branches/"+k.ID+"/files?path=/who", []byte(k.ID))
+	}
+	results := make([]apiResult, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, k := range kids.Contexts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newUnixAPI(t, srv) // a connection of its own
+			<-start
+			results[i] = c.do(ctx, "POST", sb+"/branches/"+k.ID+"/commit", nil, true)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	winner := ""
+	for i, r := range results {
+		if r.Status == 200 {
+			if winner != "" {
+				t.Fatalf("two commits won: %s and %s", winner, kids.Contexts[i].ID)
+			}
+			winner = kids.Contexts[i].ID
+		}
+	}
+	if winner == "" {
+		t.Fatalf("no commit won: %+v", results)
+	}
+	for i, r := range results {
+		if kids.Contexts[i].ID == winner {
+			continue
+		}
+		var e struct {
+			Error struct{ Kind, Message string }
+		}
+		if err := json.Unmarshal(r.Body, &e); err != nil || r.Status != 409 || e.Error.Kind != "stale" {
+			t.Fatalf("branch %s: %d %s", kids.Contexts[i].ID, r.Status, r.Body)
+		}
+	}
+	if r := api.must(ctx, 200, "GET", sb+"/branches/0/files?path=/who", nil); string(r.Body) != winner {
+		t.Fatalf("the sandbox has %q, the winner was %s", r.Body, winner)
+	}
+}

@@ -1,0 +1,132 @@
+// A whole fork/exec/commit session against `branchctl mcp`, driven by the
+// official MCP TypeScript SDK (@modelcontextprotocol/sdk, pinned in
+// package.json) as the client: integration/mcp_test.go runs it once over
+// stdio and once over streamable HTTP. Exits non-zero, saying why, on the
+// first thing that is not as it should be.
+//
+//   node mcp-session.mjs stdio   (BRANCHBOX_CTL, BRANCHBOX_ADDRESS, BRANCHBOX_NAMESPACE, BRANCHBOX_SANDBOX)
+//   node mcp-session.mjs http    (MCP_URL, MCP_TOKEN)
+
+import assert from 'node:assert/strict';
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+
+const env = process.env;
+const mode = process.argv[2];
+let transport;
+if (mode === 'stdio') {
+  transport = new StdioClientTransport({
+    command: env.BRANCHBOX_CTL,
+    args: ['mcp', '--address', env.BRANCHBOX_ADDRESS, '--namespace', env.BRANCHBOX_NAMESPACE, '--sandbox', env.BRANCHBOX_SANDBOX],
+    stderr: 'inherit',
+  });
+} else if (mode === 'ns') {
+  // Scoped to the namespace only: tools take a sandbox argument.
+  transport = new StdioClientTransport({
+    command: env.BRANCHBOX_CTL,
+    args: ['mcp', '--address', env.BRANCHBOX_ADDRESS, '--namespace', env.BRANCHBOX_NAMESPACE],
+    stderr: 'inherit',
+  });
+} else if (mode === 'http') {
+  const headers = env.MCP_TOKEN ? { Authorization: `Bearer ${env.MCP_TOKEN}` } : {};
+  transport = new StreamableHTTPClientTransport(new URL(env.MCP_URL), { requestInit: { headers } });
+} else {
+  throw new Error(`usage: node mcp-session.mjs stdio|ns|http`);
+}
+
+const client = new Client({ name: 'branchbox-integration', version: '1.0.0' });
+await client.connect(transport);
+const log = (...a) => console.log(`[${mode}]`, ...a);
+
+// call calls a tool that must succeed and returns its structured output.
+async function call(name, args) {
+  const res = await client.callTool({ name, arguments: args });
+  if (res.isError) throw new Error(`${name} ${JSON.stringify(args)} failed: ${res.content?.[0]?.text}`);
+  assert.ok(res.structuredContent, `${name}: no structured content`);
+  log(name, JSON.stringify(args), '->', JSON.stringify(res.structuredContent).slice(0, 300));
+  return res.structuredContent;
+}
+
+// fails calls a tool that must fail, with text that names kind and says
+// what to do.
+async function fails(name, args, kind, next) {
+  const res = await client.callTool({ name, arguments: args });
+  const text = res.content?.map((c) => c.text).join('\n') ?? '';
+  assert.ok(res.isError, `${name} ${JSON.stringify(args)} should fail, got ${JSON.stringify(res)}`);
+  if (kind) assert.match(text, new RegExp(`kind ${kind}`), text);
+  if (next) assert.match(text, next, text);
+  log(name, JSON.stringify(args), '-> error:', text.replace(/\n/g, ' | '));
+  return text;
+}
+
+if (mode === 'ns') {
+  const { tools } = await client.listTools();
+  assert.ok(tools.some((t) => t.name === 'list_sandboxes'));
+  const { sandboxes } = await call('list_sandboxes', {});
+  assert.ok(sandboxes.some((s) => s.id === env.BRANCHBOX_SANDBOX), JSON.stringify(sandboxes));
+  await fails('tree', {}, 'invalid-argument', /list_sandboxes/);
+  await fails('tree', { sandbox: 'nosuch' }, 'not-found', /list_sandboxes/);
+  const { branches } = await call('fork', { sandbox: env.BRANCHBOX_SANDBOX, count: 1 });
+  assert.equal((await call('exec', { sandbox: env.BRANCHBOX_SANDBOX, branch: branches[0].id, command: 'echo hi' })).stdout, 'hi\n');
+  await call('abort', { sandbox: env.BRANCHBOX_SANDBOX, branch: branches[0].id });
+  await client.close();
+  log('session ok');
+  process.exit(0);
+}
+
+// The tools, each with an object input schema that names its required
+// properties; scoped to one sandbox, there is no list_sandboxes.
+const { tools } = await client.listTools();
+const names = tools.map((t) => t.name).sort();
+assert.deepEqual(names, ['abort', 'checkpoint', 'commit', 'exec', 'fork', 'list_dir', 'read_file', 'rollback', 'tree', 'write_file']);
+for (const t of tools) {
+  assert.equal(t.inputSchema.type, 'object', t.name);
+  assert.ok(t.description && t.description.length > 20, t.name);
+  assert.ok(t.outputSchema, `${t.name}: no output schema`);
+}
+assert.deepEqual(tools.find((t) => t.name === 'commit').inputSchema.required, ['branch']);
+log('tools:', names.join(' '));
+
+const { branches } = await call('fork', { count: 2 });
+assert.equal(branches.length, 2);
+const [b1, b2] = branches.map((b) => b.id);
+
+await call('write_file', { branch: b1, path: '/answer', content: '42\n' });
+assert.equal((await call('read_file', { branch: b1, path: '/answer' })).content, '42\n');
+const ls = await call('list_dir', { branch: b1, path: '/' });
+assert.ok(ls.entries.some((e) => e.name === 'answer' && e.type === 'file'));
+const r = await call('exec', { branch: b1, command: 'cat /answer; echo err >&2; exit 3' });
+assert.deepEqual([r.exit_code, r.stdout, r.stderr], [3, '42\n', 'err\n']);
+const r2 = await call('exec', { branch: b2, args: ['sh', '-c', 'read x; echo $x > /answer; cat /answer'], stdin: 'wrong\n' });
+assert.deepEqual([r2.exit_code, r2.stdout], [0, 'wrong\n']);
+
+await call('checkpoint', { branch: b1, name: 'c1' });
+await call('write_file', { branch: b1, path: '/answer', content: 'overwritten\n' });
+await call('rollback', { branch: b1, name: 'c1' });
+assert.equal((await call('read_file', { branch: b1, path: '/answer' })).content, '42\n');
+
+// Errors an LLM can act on.
+await fails('write_file', { branch: '0', path: '/answer', content: 'x' }, 'failed-precondition', /write in a branch/);
+await fails('read_file', { branch: b1, path: '/nosuch' }, 'not-found', /call tree|list_dir/);
+await fails('exec', { branch: '99', command: 'true' }, 'not-found', /call tree/);
+await fails('exec', { branch: b1, command: 'sleep 30', timeout_seconds: 0.5 }, 'deadline-exceeded', /timeout_seconds/);
+await fails('exec', { branch: b1 }, 'invalid-argument', /input schema/);
+await fails('fork', { sandbox: 'some-other-sandbox' }, 'permission-denied', /scoped/);
+await fails('commit', {}, undefined, /branch/); // the schema's required property
+
+const c = await call('commit', { branch: b1 });
+assert.deepEqual(c.invalidated, [b2]);
+await fails('exec', { branch: b2, command: 'true' }, 'stale', /call fork/);
+await fails('commit', { branch: b2 }, 'stale', /lost/);
+assert.equal((await call('read_file', { branch: '0', path: '/answer' })).content, '42\n');
+assert.equal((await call('exec', { branch: '0', command: 'cat /answer' })).stdout, '42\n');
+
+const { branches: [b3] } = await call('fork', {});
+assert.deepEqual((await call('abort', { branch: b3.id })).aborted, [b3.id]);
+const states = Object.fromEntries((await call('tree', {})).contexts.map((x) => [x.id, x.state]));
+assert.deepEqual([states['0'], states[b1], states[b2], states[b3.id]], ['live', 'committed', 'stale', 'aborted']);
+
+await client.close();
+log('session ok');

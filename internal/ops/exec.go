@@ -1,0 +1,172 @@
+//go:build linux
+
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+)
+
+// Process is a process started in a context.
+type Process interface {
+	// Wait waits for it to exit and its output to drain.
+	Wait(ctx context.Context) (client.ExitStatus, error)
+	Kill(ctx context.Context, sig uint32) error
+}
+
+// Exec starts a process in a context of the sandbox. The shim runs
+// processes in branches; one in the sandbox itself (context "0") is an
+// exec of its containerd task, as `ctr task exec` makes one.
+func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, contextID string, opts client.ExecOptions) (Process, error) {
+	if contextID == branch.RootID || contextID == "" {
+		return execRoot(ctx, cc, sc, opts)
+	}
+	return sc.Exec(ctx, contextID, opts)
+}
+
+type rootProcess struct {
+	p    containerd.Process
+	exit <-chan containerd.ExitStatus
+	// ns is the sandbox's namespace: the caller's context of Wait and
+	// Kill has none, and containerd's calls need it.
+	ns string
+}
+
+// execRoot starts opts in the sandbox's own task.
+func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, opts client.ExecOptions) (Process, error) {
+	ctx = namespaces.WithNamespace(ctx, sc.Namespace)
+	sandboxID := sc.ID
+	c, err := cc.LoadContainer(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return nil, err
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s has no task to exec in: %w", sandboxID, err)
+	}
+	ps := *spec.Process
+	ps.Terminal = false
+	ps.Args = opts.Args
+	ps.Env = append(append([]string{}, ps.Env...), opts.Env...)
+	if opts.Cwd != "" {
+		ps.Cwd = opts.Cwd
+	}
+	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
+	rp := &rootProcess{ns: sc.Namespace}
+	started := make(chan struct{})
+	defer close(started)
+	stdin := opts.Stdin
+	if opts.Stdout == nil {
+		opts.Stdout = io.Discard
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
+	if stdin != nil {
+		// The task's stdin FIFO stays open until CloseIO: EOF is sent
+		// once the process exists.
+		stdin = &eofReader{r: stdin, eof: func() {
+			<-started
+			if rp.p != nil {
+				_ = rp.p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
+			}
+		}}
+	}
+	p, err := task.Exec(ctx, id, &ps, cio.NewCreator(cio.WithStreams(stdin, opts.Stdout, opts.Stderr)))
+	if err != nil {
+		return nil, err
+	}
+	// Wait is set up before Start, so that a fast exit is not missed.
+	exit, err := p.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		_, _ = p.Delete(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		_, _ = p.Delete(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	rp.p, rp.exit = p, exit
+	return rp, nil
+}
+
+func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
+	ctx = namespaces.WithNamespace(ctx, rp.ns)
+	select {
+	case st := <-rp.exit:
+		rp.release(context.WithoutCancel(ctx))
+		if err := st.Error(); err != nil {
+			return client.ExitStatus{}, err
+		}
+		return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
+	case <-ctx.Done():
+		return client.ExitStatus{}, ctx.Err()
+	}
+}
+
+// release deletes the exited exec, which waits for its output to drain:
+// the exit status can come before the output, and the output before it
+// would be lost. Right after the exit the task may not report the exec
+// stopped yet (Delete is then refused): it is asked again, and if it
+// still refuses, the output is waited for all the same, for a while.
+func (rp *rootProcess) release(ctx context.Context) {
+	var err error
+	for i := 0; i < 100; i++ {
+		if _, err = rp.p.Delete(ctx); err == nil || !errdefs.IsFailedPrecondition(err) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err == nil {
+		return
+	}
+	log.G(ctx).WithError(err).WithField("exec", rp.p.ID()).Warn("delete an exec of the sandbox's task")
+	if pio := rp.p.IO(); pio != nil {
+		drained := make(chan struct{})
+		go func() {
+			pio.Wait()
+			close(drained)
+		}()
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
+	ctx = namespaces.WithNamespace(ctx, rp.ns)
+	return rp.p.Kill(ctx, syscall.Signal(sig))
+}
+
+type eofReader struct {
+	r    io.Reader
+	eof  func()
+	once sync.Once
+}
+
+func (e *eofReader) Read(b []byte) (int, error) {
+	n, err := e.r.Read(b)
+	if errors.Is(err, io.EOF) {
+		e.once.Do(e.eof)
+	}
+	return n, err
+}

@@ -1,0 +1,241 @@
+//go:build linux
+
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+)
+
+// Files of a branch are read and written through its init's root,
+// /proc/PID/root, as the branch's own processes see them: its rootfs
+// (sealed read-only while it has branches: writes then fail) and whatever
+// is mounted in its mount namespace. Paths are resolved with openat2's
+// RESOLVE_IN_ROOT, so that no symlink a branch made leads out of it.
+const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
+
+// Root opens the root directory of a context: "0" (or "") is the
+// sandbox's own (its task's init), any other id a branch's init. The pidfd
+// taken first, and checked after, makes sure the root opened is that
+// process's and not one of a process that reused its pid.
+func Root(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (*os.File, error) {
+	pid, err := initPid(ctx, cc, sc, id)
+	if err != nil {
+		return nil, err
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("context %s: its init %d is gone: %w", id, pid, errdefs.ErrFailedPrecondition)
+	}
+	defer unix.Close(pidfd)
+	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
+	if err != nil {
+		return nil, fmt.Errorf("context %s: open its root: %w", id, err)
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		root.Close()
+		return nil, fmt.Errorf("context %s: its init %d ended: %w", id, pid, errdefs.ErrFailedPrecondition)
+	}
+	return root, nil
+}
+
+func initPid(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (int, error) {
+	if id == branch.RootID || id == "" {
+		ctx = namespaces.WithNamespace(ctx, sc.Namespace)
+		c, err := cc.LoadContainer(ctx, sc.ID)
+		if err != nil {
+			return 0, err
+		}
+		t, err := c.Task(ctx, nil)
+		if err != nil {
+			return 0, fmt.Errorf("sandbox %s has no task: %w", sc.ID, err)
+		}
+		return int(t.Pid()), nil
+	}
+	nodes, err := sc.Tree(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, n := range nodes {
+		if n.ID != id {
+			continue
+		}
+		if n.State != branch.Live {
+			if n.State == branch.Stale {
+				return 0, &branch.StaleError{Branch: id, Winner: n.Winner}
+			}
+			return 0, fmt.Errorf("branch %s is %s: %w", id, n.State, errdefs.ErrFailedPrecondition)
+		}
+		if n.InitPid == 0 {
+			return 0, fmt.Errorf("branch %s has no running init (status %q): %w", id, n.Status, errdefs.ErrFailedPrecondition)
+		}
+		return n.InitPid, nil
+	}
+	return 0, fmt.Errorf("no branch %s in sandbox %s (see its contexts with tree): %w", id, sc.ID, errdefs.ErrNotFound)
+}
+
+// CheckPath refuses a path that is not absolute, and cleans it.
+func CheckPath(p string) (string, error) {
+	if p == "" || !path.IsAbs(p) {
+		return "", fmt.Errorf("path %q: give an absolute path in the context: %w", p, errdefs.ErrInvalidArgument)
+	}
+	return path.Clean(p), nil
+}
+
+func openIn(root *os.File, p string, flags int, mode uint32) (*os.File, error) {
+	for {
+		fd, err := unix.Openat2(int(root.Fd()), p, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: inRoot})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return nil, fileErr(p, err)
+		}
+		return os.NewFile(uintptr(fd), p), nil
+	}
+}
+
+// fileErr says what an errno on a branch's file means in errdefs' terms.
+func fileErr(p string, err error) error {
+	var kind error
+	hint := ""
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		kind = errdefs.ErrNotFound
+	case errors.Is(err, unix.EROFS):
+		kind, hint = errdefs.ErrFailedPrecondition, " (a context is read-only while it has live branches: write in a branch, or commit or abort them)"
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		kind = errdefs.ErrPermissionDenied
+	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENAMETOOLONG):
+		kind = errdefs.ErrInvalidArgument
+	case errors.Is(err, unix.ENXIO), errors.Is(err, unix.ENODEV):
+		// A fifo with no reader, a device with none behind it.
+		kind, hint = errdefs.ErrInvalidArgument, " (not a regular file)"
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		kind = errdefs.ErrResourceExhausted
+	default:
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	return fmt.Errorf("%s: %v%s: %w", p, err, hint, kind)
+}
+
+// OpenFile opens a regular file of the context root is the root of.
+func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
+	// O_NONBLOCK: opening a fifo a branch made must not wait for a
+	// writer (it is then refused as not a regular file).
+	f, err := openIn(root, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s is not a regular file (%s); list a directory instead: %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
+	return f, fi, nil
+}
+
+// WriteFile replaces a file's content with what r gives, creating it with
+// mode if it does not exist. Its directory must exist.
+func WriteFile(root *os.File, p string, r io.Reader, mode uint32) (int64, error) {
+	// Opened without O_TRUNC and without blocking, so that only a regular
+	// file is emptied and written (not a fifo or a device a branch made).
+	f, err := openIn(root, p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK, mode)
+	if err != nil {
+		return 0, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
+	if err == nil {
+		err = f.Truncate(0)
+	}
+	if err != nil {
+		f.Close()
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = fileErr(p, pe.Err)
+		}
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fileErr(p, cerr)
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = fileErr(p, pe.Err)
+	}
+	return n, err
+}
+
+// DirEntry is one entry of a directory listing.
+type DirEntry struct {
+	Name string `json:"name"`
+	// Type: file, dir, symlink, or other.
+	Type     string    `json:"type"`
+	Size     int64     `json:"size"`
+	Mode     string    `json:"mode"`
+	Modified time.Time `json:"modified"`
+	Target   string    `json:"target,omitempty"`
+}
+
+// ListDir lists a directory, by name; more than max entries is an error.
+func ListDir(root *os.File, p string, max int) ([]DirEntry, error) {
+	d, err := openIn(root, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(max + 1)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fileErr(p, err)
+	}
+	if len(names) > max {
+		return nil, fmt.Errorf("%s has more than %d entries; list it with exec (ls) instead: %w", p, max, errdefs.ErrResourceExhausted)
+	}
+	sort.Strings(names)
+	out := []DirEntry{}
+	for _, n := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(d.Fd()), n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // gone since it was listed
+		}
+		e := DirEntry{Name: n, Size: st.Size, Mode: fmt.Sprintf("%04o", st.Mode&0o7777), Modified: time.Unix(st.Mtim.Unix()).UTC()}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			e.Type = "file"
+		case unix.S_IFDIR:
+			e.Type = "dir"
+		case unix.S_IFLNK:
+			e.Type = "symlink"
+			buf := make([]byte, unix.PathMax)
+			if k, err := unix.Readlinkat(int(d.Fd()), n, buf); err == nil {
+				e.Target = string(buf[:k])
+			}
+		default:
+			e.Type = "other"
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}

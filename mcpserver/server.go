@@ -1,0 +1,112 @@
+//go:build linux
+
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/branchbox/branchbox/client"
+)
+
+// Config scopes and bounds a server.
+type Config struct {
+	// Address is containerd's socket; Namespace the one namespace served.
+	Address, Namespace string
+	// Sandbox, if set, is the one sandbox the tools reach (by id, prefix
+	// or name); tools then need no sandbox argument.
+	Sandbox string
+	// MaxOutput bounds each stream of an exec's output returned, and
+	// MaxFile a file read or written, in bytes.
+	MaxOutput int
+	MaxFile   int64
+	// MaxExecs bounds the execs running at once.
+	MaxExecs int
+	// DefaultTimeout is an exec's timeout when the call gives none;
+	// MaxTimeout the most a call may give.
+	DefaultTimeout, MaxTimeout time.Duration
+	// Version is reported to clients.
+	Version string
+}
+
+// Server is the MCP server over one containerd namespace.
+type Server struct {
+	cfg   Config
+	cc    *containerd.Client
+	execs chan struct{}
+	mcp   *mcp.Server
+}
+
+// New connects to containerd and makes the server with its tools.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Namespace == "" {
+		cfg.Namespace = "default"
+	}
+	if cfg.MaxOutput <= 0 {
+		cfg.MaxOutput = 64 << 10
+	}
+	if cfg.MaxFile <= 0 {
+		cfg.MaxFile = 1 << 20
+	}
+	if cfg.MaxExecs <= 0 {
+		cfg.MaxExecs = 16
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = 2 * time.Minute
+	}
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = 30 * time.Minute
+	}
+	if cfg.Version == "" {
+		cfg.Version = "v1"
+	}
+	cc, err := containerd.New(cfg.Address)
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", cfg.Address, err)
+	}
+	s := &Server{cfg: cfg, cc: cc, execs: make(chan struct{}, cfg.MaxExecs)}
+	scope := fmt.Sprintf("containerd namespace %q", cfg.Namespace)
+	if cfg.Sandbox != "" {
+		scope = fmt.Sprintf("sandbox %q in %s", cfg.Sandbox, scope)
+	}
+	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "branchbox", Title: "branchbox", Version: cfg.Version}, &mcp.ServerOptions{
+		Instructions: "branchbox sandboxes: fork a running sandbox into copy-on-write branches, run commands and edit files " +
+			"in each, commit the branch that worked into its parent (the first commit wins; its siblings become stale) " +
+			"and abort the rest. Context \"0\" is the sandbox itself; it is read-only while it has live branches. " +
+			"This server reaches " + scope + ".",
+	})
+	s.addTools()
+	return s, nil
+}
+
+// MCP is the server to run on a transport.
+func (s *Server) MCP() *mcp.Server { return s.mcp }
+
+// Close closes the connection to containerd.
+func (s *Server) Close() error { return s.cc.Close() }
+
+// dial connects to the sandbox a tool call names, within the scope.
+func (s *Server) dial(ctx context.Context, name string) (*client.SandboxClient, error) {
+	if name == "" {
+		name = s.cfg.Sandbox
+	}
+	if name == "" {
+		return nil, fmt.Errorf("name a sandbox (argument sandbox; list_sandboxes lists them): %w", errdefs.ErrInvalidArgument)
+	}
+	if s.cfg.Sandbox != "" && name != s.cfg.Sandbox {
+		want, err := client.ResolveSandbox(ctx, s.cfg.Address, s.cfg.Namespace, s.cfg.Sandbox)
+		if err != nil {
+			return nil, err
+		}
+		got, err := client.ResolveSandbox(ctx, s.cfg.Address, s.cfg.Namespace, name)
+		if err != nil || got != want {
+			return nil, fmt.Errorf("this server reaches only sandbox %q, not %q: %w", s.cfg.Sandbox, name, errdefs.ErrPermissionDenied)
+		}
+	}
+	return client.NewSandboxClient(ctx, s.cfg.Address, s.cfg.Namespace, name)
+}

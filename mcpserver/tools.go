@@ -1,0 +1,473 @@
+//go:build linux
+
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/containerd/errdefs"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ops"
+)
+
+// ForkIn is fork's input.
+type ForkIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Parent  string `json:"parent,omitempty" jsonschema:"the context to fork: \"0\" (default) for the sandbox itself, or a live branch id (nested branches)"`
+	Count   int    `json:"count,omitempty" jsonschema:"how many branches to make, 1 (default) to 64"`
+	From    string `json:"from_checkpoint,omitempty" jsonschema:"fork from this checkpoint of the parent instead of its current state"`
+	Seal    string `json:"seal,omitempty" jsonschema:"how the parent is held while it has branches: ro (default; its files read-only) or freeze (its processes frozen too)"`
+	Net     string `json:"net,omitempty" jsonschema:"network: shared (default; the parent's) or isolated (loopback only)"`
+}
+
+// Context is a context as the tools show it.
+type Context struct {
+	ID     string `json:"id" jsonschema:"the context's id: \"0\" is the sandbox, others are branches"`
+	Parent string `json:"parent,omitempty"`
+	State  string `json:"state" jsonschema:"live, committing, committed, aborted or stale"`
+	Status string `json:"status,omitempty" jsonschema:"waiting, running, exited, frozen or paused"`
+	Sealed bool   `json:"sealed" jsonschema:"read-only (or frozen) while it has live branches"`
+	Winner string `json:"winner,omitempty" jsonschema:"for a stale branch, the sibling whose commit won"`
+	Procs  int    `json:"processes"`
+}
+
+func contextOf(c client.ContextInfo) Context {
+	return Context{ID: c.ID, Parent: c.Parent, State: string(c.State), Status: c.Status, Sealed: c.Sealed, Winner: c.Winner, Procs: len(c.Pids)}
+}
+
+// ForkOut is fork's output.
+type ForkOut struct {
+	Branches []Context `json:"branches"`
+}
+
+// ExecIn is exec's input.
+type ExecIn struct {
+	Sandbox string   `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Branch  string   `json:"branch" jsonschema:"the context to run in: a branch id, or \"0\" for the sandbox itself"`
+	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with /bin/sh -c (give this or args)"`
+	Args    []string `json:"args,omitempty" jsonschema:"the program and its arguments, run as they are (give this or command)"`
+	Stdin   string   `json:"stdin,omitempty" jsonschema:"the whole standard input"`
+	Env     []string `json:"env,omitempty" jsonschema:"more environment variables, KEY=VALUE"`
+	Cwd     string   `json:"cwd,omitempty" jsonschema:"working directory"`
+	Timeout float64  `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds (default 120)"`
+}
+
+// ExecOut is exec's output.
+type ExecOut struct {
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	Truncated bool   `json:"truncated,omitempty" jsonschema:"the output was longer than the server returns; only its start is here"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+}
+
+// FileIn names a file or directory.
+type FileIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Branch  string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself"`
+	Path    string `json:"path" jsonschema:"an absolute path in the context"`
+}
+
+// ReadOut is read_file's output.
+type ReadOut struct {
+	Path      string `json:"path"`
+	Size      int64  `json:"size"`
+	Encoding  string `json:"encoding" jsonschema:"utf-8, or base64 for a file that is not text"`
+	Content   string `json:"content"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+// WriteIn is write_file's input.
+type WriteIn struct {
+	Sandbox  string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Branch   string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself (read-only while it has live branches)"`
+	Path     string `json:"path" jsonschema:"an absolute path; its directory must exist"`
+	Content  string `json:"content" jsonschema:"the file's whole new content"`
+	Encoding string `json:"encoding,omitempty" jsonschema:"utf-8 (default) or base64"`
+	Mode     string `json:"mode,omitempty" jsonschema:"octal permission bits for a new file, such as 0755 (default 0644)"`
+}
+
+// WriteOut is write_file's output.
+type WriteOut struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+// ListOut is list_dir's output.
+type ListOut struct {
+	Path    string         `json:"path"`
+	Entries []ops.DirEntry `json:"entries"`
+}
+
+// BranchIn names a branch.
+type BranchIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Branch  string `json:"branch" jsonschema:"the branch id (from fork or tree)"`
+}
+
+// CommitOut is commit's output.
+type CommitOut struct {
+	Parent      Context  `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
+	Invalidated []string `json:"invalidated" jsonschema:"the siblings this commit made stale (their processes killed)"`
+}
+
+// AbortOut is abort's output.
+type AbortOut struct {
+	Aborted []string `json:"aborted"`
+}
+
+// SandboxIn names a sandbox.
+type SandboxIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+}
+
+// TreeOut is tree's output.
+type TreeOut struct {
+	Contexts []Context `json:"contexts"`
+}
+
+// CheckpointIn names a checkpoint of a context.
+type CheckpointIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Branch  string `json:"branch,omitempty" jsonschema:"the context: \"0\" (default) for the sandbox, or a branch id"`
+	Name    string `json:"name" jsonschema:"the checkpoint's name"`
+}
+
+// CheckpointOut is checkpoint's output.
+type CheckpointOut struct {
+	Name    string `json:"name"`
+	Context string `json:"context"`
+	Size    int64  `json:"size" jsonschema:"bytes of change since the context's previous checkpoint"`
+}
+
+// RollbackOut is rollback's output.
+type RollbackOut struct {
+	Context    string `json:"context"`
+	Checkpoint string `json:"checkpoint"`
+}
+
+// ListSandboxesOut is list_sandboxes' output.
+type ListSandboxesOut struct {
+	Sandboxes []client.SandboxSummary `json:"sandboxes"`
+}
+
+// tool adds a tool whose errors are made actionable.
+func tool[In, Out any](s *Server, name, desc string, h func(context.Context, In) (Out, error)) {
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: name, Description: desc}, func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		out, err := h(ctx, in)
+		return nil, out, actionable(err)
+	})
+}
+
+func (s *Server) addTools() {
+	tool(s, "fork", "Fork a context of a running sandbox into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
+	tool(s, "exec", "Run a command in a context (a branch, or \"0\" for the sandbox) and wait for it: its exit code, stdout and stderr.", s.exec)
+	tool(s, "read_file", "Read a file of a context, as its processes see it.", s.readFile)
+	tool(s, "write_file", "Write (replace or create) a file in a context. A context with live branches is read-only.", s.writeFile)
+	tool(s, "list_dir", "List a directory of a context.", s.listDir)
+	tool(s, "commit", "Commit a branch: its changes become its parent's. The first commit among siblings wins; the others become stale and their processes are killed.", s.commit)
+	tool(s, "abort", "Abort a branch: kill its processes and discard its changes (and its own branches').", s.abort)
+	tool(s, "tree", "Every context of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
+	tool(s, "checkpoint", "Record a context's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
+	tool(s, "rollback", "Bring a context's files back to a checkpoint, under its running processes.", s.rollback)
+	if s.cfg.Sandbox == "" {
+		tool(s, "list_sandboxes", "The sandboxes of the namespace: id, name, status, live branches.", s.listSandboxes)
+	}
+}
+
+func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return ForkOut{}, err
+	}
+	defer sc.Close()
+	if in.Count == 0 {
+		in.Count = 1
+	}
+	parent := in.Parent
+	if parent == branch.RootID {
+		parent = ""
+	}
+	kids, err := sc.Fork(ctx, client.ForkOptions{Parent: parent, Count: in.Count, From: in.From, Seal: in.Seal, Net: in.Net})
+	if err != nil {
+		return ForkOut{}, err
+	}
+	out := ForkOut{Branches: []Context{}}
+	for _, k := range kids {
+		out.Branches = append(out.Branches, contextOf(k))
+	}
+	return out, nil
+}
+
+// capped keeps the first max bytes written to it.
+type capped struct {
+	mu        sync.Mutex
+	buf       bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := c.max - c.buf.Len(); len(p) > room {
+		c.truncated = true
+		c.buf.Write(p[:max(room, 0)])
+	} else {
+		c.buf.Write(p)
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.ToValidUTF8(c.buf.String(), "\uFFFD")
+}
+
+func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
+	args := in.Args
+	switch {
+	case in.Command != "" && len(args) > 0:
+		return ExecOut{}, fmt.Errorf("give command or args, not both: %w", errdefs.ErrInvalidArgument)
+	case in.Command != "":
+		args = []string{"/bin/sh", "-c", in.Command}
+	case len(args) == 0:
+		return ExecOut{}, fmt.Errorf("no command: give command (a shell line) or args: %w", errdefs.ErrInvalidArgument)
+	}
+	timeout := s.cfg.DefaultTimeout
+	if in.Timeout > 0 {
+		timeout = min(time.Duration(in.Timeout*float64(time.Second)), s.cfg.MaxTimeout)
+	}
+	select {
+	case s.execs <- struct{}{}:
+		defer func() { <-s.execs }()
+	default:
+		return ExecOut{}, fmt.Errorf("%d commands are already running, this server's limit: %w", cap(s.execs), errdefs.ErrResourceExhausted)
+	}
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return ExecOut{}, err
+	}
+	defer sc.Close()
+	stdout, stderr := &capped{max: s.cfg.MaxOutput}, &capped{max: s.cfg.MaxOutput}
+	opts := client.ExecOptions{Args: args, Env: in.Env, Cwd: in.Cwd, Stdout: stdout, Stderr: stderr}
+	if in.Stdin != "" {
+		opts.Stdin = strings.NewReader(in.Stdin)
+	}
+	p, err := ops.Exec(ctx, s.cc, sc, in.Branch, opts)
+	if err != nil {
+		return ExecOut{}, err
+	}
+	// The timeout is the command's run, from its start.
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := p.Wait(tctx)
+	if err != nil && tctx.Err() != nil {
+		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer kcancel()
+		_ = p.Kill(kctx, uint32(unix.SIGKILL))
+		_, _ = p.Wait(kctx)
+		return ExecOut{}, fmt.Errorf("%v ran longer than %s and was killed; its output so far: stdout %q, stderr %q: %w", args, timeout, stdout.String(), stderr.String(), context.DeadlineExceeded)
+	}
+	if err != nil {
+		return ExecOut{}, err
+	}
+	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled}, nil
+}
+
+// openRoot opens the root of a context for a file tool, and checks the
+// path.
+func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*os.File, string, error) {
+	p, err := ops.CheckPath(path)
+	if err != nil {
+		return nil, "", err
+	}
+	sc, err := s.dial(ctx, sandbox)
+	if err != nil {
+		return nil, "", err
+	}
+	defer sc.Close()
+	root, err := ops.Root(ctx, s.cc, sc, id)
+	return root, p, err
+}
+
+func (s *Server) readFile(ctx context.Context, in FileIn) (ReadOut, error) {
+	root, p, err := s.openRoot(ctx, in.Sandbox, in.Branch, in.Path)
+	if err != nil {
+		return ReadOut{}, err
+	}
+	defer root.Close()
+	f, fi, err := ops.OpenFile(root, p)
+	if err != nil {
+		return ReadOut{}, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, s.cfg.MaxFile))
+	if err != nil {
+		return ReadOut{}, err
+	}
+	out := ReadOut{Path: p, Size: fi.Size(), Encoding: "utf-8", Content: string(data), Truncated: fi.Size() > int64(len(data))}
+	if !utf8.Valid(data) {
+		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	}
+	return out, nil
+}
+
+func (s *Server) writeFile(ctx context.Context, in WriteIn) (WriteOut, error) {
+	data := []byte(in.Content)
+	switch in.Encoding {
+	case "", "utf-8":
+	case "base64":
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return WriteOut{}, fmt.Errorf("content is not base64: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	default:
+		return WriteOut{}, fmt.Errorf("encoding %q: want utf-8 or base64: %w", in.Encoding, errdefs.ErrInvalidArgument)
+	}
+	if int64(len(data)) > s.cfg.MaxFile {
+		return WriteOut{}, fmt.Errorf("%d bytes is over this server's limit of %d per file: %w", len(data), s.cfg.MaxFile, errdefs.ErrResourceExhausted)
+	}
+	mode := uint32(0o644)
+	if in.Mode != "" {
+		var m uint32
+		if _, err := fmt.Sscanf(in.Mode, "%o", &m); err != nil || m > 0o7777 {
+			return WriteOut{}, fmt.Errorf("mode %q: want octal permission bits such as 0755: %w", in.Mode, errdefs.ErrInvalidArgument)
+		}
+		mode = m
+	}
+	root, p, err := s.openRoot(ctx, in.Sandbox, in.Branch, in.Path)
+	if err != nil {
+		return WriteOut{}, err
+	}
+	defer root.Close()
+	n, err := ops.WriteFile(root, p, bytes.NewReader(data), mode)
+	if err != nil {
+		return WriteOut{}, err
+	}
+	return WriteOut{Path: p, Size: n}, nil
+}
+
+func (s *Server) listDir(ctx context.Context, in FileIn) (ListOut, error) {
+	root, p, err := s.openRoot(ctx, in.Sandbox, in.Branch, in.Path)
+	if err != nil {
+		return ListOut{}, err
+	}
+	defer root.Close()
+	entries, err := ops.ListDir(root, p, 1000)
+	if err != nil {
+		return ListOut{}, err
+	}
+	return ListOut{Path: p, Entries: entries}, nil
+}
+
+func (s *Server) commit(ctx context.Context, in BranchIn) (CommitOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return CommitOut{}, err
+	}
+	defer sc.Close()
+	res, err := sc.Commit(ctx, in.Branch)
+	if err != nil {
+		return CommitOut{}, err
+	}
+	out := CommitOut{Parent: contextOf(res.Parent), Invalidated: res.Invalidated}
+	if out.Invalidated == nil {
+		out.Invalidated = []string{}
+	}
+	return out, nil
+}
+
+func (s *Server) abort(ctx context.Context, in BranchIn) (AbortOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return AbortOut{}, err
+	}
+	defer sc.Close()
+	ids, err := sc.Abort(ctx, in.Branch)
+	if err != nil {
+		return AbortOut{}, err
+	}
+	if ids == nil {
+		ids = []string{}
+	}
+	return AbortOut{Aborted: ids}, nil
+}
+
+func (s *Server) tree(ctx context.Context, in SandboxIn) (TreeOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return TreeOut{}, err
+	}
+	defer sc.Close()
+	nodes, err := sc.Tree(ctx)
+	if err != nil {
+		return TreeOut{}, err
+	}
+	out := TreeOut{Contexts: []Context{}}
+	for _, n := range nodes {
+		out.Contexts = append(out.Contexts, contextOf(n))
+	}
+	return out, nil
+}
+
+func rootOr(id string) string {
+	if id == branch.RootID {
+		return ""
+	}
+	return id
+}
+
+func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return CheckpointOut{}, err
+	}
+	defer sc.Close()
+	ck, err := sc.Checkpoint(ctx, rootOr(in.Branch), in.Name)
+	if err != nil {
+		return CheckpointOut{}, err
+	}
+	return CheckpointOut{Name: ck.Name, Context: ck.Context, Size: ck.Size}, nil
+}
+
+func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return RollbackOut{}, err
+	}
+	defer sc.Close()
+	if err := sc.Rollback(ctx, rootOr(in.Branch), in.Name); err != nil {
+		return RollbackOut{}, err
+	}
+	id := in.Branch
+	if id == "" {
+		id = branch.RootID
+	}
+	return RollbackOut{Context: id, Checkpoint: in.Name}, nil
+}
+
+func (s *Server) listSandboxes(ctx context.Context, _ struct{}) (ListSandboxesOut, error) {
+	list, err := client.ListSandboxes(ctx, s.cfg.Address, s.cfg.Namespace)
+	if err != nil {
+		return ListSandboxesOut{}, err
+	}
+	if list == nil {
+		list = []client.SandboxSummary{}
+	}
+	return ListSandboxesOut{Sandboxes: list}, nil
+}

@@ -1,0 +1,198 @@
+"""The Python SDK against a real `branchctl serve` (integration/sdk_test.go
+runs it, with BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN,
+BRANCHBOX_NAMESPACE and BRANCHBOX_IMAGE set)."""
+
+import asyncio
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import branchbox  # noqa: E402
+
+ENV = os.environ
+NS = ENV["BRANCHBOX_NAMESPACE"]
+IMAGE = ENV["BRANCHBOX_IMAGE"]
+
+
+def unix():
+    return branchbox.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS)
+
+
+def tls():
+    return ssl.create_default_context(cafile=ENV["BRANCHBOX_CA"])
+
+
+def tcp():
+    return branchbox.Client(url=ENV["BRANCHBOX_URL"], token=ENV["BRANCHBOX_TOKEN"], namespace=NS, ssl_context=tls())
+
+
+class SDKTest(unittest.TestCase):
+    def setUp(self):
+        self.c = unix()
+        self.sb = self.c.create_sandbox("py-" + self._testMethodName[5:].replace("_", "-"), IMAGE, args=["sleep", "1000000"])
+
+    def tearDown(self):
+        self.sb.remove()
+        self.c.close()
+
+    def test_fork_exec_commit(self):
+        kids = self.sb.fork(2)
+        self.assertEqual(len(kids), 2)
+        a, b = kids
+        a.write_file("/answer", "from a\n", mode=0o600)
+        self.assertEqual(a.read_file("/answer"), b"from a\n")
+        names = {e["name"]: e for e in a.list_dir("/")}
+        self.assertEqual(names["answer"]["type"], "file")
+        self.assertEqual(names["answer"]["mode"], "0600")
+        with self.assertRaises(branchbox.BranchboxError) as cm:
+            b.read_file("/answer")
+        self.assertEqual(cm.exception.kind, "not-found")
+
+        # Output streams as it comes, then the exit status.
+        events = list(a.exec_stream(["sh", "-c", "echo one; sleep 0.2; echo two >&2; exit 4"]))
+        self.assertEqual(events[-1][0], "exit")
+        self.assertEqual(events[-1][1]["exitCode"], 4)
+        self.assertEqual("".join(v for k, v in events if k == "stdout"), "one\n")
+        self.assertEqual("".join(v for k, v in events if k == "stderr"), "two\n")
+        r = a.exec(["sh", "-c", "read x; echo got $x"], stdin="hi\n")
+        self.assertEqual((r.exit_code, r.stdout), (0, "got hi\n"))
+
+        res = a.commit()
+        self.assertEqual(res["invalidated"], [b.id])
+        with self.assertRaises(branchbox.StaleError) as cm:
+            b.exec(["true"])
+        self.assertEqual(cm.exception.kind, "stale")
+        self.assertIn("fork again", cm.exception.hint)
+        self.assertEqual(self.sb.root.read_file("/answer"), b"from a\n")
+        states = {c["id"]: c["state"] for c in self.sb.tree()}
+        self.assertEqual((states[a.id], states[b.id]), ("committed", "stale"))
+
+    def test_interactive(self):
+        (b,) = self.sb.fork(1)
+        p = b.exec_interactive(["sh", "-c", 'while read l; do echo "got $l"; done; echo done'])
+        p.write("a\n")
+        it = iter(p)
+        # The answer to the first line comes before the input ends.
+        self.assertEqual(next(it), ("stdout", "got a\n"))
+        p.write("b\n")
+        p.end()
+        rest = list(it)
+        self.assertEqual("".join(v for k, v in rest if k == "stdout"), "got b\ndone\n")
+        self.assertEqual(rest[-1][1]["exitCode"], 0)
+        q = self.sb.root.exec_interactive(["sh", "-c", 'read x; echo "root got $x"'])
+        q.write("y\n")
+        r = q.wait()
+        self.assertEqual((r.exit_code, r.stdout), (0, "root got y\n"))
+
+    def test_checkpoint_rollback_abort(self):
+        self.sb.root.write_file("/v", "1")
+        self.sb.checkpoint("one")
+        self.sb.root.write_file("/v", "2")
+        self.assertEqual([c["name"] for c in self.sb.checkpoints()], ["one"])
+        self.sb.rollback("one")
+        self.assertEqual(self.sb.root.read_file("/v"), b"1")
+        (k,) = self.sb.fork(1, from_checkpoint="one", seal="ro")
+        self.assertEqual(k.read_file("/v"), b"1")
+        # The sandbox is sealed while it has a branch.
+        with self.assertRaises(branchbox.BranchboxError) as cm:
+            self.sb.root.write_file("/v", "3")
+        self.assertEqual(cm.exception.kind, "failed-precondition")
+        self.assertEqual(k.abort(), [k.id])
+        self.sb.delete_checkpoint("one")
+        self.assertEqual(self.sb.checkpoints(), [])
+
+    def test_errors_and_tokens(self):
+        with self.assertRaises(branchbox.BranchboxError) as cm:
+            self.c.sandbox("nosuch").fork(1)
+        self.assertEqual((cm.exception.kind, cm.exception.status), ("not-found", 404))
+        with self.assertRaises(branchbox.BranchboxError) as cm:
+            self.sb.fork(0)
+        self.assertEqual(cm.exception.kind, "invalid-argument")
+        # Over TCP (TLS) with the token; without it, refused.
+        with tcp() as t:
+            self.assertIn(self.sb.name, [s["id"] for s in t.sandboxes()])
+        with self.assertRaises(branchbox.BranchboxError) as cm, branchbox.Client(url=ENV["BRANCHBOX_URL"], namespace=NS, ssl_context=tls()) as anon:
+            anon.sandboxes()
+        self.assertEqual((cm.exception.kind, cm.exception.status), ("permission-denied", 401))
+
+    def test_threads_share_a_client(self):
+        kids = self.sb.fork(4)
+        out = [None] * 4
+
+        def run(i):
+            out[i] = kids[i].exec(["sh", "-c", "echo %d" % i]).stdout
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(out, ["%d\n" % i for i in range(4)])
+
+    def test_events(self):
+        got = []
+        ready = threading.Event()
+
+        def watch():
+            it = self.c.events(topic="/branch/")
+            ready.set()
+            for ev in it:
+                got.append(ev["topic"])
+                if ev["topic"] == "/branch/fork":
+                    return
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        ready.wait()
+        import time
+        time.sleep(0.5)
+        self.sb.fork(1)
+        t.join(20)
+        self.assertIn("/branch/fork", got)
+
+
+class AsyncTest(unittest.IsolatedAsyncioTestCase):
+    async def test_async_fork_exec_commit(self):
+        from branchbox import aio
+
+        c = aio.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS)
+        sb = await c.create_sandbox("py-async", IMAGE, args=["sleep", "1000000"])
+        try:
+            kids = await sb.fork(3)
+            # The branches run at once; the one whose test passes is kept.
+            results = await asyncio.gather(*(k.exec(["sh", "-c", "echo %d > /n; [ %d = 1 ]" % (i, i)]) for i, k in enumerate(kids)))
+            self.assertEqual([r.exit_code for r in results], [1, 0, 1])
+            chunks = [kv async for kv in kids[1].exec_stream(["sh", "-c", "echo a; echo b >&2"])]
+            self.assertEqual(chunks[-1][0], "exit")
+            self.assertEqual("".join(v for k, v in chunks if k == "stdout"), "a\n")
+            res = await kids[1].commit()
+            self.assertEqual(sorted(res["invalidated"]), sorted([kids[0].id, kids[2].id]))
+            self.assertEqual(await sb.root.read_file("/n"), b"1\n")
+            with self.assertRaises(branchbox.StaleError):
+                await kids[0].exec(["true"])
+            winner, _ = await aio.best_of_n(sb, [["true"], ["false"]], ["true"])
+            self.assertIsNotNone(winner)
+        finally:
+            await sb.remove()
+            c.close()
+
+
+class ExampleTest(unittest.TestCase):
+    def test_best_of_n_example(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run([sys.executable, os.path.join(here, "..", "examples", "best_of_n.py"),
+                            "--socket", ENV["BRANCHBOX_SOCKET"], "--namespace", NS, "--image", IMAGE],
+                           capture_output=True, text=True, timeout=300)
+        sys.stderr.write(p.stdout + p.stderr)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("committed branch", p.stdout)
+        self.assertIn("after: 0 echo $(( $1 + $2 + 0 ))", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,149 @@
+// @ts-check
+// The TypeScript SDK against a real `branchctl serve`
+// (integration/sdk_test.go runs it with node --test, with
+// BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN, BRANCHBOX_NAMESPACE and
+// BRANCHBOX_IMAGE set).
+
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { after, before, describe, test } from 'node:test';
+
+import { BranchboxError, Client, StaleError } from '@branchbox/sdk';
+import { main as bestOfNExample } from '../examples/best-of-n.mjs';
+
+const env = process.env;
+const NS = env.BRANCHBOX_NAMESPACE ?? 'default';
+const IMAGE = env.BRANCHBOX_IMAGE ?? '';
+
+/** @param {() => Promise<unknown>} fn @param {string} kind */
+async function rejectsWith(fn, kind) {
+  await assert.rejects(fn, (/** @type {any} */ e) => {
+    assert.ok(e instanceof BranchboxError, `${e}`);
+    assert.equal(e.kind, kind, e.message);
+    return true;
+  });
+}
+
+describe('branchbox SDK', () => {
+  const c = new Client({ socket: env.BRANCHBOX_SOCKET, namespace: NS });
+  after(() => c.close());
+
+  test('fork, files, exec, commit', async () => {
+    const sb = await c.createSandbox({ id: 'ts-fork', image: IMAGE, args: ['sleep', '1000000'] });
+    try {
+      const [a, b] = await sb.fork({ count: 2 });
+      await a.writeFile('/answer', 'from a\n', { mode: 0o600 });
+      assert.equal((await a.readFile('/answer')).toString(), 'from a\n');
+      const entry = (await a.listDir('/')).find((e) => e.name === 'answer');
+      assert.deepEqual([entry?.type, entry?.mode], ['file', '0600']);
+      await rejectsWith(() => b.readFile('/answer'), 'not-found');
+
+      // Output streams as it comes, then the exit status.
+      const events = [];
+      for await (const ev of a.execStream(['sh', '-c', 'echo one; sleep 0.2; echo two >&2; exit 4'])) events.push(ev);
+      const last = events.at(-1);
+      assert.ok(last && 'exit' in last && last.exit.exitCode === 4, JSON.stringify(events));
+      const out = events.map((e) => ('stdout' in e ? e.stdout : '')).join('');
+      const err = events.map((e) => ('stderr' in e ? e.stderr : '')).join('');
+      assert.deepEqual([out, err], ['one\n', 'two\n']);
+      const r = await a.exec(['sh', '-c', 'read x; echo got $x; echo e >&2; exit 2'], { stdin: 'hi\n' });
+      assert.deepEqual([r.exitCode, r.stdout, r.stderr], [2, 'got hi\n', 'e\n']);
+
+      const res = await a.commit();
+      assert.deepEqual(res.invalidated, [b.id]);
+      await assert.rejects(() => b.exec(['true']), StaleError);
+      assert.equal((await sb.root.readFile('/answer')).toString(), 'from a\n');
+      const states = Object.fromEntries((await sb.tree()).map((x) => [x.id, x.state]));
+      assert.deepEqual([states[a.id], states[b.id]], ['committed', 'stale']);
+    } finally {
+      await sb.remove();
+    }
+  });
+
+  test('interactive exec: input written while output comes', async () => {
+    const sb = await c.createSandbox({ id: 'ts-interactive', image: IMAGE, args: ['sleep', '1000000'] });
+    try {
+      const [b] = await sb.fork();
+      const p = b.execInteractive(['sh', '-c', 'while read l; do echo "got $l"; done; echo done']);
+      p.write('a\n');
+      const it = p[Symbol.asyncIterator]();
+      // The answer to the first line comes before the input ends.
+      const first = await it.next();
+      assert.deepEqual(first.value, { stdout: 'got a\n' });
+      p.write('b\n');
+      p.end();
+      let out = '';
+      let exit;
+      for (let r = await it.next(); !r.done; r = await it.next()) {
+        if ('stdout' in r.value) out += r.value.stdout;
+        if ('exit' in r.value) exit = r.value.exit;
+      }
+      assert.equal(out, 'got b\ndone\n');
+      assert.equal(exit?.exitCode, 0);
+      // In the sandbox itself too, with wait().
+      const q = sb.root.execInteractive(['sh', '-c', 'read x; echo "root got $x"']);
+      q.write('y\n');
+      const r = await q.wait();
+      assert.deepEqual([r.exitCode, r.stdout], [0, 'root got y\n']);
+    } finally {
+      await sb.remove();
+    }
+  });
+
+  test('checkpoint, rollback, abort, errors', async () => {
+    const sb = await c.createSandbox({ id: 'ts-ck', image: IMAGE, args: ['sleep', '1000000'] });
+    try {
+      await sb.root.writeFile('/v', '1');
+      await sb.checkpoint('one');
+      await sb.root.writeFile('/v', '2');
+      await sb.rollback('one');
+      assert.equal((await sb.root.readFile('/v')).toString(), '1');
+      const [k] = await sb.fork({ from: 'one' });
+      await rejectsWith(() => sb.root.writeFile('/v', '3'), 'failed-precondition');
+      assert.deepEqual(await k.abort(), [k.id]);
+      await sb.deleteCheckpoint('one');
+      assert.deepEqual(await sb.checkpoints(), []);
+      await rejectsWith(() => c.sandbox('nosuch').fork(), 'not-found');
+      await rejectsWith(() => sb.fork({ count: 0 }), 'invalid-argument');
+    } finally {
+      await sb.remove();
+    }
+  });
+
+  test('TCP (TLS) with a token; without one, refused', async () => {
+    const ca = readFileSync(env.BRANCHBOX_CA ?? '');
+    assert.ok(env.BRANCHBOX_URL?.startsWith('https://'));
+    const t = new Client({ url: env.BRANCHBOX_URL, token: env.BRANCHBOX_TOKEN, namespace: NS, ca });
+    const anon = new Client({ url: env.BRANCHBOX_URL, namespace: NS, ca });
+    try {
+      assert.ok(Array.isArray(await t.sandboxes()));
+      await assert.rejects(() => anon.sandboxes(), (/** @type {any} */ e) => e.kind === 'permission-denied' && e.status === 401);
+    } finally {
+      t.close();
+      anon.close();
+    }
+  });
+
+  test('events', async () => {
+    const sb = await c.createSandbox({ id: 'ts-ev', image: IMAGE, args: ['sleep', '1000000'] });
+    const ac = new AbortController();
+    try {
+      const seen = (async () => {
+        for await (const ev of c.events({ topic: '/branch/', signal: ac.signal })) {
+          if (ev.topic === '/branch/fork') return ev;
+        }
+      })();
+      await new Promise((r) => setTimeout(r, 500));
+      await sb.fork();
+      const ev = await seen;
+      assert.equal(ev?.topic, '/branch/fork');
+    } finally {
+      ac.abort();
+      await sb.remove();
+    }
+  });
+
+  test('the best-of-N example', async () => {
+    assert.equal(await bestOfNExample({ ...env, BRANCHBOX_SANDBOX: 'ts-best-of-n' }), 0);
+  });
+});
