@@ -245,12 +245,14 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 	assertUnchanged(t, ctx, env, cc, before, "a load into a snapshotter that is not there")
 
 	// Cancelled: in the middle of reading the archive, and while a layer
-	// is being unpacked (16 MB: it takes a while).
+	// is being unpacked: 16 MB in 20,000 files, whose unpacking takes
+	// long enough for the poll below to see it on a loaded machine (one
+	// 16 MB file was unpacked between two polls).
 	big := make([]byte, 16<<20)
 	if _, err := rand.Read(big); err != nil {
 		t.Fatal(err)
 	}
-	bigLayer := fileLayer("big", big)
+	bigLayer := manyFilesLayer(t, big, 20000)
 	data := writeArchive(t, filepath.Join(dir, "cancel.tar"), layoutFiles(t, testImage{ref: app, layers: [][]byte{busybox, fresh, bigLayer, v2}}))
 	sn := cc.SnapshotService("branch")
 	unpacking := func() bool {
@@ -311,4 +313,29 @@ func TestLoadFailuresLeaveNodeAsBefore(t *testing.T) {
 	if got := readApp(); got != "v2\n" {
 		t.Fatalf("after loading v2 %s reads %q", app, got)
 	}
+}
+
+// manyFilesLayer is a layer (an uncompressed tar) holding data cut into n
+// files, under big/.
+func manyFilesLayer(t *testing.T, data []byte, n int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "big/", Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	size := len(data) / n
+	for i := 0; i < n; i++ {
+		part := data[i*size : (i+1)*size]
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("big/%05d", i), Mode: 0o644, Size: int64(len(part))}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(part); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
