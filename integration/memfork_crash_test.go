@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -11,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
@@ -67,11 +66,16 @@ func TestMemoryForkCrash(t *testing.T) {
 	t.Run("shim", func(t *testing.T) {
 		ctx, env, sc := replSandbox(t)
 		replIn(t, ctx, env, sc, branch.RootID, 0, `mem=kept`)
-		_, task := sandboxTask(t, ctx, env, "sb")
+		cc, task := sandboxTask(t, ctx, env, "sb")
 		exited, err := task.Wait(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		// containerd publishes the task's deletion once its cleanup of
+		// the dead shim (the shim binary's delete) is done.
+		evctx, stopEvents := context.WithCancel(ctx)
+		defer stopEvents()
+		deleted, evErrs := cc.EventService().Subscribe(evctx, `topic=="/tasks/delete"`)
 		initPid := int(task.Pid())
 		shims := env.ShimPids()
 		if len(shims) != 1 {
@@ -90,13 +94,15 @@ func TestMemoryForkCrash(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
 		}
-		// The wait ends with the shim's connection; containerd's cleanup
-		// (the shim binary's delete) runs after it: the task is gone, and
-		// no process of this containerd's shims, once it is done.
-		waitUntil(t, "containerd's cleanup of the dead shim", 20*time.Second, func() bool {
-			_, err := task.Status(ctx)
-			return errdefs.IsNotFound(err) && len(env.ShimPids()) == 0
-		})
+		// The wait ends with the shim's connection, before containerd's
+		// cleanup of it.
+		select {
+		case <-deleted:
+		case err := <-evErrs:
+			t.Fatalf("containerd's events: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("containerd did not report the dead shim's task deleted within 30s")
+		}
 		waitUntil(t, "the sandbox's processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
 		if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) > 0 || len(pids) > 0 {
 			t.Fatalf("branch cgroups %v (processes %v) left", dirs, pids)
