@@ -249,9 +249,13 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 			sctx = context.WithoutCancel(ctx)
 		}
 		if _, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
+			why := ""
+			if n.memory {
+				why = criuErrors(filepath.Join(n.bundle, "work", "restore.log")) // read before the bundle goes
+			}
 			c.destroy(ctx, sb, n)
 			if n.memory {
-				return nil, fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", info.ID, errgrpc.ToNative(err), criuErrors(filepath.Join(n.bundle, "work", "restore.log")))
+				return nil, fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", info.ID, errgrpc.ToNative(err), why)
 			}
 			return nil, fmt.Errorf("branch %s: start %v: %w", info.ID, req.Args, errgrpc.ToNative(err))
 		}
@@ -704,7 +708,8 @@ func removeBranchCgroups(ctx context.Context, bundle string) {
 		for _, d := range dirsIn(ms, cg) {
 			entries, _ := os.ReadDir(d.dir)
 			for _, e := range entries {
-				if e.IsDir() {
+				// The sandbox's own leaves go with the sandbox's cgroup.
+				if e.IsDir() && e.Name() != ownLeaf && e.Name() != sealLeaf {
 					errs = append(errs, removeDirs(dirsIn(ms, cg+"/"+e.Name())))
 				}
 			}
