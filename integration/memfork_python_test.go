@@ -53,6 +53,25 @@ func importPythonImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 // writing its prompts and output to /dev/shm/out.
 const pyREPL = `mkfifo /dev/shm/in && exec python3 -q -u -i 0<>/dev/shm/in >/dev/shm/out 2>&1`
 
+// pySandbox runs pyREPL as the sandbox "sb" of the Python image and
+// returns a client once the REPL reads its FIFO.
+func pySandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClient) {
+	t.Helper()
+	ctx, env, _ := shimEnv(t)
+	importPythonImage(t, ctx, env)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
+	return ctx, env, sc
+}
+
 // pyIn types a line into the REPL of a context (the sandbox, "0", or a
 // branch) and waits until its output holds want.
 func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, b, line, want string) {
@@ -89,18 +108,7 @@ func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.Sandbo
 // the winner's file and its own interpreter's state (docs/memory-fork.md:
 // a commit brings the winner's files, not its processes).
 func TestMemoryForkPythonREPL(t *testing.T) {
-	ctx, env, _ := shimEnv(t)
-	importPythonImage(t, ctx, env)
-	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
-	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
+	ctx, env, sc := pySandbox(t)
 	pyIn(t, ctx, env, sc, branch.RootID, `x = 41; tries = []; log = open('/data.log', 'a'); log.write('before\n'); log.flush(); print('ready', x)`, "ready 41")
 
 	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 4, WithMemory: true})
@@ -153,18 +161,7 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 // then forks the memory branch again (a nested memory fork): each copy
 // has the whole of it, and the nested one commits into its parent.
 func TestMemoryForkDirty100MB(t *testing.T) {
-	ctx, env, _ := shimEnv(t)
-	importPythonImage(t, ctx, env)
-	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
-	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
+	ctx, env, sc := pySandbox(t)
 	// Every page written with its own number (mod 251), so that a page
 	// copied from the wrong place or left zero shows in the sum.
 	pyIn(t, ctx, env, sc, branch.RootID, `b = bytearray(100 << 20); exec("for i in range(0, len(b), 4096): b[i] = (i >> 12) % 251"); print('dirty', sum(b))`, "dirty ")

@@ -263,12 +263,8 @@ func killCriuOf(ctx context.Context, bundle string) {
 // alive says whether a process still runs: a zombie (an orphan waiting
 // for the host's init to reap it) does not.
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, ok := strings.Cut(string(b), ") ")
-	return ok && len(rest) > 0 && rest[0] != 'Z' && rest[0] != 'X'
+	state, _, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
 }
 
 // criuErrors is CRIU's error lines of a log, to say why it failed.

@@ -70,23 +70,33 @@ func unforkable(initPid int, own []int) []string {
 // the parent pids in /proc.
 func descends(pid int, tree map[int]bool) bool {
 	for i := 0; i < 64 && pid > 1; i++ {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		_, ppid, ok := procStat(pid)
+		if !ok {
 			return false
 		}
-		_, rest, ok := strings.Cut(string(b), ") ")
-		f := strings.Fields(rest)
-		if !ok || len(f) < 2 {
-			return false
-		}
-		if pid, err = strconv.Atoi(f[1]); err != nil {
-			return false
-		}
-		if tree[pid] {
+		if pid = ppid; tree[pid] {
 			return true
 		}
 	}
 	return false
+}
+
+// procStat is a process's state letter and parent pid, from
+// /proc/PID/stat (after the command name, which may hold spaces).
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	_, rest, found := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !found || len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	if ppid, err = strconv.Atoi(f[1]); err != nil {
+		return 0, 0, false
+	}
+	return f[0][0], ppid, true
 }
 
 // processTree is pid and its descendants, from each thread's children.

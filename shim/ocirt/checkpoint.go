@@ -145,7 +145,9 @@ func checkpoint(c *cmdline) error {
 	}
 	cr := criu.MakeCriu()
 	if err := cr.Dump(opts, criu.NoNotify{}); err != nil {
-		return fmt.Errorf("criu dump: %w%s", err, criuLogTail(c.str("work-path"), images, "dump.log"))
+		// Its log (dump.log in the work directory) says why; the shim
+		// reads it before the image goes.
+		return fmt.Errorf("criu dump: %w", err)
 	}
 	return nil
 }
@@ -207,32 +209,6 @@ func addDumpMounts(opts *criurpc.CriuOpts, config *configs.Config, pid int) erro
 		}
 	}
 	return nil
-}
-
-// criuLogTail is the last error lines of CRIU's log, for the error the
-// caller sees: "criu failed" alone says nothing of why.
-func criuLogTail(work, images, name string) string {
-	dir := work
-	if dir == "" {
-		dir = images
-	}
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		return ""
-	}
-	var errs []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "Error (") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) > 5 {
-		errs = errs[len(errs)-5:]
-	}
-	if len(errs) == 0 {
-		return ""
-	}
-	return ": " + strings.Join(errs, "; ")
 }
 
 // restore is runc restore: a container created from the bundle whose
