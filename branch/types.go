@@ -90,7 +90,46 @@ type Checkpoint struct {
 	// forked from it, which keep it from being deleted.
 	Children []string `json:"children,omitempty"`
 	Branches []string `json:"branches,omitempty"`
+	// MemoryBytes is the size of the memory image of its processes, if it
+	// was taken with memory (docs/memory-fork.md); MemoryDir is where that
+	// image is on the node (the shim restores from it; not for clients).
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	MemoryDir   string `json:"-"`
 }
 
 // Age is how long ago the checkpoint was taken.
 func (c Checkpoint) Age(now time.Time) time.Duration { return now.Sub(c.Created) }
+
+// CheckpointOptions are what a checkpoint is taken with beyond its
+// context's rootfs.
+type CheckpointOptions struct {
+	// MemoryDir is a directory holding a memory image of the context's
+	// processes (CRIU's), taken at the rootfs's instant: the checkpoint
+	// keeps a copy of it.
+	MemoryDir string
+}
+
+// CheckpointOpt sets a CheckpointOptions.
+type CheckpointOpt func(*CheckpointOptions)
+
+// WithMemoryImage has the checkpoint keep the memory image in dir.
+func WithMemoryImage(dir string) CheckpointOpt {
+	return func(o *CheckpointOptions) { o.MemoryDir = dir }
+}
+
+// RollbackOptions say what a rollback brings back beyond the rootfs.
+type RollbackOptions struct {
+	// Processes: the caller restores the context's processes from the
+	// checkpoint's memory image.
+	Processes bool
+}
+
+// RollbackOpt sets a RollbackOptions.
+type RollbackOpt func(*RollbackOptions)
+
+// WithProcesses says the caller restores the context's processes from the
+// checkpoint's memory image, so a checkpoint taken with memory may be
+// rolled back to.
+func WithProcesses() RollbackOpt {
+	return func(o *RollbackOptions) { o.Processes = true }
+}

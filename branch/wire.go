@@ -198,7 +198,8 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 		return Checkpoint{}
 	}
 	out := Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
-		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches}
+		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
+		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if c.Created != nil {
 		out.Created = c.Created.AsTime()
 	}
@@ -208,7 +209,8 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 // CheckpointToProto converts a checkpoint for either API.
 func CheckpointToProto(c Checkpoint) *typesv1.Checkpoint {
 	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
-		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches}
+		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
+		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if !c.Created.IsZero() {
 		out.Created = timestamppb.New(c.Created)
 	}

@@ -7,10 +7,25 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
+// CheckpointOption changes what Checkpoint records.
+type CheckpointOption func(*shimv1.CheckpointRequest)
+
+// CheckpointWithMemory records the context's running processes too (CRIU;
+// docs/memory-fork.md): ForkOptions{From: name, WithMemory: true} then
+// restores them into each branch, and Rollback of a memory branch to it
+// restores them there.
+func CheckpointWithMemory() CheckpointOption {
+	return func(r *shimv1.CheckpointRequest) { r.Memory = true }
+}
+
 // Checkpoint records the state of a context of the sandbox ("" for the
 // sandbox itself, or a branch id) as name.
-func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string) (branch.Checkpoint, error) {
-	resp, err := s.api.Checkpoint(s.ctx(ctx), &shimv1.CheckpointRequest{Sandbox: s.ID, Branch: branchID, Name: name})
+func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, opts ...CheckpointOption) (branch.Checkpoint, error) {
+	req := &shimv1.CheckpointRequest{Sandbox: s.ID, Branch: branchID, Name: name}
+	for _, o := range opts {
+		o(req)
+	}
+	resp, err := s.api.Checkpoint(s.ctx(ctx), req)
 	if err != nil {
 		return branch.Checkpoint{}, fromTTRPC(err)
 	}

@@ -144,7 +144,7 @@ for d in /sys/fs/cgroup /sys/fs/cgroup/system.slice; do
   for c in \$(cat /sys/fs/cgroup/cgroup.controllers); do echo +\$c > \$d/cgroup.subtree_control || echo "cannot enable \$c in \$d"; done
 done
 ulimit -n 1048576
-for m in overlay loop ext4 veth bridge br_netfilter nf_tables nft_chain_nat nft_compat unix_diag inet_diag tcp_diag udp_diag raw_diag netlink_diag af_packet_diag tun; do "$WORK/kmod/wrap/modprobe" -d "$WORK/kernel" \$m || true; done
+for m in overlay loop ext4 veth bridge br_netfilter nf_tables nft_chain_nat nft_compat unix_diag inet_diag tcp_diag udp_diag raw_diag netlink_diag af_packet_diag nf_conntrack_netlink tun; do "$WORK/kmod/wrap/modprobe" -d "$WORK/kernel" \$m || true; done
 O="$WORK/out"; rm -rf "\$O/summary.txt" "\$O/tests" "\$O/journal.txt"; mkdir -p "\$O/tests"
 for spec in $SPECS; do
   bin=\${spec%%:*}; t=\${spec#*:}; run=(); [ "\$t" = ALL ] || run=(-test.run "^\$t\\\$")

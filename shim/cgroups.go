@@ -537,9 +537,17 @@ func thawOwn(ctx context.Context, path string) error {
 		if d.freezer || d.v2 {
 			_ = setFreezer(d, leaf, cgroups.Thawed)
 		}
-		for _, pid := range readPids(leaf) {
-			if err := cgroups.WriteCgroupProc(to, pid); err != nil && !errors.Is(err, unix.ESRCH) {
-				log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
+		// Thawed, they fork again: a child made while its parent was
+		// moved starts in the leaf, so it is read until empty.
+		for try := 0; try < 20; try++ {
+			pids := readPids(leaf)
+			if len(pids) == 0 {
+				break
+			}
+			for _, pid := range pids {
+				if err := cgroups.WriteCgroupProc(to, pid); err != nil && !errors.Is(err, unix.ESRCH) {
+					log.G(ctx).WithError(err).WithField("pid", pid).Warn("move process back from seal cgroup")
+				}
 			}
 		}
 		if err := unix.Rmdir(leaf); err != nil && !errors.Is(err, unix.ENOENT) {

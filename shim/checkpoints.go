@@ -2,6 +2,9 @@ package shim
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -34,7 +37,12 @@ func (c *contexts) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest
 		return nil, err
 	}
 	defer unlock()
-	ck, err := sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name)
+	var ck branch.Checkpoint
+	if req.Memory {
+		ck, err = c.memoryCheckpoint(ctx, sb, rootOr(req.Branch), req.Name)
+	} else {
+		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -83,10 +91,63 @@ func (c *contexts) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_
 		return nil, err
 	}
 	defer unlock()
-	if err := sb.snapshot.Rollback(ctx, sb.ref(rootOr(req.Branch)), req.Name); err != nil {
+	id := rootOr(req.Branch)
+	if n := sb.nodes[id]; n != nil && n.container != nil {
+		// Its processes are the runtime's: a checkpoint with memory
+		// brings them back too.
+		ck, err := c.checkpointNamed(ctx, sb, req.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ck.MemoryBytes > 0 {
+			if err := c.rollbackMemory(ctx, sb, n, ck); err != nil {
+				return nil, err
+			}
+			return &shimv1.Empty{}, nil
+		}
+	}
+	err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
+	if errdefs.IsFailedPrecondition(err) {
+		if ck, lerr := c.checkpointNamed(ctx, sb, req.Name); lerr == nil && ck.MemoryBytes > 0 {
+			if id == branch.RootID {
+				return nil, fmt.Errorf("rollback of %s to %q: it holds the sandbox's processes, which cannot be replaced: the sandbox's init is the task containerd (and nerdctl, the kubelet) watch; fork --from %s --memory continues from it in a branch: %w", sb.id, req.Name, req.Name, errdefs.ErrNotImplemented)
+			}
+			return nil, fmt.Errorf("rollback of branch %s of %s to %q: it holds processes, and the branch runs on the branch init, whose processes cannot be restored: %w", id, sb.id, req.Name, errdefs.ErrNotImplemented)
+		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &shimv1.Empty{}, nil
+}
+
+// checkpointNamed is the sandbox's checkpoint name.
+func (c *contexts) checkpointNamed(ctx context.Context, sb *sandbox, name string) (branch.Checkpoint, error) {
+	list, err := sb.snapshot.Checkpoints(ctx, sb.root())
+	if err != nil {
+		return branch.Checkpoint{}, err
+	}
+	for _, ck := range list {
+		if ck.Name == name {
+			return ck, nil
+		}
+	}
+	return branch.Checkpoint{}, fmt.Errorf("no checkpoint named %q in %s: %w", name, sb.id, errdefs.ErrNotFound)
+}
+
+// memoryCheckpoint is Checkpoint with the context's processes.
+func (c *contexts) memoryCheckpoint(ctx context.Context, sb *sandbox, id, name string) (branch.Checkpoint, error) {
+	if c.paused(sb) {
+		return branch.Checkpoint{}, pausedError(sb)
+	}
+	n, ok := sb.nodes[id]
+	if !ok {
+		if _, err := sb.snapshot.Mounts(ctx, sb.ref(id)); err != nil {
+			return branch.Checkpoint{}, err
+		}
+		return branch.Checkpoint{}, fmt.Errorf("branch %s of %s has no running context: %w", id, sb.id, errdefs.ErrNotFound)
+	}
+	return c.checkpointMemory(ctx, sb, n, name)
 }
 
 func rootOr(id string) string {

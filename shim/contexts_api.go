@@ -88,9 +88,16 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err != nil {
 		return nil, err
 	}
+	var img *memoryImage
 	if req.Memory {
 		if err := c.checkMemoryFork(ctx, sb, parent, pid, req); err != nil {
 			return nil, err
+		}
+		if req.FromCheckpoint != "" {
+			if img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint); err != nil {
+				return nil, err
+			}
+			defer img.remove(context.WithoutCancel(ctx))
 		}
 	}
 	ms, _ := c.hier()
@@ -160,11 +167,10 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", parentID, sb.id, err)
 	}
-	var img *memoryImage
-	if req.Memory {
+	if req.Memory && img == nil {
 		// Sealed first: the image and the branches' lower layer are
 		// the same instant.
-		if img, err = c.dumpMemory(ctx, sb, parent); err != nil {
+		if img, err = c.dumpMemory(ctx, sb, parent, fmt.Sprintf("memory fork of %s", sb.id)); err != nil {
 			return nil, err
 		}
 		defer img.remove(context.WithoutCancel(ctx))

@@ -204,6 +204,16 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	if err := writeSpec(n.bundle, spec); err != nil {
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
 	}
+	if err := c.runOnRuntime(ctx, sb, n, info.Mounts, img, req.Args); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// runOnRuntime runs context n's init with the runtime, in its bundle (spec
+// written) on rootfs mounts: waiting, or running args, or restored from a
+// memory image (nil: none).
+func (c *contexts) runOnRuntime(ctx context.Context, sb *sandbox, n *bctx, mounts []mount.Mount, img *memoryImage, args []string) error {
 	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
 	if sb.opts != nil {
 		if sb.opts.Root != "" {
@@ -214,10 +224,10 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var rootfs []*types.Mount
-	for _, m := range info.Mounts {
+	for _, m := range mounts {
 		rootfs = append(rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
 	cr := &taskAPI.CreateTaskRequest{ID: n.runtimeID, Bundle: n.bundle, Rootfs: rootfs, Options: anyOpts}
@@ -230,13 +240,25 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
 		cr.Stderr = cr.Stdout
 	}
+	if img != nil {
+		// Restored processes get a pipe as their stdin, as containerd
+		// gives a sandbox's init: the runtime maps a dumped pipe to the
+		// one it is given, and a later dump of this branch (a nested
+		// memory fork, a checkpoint with memory) can carry a pipe, but
+		// not the host's /dev/null the shim would give instead.
+		stdin := filepath.Join(n.bundle, "stdin")
+		if err := unix.Mkfifo(stdin, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
+		}
+		cr.Stdin = stdin
+	}
 	started := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
 	// leaves its state for a container nobody knows of; the fork undoes
 	// the whole branch instead.
 	container, err := runc.NewContainer(context.WithoutCancel(ctx), c.platform, cr)
 	if err != nil {
-		return nil, fmt.Errorf("branch %s: create its init: %w", info.ID, errgrpc.ToNative(err))
+		return fmt.Errorf("branch %s: create its init: %w", n.id, errgrpc.ToNative(err))
 	}
 	n.container = container
 	init, _ := container.Process("")
@@ -255,18 +277,22 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 			}
 			c.destroy(ctx, sb, n)
 			if n.memory {
-				return nil, fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", info.ID, errgrpc.ToNative(err), why)
+				return fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", n.id, errgrpc.ToNative(err), why)
 			}
-			return nil, fmt.Errorf("branch %s: start %v: %w", info.ID, req.Args, errgrpc.ToNative(err))
+			return fmt.Errorf("branch %s: start %v: %w", n.id, args, errgrpc.ToNative(err))
 		}
 		go func() {
 			_ = init.Wait(context.WithoutCancel(ctx))
 			sb.mu.Lock()
-			n.exited = true
+			// Not if the context runs another init meanwhile (a rollback
+			// with memory restored one).
+			if n.container == container {
+				n.exited = true
+			}
 			sb.mu.Unlock()
 		}()
 	}
-	return n, nil
+	return nil
 }
 
 // startWithInit starts a branch context with the branch init: its rootfs
@@ -499,7 +525,18 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 		}()
 		return
 	}
-	container := procs.(*runc.Container)
+	c.dropRuntimeState(ctx, sb, n, procs.(*runc.Container), cgroupDirs, func() {
+		if err := os.RemoveAll(n.bundle); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
+		}
+	})
+}
+
+// dropRuntimeState removes the runtime's state and the cgroups of a
+// detached context the runtime ran; what is left (stdio copiers, exec'd
+// process records) holds nothing of the branch's and goes in the
+// background, followed by then.
+func (c *contexts) dropRuntimeState(ctx context.Context, sb *sandbox, n *bctx, container *runc.Container, cgroupDirs []cgroupMount, then func()) {
 	root := DefaultRoot
 	if sb.opts != nil && sb.opts.Root != "" {
 		root = sb.opts.Root
@@ -514,8 +551,6 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 	if err := removeDirs(cgroupDirs); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 	}
-	// What is left (stdio copiers, exec'd process records, the bundle)
-	// holds nothing of the branch's and goes in the background.
 	go func() {
 		ctx := context.WithoutCancel(ctx)
 		for _, p := range container.ExecdProcesses() {
@@ -528,8 +563,8 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 		if init, err := container.Process(""); err == nil {
 			_ = init.Delete(ctx) // the runtime says "does not exist"; this closes its stdio
 		}
-		if err := os.RemoveAll(n.bundle); err != nil {
-			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
+		if then != nil {
+			then()
 		}
 	}()
 }

@@ -579,7 +579,11 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 	if err != nil {
 		return nil, err
 	}
-	return s.c.Checkpoint(ctx, &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name})
+	if req.Memory {
+		// Refused (the caller would be dumped): marked as its fork is.
+		ctx = withSelfFork(ctx)
+	}
+	return s.c.Checkpoint(ctx, &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory})
 }
 
 func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {

@@ -13,12 +13,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/errdefs"
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
@@ -46,6 +48,7 @@ type memoryImage struct {
 	pause time.Duration // how long CRIU kept the processes stopped
 	dump  time.Duration // the dump's whole time, as the caller waits for it
 	size  int64
+	kept  bool // a checkpoint's, which the snapshotter keeps: not removed
 }
 
 // criuPath finds CRIU: beside the shim (make install puts it there), or on
@@ -65,29 +68,41 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 	if parent.id != branch.RootID {
 		what = fmt.Sprintf("memory fork of branch %s of %s", parent.id, sb.id)
 	}
+	if req.Net == NetIsolated {
+		return fmt.Errorf("%s: --net isolated: a memory branch joins its parent's network namespace (its sockets were dumped there): %w", what, errdefs.ErrNotImplemented)
+	}
+	if len(req.Args) > 0 {
+		return fmt.Errorf("%s: a command: the branches' processes are the parent's, restored; exec the command into them: %w", what, errdefs.ErrInvalidArgument)
+	}
+	if req.FromCheckpoint != "" {
+		// The image was checked when the checkpoint was taken, from
+		// outside the sandbox: no caller of the branch socket is in it.
+		if _, err := criuPath(c.self); err != nil {
+			return c.noCriu(what)
+		}
+		return nil
+	}
+	return c.checkMemoryDump(ctx, sb, parent, initPid, what)
+}
+
+// checkMemoryDump refuses, before anything changes, a dump of a context's
+// processes that could not be restored, naming the process and the
+// resource; what names the operation.
+func (c *contexts) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx, initPid int, what string) error {
 	if isSelfFork(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
 		// be given.
-		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; fork it with --memory from outside (branchctl fork): %w", what, errdefs.ErrNotImplemented)
+		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; ask for it from outside (branchctl), or fork --from a checkpoint taken with memory: %w", what, errdefs.ErrNotImplemented)
 	}
 	if parent.id != branch.RootID && parent.container == nil {
-		return fmt.Errorf("%s: it runs on the branch init, whose control connection to the shim cannot be restored; fork it with --memory only if it was itself made by a memory fork: %w", what, errdefs.ErrNotImplemented)
-	}
-	if req.Net == NetIsolated {
-		return fmt.Errorf("%s: --net isolated: a memory branch joins its parent's network namespace (its sockets were dumped there): %w", what, errdefs.ErrNotImplemented)
-	}
-	if req.FromCheckpoint != "" {
-		return fmt.Errorf("%s: --from %s: checkpoints hold no memory; fork the live context: %w", what, req.FromCheckpoint, errdefs.ErrNotImplemented)
-	}
-	if len(req.Args) > 0 {
-		return fmt.Errorf("%s: a command: the branches' processes are the parent's, restored; exec the command into them: %w", what, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: it runs on the branch init, whose control connection to the shim cannot be restored; only a branch made by a memory fork can be dumped: %w", what, errdefs.ErrNotImplemented)
 	}
 	if parent.spec != nil && parent.spec.Process != nil && parent.spec.Process.Terminal {
 		return fmt.Errorf("%s: its init holds a terminal whose other end is on the host (ctr run -t, nerdctl -t), which a restored copy cannot be given: %w", what, errdefs.ErrFailedPrecondition)
 	}
 	if _, err := criuPath(c.self); err != nil {
-		return fmt.Errorf("%s: CRIU is not installed beside the shim (%s) or on its PATH (make install puts it there; docs/memory-fork.md): %w", what, filepath.Join(filepath.Dir(c.self), CriuBinary), errdefs.ErrFailedPrecondition)
+		return c.noCriu(what)
 	}
 	ms, err := c.hier()
 	if err != nil {
@@ -105,13 +120,17 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 	return nil
 }
 
+func (c *contexts) noCriu(what string) error {
+	return fmt.Errorf("%s: CRIU is not installed beside the shim (%s) or on its PATH (make install puts it there; docs/memory-fork.md): %w", what, filepath.Join(filepath.Dir(c.self), CriuBinary), errdefs.ErrFailedPrecondition)
+}
+
 // dumpMemory dumps the parent's processes, leaving them running (or as
 // frozen as they were), into a new directory of the sandbox's bundle.
-func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*memoryImage, error) {
+func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx, what string) (*memoryImage, error) {
 	c.removeMemoryImages(ctx, sb)
 	dir, err := os.MkdirTemp(sb.bundle, memoryImagePrefix)
 	if err != nil {
-		return nil, fmt.Errorf("memory fork of %s: %w", sb.id, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	img := &memoryImage{dir: dir}
 	ms, err := c.hier()
@@ -150,7 +169,7 @@ func (c *contexts) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx) (*
 	if err != nil {
 		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
-		return nil, fmt.Errorf("memory fork of %s: dump its processes: %w%s", sb.id, err, why)
+		return nil, fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
 	}
 	if f, err := os.Open(dir); err == nil {
 		if st, err := stats.CriuGetDumpStats(f); err == nil {
@@ -185,7 +204,7 @@ func (c *contexts) runtimeOf(sb *sandbox) *runcC.Runc {
 
 // remove removes the image.
 func (img *memoryImage) remove(ctx context.Context) {
-	if img == nil {
+	if img == nil || img.kept {
 		return
 	}
 	if err := os.RemoveAll(img.dir); err != nil {
@@ -294,4 +313,136 @@ func criuErrors(logPath string) string {
 		tail = tail[len(tail)-6:]
 	}
 	return " (criu: " + strings.Join(errs, "; ") + "; log ends: " + strings.Join(tail, " | ") + ")"
+}
+
+// checkpointImage is the memory image kept by checkpoint name of the
+// parent, to restore branches from. It is restored from where the
+// snapshotter keeps it: CRIU opens its files after entering the branch's
+// mount namespace, where a link to them would not lead (and a copy would
+// cost as much as the dump); a restore writes only its statistics
+// (stats-restore) there.
+func (c *contexts) checkpointImage(ctx context.Context, sb *sandbox, parent *bctx, name string) (*memoryImage, error) {
+	what := fmt.Sprintf("memory fork of %s from checkpoint %q", sb.id, name)
+	ck, err := c.checkpointNamed(ctx, sb, name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if ck.Context != parent.id {
+		return nil, fmt.Errorf("%s: it is a state of context %s, not of %s: %w", what, ck.Context, parent.id, errdefs.ErrInvalidArgument)
+	}
+	return keptImage(what, ck)
+}
+
+// keptImage is the memory image checkpoint ck keeps.
+func keptImage(what string, ck branch.Checkpoint) (*memoryImage, error) {
+	if ck.MemoryBytes == 0 || ck.MemoryDir == "" {
+		return nil, fmt.Errorf("%s: it holds files only (taken without --memory); fork --from it without --memory, or take a checkpoint with --memory: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	if fi, err := os.Stat(filepath.Join(ck.MemoryDir, "inventory.img")); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: its memory image is not where the snapshotter keeps it (%v): %w", what, err, errdefs.ErrDataLoss)
+	}
+	return &memoryImage{dir: ck.MemoryDir, size: ck.MemoryBytes, kept: true}, nil
+}
+
+// checkpointMemory takes checkpoint name of context n with its processes:
+// they are frozen (if a seal has not already), dumped, and the rootfs is
+// checkpointed before they go on, so that image and files are one instant.
+func (c *contexts) checkpointMemory(ctx context.Context, sb *sandbox, n *bctx, name string) (_ branch.Checkpoint, retErr error) {
+	what := fmt.Sprintf("checkpoint %q of %s with memory", name, sb.id)
+	if n.id != branch.RootID {
+		what = fmt.Sprintf("checkpoint %q of branch %s of %s with memory", name, n.id, sb.id)
+	}
+	if n.held {
+		return branch.Checkpoint{}, fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	pid, err := c.initPid(ctx, sb, n)
+	if err != nil {
+		return branch.Checkpoint{}, err
+	}
+	if err := c.checkMemoryDump(ctx, sb, n, pid, what); err != nil {
+		return branch.Checkpoint{}, err
+	}
+	if !n.frozen {
+		if err := freezeOwn(ctx, n.cgroup); err != nil {
+			return branch.Checkpoint{}, fmt.Errorf("%s: freeze its processes: %w", what, err)
+		}
+		n.frozen = true
+		defer func() {
+			n.frozen = false
+			if err := thawOwn(ctx, n.cgroup); err != nil {
+				log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw after a checkpoint with memory")
+				if retErr == nil {
+					retErr = fmt.Errorf("%s: taken, but its processes could not all be thawed: %w", what, err)
+				}
+			}
+		}()
+	}
+	img, err := c.dumpMemory(ctx, sb, n, what)
+	if err != nil {
+		return branch.Checkpoint{}, err
+	}
+	defer img.remove(context.WithoutCancel(ctx))
+	// Taken whatever the caller does meanwhile: the processes stay frozen
+	// only until it returns.
+	return sb.snapshot.Checkpoint(context.WithoutCancel(ctx), sb.ref(n.id), name, branch.WithMemoryImage(img.dir))
+}
+
+// rollbackMemory brings branch n back to checkpoint ck, which holds its
+// processes: they are killed, its rootfs is rolled back, and the
+// checkpoint's processes are restored in their place, in the same bundle,
+// cgroup and network namespace. If the restore fails the branch keeps the
+// checkpoint's files with no process running (commit or abort it).
+func (c *contexts) rollbackMemory(ctx context.Context, sb *sandbox, n *bctx, ck branch.Checkpoint) error {
+	what := fmt.Sprintf("rollback of branch %s of %s to %q", n.id, sb.id, ck.Name)
+	if c.paused(sb) {
+		return pausedError(sb)
+	}
+	if n.held {
+		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	if ck.Context != n.id {
+		return fmt.Errorf("%s: it is a state of context %s: %w", what, ck.Context, errdefs.ErrInvalidArgument)
+	}
+	var kids []string
+	for _, o := range sb.nodes {
+		if o.parent == n.id && o.id != branch.RootID {
+			kids = append(kids, o.id)
+		}
+	}
+	if len(kids) > 0 {
+		sort.Strings(kids)
+		return fmt.Errorf("%s: it has %d live children (%s) built on its current state; commit or abort them first: %w", what, len(kids), strings.Join(kids, ", "), errdefs.ErrFailedPrecondition)
+	}
+	img, err := keptImage(what, ck)
+	if err != nil {
+		return err
+	}
+	// From here on it is carried through whatever the caller does: a
+	// branch left between its old processes and its new ones is no use.
+	ctx = context.WithoutCancel(ctx)
+	ms, err := c.hier()
+	if err != nil {
+		return err
+	}
+	dirs := dirsIn(ms, n.cgroup)
+	if err := killDirs(ctx, n.cgroup, dirs); err != nil {
+		return fmt.Errorf("%s: kill its processes: %w", what, err)
+	}
+	sb.keepEnded(n.id, n.container.ExecdProcesses())
+	old := c.detach(ctx, n).(*runc.Container)
+	c.dropRuntimeState(ctx, sb, n, old, dirs, nil)
+	n.exited = true // until the restore below runs its processes again
+	if err := sb.snapshot.Rollback(ctx, sb.ref(n.id), ck.Name, branch.WithProcesses()); err != nil {
+		return fmt.Errorf("%s: its processes were ended: %w", what, err)
+	}
+	mounts, err := sb.snapshot.Mounts(ctx, sb.ref(n.id))
+	if err != nil {
+		return fmt.Errorf("%s: its files are the checkpoint's, its processes were ended: %w", what, err)
+	}
+	n.memory = true
+	if err := c.runOnRuntime(ctx, sb, n, mounts, img, nil); err != nil {
+		return fmt.Errorf("%s: its files are the checkpoint's, but %w", what, err)
+	}
+	n.exited = false
+	return nil
 }

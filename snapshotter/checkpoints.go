@@ -115,9 +115,13 @@ func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap
 // (unique among the checkpoints of its root). A running context is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
-func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string) (_ branch.Checkpoint, retErr error) {
+func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
 	if err := validCheckpointName(name); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	var o branch.CheckpointOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	r, id, unlock, err := s.lockContext(ctx, c)
 	if err != nil {
@@ -186,11 +190,17 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string)
 	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
+	var memBytes int64
+	if o.MemoryDir != "" {
+		if memBytes, err = copyMemoryImage(o.MemoryDir, filepath.Join(tmp, memoryDir)); err != nil {
+			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: keep the memory image of its processes: %w", c, name, err)
+		}
+	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
 	}
-	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}}
+	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
 	if parent != nil {
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
@@ -216,7 +226,7 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string)
 	}
 	s.fault(FaultCheckpointRecorded)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
-	return branch.Checkpoint{Name: name, Context: id, Parent: rec.Parent, Created: rec.Created, Size: rec.Size, Entries: rec.Entries, Depth: len(rec.Chain), Head: true}, nil
+	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
 }
 
 // loadBoth reads the branch tree (a new one if none) and the checkpoints of r.
@@ -251,7 +261,7 @@ func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]bran
 		}
 		sort.Slice(recs, func(i, j int) bool { return recs[i].Seq < recs[j].Seq })
 		for _, c := range recs {
-			out = append(out, describeCheckpoint(tree, d, c))
+			out = append(out, s.describeCheckpoint(r, tree, d, c))
 		}
 		return nil
 	})
@@ -261,8 +271,15 @@ func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]bran
 	return out, nil
 }
 
-func describeCheckpoint(t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
+func (s *Snapshotter) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
 	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
+	if c.MemoryBytes > 0 {
+		info.MemoryBytes = c.MemoryBytes
+		info.MemoryDir = filepath.Join(s.checkpointDir(r.id(), c.Seq), memoryDir)
+	}
+	if t == nil {
+		return info
+	}
 	for _, o := range d.Checkpoints {
 		if o.Parent == c.Name {
 			info.Children = append(info.Children, o.Name)
@@ -288,17 +305,24 @@ func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root branch.Root, na
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
 	defer unlock()
-	var gone []uint64
+	var (
+		gone    []uint64
+		memGone bool
+		seq     uint64
+	)
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
 			return err
 		}
 		c := d.Checkpoints[name]
+		if c != nil {
+			seq = c.Seq
+		}
 		if c == nil {
 			return fmt.Errorf("no checkpoint named %q in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
-		if info := describeCheckpoint(tree, d, c); len(info.Branches) > 0 {
+		if info := s.describeCheckpoint(r, tree, d, c); len(info.Branches) > 0 {
 			return fmt.Errorf("branches %s are built on it; commit or abort them first: %w", strings.Join(info.Branches, ", "), errdefs.ErrFailedPrecondition)
 		}
 		for id, p := range d.Pending {
@@ -320,12 +344,19 @@ func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root branch.Root, na
 		// only it needed) unless a remaining chain stacks it.
 		d.Deleted[c.Seq] = c
 		gone = d.collect()
+		memGone = c.MemoryBytes > 0
 		return storeCheckpoints(tx, r.id(), d)
 	})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
 	s.fault(FaultCheckpointDeleted)
+	if memGone {
+		// Only its name could restore it, and no chain stacks memory.
+		if err := os.RemoveAll(filepath.Join(s.checkpointDir(r.id(), seq), memoryDir)); err != nil {
+			log.G(ctx).WithError(err).WithField("checkpoint", name).Warn("remove checkpoint memory image")
+		}
+	}
 	// A crash before this leaves orphans that start-up's Cleanup removes.
 	for _, seq := range gone {
 		if err := os.RemoveAll(s.checkpointDir(r.id(), seq)); err != nil {

@@ -28,6 +28,9 @@ type checkpointRecord struct {
 	Entries int64     `json:"entries"`
 	// Chain is this layer's sequence number and its parents', newest first.
 	Chain []uint64 `json:"chain"`
+	// MemoryBytes is the size of the memory image kept in its directory's
+	// memory/ (0: none).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 }
 
 // deletedParent is what a checkpoint reports as its parent once that was

@@ -30,7 +30,11 @@ import (
 // live mount if it has one, so its running processes see it at once. It is
 // refused while c has live children (their lowers are c's upper). The
 // decision is recorded first; a crash after it is completed on restart.
-func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string) error {
+func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string, opts ...branch.RollbackOpt) error {
+	var o branch.RollbackOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	r, id, unlock, err := s.lockContext(ctx, c)
 	if err != nil {
 		return fmt.Errorf("rollback: %w", err)
@@ -53,6 +57,9 @@ func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string) e
 		}
 		if ck.Context != id {
 			return fmt.Errorf("checkpoint %q is of context %s, not of this one: %w", name, ck.Context, errdefs.ErrInvalidArgument)
+		}
+		if ck.MemoryBytes > 0 && !o.Processes {
+			return fmt.Errorf("checkpoint %q holds the context's processes too, and its files alone would not match them: %w", name, errdefs.ErrFailedPrecondition)
 		}
 		if p, ok := d.Pending[id]; ok && p != name {
 			return fmt.Errorf("a rollback to %q is under way; call rollback to %q again to complete it: %w", p, p, errdefs.ErrFailedPrecondition)

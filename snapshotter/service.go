@@ -4,6 +4,10 @@ package snapshotter
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/containerd/containerd/v2/core/mount"
 
@@ -86,7 +90,14 @@ func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest)
 }
 
 func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.CheckpointRequest) (*branchv1.CheckpointResponse, error) {
-	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetContext()), req.GetName())
+	var opts []branch.CheckpointOpt
+	if d := req.GetMemoryDir(); d != "" {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("checkpoint: memory image directory %q is not an absolute path: %w", d, errdefs.ErrInvalidArgument)
+		}
+		opts = append(opts, branch.WithMemoryImage(d))
+	}
+	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetContext()), req.GetName(), opts...)
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -113,7 +124,11 @@ func (b *branchService) DeleteCheckpoint(ctx context.Context, req *branchv1.Dele
 }
 
 func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequest) (*branchv1.RollbackResponse, error) {
-	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetContext()), req.GetName()); err != nil {
+	var opts []branch.RollbackOpt
+	if req.GetProcesses() {
+		opts = append(opts, branch.WithProcesses())
+	}
+	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetContext()), req.GetName(), opts...); err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.RollbackResponse{}, nil

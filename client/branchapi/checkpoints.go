@@ -8,9 +8,13 @@ import (
 )
 
 // Checkpoint records the state of ref's rootfs as name.
-func (c *Client) Checkpoint(ctx context.Context, ref branch.Ref, name string) (branch.Checkpoint, error) {
+func (c *Client) Checkpoint(ctx context.Context, ref branch.Ref, name string, opts ...branch.CheckpointOpt) (branch.Checkpoint, error) {
+	var o branch.CheckpointOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	resp := &branchv1.CheckpointResponse{}
-	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Context: branch.RefToProto(ref), Name: name}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Context: branch.RefToProto(ref), Name: name, MemoryDir: o.MemoryDir}, resp); err != nil {
 		return branch.Checkpoint{}, branch.FromGRPC(err)
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
@@ -41,8 +45,12 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, root branch.Root, name st
 
 // Rollback brings ref's rootfs back to its checkpoint name, visible at once
 // to its running processes; refused while ref has live children.
-func (c *Client) Rollback(ctx context.Context, ref branch.Ref, name string) error {
-	if err := c.t.invoke(ctx, "Rollback", &branchv1.RollbackRequest{Context: branch.RefToProto(ref), Name: name}, &branchv1.RollbackResponse{}); err != nil {
+func (c *Client) Rollback(ctx context.Context, ref branch.Ref, name string, opts ...branch.RollbackOpt) error {
+	var o branch.RollbackOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := c.t.invoke(ctx, "Rollback", &branchv1.RollbackRequest{Context: branch.RefToProto(ref), Name: name, Processes: o.Processes}, &branchv1.RollbackResponse{}); err != nil {
 		return branch.FromGRPC(err)
 	}
 	return nil

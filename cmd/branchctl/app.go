@@ -196,7 +196,7 @@ func arrange(app *cli.App, args []string) []string {
 			pos = append(pos, a)
 			continue
 		}
-		if lim, ok := memoryLimitFlag(a, rest[k+1:]); ok {
+		if lim, ok := memoryLimitFlag(a, rest[k+1:]); ok && takesValue(cmd.Flags, "--memory-limit") {
 			// The old spelling of --memory-limit.
 			flags = append(flags, lim...)
 			k += len(lim) - 1

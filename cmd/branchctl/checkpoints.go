@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // cmdCheckpoint: checkpoint SANDBOX[/BRANCH] NAME | checkpoint ls SANDBOX |
@@ -59,7 +60,11 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 	}
 	defer c.Close()
 	start := time.Now()
-	ck, err := c.Checkpoint(ctx, b, pos[1])
+	var opts []client.CheckpointOption
+	if cc.Bool("memory") {
+		opts = append(opts, client.CheckpointWithMemory())
+	}
+	ck, err := c.Checkpoint(ctx, b, pos[1], opts...)
 	if err != nil {
 		return err
 	}
@@ -70,7 +75,11 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 	if ck.Parent != "" {
 		base = "changes since " + ck.Parent
 	}
-	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries, in %s\n", ck.Name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, time.Since(start).Round(time.Microsecond))
+	mem := ""
+	if ck.MemoryBytes > 0 {
+		mem = fmt.Sprintf(", processes %s", size(ck.MemoryBytes))
+	}
+	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries%s, in %s\n", ck.Name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, mem, time.Since(start).Round(time.Microsecond))
 	return nil
 }
 
@@ -103,7 +112,7 @@ func checkpointList(ctx context.Context, g globals, sb string, stdout io.Writer)
 // PrintCheckpoints prints checkpoints as a table, oldest first.
 func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCONTEXT\tBASE\tSIZE\tENTRIES\tAGE\tBUILT ON IT")
+	fmt.Fprintln(tw, "NAME\tCONTEXT\tBASE\tSIZE\tENTRIES\tPROCESSES\tAGE\tBUILT ON IT")
 	for _, ck := range list {
 		base := ck.Parent
 		if base == "" {
@@ -118,13 +127,17 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 		for _, b := range ck.Branches {
 			on = append(on, "branch "+b)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
+		procs := "-"
+		if ck.MemoryBytes > 0 {
+			procs = size(ck.MemoryBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, procs, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(list) > 0 {
-		fmt.Fprintln(w, "* the context's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it).")
+		fmt.Fprintln(w, "* the context's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it). PROCESSES: its memory image, if taken with --memory.")
 	}
 	return nil
 }

@@ -60,10 +60,12 @@ func commands(inv *invocation) []*cli.Command {
 			Usage:     "every context: state, epoch, status, seal, processes, upper size, age",
 		},
 		{
-			Name: "checkpoint", Category: checkpoints, Action: do(cmdCheckpoint), Flags: withGlobals(),
+			Name: "checkpoint", Category: checkpoints, Action: do(cmdCheckpoint),
+			Flags:     withGlobals(&cli.BoolFlag{Name: "memory", Usage: "its running processes too (CRIU): fork --from NAME --memory restores them into each branch, rollback into a memory branch (docs/memory-fork.md)"}),
 			ArgsUsage: "SANDBOX[/BRANCH] NAME | ls SANDBOX | rm SANDBOX NAME",
 			Usage:     "record a context's rootfs as NAME (cost: what changed since its last checkpoint); list; delete",
-			Description: `checkpoint SANDBOX[/BRANCH] NAME records the context's rootfs as NAME.
+			Description: `checkpoint SANDBOX[/BRANCH] NAME records the context's rootfs as NAME;
+with --memory, its processes too.
 checkpoint ls SANDBOX lists every checkpoint: context, base, size, age.
 checkpoint rm SANDBOX NAME deletes one (not while a branch is forked from
 it); checkpoints built on it keep its layer while they need it.`,

@@ -1127,9 +1127,13 @@ func (x *Writer) GetPath() string {
 }
 
 type CheckpointRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// A directory holding a memory image of the context's processes, taken
+	// at the instant of its rootfs (the caller sealed it): copied into the
+	// checkpoint, which keeps it as long as its layer.
+	MemoryDir     string `protobuf:"bytes,3,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1174,6 +1178,13 @@ func (x *CheckpointRequest) GetContext() *Context {
 func (x *CheckpointRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetMemoryDir() string {
+	if x != nil {
+		return x.MemoryDir
 	}
 	return ""
 }
@@ -1399,9 +1410,13 @@ func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
 }
 
 type RollbackRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Context       *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The caller restores the context's processes from the checkpoint's
+	// memory image: without it, a rollback to a checkpoint taken with
+	// memory is refused (the files alone would not match the processes).
+	Processes     bool `protobuf:"varint,3,opt,name=processes,proto3" json:"processes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1448,6 +1463,13 @@ func (x *RollbackRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *RollbackRequest) GetProcesses() bool {
+	if x != nil {
+		return x.Processes
+	}
+	return false
 }
 
 type RollbackResponse struct {
@@ -1562,10 +1584,12 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x06Writer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\"_\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"~\n" +
 	"\x11CheckpointRequest\x126\n" +
 	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"T\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"memory_dir\x18\x03 \x01(\tR\tmemoryDir\"T\n" +
 	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +
@@ -1577,10 +1601,11 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x17DeleteCheckpointRequest\x12-\n" +
 	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCheckpointResponse\"]\n" +
+	"\x18DeleteCheckpointResponse\"{\n" +
 	"\x0fRollbackRequest\x126\n" +
 	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\tprocesses\x18\x03 \x01(\bR\tprocesses\"\x12\n" +
 	"\x10RollbackResponse*}\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +

@@ -1375,8 +1375,11 @@ type CheckpointRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	// "" or "0" for the sandbox itself.
-	Branch        string `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
-	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Branch string `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Name   string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Its processes too (docs/memory-fork.md): rollback restores them and
+	// fork --from with memory restores them into each branch.
+	Memory        bool `protobuf:"varint,4,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1433,13 @@ func (x *CheckpointRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *CheckpointRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 type CheckpointResponse struct {
@@ -1792,11 +1802,12 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\vTreeRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"@\n" +
 	"\fTreeResponse\x120\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"Y\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"q\n" +
 	"\x11CheckpointRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"T\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06memory\x18\x04 \x01(\bR\x06memory\"T\n" +
 	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +

@@ -624,6 +624,7 @@ type SelfCheckpointRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Branch        string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Memory        bool                   `protobuf:"varint,3,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -670,6 +671,13 @@ func (x *SelfCheckpointRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *SelfCheckpointRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 type SelfListCheckpointsRequest struct {
@@ -804,10 +812,11 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x0fSelfTreeRequest\"X\n" +
 	"\x10SelfTreeResponse\x12\x12\n" +
 	"\x04self\x18\x01 \x01(\tR\x04self\x120\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"C\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"[\n" +
 	"\x15SelfCheckpointRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x1c\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06memory\x18\x03 \x01(\bR\x06memory\"\x1c\n" +
 	"\x1aSelfListCheckpointsRequest\"A\n" +
 	"\x13SelfRollbackRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +

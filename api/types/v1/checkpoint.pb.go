@@ -40,9 +40,14 @@ type Checkpoint struct {
 	Entries int64  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
 	Depth   uint32 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
 	// The context's next checkpoint builds on this one.
-	Head          bool     `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
-	Children      []string `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
-	Branches      []string `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
+	Head     bool     `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
+	Children []string `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
+	Branches []string `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
+	// Bytes of the memory image (CRIU's) a checkpoint taken with memory
+	// holds beside its layer; 0: files only.
+	MemoryBytes int64 `protobuf:"varint,11,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// Where that image is on the node, for the shim to restore from.
+	MemoryDir     string `protobuf:"bytes,12,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,11 +152,25 @@ func (x *Checkpoint) GetBranches() []string {
 	return nil
 }
 
+func (x *Checkpoint) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetMemoryDir() string {
+	if x != nil {
+		return x.MemoryDir
+	}
+	return ""
+}
+
 var File_api_types_v1_checkpoint_proto protoreflect.FileDescriptor
 
 const file_api_types_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
-	"\x1dapi/types/v1/checkpoint.proto\x12\x12branchbox.types.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x02\n" +
+	"\x1dapi/types/v1/checkpoint.proto\x12\x12branchbox.types.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -164,7 +183,10 @@ const file_api_types_v1_checkpoint_proto_rawDesc = "" +
 	"\x04head\x18\b \x01(\bR\x04head\x12\x1a\n" +
 	"\bchildren\x18\t \x03(\tR\bchildren\x12\x1a\n" +
 	"\bbranches\x18\n" +
-	" \x03(\tR\bbranchesB5Z3github.com/branchbox/branchbox/api/types/v1;typesv1b\x06proto3"
+	" \x03(\tR\bbranches\x12!\n" +
+	"\fmemory_bytes\x18\v \x01(\x03R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"memory_dir\x18\f \x01(\tR\tmemoryDirB5Z3github.com/branchbox/branchbox/api/types/v1;typesv1b\x06proto3"
 
 var (
 	file_api_types_v1_checkpoint_proto_rawDescOnce sync.Once

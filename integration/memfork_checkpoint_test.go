@@ -1,0 +1,200 @@
+//go:build linux
+
+package integration
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+)
+
+// TestMemoryCheckpoint takes a checkpoint of a running sandbox with its
+// processes, lets the sandbox go on, and later forks branches from that
+// checkpoint with memory: each branch's REPL continues from the state at
+// the checkpoint (its variables, its command counter, the file it appends
+// to as it was then), not from the sandbox's state at the fork.
+func TestMemoryCheckpoint(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=at-ck; echo at-ck >&3`)
+	ck, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory())
+	if err != nil {
+		t.Fatalf("checkpoint with memory: %v", err)
+	}
+	if ck.MemoryBytes == 0 {
+		t.Fatalf("checkpoint %+v holds no memory image", ck)
+	}
+	// The sandbox was only paused: it goes on, and changes its files.
+	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `mem=later; echo later >&3; echo $mem`); got != "later\n" {
+		t.Fatalf("sandbox after the checkpoint: %q", got)
+	}
+	if _, err := sc.Checkpoint(ctx, "", "files"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := sc.Checkpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var memDir string
+	for _, c := range list {
+		switch c.Name {
+		case "warm":
+			memDir = c.MemoryDir
+			if c.MemoryBytes != ck.MemoryBytes || memDir == "" {
+				t.Fatalf("listed %+v, want %d bytes of memory", c, ck.MemoryBytes)
+			}
+		case "files":
+			if c.MemoryBytes != 0 {
+				t.Fatalf("checkpoint without memory lists %d bytes of it", c.MemoryBytes)
+			}
+		}
+	}
+	if _, err := os.Stat(memDir); err != nil {
+		t.Fatalf("the memory image is not kept with the checkpoint: %v", err)
+	}
+	// A checkpoint of files only has no processes to fork.
+	if _, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, From: "files", WithMemory: true}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("fork --from a files-only checkpoint with memory: %v; want failed precondition", err)
+	}
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 2, From: "warm", WithMemory: true})
+	if err != nil {
+		t.Fatalf("fork --from warm with memory: %v", err)
+	}
+	if len(res.Branches) != 2 || res.Memory == nil || res.Memory.ImageBytes != ck.MemoryBytes {
+		t.Fatalf("fork --from warm: %+v, figures %+v", res.Branches, res.Memory)
+	}
+	for _, k := range res.Branches {
+		if !k.MemoryFork {
+			t.Fatalf("branch %s is not a memory branch", k.ID)
+		}
+		if got := replIn(t, ctx, env, sc, k.ID, 1, `echo "mem=$mem k=$k"`); got != "mem=at-ck k=1\n" {
+			t.Fatalf("branch %s continues with %q, want the checkpoint's state (mem=at-ck k=1)", k.ID, got)
+		}
+		if got := mustRun(t, ctx, sc, k.ID, "cat", "/data.log"); got != "before\nat-ck\n" {
+			t.Fatalf("branch %s: /data.log %q, want the checkpoint's", k.ID, got)
+		}
+	}
+	a, b := res.Branches[0], res.Branches[1]
+	replIn(t, ctx, env, sc, a.ID, 2, `echo from-a >&3`)
+	if err := sc.DeleteCheckpoint(ctx, "warm"); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("delete a checkpoint branches are forked from: %v; want failed precondition", err)
+	}
+	loser := branchProcs(env, b)
+	if _, err := sc.Commit(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertBranchGone(t, env, b, loser)
+	// The commit of a branch forked from a checkpoint brings the parent to
+	// that checkpoint's files plus the winner's change.
+	if out, err := execIn(ctx, env, "sb", "cat", "/data.log"); err != nil || out != "before\nat-ck\nfrom-a\n" {
+		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
+	}
+	if err := sc.DeleteCheckpoint(ctx, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(memDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("memory image of a deleted checkpoint: %v; want it removed", err)
+	}
+	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryCheckpointRefusals: a checkpoint with memory refuses what a
+// memory fork refuses, before anything is recorded.
+func TestMemoryCheckpointRefusals(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `nc -l -p 8124 >/dev/null 2>&1 & echo started`)
+	waitUntil(t, "the listener", 10*time.Second, func() bool {
+		_, err := sc.Checkpoint(ctx, "", "x", client.CheckpointWithMemory())
+		return errdefs.IsFailedPrecondition(err)
+	})
+	list, err := sc.Checkpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Fatalf("a refused checkpoint left %v", list)
+	}
+	// The sandbox was not left frozen.
+	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `echo alive`); got != "alive\n" {
+		t.Fatalf("sandbox after a refused checkpoint: %q", got)
+	}
+}
+
+// TestMemoryRollback rolls a memory branch back to a checkpoint taken with
+// its processes: the processes it runs now are killed and the
+// checkpoint's are restored, with the checkpoint's files, so its REPL is
+// where it was (its variables, its command counter, its open file's
+// contents). The sandbox's own processes cannot be replaced: a rollback of
+// the sandbox to a checkpoint with memory is refused, naming why.
+func TestMemoryRollback(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=root`)
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := kids[0]
+	replIn(t, ctx, env, sc, a.ID, 1, `mem=saved; echo saved >&3`)
+	if _, err := sc.Checkpoint(ctx, a.ID, "s1", client.CheckpointWithMemory()); err != nil {
+		t.Fatalf("checkpoint of a memory branch with memory: %v", err)
+	}
+	if got := replIn(t, ctx, env, sc, a.ID, 2, `mem=changed; echo changed >&3; echo $mem`); got != "changed\n" {
+		t.Fatalf("branch after its checkpoint: %q", got)
+	}
+	before := branchProcs(env, a)
+	if len(before) == 0 {
+		t.Fatal("the branch's processes are not seen from the host")
+	}
+	if err := sc.Rollback(ctx, a.ID, "s1"); err != nil {
+		t.Fatalf("rollback of a memory branch to a checkpoint with memory: %v", err)
+	}
+	for _, p := range before {
+		if procAlive(p) {
+			t.Fatalf("process %v of the branch before the rollback still runs", p)
+		}
+	}
+	if got := replIn(t, ctx, env, sc, a.ID, 2, `echo "mem=$mem k=$k"`); got != "mem=saved k=2\n" {
+		t.Fatalf("branch after the rollback continues with %q, want the checkpoint's state (mem=saved k=2)", got)
+	}
+	if got := mustRun(t, ctx, sc, a.ID, "cat", "/data.log"); got != "before\nsaved\n" {
+		t.Fatalf("branch after the rollback: /data.log %q, want the checkpoint's", got)
+	}
+	tree, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tree {
+		if n.ID == a.ID && (n.Status != "running" || !n.MemoryFork) {
+			t.Fatalf("branch after the rollback: %+v", n)
+		}
+	}
+	// Its processes go on from there, and are committed as any branch's.
+	replIn(t, ctx, env, sc, a.ID, 3, `echo again >&3`)
+	if _, err := sc.Commit(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/data.log"); err != nil || out != "before\nsaved\nagain\n" {
+		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
+	}
+	if _, err := sc.Checkpoint(ctx, "", "root-mem", client.CheckpointWithMemory()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Rollback(ctx, "", "root-mem"); !errdefs.IsNotImplemented(err) {
+		t.Fatalf("rollback of the sandbox to a checkpoint with memory: %v; want not implemented, saying why", err)
+	}
+	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `echo $mem`); got != "root\n" {
+		t.Fatalf("sandbox after a refused rollback: %q", got)
+	}
+	assertNoMemoryImages(t, env)
+}
+
+// procAlive says whether p (its pid and start time) still runs.
+func procAlive(p hostProc) bool {
+	start, ok := procStart(p.pid)
+	return ok && start == p.start
+}
