@@ -171,7 +171,8 @@ test: lint unit integration
 # driver's (the VM's PID 1 is systemd).
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
-	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup
+	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
+	integration:TestMemoryFork integration:TestMemoryRollback
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.

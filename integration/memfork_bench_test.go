@@ -243,3 +243,77 @@ func benchCriuByHand(b *testing.B, env *daemons.Env, bin string, mb, n int) {
 		b.ReportMetric(float64(pauses[len(pauses)/2].Nanoseconds()), "ns/pause")
 	}
 }
+
+// BenchmarkMemoryCheckpoint: checkpoints with memory of a sandbox whose
+// one process holds mb megabytes of dirty memory, beside the same
+// operation without memory, in the same run: op=checkpoint (taken, then
+// deleted untimed; impl=files: without --memory), op=fork-from (fork of
+// one branch --from a checkpoint with memory, aborted untimed; impl=files:
+// --from one without), op=rollback (of a memory branch to a checkpoint of
+// it with memory: its processes killed and restored; impl=files: to a
+// checkpoint without, its processes left running).
+func BenchmarkMemoryCheckpoint(b *testing.B) {
+	ctx, env, _, _ := benchEnv(b)
+	defer removeRuntimeRoot(env)
+	data, err := os.ReadFile(buildDirty(b, b.TempDir()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	importDirtyImage(b, ctx, env, data)
+	for _, mb := range []int{1, 100} {
+		sc := dirtySandbox(b, ctx, env, fmt.Sprintf("bck%d", mb), mb)
+		for _, memory := range []bool{true, false} {
+			impl, opts := "files", []client.CheckpointOption(nil)
+			if memory {
+				impl, opts = "branch", []client.CheckpointOption{client.CheckpointWithMemory()}
+			}
+			name := fmt.Sprintf("mb=%d", mb)
+			b.Run(name+"/op=checkpoint/impl="+impl, func(b *testing.B) {
+				quiesce(b)
+				for i := 0; b.Loop(); i++ {
+					ck := fmt.Sprintf("c%d", i)
+					if _, err := sc.Checkpoint(ctx, "", ck, opts...); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					if err := sc.DeleteCheckpoint(ctx, ck); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+			})
+			b.Run(name+"/op=fork-from/impl="+impl, func(b *testing.B) {
+				if _, err := sc.Checkpoint(ctx, "", "from", opts...); err != nil {
+					b.Fatal(err)
+				}
+				defer func() { _ = sc.DeleteCheckpoint(ctx, "from") }()
+				quiesce(b)
+				for b.Loop() {
+					kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, From: "from", WithMemory: memory})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					abortAll(b, ctx, sc, kids)
+					b.StartTimer()
+				}
+			})
+			b.Run(name+"/op=rollback/impl="+impl, func(b *testing.B) {
+				kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer abortAll(b, ctx, sc, kids)
+				if _, err := sc.Checkpoint(ctx, kids[0].ID, "back", opts...); err != nil {
+					b.Fatal(err)
+				}
+				quiesce(b)
+				for b.Loop() {
+					if err := sc.Rollback(ctx, kids[0].ID, "back"); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -3,8 +3,10 @@
 package integration
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestMemoryCheckpoint takes a checkpoint of a running sandbox with its
@@ -197,4 +200,109 @@ func TestMemoryRollback(t *testing.T) {
 func procAlive(p hostProc) bool {
 	start, ok := procStart(p.pid)
 	return ok && start == p.start
+}
+
+// TestMemoryCheckpointPushPull pushes a checkpoint taken with memory to a
+// real registry and pulls it on another node (its own containerd,
+// snapshotter and shims), where a branch forked from it with memory
+// continues the REPL from the checkpoint. containerd's own pull of the
+// same tag gets the runnable image and skips the memory image.
+func TestMemoryCheckpointPushPull(t *testing.T) {
+	reg := startRegistry(t, daemons.RegistryConfig{})
+	ctx, envA, sc := replSandbox(t)
+	_, envB, _ := shimEnv(t)
+	replIn(t, ctx, envA, sc, branch.RootID, 0, `mem=pushed; echo pushed >&3`)
+	ck, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := reg.Ref("branchbox/mem:v1")
+	out, errOut, code := branchctl(t, ctx, envA, "", "push", "sb@warm", ref, "--plain-http", "--json")
+	if code != 0 {
+		t.Fatalf("push: exit %d: %s%s", code, out, errOut)
+	}
+	var pushed struct {
+		Root, Manifest string
+		Checkpoints    []struct{ Name, Layer, Memory string }
+	}
+	if err := json.Unmarshal([]byte(out), &pushed); err != nil {
+		t.Fatal(err)
+	}
+	if pushed.Root == pushed.Manifest || len(pushed.Checkpoints) != 1 || pushed.Checkpoints[0].Memory == "" {
+		t.Fatalf("push of a checkpoint with memory: %s; want an index holding its memory image", out)
+	}
+	if _, err := envB.Ctr(ctx, "images", "pull", "--plain-http", "--snapshotter", "branch", ref); err != nil {
+		t.Fatalf("containerd's pull of an image with a memory image beside it: %v", err)
+	}
+	if _, err := envB.Ctr(ctx, "images", "rm", ref); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = branchctl(t, ctx, envB, "", "pull", ref, "sb2", "--plain-http", "--", "sh", "-c", replScript)
+	if code != 0 {
+		t.Fatalf("pull: exit %d: %s%s", code, out, errOut)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "sb2") })
+	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "sb2"); err != nil {
+		t.Fatal(err)
+	}
+	scB, err := client.NewSandboxClient(ctx, envB.Address, envB.Namespace, "sb2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { scB.Close() })
+	list, err := scB.Checkpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Name != "warm" || list[0].MemoryBytes != ck.MemoryBytes {
+		t.Fatalf("pulled checkpoints %+v, want warm with %d bytes of memory", list, ck.MemoryBytes)
+	}
+	kids, err := scB.Fork(ctx, client.ForkOptions{Count: 1, From: "warm", WithMemory: true})
+	if err != nil {
+		t.Fatalf("fork --from a pulled checkpoint with memory: %v", err)
+	}
+	if got := replIn(t, ctx, envB, scB, kids[0].ID, 1, `echo "mem=$mem k=$k"`); got != "mem=pushed k=1\n" {
+		t.Fatalf("branch of the pulled checkpoint continues with %q, want mem=pushed k=1", got)
+	}
+	if got := mustRun(t, ctx, scB, kids[0].ID, "cat", "/data.log"); got != "before\npushed\n" {
+		t.Fatalf("branch of the pulled checkpoint: /data.log %q", got)
+	}
+	if _, err := scB.Abort(ctx, kids[0].ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMemoryCheckpointSelfFork: from inside the sandbox, through its
+// branch socket, a fork --from a checkpoint taken with memory restores the
+// checkpoint's processes into the branch (the image holds no caller); a
+// memory fork of the live sandbox from inside is refused, saying why.
+func TestMemoryCheckpointSelfFork(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importInsockImage(t, ctx, env)
+	// Without the file held open for append: a fork from inside seals its
+	// parent, which a writer would make a freeze of the caller too.
+	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=inside`)
+	if _, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "--memory"); err == nil || !strings.Contains(out+err.Error(), "fork --from a checkpoint taken with memory") {
+		t.Fatalf("memory fork of the live sandbox from inside: %q %v; want refused, naming the way that works", out, err)
+	}
+	out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "--from", "warm", "--memory", "--json")
+	if err != nil {
+		t.Fatalf("self fork --from warm --memory: %v: %s", err, out)
+	}
+	var kids []client.ContextInfo
+	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 1 {
+		t.Fatalf("self fork --from warm --memory printed %q: %v", out, err)
+	}
+	if got := replIn(t, ctx, env, sc, kids[0].ID, 1, `echo "mem=$mem k=$k"`); got != "mem=inside k=1\n" {
+		t.Fatalf("branch forked from inside continues with %q, want mem=inside k=1", got)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/errdefs"
@@ -46,6 +47,11 @@ func madeAs(got, want digest.Digest) error {
 // writeBlob writes blob, described by desc, into the content store, held
 // by the lease of ctx (see commitHeld) whether it was there or not.
 func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor, blob []byte, lbls map[string]string) error {
+	return writeBlobFrom(ctx, cs, desc, bytes.NewReader(blob), lbls)
+}
+
+// writeBlobFrom is writeBlob of a blob read from r.
+func writeBlobFrom(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor, r io.Reader, lbls map[string]string) error {
 	var opts []content.Opt
 	if lbls != nil {
 		opts = append(opts, content.WithLabels(lbls))
@@ -61,7 +67,7 @@ func writeBlob(ctx context.Context, cs content.Ingester, desc ocispec.Descriptor
 	defer w.Close()
 	// A write of the same ref left unfinished is resumed from its offset
 	// by content.Copy, so it is given no expected digest and checked here.
-	if err := content.Copy(ctx, w, bytes.NewReader(blob), desc.Size, "", opts...); err != nil {
+	if err := content.Copy(ctx, w, r, desc.Size, "", opts...); err != nil {
 		return err
 	}
 	if got := w.Digest(); got != "" {

@@ -29,7 +29,11 @@ import (
 
 // Image is an image Build made, in containerd's content store.
 type Image struct {
-	// Manifest is the image's manifest, the root to push or tag.
+	// Root is what to push or tag: Manifest, or an index of Manifest and
+	// the memory images of the checkpoints on its path taken with memory
+	// (memory.go).
+	Root ocispec.Descriptor
+	// Manifest is the image's manifest.
 	Manifest ocispec.Descriptor
 	Config   ocispec.Descriptor
 	// Layers are the manifest's layers: the base image's, then Change.
@@ -109,6 +113,8 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	now := time.Now().UTC()
 	var layers []ocispec.Descriptor
 	var cks []CheckpointLayer
+	memories := map[string]ocispec.Descriptor{}
+	var memOrder []string
 	prev := lower
 	for _, st := range path {
 		what := "the change of context " + ctxID + " of sandbox " + src.Sandbox
@@ -123,7 +129,17 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 		config.RootFS.DiffIDs = append(config.RootFS.DiffIDs, diffID)
 		config.History = append(config.History, ocispec.History{Created: &now, CreatedBy: "branchbox push " + src.String(), Comment: what})
 		if st.Checkpoint != "" {
-			cks = append(cks, CheckpointLayer{Name: st.Checkpoint, Layer: l.Digest})
+			ck := CheckpointLayer{Name: st.Checkpoint, Layer: l.Digest}
+			if st.MemoryDir != "" {
+				m, err := memoryArtifact(ctx, client.ContentStore(), st.Checkpoint, st.MemoryDir)
+				if err != nil {
+					return Image{}, fmt.Errorf("%s: %w", src, err)
+				}
+				ck.Memory = m.Digest
+				memories[st.Checkpoint] = m
+				memOrder = append(memOrder, st.Checkpoint)
+			}
+			cks = append(cks, ck)
 		}
 		prev = st.Mounts
 	}
@@ -172,7 +188,13 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	if err := writeBlob(ctx, cs, manifestDesc, manifestBlob, gc); err != nil {
 		return Image{}, fmt.Errorf("%s: store the image manifest: %w", src, err)
 	}
-	return Image{Manifest: manifestDesc, Config: configDesc, Layers: out.Layers, Change: change, Lineage: lineage}, nil
+	root := manifestDesc
+	if len(memories) > 0 {
+		if root, err = memoryIndex(ctx, cs, manifestDesc, memories, memOrder); err != nil {
+			return Image{}, fmt.Errorf("%s: %w", src, err)
+		}
+	}
+	return Image{Root: root, Manifest: manifestDesc, Config: configDesc, Layers: out.Layers, Change: change, Lineage: lineage}, nil
 }
 
 func upperOf(ms []mount.Mount) string {

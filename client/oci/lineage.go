@@ -51,6 +51,10 @@ type Lineage struct {
 type CheckpointLayer struct {
 	Name  string        `json:"name"`
 	Layer digest.Digest `json:"layer"`
+	// Memory is the manifest of the checkpoint's memory image, for one
+	// taken with memory: an artifact beside the image in its index
+	// (memory.go).
+	Memory digest.Digest `json:"memory,omitempty"`
 }
 
 // Annotations renders l as manifest annotations.

@@ -23,6 +23,9 @@ import (
 type state struct {
 	Checkpoint string
 	Mounts     []mount.Mount
+	// MemoryDir is the checkpoint's memory image, if it was taken with
+	// memory ("": none).
+	MemoryDir string
 }
 
 // statePath returns the states src's image holds, oldest first: the
@@ -111,7 +114,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		if err != nil {
 			return nil, "", fmt.Errorf("sandbox %s: checkpoint %s: %w", src.Sandbox, ck.Name, err)
 		}
-		path = append(path, state{Checkpoint: ck.Name, Mounts: ms})
+		path = append(path, state{Checkpoint: ck.Name, Mounts: ms, MemoryDir: ck.MemoryDir})
 	}
 	if src.Checkpoint != "" {
 		return path, ctxID, nil

@@ -119,6 +119,21 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 		}
 	}()
 	res := PullResult{Ref: ref, Sandbox: sandbox, Lineage: lineage}
+	// The memory images of checkpoints taken with memory, beside the
+	// image in its index: fetched and unpacked before anything is made.
+	var memories map[string]string
+	if ours {
+		fetcher, err := remote.resolver(ctx).Fetcher(ctx, ref)
+		if err != nil {
+			return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
+		}
+		mems, cleanup, err := fetchMemory(ctx, cs, fetcher, img.Target(), lineage)
+		if err != nil {
+			return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
+		}
+		defer cleanup()
+		memories = mems
+	}
 	var bc *branchapi.Client
 	if len(ckAt) > 0 {
 		if bc, err = dialSnapshotterOf(upperOf(mounts)); err != nil {
@@ -133,7 +148,11 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 			return PullResult{}, fmt.Errorf("pull %s: apply layer %d into sandbox %s: %w", ref, i, sandbox, err)
 		}
 		if name, ok := ckAt[i]; ok {
-			if _, err := bc.Checkpoint(ctx, branch.Ref{Root: branch.Root{Upperdir: upperOf(mounts)}}, name); err != nil {
+			var opts []branch.CheckpointOpt
+			if dir, ok := memories[name]; ok {
+				opts = append(opts, branch.WithMemoryImage(dir))
+			}
+			if _, err := bc.Checkpoint(ctx, branch.Ref{Root: branch.Root{Upperdir: upperOf(mounts)}}, name, opts...); err != nil {
 				return PullResult{}, fmt.Errorf("pull %s: restore checkpoint %s of sandbox %s: %w", ref, name, sandbox, err)
 			}
 			res.Checkpoints = append(res.Checkpoints, name)

@@ -45,10 +45,10 @@ func Push(ctx context.Context, client *containerd.Client, src Source, ref string
 	}
 	sent := &Transfer{}
 	resolver := countingResolver{Resolver: remote.resolver(ctx), t: sent}
-	if err := client.Push(ctx, ref, img.Manifest, containerd.WithResolver(resolver)); err != nil {
+	if err := client.Push(ctx, ref, img.Root, containerd.WithResolver(resolver)); err != nil {
 		return PushResult{}, fmt.Errorf("push %s to %s: %w", src, ref, remoteError(ref, err))
 	}
-	rec := images.Image{Name: ref, Target: img.Manifest, Labels: map[string]string{
+	rec := images.Image{Name: ref, Target: img.Root, Labels: map[string]string{
 		AnnotationSandbox: img.Lineage.Sandbox, AnnotationBranch: img.Lineage.Branch,
 	}}
 	if err := recordImages(ctx, client.ImageService(), []images.Image{rec}, "target", "labels"); err != nil {

@@ -44,13 +44,23 @@ func cmdPush(c *cli.Context, g globals, inv *invocation) error {
 	}
 	if g.json {
 		return printJSON(stdout, map[string]any{
-			"ref": res.Ref, "manifest": res.Image.Manifest.Digest, "layers": res.Image.Layers,
+			"ref": res.Ref, "root": res.Image.Root.Digest, "manifest": res.Image.Manifest.Digest, "layers": res.Image.Layers,
 			"change": res.Image.Change, "checkpoints": res.Image.Lineage.Checkpoints, "sentBlobs": len(res.Sent.Blobs), "sentBytes": res.Sent.Bytes,
 			"skippedBlobs": res.Sent.Skipped,
 		})
 	}
-	fmt.Fprintf(stdout, "pushed %s as %s (%s): change layer %s, %d bytes in %d blobs sent, %d already there\n",
-		src, res.Ref, res.Image.Manifest.Digest, res.Image.Change.Digest, res.Sent.Bytes, len(res.Sent.Blobs), res.Sent.Skipped)
+	mem := ""
+	if res.Image.Root.Digest != res.Image.Manifest.Digest {
+		n := 0
+		for _, ck := range res.Image.Lineage.Checkpoints {
+			if ck.Memory != "" {
+				n++
+			}
+		}
+		mem = fmt.Sprintf(", in index %s with the memory images of %d checkpoints", res.Image.Root.Digest, n)
+	}
+	fmt.Fprintf(stdout, "pushed %s as %s (%s%s): change layer %s, %d bytes in %d blobs sent, %d already there\n",
+		src, res.Ref, res.Image.Manifest.Digest, mem, res.Image.Change.Digest, res.Sent.Bytes, len(res.Sent.Blobs), res.Sent.Skipped)
 	return nil
 }
 
