@@ -179,7 +179,9 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		return nil, err
 	}
 	n.spec = spec
-	if err := os.MkdirAll(n.bundle, 0o700); err != nil {
+	// Searchable, not listable, as containerd makes bundles: root of a
+	// user namespace (a host uid of its range) must reach the rootfs.
+	if err := os.MkdirAll(n.bundle, 0o711); err != nil {
 		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
 	}
 	defer func() {
