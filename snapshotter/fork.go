@@ -63,6 +63,10 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
+	// Before anything changes: the children's mounts name the view.
+	if err := s.ensureIDMapView(ctx, r); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", c, err)
+	}
 
 	defer func() {
 		if retErr != nil {
