@@ -4,12 +4,14 @@ package snapshotter
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -39,8 +41,20 @@ func wantOwner(t *testing.T, path string, uid, gid uint32) {
 // layer id-mapped, and its branches and theirs see the image mapped once
 // and their ancestors' uppers (host ids already) not mapped again; a
 // commit keeps the owners; removing the root detaches the id-mapped view.
-func TestIDMappedSnapshotAndBranches(t *testing.T) {
-	ctx, s := newTest(t)
+// idmappedRoot prepares, on a one-layer image (a root-owned file and a
+// file of uid 1000), a root snapshot with the id-mapping labels, mounts it
+// and writes a file there owned by the mapped root (as the container's
+// root would); it returns the root's directory and the image layer's.
+func idmappedRoot(t *testing.T, ctx context.Context, s *Snapshotter) (sandbox, string, string) {
+	t.Helper()
+	// Last, once the test's mounts are gone: removing the root detaches
+	// its id-mapped view, which the test's directory cannot be removed
+	// through (it is read-only).
+	t.Cleanup(func() {
+		if err := s.Remove(ctx, "ns/1/userns"); err != nil && !errdefs.IsNotFound(err) {
+			t.Errorf("remove the root: %v", err)
+		}
+	})
 	base, err := s.Prepare(ctx, "base-active", "")
 	if err != nil {
 		t.Fatal(err)
@@ -67,17 +81,31 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 		t.Fatalf("the root's mount does not id-map: %v", rootMounts)
 	}
 	root := mountAt(t, rootMounts)
-	wantOwner(t, root, idmapHost, idmapHost)
-	wantOwner(t, filepath.Join(root, "etc", "base.conf"), idmapHost, idmapHost)
-	wantOwner(t, filepath.Join(root, "home", "user.txt"), idmapHost+1000, idmapHost+1000)
-	// What the container's root writes is the mapped root's on the host.
 	writeFile(t, filepath.Join(root, "state"), "the sandbox's\n")
 	if err := unix.Lchown(filepath.Join(root, "state"), idmapHost, idmapHost); err != nil {
 		t.Fatal(err)
 	}
-
 	sb := sandbox{s: s, key: "ns/1/userns"}
 	sb.root.Key = sb.key
+	return sb, root, base[0].Source
+}
+
+// checkMapped checks the owners a merged view of an id-mapped context
+// shows: the image's files mapped once, the sandbox's own file (host ids
+// already) not mapped again, which would give the overflow id.
+func checkMapped(t *testing.T, dir string) {
+	t.Helper()
+	wantOwner(t, dir, idmapHost, idmapHost)
+	wantOwner(t, filepath.Join(dir, "etc", "base.conf"), idmapHost, idmapHost)
+	wantOwner(t, filepath.Join(dir, "home", "user.txt"), idmapHost+1000, idmapHost+1000)
+	wantOwner(t, filepath.Join(dir, "state"), idmapHost, idmapHost)
+}
+
+func TestIDMappedSnapshotAndBranches(t *testing.T) {
+	ctx, s := newTest(t)
+	sb, root, baseDir := idmappedRoot(t, ctx, s)
+	checkMapped(t, root)
+
 	kids, err := s.Fork(ctx, sb.ctx(""), 1)
 	if err != nil {
 		t.Fatal(err)
@@ -101,14 +129,7 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 		}
 	}
 	kid := mountAt(t, kids[0].Mounts)
-	check := func(dir string) {
-		t.Helper()
-		wantOwner(t, filepath.Join(dir, "etc", "base.conf"), idmapHost, idmapHost)
-		wantOwner(t, filepath.Join(dir, "home", "user.txt"), idmapHost+1000, idmapHost+1000)
-		// Mapped twice it would be out of the range (the overflow id).
-		wantOwner(t, filepath.Join(dir, "state"), idmapHost, idmapHost)
-	}
-	check(kid)
+	checkMapped(t, kid)
 	writeFile(t, filepath.Join(kid, "made"), "the branch's\n")
 	if err := unix.Lchown(filepath.Join(kid, "made"), idmapHost+5, idmapHost+5); err != nil {
 		t.Fatal(err)
@@ -121,7 +142,7 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := mountAt(t, nested[0].Mounts)
-	check(inner)
+	checkMapped(t, inner)
 	wantOwner(t, filepath.Join(inner, "made"), idmapHost+5, idmapHost+5)
 	wantOwner(t, filepath.Join(inner, "etc", "base.conf"), idmapHost, idmapHost)
 	if _, err := s.Abort(ctx, sb.ctx(nested[0].ID)); err != nil {
@@ -139,7 +160,7 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 		t.Fatalf("the root reads %q after the commit", got)
 	}
 	// On disk the image layer keeps the image's own ids.
-	wantOwner(t, filepath.Join(base[0].Source, "etc", "base.conf"), 0, 0)
+	wantOwner(t, filepath.Join(baseDir, "etc", "base.conf"), 0, 0)
 
 	if err := mount.UnmountAll(root, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
@@ -149,5 +170,39 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 	}
 	if mounted, _ := mountinfo.Mounted(view); mounted {
 		t.Fatalf("the id-mapped view %s is still mounted after its root went", view)
+	}
+}
+
+// TestIDMappedCheckpoints: a checkpoint of an id-mapped root, mounted,
+// forked from and rolled back to, shows the same owners as the root.
+func TestIDMappedCheckpoints(t *testing.T) {
+	ctx, s := newTest(t)
+	sb, root, _ := idmappedRoot(t, ctx, s)
+	if _, err := s.Checkpoint(ctx, sb.ctx(""), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "state")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(root, "etc", "base.conf"), "changed\n")
+	m, err := s.CheckpointMounts(ctx, sb.ctx(""), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMapped(t, mountAt(t, m))
+	kids, err := s.ForkFrom(ctx, sb.ctx(""), 1, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMapped(t, mountAt(t, kids[0].Mounts))
+	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rollback(ctx, sb.ctx(""), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	checkMapped(t, root)
+	if got := readFile(t, filepath.Join(root, "etc", "base.conf")); got != "from the image\n" {
+		t.Fatalf("the root reads %q after the rollback", got)
 	}
 }
