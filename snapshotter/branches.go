@@ -144,7 +144,7 @@ func (s *Snapshotter) resolve(ctx context.Context, c branch.Ref) (rootSnap, stri
 	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
 		return rootSnap{}, "", fmt.Errorf("branch id %q is not a number: %w", id, errdefs.ErrInvalidArgument)
 	}
-	return rootSnap{key: key, snap: snap, idmap: mappingOf(info.Labels)}, id, nil
+	return rootSnap{key: key, snap: snap, idmap: s.idMappingOf(snap, info.Labels)}, id, nil
 }
 
 // parseUpperdir checks that dir is the upper directory of a snapshot or of a

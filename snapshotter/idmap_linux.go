@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
@@ -46,8 +47,26 @@ const idmapViewName = "idmap"
 // form ("containerID:hostID:size[,...]"); empty when none was asked for.
 type idMapping struct{ uid, gid string }
 
-func mappingOf(labels map[string]string) idMapping {
-	return idMapping{uid: labels[snapshots.LabelSnapshotUIDMapping], gid: labels[snapshots.LabelSnapshotGIDMapping]}
+// idMappingOf is the id mapping snap's mounts apply: its labels', unless
+// its image was remapped already. A containerd whose configuration does not
+// declare this snapshotter's "remap-ids" capability copies the image into
+// a snapshot of its own and chowns every file to the mapped ids (its root
+// directory too), then prepares the container's snapshot on that copy with
+// the same labels: mapping it again would give every file the overflow id.
+func (s *Snapshotter) idMappingOf(snap storage.Snapshot, labels map[string]string) idMapping {
+	m := idMapping{uid: labels[snapshots.LabelSnapshotUIDMapping], gid: labels[snapshots.LabelSnapshotGIDMapping]}
+	if !m.mapped() || len(snap.ParentIDs) == 0 {
+		return m
+	}
+	uid, gid, _, err := mappedRoot(labels)
+	if err != nil {
+		return m
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(s.upperPath(snap.ParentIDs[0]), &st); err == nil && uid != 0 && int(st.Uid) == uid && int(st.Gid) == gid {
+		return idMapping{}
+	}
+	return m
 }
 
 func (m idMapping) mapped() bool { return m.uid != "" && m.gid != "" }

@@ -15,6 +15,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // The host range the id-mapped tests map container ids 0-65535 onto.
@@ -205,4 +207,59 @@ func TestIDMappedCheckpoints(t *testing.T) {
 	if got := readFile(t, filepath.Join(root, "etc", "base.conf")); got != "from the image\n" {
 		t.Fatalf("the root reads %q after the rollback", got)
 	}
+}
+
+// TestIDMappedAlreadyChowned: a containerd that does not trust this
+// snapshotter with remap-ids copies the image into a snapshot of its own,
+// chowns it to the mapped ids, and prepares the container's snapshot on it
+// with the labels all the same; that snapshot's mount must not map the
+// chowned copy again.
+func TestIDMappedAlreadyChowned(t *testing.T) {
+	ctx, s := newTest(t)
+	base, err := s.Prepare(ctx, "base-active", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(base[0].Source, "etc", "base.conf"), "from the image\n")
+	if err := s.Commit(ctx, "base", "base-active"); err != nil {
+		t.Fatal(err)
+	}
+	// What containerd's client does (client/snapshotter_opts_unix.go).
+	remap, err := s.Prepare(ctx, "remapped-remap", "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := mountAt(t, remap)
+	if err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, idmapHost, idmapHost)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.UnmountAll(dir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, "remapped", "remapped-remap"); err != nil {
+		t.Fatal(err)
+	}
+	mapping := "0:300000:65536"
+	m, err := s.Prepare(ctx, "ns/1/chowned", "remapped", snapshots.WithLabels(map[string]string{
+		snapshots.LabelSnapshotUIDMapping: mapping,
+		snapshots.LabelSnapshotGIDMapping: mapping,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.Join(m[0].Options, ","), "uidmap=") {
+		t.Fatalf("the mount of a snapshot on a chowned copy id-maps it again: %v", m)
+	}
+	root := mountAt(t, m)
+	wantOwner(t, filepath.Join(root, "etc", "base.conf"), idmapHost, idmapHost)
+	kids, err := s.Fork(ctx, branch.Ref{Root: branch.Root{Key: "ns/1/chowned"}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOwner(t, filepath.Join(mountAt(t, kids[0].Mounts), "etc", "base.conf"), idmapHost, idmapHost)
 }

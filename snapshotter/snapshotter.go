@@ -253,7 +253,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if err != nil {
 			return err
 		}
-		idmap = mappingOf(info.Labels)
+		idmap = s.idMappingOf(snap, info.Labels)
 		t, err := loadTree(tx, snap.ID)
 		sealed = t != nil && t.Sealed(branch.RootID)
 		return err
@@ -523,7 +523,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		if err := s.chownUpper(filepath.Join(tmp, "fs"), snap, info); err != nil {
 			return err
 		}
-		idmap = mappingOf(info.Labels)
+		idmap = s.idMappingOf(snap, info.Labels)
 		path = filepath.Join(snapshotsDir, snap.ID)
 		if err := os.Rename(tmp, path); err != nil {
 			return fmt.Errorf("rename snapshot directory into place: %w", err)
