@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/branchbox/branchbox/client"
 )
 
@@ -52,6 +54,11 @@ func TestContextsUserns(t *testing.T) {
 		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", k.InitPid)); err != nil || ns != sbUserns {
 			t.Fatalf("branch %s's init is in user namespace %q (%v), the sandbox's is %s", k.ID, ns, err, sbUserns)
 		}
+	}
+	// A memory fork is refused before it stops anything: CRIU cannot
+	// restore into the namespace.
+	if _, err := sc.ForkResult(ctx, client.ForkOptions{Parent: kids[0].ID, Count: 1, WithMemory: true}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "user namespace") {
+		t.Fatalf("memory fork in a user namespace: %v, want not implemented", err)
 	}
 	mustRun(t, ctx, sc, nested[0].ID, "sh", "-c", "echo hi > /made && chown 7:7 /made && echo after > /state")
 	if _, err := sc.Commit(ctx, nested[0].ID); err != nil {

@@ -23,6 +23,7 @@ import (
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
@@ -82,6 +83,16 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 	}
 	if len(req.Args) > 0 {
 		return fmt.Errorf("%s: a command: the branches' processes are the parent's, restored; exec the command into them: %w", what, errdefs.ErrInvalidArgument)
+	}
+	if parent.spec != nil && parent.spec.Linux != nil {
+		for _, n := range parent.spec.Linux.Namespaces {
+			if n.Type == specs.UserNamespace {
+				// CRIU's restore into the parent's user namespace is
+				// refused by the kernel (it cannot set up the network
+				// namespace there), after a dump that stopped the parent.
+				return fmt.Errorf("%s: it runs in a user namespace, which CRIU cannot restore branches into; fork it without --memory (docs/userns.md): %w", what, errdefs.ErrNotImplemented)
+			}
+		}
 	}
 	if parent.spec != nil && parent.spec.Process != nil && parent.spec.Process.Terminal {
 		return fmt.Errorf("%s: its init holds a terminal whose other end is on the host (ctr run -t, nerdctl -t), which a restored copy cannot be given: %w", what, errdefs.ErrFailedPrecondition)
