@@ -123,6 +123,13 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 	if mounted, err := mountinfo.Mounted(view); err != nil || !mounted {
 		t.Fatalf("the id-mapped view %s is not mounted: %v", view, err)
 	}
+	// The reaper leaves the view of a live tree alone.
+	if removed, err := s.Reap(ctx); err != nil || len(removed) != 0 {
+		t.Fatalf("reap: removed %v (%v)", removed, err)
+	}
+	if mounted, _ := mountinfo.Mounted(view); !mounted {
+		t.Fatalf("the reaper detached the id-mapped view %s of a live tree", view)
+	}
 	for _, m := range kids[0].Mounts {
 		for _, o := range m.Options {
 			if strings.HasPrefix(o, "uidmap=") || strings.HasPrefix(o, "gidmap=") {
@@ -150,6 +157,18 @@ func TestIDMappedSnapshotAndBranches(t *testing.T) {
 	if _, err := s.Abort(ctx, sb.ctx(nested[0].ID)); err != nil {
 		t.Fatal(err)
 	}
+	// After a reboot the view is gone: the branch's mounts make it again.
+	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.BranchMounts(ctx, sb.ctx(kids[0].ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := mountinfo.Mounted(view); err != nil || !mounted {
+		t.Fatalf("the id-mapped view %s is not mounted again: %v", view, err)
+	}
+	checkMapped(t, mountAt(t, again))
 	if err := mount.UnmountAll(kid, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
