@@ -94,11 +94,14 @@ func (s *Snapshotter) imageLayer(r rootSnap, id string) string {
 
 // ensureIDMapView mounts the id-mapped view of r's image layers if r is
 // id-mapped and the view is not mounted (first branch, or after a reboot).
-// The caller holds r's lock.
 func (s *Snapshotter) ensureIDMapView(ctx context.Context, r rootSnap) error {
-	if !r.idmap.mapped() {
+	if !r.idmap.mapped() || len(r.snap.ParentIDs) == 0 {
 		return nil
 	}
+	// Callers that only read a tree (mounts of a branch or a checkpoint)
+	// do not hold the root's lock: two must not both mount the view.
+	s.idmapMu.Lock()
+	defer s.idmapMu.Unlock()
 	view := s.idmapView(r.id())
 	if mounted, err := mountinfo.Mounted(view); err == nil && mounted {
 		return nil

@@ -53,6 +53,7 @@ type Snapshotter struct {
 	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
 	journalSeq atomic.Uint64  // names the journals of commit attempts
 	seals      sealThreads    // the threads that run those seals' remounts
+	idmapMu    sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
