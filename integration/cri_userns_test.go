@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -146,12 +147,28 @@ func TestCRIUserns(t *testing.T) {
 		t.Fatalf("runc-upstream not built (make binaries): %v", err)
 	}
 	c := criEnvWith(t, daemons.CRIConfig{RuncBinary: runcBin})
-	info, err := c.env.Crictl(c.ctx, "info")
+	out, err := c.env.Crictl(c.ctx, "info", "-o", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(strings.Fields(info), ""), `{"features":{"recursive_read_only_mounts":true,"user_namespaces":true},"name":"branch"}`) {
-		t.Fatalf("crictl info does not report user namespaces for the branch handler:\n%s", info)
+	var info struct {
+		RuntimeHandlers []struct {
+			Name     string `json:"name"`
+			Features struct {
+				UserNamespaces bool `json:"user_namespaces"`
+			} `json:"features"`
+		} `json:"runtimeHandlers"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatalf("decode crictl info: %v\n%s", err, out)
+	}
+	userns := map[string]bool{}
+	for _, h := range info.RuntimeHandlers {
+		userns[h.Name] = h.Features.UserNamespaces
+	}
+	// What the kubelet checks before it runs a pod with hostUsers: false.
+	if !userns["branch"] || !userns["runc"] {
+		t.Fatalf("user namespaces by handler %v, want true for branch as for runc; crictl info:\n%s", userns, out)
 	}
 
 	hostDir := usernsHostDir(t)
@@ -266,7 +283,7 @@ func TestCRIUserns(t *testing.T) {
 	if _, err := sc.Commit(c.ctx, kids[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "stat", "-c", "%u:%g %n", "/made", "/madedir", "/etc/passwd")
+	out, err = c.env.Crictl(c.ctx, "exec", "-s", ctr, "stat", "-c", "%u:%g %n", "/made", "/madedir", "/etc/passwd")
 	if got := strings.Join(strings.Fields(out), " "); err != nil || got != "0:0 /made 1000:1000 /madedir 0:0 /etc/passwd" {
 		t.Fatalf("the container sees the committed files as %q (%v)", out, err)
 	}
