@@ -254,6 +254,11 @@ func TestCRIUserns(t *testing.T) {
 			return out.String(), err
 		}
 	}
+	// The sandbox is sealed while it has branches: its root's writes to
+	// its rootfs fail with EROFS, as any sandbox's.
+	if out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "sh", "-c", "echo x > /sealed"); err == nil || !strings.Contains(out+err.Error(), "Read-only file system") {
+		t.Fatalf("write to the sealed sandbox's rootfs: %v\n%s", err, out)
+	}
 	// The branches join the pod's user namespace, as its containers do.
 	podUserns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", c.pidOf("inspect", ctr)))
 	if err != nil {
