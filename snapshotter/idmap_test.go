@@ -282,3 +282,41 @@ func TestIDMappedAlreadyChowned(t *testing.T) {
 	}
 	wantOwner(t, filepath.Join(mountAt(t, kids[0].Mounts), "etc", "base.conf"), idmapHost, idmapHost)
 }
+
+// TestIDMappedCommitUnmounted: a commit into an id-mapped root that is
+// not mounted goes through a temporary mount of it, id-mapped as its
+// own: the image's files keep their mapped owners, the branch's keep
+// theirs.
+func TestIDMappedCommitUnmounted(t *testing.T) {
+	ctx, s := newTest(t)
+	sb, root, _ := idmappedRoot(t, ctx, s)
+	if err := mount.UnmountAll(root, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := s.Fork(ctx, sb.ctx(""), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid := mountAt(t, kids[0].Mounts)
+	writeFile(t, filepath.Join(kid, "etc", "base.conf"), "changed\n")
+	writeFile(t, filepath.Join(kid, "made"), "the branch's\n")
+	if err := unix.Lchown(filepath.Join(kid, "made"), idmapHost+5, idmapHost+5); err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.UnmountAll(kid, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitBranch(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Mounts(ctx, sb.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := mountAt(t, m)
+	checkMapped(t, again)
+	wantOwner(t, filepath.Join(again, "made"), idmapHost+5, idmapHost+5)
+	if got := readFile(t, filepath.Join(again, "etc", "base.conf")); got != "changed\n" {
+		t.Fatalf("the root reads %q after the commit", got)
+	}
+}
