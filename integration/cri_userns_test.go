@@ -28,9 +28,9 @@ func usernsOptions() map[string]any {
 	return map[string]any{"mode": nsPod, "uids": m, "gids": m}
 }
 
-// runUsernsPod runs a pod in its own user namespace on handler, with
-// hostDir bind-mounted at /host in its container (if not ""), and returns
-// the pod's and the container's ids. The container runs sleep.
+// runUsernsPod runs a pod in its own user namespace on handler, with a
+// container that runs sleep with the given CRI mounts, and returns the
+// pod's and the container's ids.
 func (c *criTest) runUsernsPod(name, handler string, mounts []map[string]any) (string, string) {
 	c.t.Helper()
 	nsOpts := map[string]any{"network": nsPod, "pid": nsContainer, "ipc": nsPod, "userns_options": usernsOptions()}
