@@ -9,6 +9,11 @@ STATICCHECK_VERSION := v0.8.2
 CRICTL_VERSION := v1.37.0
 # The CNCF distribution registry the push and pull tests run on loopback.
 REGISTRY_VERSION := v3.0.0
+# runc at the version of the libcontainer the shim links (go.mod), for the
+# CRI tests' runc handler where Debian's runc 1.1 falls short (id-mapped
+# mounts, which a pod with its own user namespace needs). Installed as
+# runc-upstream, so that the PATH's runc stays every other test's.
+RUNC_VERSION := v1.4.4
 # CRIU, which memory forks dump and restore processes with, built from a
 # pinned release (hack/build-criu.sh says why it is built).
 CRIU_VERSION := 4.1.1
@@ -24,6 +29,7 @@ export BRANCHBOX_BIN := $(ABSBIN)
 CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
 CRI_BINS := $(BIN)/crictl
 REGISTRY_BINS := $(BIN)/registry
+RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
@@ -61,6 +67,15 @@ $(BIN)/.registry-$(REGISTRY_VERSION):
 	@touch $@
 
 $(REGISTRY_BINS): $(BIN)/.registry-$(REGISTRY_VERSION) ;
+
+$(BIN)/.runc-$(RUNC_VERSION):
+	@mkdir -p $(BIN)/.runc-build
+	GOBIN="$(ABSBIN)/.runc-build" $(GO) install -tags seccomp github.com/opencontainers/runc@$(RUNC_VERSION)
+	mv $(BIN)/.runc-build/runc $(BIN)/runc-upstream
+	@rm -rf $(BIN)/.runc-build $(BIN)/.runc-v*
+	@touch $@
+
+$(RUNC_BINS): $(BIN)/.runc-$(RUNC_VERSION) ;
 
 $(BIN)/.criu-$(CRIU_VERSION):
 	@hack/build-criu.sh $(BIN)
@@ -100,7 +115,7 @@ $(SHIM_INIT): FORCE
 
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(CRIU_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(RUNC_BINS) $(CRIU_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.
@@ -110,6 +125,8 @@ demo: binaries $(DEMO)
 check-version:
 	@grep -q "github.com/containerd/containerd/v2 $(CONTAINERD_VERSION)" go.mod || \
 		{ echo "go.mod does not pin containerd $(CONTAINERD_VERSION)"; exit 1; }
+	@grep -q "github.com/opencontainers/runc $(RUNC_VERSION)" go.mod || \
+		{ echo "go.mod does not pin runc $(RUNC_VERSION)"; exit 1; }
 
 $(BIN)/staticcheck:
 	GOBIN="$(ABSBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -106,9 +106,9 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 	if err := c.pidsRoom(sb, parent, ms, runtimePath, req); err != nil {
 		return nil, err
 	}
-	netns := ""
+	join := joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
 	if req.Net == NetShared {
-		netns = fmt.Sprintf("/proc/%d/ns/net", pid)
+		join.net = fmt.Sprintf("/proc/%d/ns/net", pid)
 	}
 	// Inits started ahead are taken now, their cgroups renamed to the
 	// names the next branch ids give while the snapshotter makes the
@@ -218,7 +218,7 @@ func (c *contexts) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1
 			if i < len(aheads) {
 				a = aheads[i]
 			}
-			made[i], errs[i] = c.start(ctx, sb, parent, info, netns, req, a, img)
+			made[i], errs[i] = c.start(ctx, sb, parent, info, join, req, a, img)
 		}()
 	}
 	wg.Wait()

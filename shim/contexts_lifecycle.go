@@ -166,7 +166,7 @@ func (c *contexts) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, erro
 // init, through the same runtime path as any container of this shim.
 // An init taken ahead for it (nil: none) is claimed or released. With a
 // memory image (nil: none) the runtime restores its processes from it.
-func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, netns string, req *shimv1.ForkRequest, warm *ahead, img *memoryImage) (_ *bctx, retErr error) {
+func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, join joinNS, req *shimv1.ForkRequest, warm *ahead, img *memoryImage) (_ *bctx, retErr error) {
 	n := &bctx{
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
@@ -174,12 +174,14 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0, limits: req.Limits,
 		memory: img != nil,
 	}
-	spec, err := branchSpec(parent.spec, n.cgroup, netns, req)
+	spec, err := branchSpec(parent.spec, n.cgroup, join, req)
 	if err != nil {
 		return nil, err
 	}
 	n.spec = spec
-	if err := os.MkdirAll(n.bundle, 0o700); err != nil {
+	// Searchable, not listable, as containerd makes bundles: root of a
+	// user namespace (a host uid of its range) must reach the rootfs.
+	if err := os.MkdirAll(n.bundle, 0o711); err != nil {
 		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
 	}
 	defer func() {

@@ -34,7 +34,7 @@ func defaultBranchSpec(t *testing.T, netns string) *specs.Spec {
 		specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 		specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: "/etc/hosts", Options: []string{"rbind", "ro"}})
 	s.Linux.CgroupsPath = "/test/sb"
-	b, err := branchSpec(&s, "/test/sb/b1", netns, &shimv1.ForkRequest{})
+	b, err := branchSpec(&s, "/test/sb/b1", joinNS{net: netns}, &shimv1.ForkRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestBranchSpecLeavesParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := branchSpec(parent, "/test/sb/b1/b2", "/proc/7/ns/net", &shimv1.ForkRequest{
+	b, err := branchSpec(parent, "/test/sb/b1/b2", joinNS{net: "/proc/7/ns/net"}, &shimv1.ForkRequest{
 		Args:   []string{"sh", "-c", "true"},
 		Limits: &shimv1.Limits{Memory: 1 << 20, Cpus: 0.5, Pids: 10},
 	})
@@ -207,5 +207,51 @@ func TestBranchSpecLeavesParent(t *testing.T) {
 	}
 	if b.Linux.CgroupsPath != "/test/sb/b1/b2" || b.Process.Args[0] != "sh" || (len(parent.Process.Args) > 0 && parent.Process.Args[0] == "sh") {
 		t.Errorf("branch cgroup %q args %v; parent args %v", b.Linux.CgroupsPath, b.Process.Args, parent.Process.Args)
+	}
+}
+
+// TestBranchSpecUserns: a branch of a parent with a user namespace of its
+// own joins that namespace (by the parent's init's path) with the same
+// mappings; one the parent joined by path is joined by the same path.
+func TestBranchSpecUserns(t *testing.T) {
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 196608, Size: 65536}}
+	for _, tc := range []struct{ path, want string }{
+		{"", "/proc/7/ns/user"},
+		{"/run/pinned/userns", "/run/pinned/userns"},
+	} {
+		parent := defaultBranchSpec(t, "")
+		parent.Linux.UIDMappings, parent.Linux.GIDMappings = m, m
+		parent.Linux.Namespaces = append(parent.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: tc.path})
+		b, err := branchSpec(parent, "/test/sb/b1/b2", joinNS{net: "/proc/7/ns/net", user: "/proc/7/ns/user"}, &shimv1.ForkRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, n := range b.Linux.Namespaces {
+			if n.Type == specs.UserNamespace {
+				got = append(got, n.Path)
+			}
+		}
+		if len(got) != 1 || got[0] != tc.want {
+			t.Errorf("parent's user namespace %q: branch's %q, want %q", tc.path, got, tc.want)
+		}
+		if len(b.Linux.UIDMappings) != 1 || b.Linux.UIDMappings[0] != m[0] || len(b.Linux.GIDMappings) != 1 {
+			t.Errorf("branch's mappings %v %v, want the parent's %v", b.Linux.UIDMappings, b.Linux.GIDMappings, m)
+		}
+		for _, n := range parent.Linux.Namespaces {
+			if n.Type == specs.UserNamespace && n.Path != tc.path {
+				t.Errorf("the parent's spec was changed: user namespace %q", n.Path)
+			}
+		}
+	}
+	// A parent in the host's user namespace gives its branches none.
+	b, err := branchSpec(defaultBranchSpec(t, ""), "/test/sb/b1/b2", joinNS{user: "/proc/7/ns/user"}, &shimv1.ForkRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range b.Linux.Namespaces {
+		if n.Type == specs.UserNamespace {
+			t.Fatalf("a branch of a parent without a user namespace has one: %+v", n)
+		}
 	}
 }

@@ -46,17 +46,25 @@ func writeSpec(bundle string, s *specs.Spec) error {
 	return os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
 }
 
+// joinNS are the parent's namespaces a branch joins, as /proc/PID/ns paths
+// of its init: its network namespace ("" for a new loopback-only one) and
+// its user namespace (joined when the parent's spec made one of its own).
+type joinNS struct{ net, user string }
+
 // branchSpec derives a branch context's spec from its parent's: the same
 // process, mounts, capabilities and limits, but its own rootfs (the
 // branch's overlay, mounted at <bundle>/rootfs), its own PID and mount
 // namespaces, a cgroup nested under the parent's, and the parent's network
-// namespace (or a new loopback-only one).
+// namespace (or a new loopback-only one). A parent in a user namespace of
+// its own has its branches join it: they keep its mapping (their rootfs is
+// id-mapped by the snapshotter for it), and a network namespace it owns
+// is theirs to mount sysfs for.
 //
 // The parent's spec is copied only where the branch's differs (the
 // process, the linux section and its resources); the rest is shared, so
 // neither spec may be changed in place afterwards. A copy through JSON
 // cost a quarter of a millisecond of every branch's start.
-func branchSpec(parent *specs.Spec, cgroupPath string, netns string, req *shimv1.ForkRequest) (*specs.Spec, error) {
+func branchSpec(parent *specs.Spec, cgroupPath string, join joinNS, req *shimv1.ForkRequest) (*specs.Spec, error) {
 	if parent.Linux == nil || parent.Process == nil {
 		return nil, fmt.Errorf("sandbox spec has no linux section or process: %w", errdefs.ErrInvalidArgument)
 	}
@@ -82,12 +90,19 @@ func branchSpec(parent *specs.Spec, cgroupPath string, netns string, req *shimv1
 		switch n.Type {
 		case specs.PIDNamespace, specs.MountNamespace, specs.NetworkNamespace:
 			continue
+		case specs.UserNamespace:
+			if n.Path == "" {
+				if join.user == "" {
+					return nil, fmt.Errorf("the parent's user namespace has no path to join: %w", errdefs.ErrFailedPrecondition)
+				}
+				n.Path = join.user
+			}
 		}
 		ns = append(ns, n)
 	}
 	ns = append(ns, specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.MountNamespace})
 	// A new network namespace gets only loopback (libcontainer brings it up).
-	ns = append(ns, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns})
+	ns = append(ns, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: join.net})
 	s.Linux.Namespaces = ns
 	if l := req.Limits; l != nil {
 		if s.Linux.Resources == nil {

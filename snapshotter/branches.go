@@ -84,8 +84,9 @@ func (s *Snapshotter) fault(point string) {
 
 // rootSnap is a resolved root snapshot.
 type rootSnap struct {
-	key  string
-	snap storage.Snapshot
+	key   string
+	snap  storage.Snapshot
+	idmap idMapping // from its labels (idmap_linux.go)
 }
 
 func (r rootSnap) id() string { return r.snap.ID }
@@ -143,7 +144,7 @@ func (s *Snapshotter) resolve(ctx context.Context, c branch.Ref) (rootSnap, stri
 	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
 		return rootSnap{}, "", fmt.Errorf("branch id %q is not a number: %w", id, errdefs.ErrInvalidArgument)
 	}
-	return rootSnap{key: key, snap: snap}, id, nil
+	return rootSnap{key: key, snap: snap, idmap: s.idMappingOf(snap, info.Labels)}, id, nil
 }
 
 // parseUpperdir checks that dir is the upper directory of a snapshot or of a
@@ -183,7 +184,7 @@ func (s *Snapshotter) contextUpper(rootID, id string) string {
 // ancestors' uppers over the root snapshot's own layers.
 func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
 	if id == branch.RootID {
-		m := s.mounts(r.snap)
+		m := s.mounts(r.snap, r.idmap)
 		if readonly {
 			m[0].Options = withReadonly(m[0].Options)
 		}
@@ -275,6 +276,9 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.M
 			tree = branch.NewTree(r.key, time.Time{})
 		}
 		if _, err := tree.Get(id); err != nil {
+			return err
+		}
+		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
 		}
 		out = s.contextMounts(r, tree, id, tree.Sealed(id))

@@ -35,6 +35,9 @@ func (s *Snapshotter) CheckpointMounts(ctx context.Context, c branch.Ref, name s
 		if _, err := tree.Get(id); err != nil {
 			return err
 		}
+		if err := s.ensureIDMapView(ctx, r); err != nil {
+			return err
+		}
 		ck := d.Checkpoints[name]
 		if ck == nil {
 			return fmt.Errorf("no checkpoint %q: %w", name, errdefs.ErrNotFound)

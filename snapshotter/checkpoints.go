@@ -77,7 +77,7 @@ func (s *Snapshotter) lowerDirs(r rootSnap, t *branch.Tree, id string) []string 
 		}
 	}
 	for _, p := range r.snap.ParentIDs {
-		out = append(out, s.upperPath(p))
+		out = append(out, s.imageLayer(r, p))
 	}
 	return out
 }

@@ -229,7 +229,9 @@ func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootS
 		return ended, nil, nil
 	}
 	tree.SetTombstones(nil)
-	if err := s.checkCommit(ctx, *r, tree, node); err != nil {
+	if err := s.ensureIDMapView(ctx, *r); err != nil {
+		seen.err = fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
+	} else if err := s.checkCommit(ctx, *r, tree, node); err != nil {
 		seen.err = fmt.Errorf("commit %s (refused, nothing changed): %w", c, err)
 	}
 	return nil, &seen, nil
@@ -432,6 +434,10 @@ func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tre
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {
 		return err
+	}
+	if err := s.ensureIDMapView(ctx, r); err != nil {
+		os.Remove(target)
+		return fmt.Errorf("mount parent for commit: %w", err)
 	}
 	mounts := s.contextMounts(r, tree, id, false)
 	if err := mount.All(mounts, target); err != nil {

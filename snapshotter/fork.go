@@ -107,6 +107,12 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 				tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
 			}
 		}
+		// The children's mounts name the id-mapped view; made inside the
+		// transaction, which keeps the reaper (that would take a root
+		// without a tree for an orphan) out until the tree is stored.
+		if err := s.ensureIDMapView(ctx, r); err != nil {
+			return err
+		}
 		uid, gid, err := ownerOf(parentUpper)
 		if err != nil {
 			return err

@@ -139,7 +139,7 @@ func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, 
 			return nil, err
 		}
 		for _, e := range entries {
-			if !layered[e.Name()] {
+			if !layered[e.Name()] && e.Name() != idmapViewName {
 				orphans = append(orphans, filepath.Join(base, rd.Name(), e.Name()))
 			}
 		}

@@ -139,6 +139,9 @@ func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *b
 			return err
 		}
 		defer os.Remove(target)
+		if err := s.ensureIDMapView(ctx, r); err != nil {
+			return err
+		}
 		if err := mount.All(s.contextMounts(r, tree, id, false), target); err != nil {
 			return fmt.Errorf("mount context %s: %w", id, err)
 		}
@@ -162,6 +165,9 @@ func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *b
 func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
 	m, err := layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
 	if err != nil {
+		return err
+	}
+	if err := s.ensureIDMapView(ctx, r); err != nil {
 		return err
 	}
 	changes, _, err := layer.Diff(ctx, s.contextUpper(r.id(), id), m)

@@ -53,6 +53,7 @@ type Snapshotter struct {
 	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
 	journalSeq atomic.Uint64  // names the journals of commit attempts
 	seals      sealThreads    // the threads that run those seals' remounts
+	idmapMu    sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
@@ -242,12 +243,18 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	}
 	var (
 		snap   storage.Snapshot
+		idmap  idMapping
 		sealed bool
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
 			return err
 		}
+		_, info, _, err := storage.GetInfo(ctx, key)
+		if err != nil {
+			return err
+		}
+		idmap = s.idMappingOf(snap, info.Labels)
 		t, err := loadTree(tx, snap.ID)
 		sealed = t != nil && t.Sealed(branch.RootID)
 		return err
@@ -255,7 +262,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	if err != nil {
 		return nil, fmt.Errorf("mounts of %q: %w", key, err)
 	}
-	m := s.mounts(snap)
+	m := s.mounts(snap, idmap)
 	if sealed {
 		// Its layer is its branches' lower: a new mount must not write it.
 		m[0].Options = withReadonly(m[0].Options)
@@ -467,6 +474,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 
 	var (
 		snap      storage.Snapshot
+		idmap     idMapping
 		tmp, path string
 	)
 	defer func() {
@@ -516,6 +524,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		if err := s.chownUpper(filepath.Join(tmp, "fs"), snap, info); err != nil {
 			return err
 		}
+		idmap = s.idMappingOf(snap, info.Labels)
 		path = filepath.Join(snapshotsDir, snap.ID)
 		if err := os.Rename(tmp, path); err != nil {
 			return fmt.Errorf("rename snapshot directory into place: %w", err)
@@ -526,7 +535,7 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 	if err != nil {
 		return nil, fmt.Errorf("%s %q: %w", op, key, err)
 	}
-	return s.mounts(snap), nil
+	return s.mounts(snap, idmap), nil
 }
 
 // chownUpper gives a new upper directory the owner of the tree it covers:
@@ -573,7 +582,10 @@ func prepareDirectory(snapshotsDir string, kind snapshots.Kind) (string, error) 
 	return td, nil
 }
 
-func (s *Snapshotter) mounts(snap storage.Snapshot) []mount.Mount {
+// mounts are the mounts of a snapshot. With an id mapping its image layers
+// are id-mapped (idmap_linux.go); a layer of its own (a bind of an active
+// snapshot without parents) is not, as it holds host ids.
+func (s *Snapshotter) mounts(snap storage.Snapshot, idmap idMapping) []mount.Mount {
 	if len(snap.ParentIDs) == 0 {
 		// overlay needs at least one lower; a base layer is a bind mount.
 		ro := "rw"
@@ -596,7 +608,7 @@ func (s *Snapshotter) mounts(snap storage.Snapshot) []mount.Mount {
 		return []mount.Mount{{
 			Type:    "bind",
 			Source:  s.upperPath(snap.ParentIDs[0]),
-			Options: []string{"ro", "rbind"},
+			Options: append(idmap.options(), "ro", "rbind"),
 		}}
 	}
 	lowers := make([]string, len(snap.ParentIDs))
@@ -604,6 +616,7 @@ func (s *Snapshotter) mounts(snap storage.Snapshot) []mount.Mount {
 		lowers[i] = s.upperPath(id)
 	}
 	options = append(options, "lowerdir="+strings.Join(lowers, ":"))
+	options = append(options, idmap.options()...)
 	options = append(options, s.options...)
 	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: options}}
 }

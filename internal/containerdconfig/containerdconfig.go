@@ -68,6 +68,9 @@ type Options struct {
 	// containerd's own, for hosts where root lacks CAP_SYS_RESOURCE (the
 	// pause container asks for -998).
 	RestrictOOMScoreAdj bool
+	// RuncBinary is the runc the CRI's runc handler runs (its BinaryName
+	// option); runc on the PATH if empty.
+	RuncBinary string
 }
 
 // Render returns the configuration as TOML (config version 3).
@@ -104,9 +107,14 @@ func Render(o Options) string {
 	}
 	p(`
 # The snapshotter runs as its own daemon; containerd reaches it over gRPC.
+# remap-ids: it id-maps the image layers of a snapshot prepared for a user
+# namespace (a pod with hostUsers: false) itself, as overlayfs does;
+# without it containerd would copy and chown the whole image for each
+# mapping (docs/userns.md).
 [proxy_plugins.branch]
   type = "snapshot"
   address = %q
+  capabilities = ["remap-ids"]
 
 # The transfer service (ctr images pull/import, nerdctl pull) unpacks only for
 # the snapshotters listed here: keep overlayfs and add branch. On another
@@ -157,6 +165,11 @@ func Render(o Options) string {
 `, o.SnapshotterAddress, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
 	if o.SandboxImage != "" {
 		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
+	}
+	if o.RuncBinary != "" {
+		// The table replaces containerd's default runc handler whole.
+		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n  sandboxer = \"podsandbox\"\n")
+		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  BinaryName = %q\n", o.RuncBinary)
 	}
 	if o.CNIConfDir != "" || o.CNIBinDir != "" || o.CNIInternalLoopback || o.NetNSUnderState || o.RestrictOOMScoreAdj {
 		p("\n[plugins.\"io.containerd.cri.v1.runtime\"]\n")

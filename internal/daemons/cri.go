@@ -34,6 +34,8 @@ type CRIConfig struct {
 	// = true (the node default of the docs); the tests' default is the
 	// cgroupfs driver, as this host has no systemd.
 	SystemdCgroup bool
+	// RuncBinary is the runc the runc handler runs; the PATH's if empty.
+	RuncBinary string
 }
 
 func (e *Env) criContainerdConfig() (string, error) {
@@ -68,6 +70,7 @@ func (e *Env) criContainerdConfig() (string, error) {
 		// Root on these VMs lacks CAP_SYS_RESOURCE, so no runtime can
 		// lower a process's oom_score_adj below containerd's.
 		RestrictOOMScoreAdj: !hasCapSysResource(),
+		RuncBinary:          c.RuncBinary,
 	}), nil
 }
 

@@ -110,6 +110,12 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 		if dir, err = os.MkdirTemp("", "bbx-"); err != nil {
 			return nil, err
 		}
+		// Searchable by all, as /run/containerd is on a node: root of a
+		// user namespace (an unprivileged host uid) must reach the
+		// bundles' root filesystems below it.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, err
+		}
 	}
 	e := &Env{
 		Dir:                dir,

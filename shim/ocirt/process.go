@@ -391,6 +391,10 @@ func Features() *features.Features {
 			// Systemd: --systemd-cgroup (runc's option SystemdCgroup) is
 			// libcontainer's systemd manager, as in runc.
 			Cgroup: &features.Cgroup{V1: &t, V2: &t, Systemd: &t},
+			// libcontainer makes id-mapped mounts (a mount's uidMappings
+			// and gidMappings), as runc does; containerd's CRI refuses a
+			// pod user namespace (hostUsers: false) to a runtime without.
+			MountExtensions: &features.MountExtensions{IDMap: &features.IDMap{Enabled: &t}},
 		},
 	}
 	if seccomp.Enabled {
