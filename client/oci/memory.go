@@ -248,7 +248,12 @@ func untarMemory(ctx context.Context, cs content.Provider, desc ocispec.Descript
 		return err
 	}
 	defer ra.Close()
-	zr, err := gzip.NewReader(content.NewReader(ra))
+	return unpackMemory(content.NewReader(ra), dir)
+}
+
+// unpackMemory is untarMemory of the gzipped tar read from r.
+func unpackMemory(r io.Reader, dir string) error {
+	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return err
 	}
