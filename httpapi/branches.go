@@ -22,6 +22,9 @@ type Fork struct {
 	CPUs   float64  `json:"cpus,omitempty"`
 	Pids   int64    `json:"pids,omitempty"`
 	Args   []string `json:"args,omitempty"`
+	// WithMemory forks the parent's running processes too (a memory
+	// fork; with From, the checkpoint's). Memory is the branches' limit.
+	WithMemory bool `json:"with_memory,omitempty"`
 }
 
 type contextsDoc struct {
@@ -43,7 +46,7 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 	defer done()
 	kids, err := sc.Fork(r.Context(), client.ForkOptions{
 		Parent: req.Parent, Count: req.Count, From: req.From, Seal: req.Seal, Net: req.Net,
-		Memory: req.Memory, CPUs: req.CPUs, Pids: req.Pids, Args: req.Args,
+		Memory: req.Memory, CPUs: req.CPUs, Pids: req.Pids, Args: req.Args, WithMemory: req.WithMemory,
 	})
 	if err != nil {
 		return err

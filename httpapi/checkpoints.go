@@ -3,10 +3,14 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 )
 
 // CheckpointRequest is the body of POST .../checkpoints and .../rollback:
@@ -14,6 +18,8 @@ import (
 type CheckpointRequest struct {
 	Branch string `json:"branch,omitempty"`
 	Name   string `json:"name"`
+	// WithMemory records the context's running processes too.
+	WithMemory bool `json:"with_memory,omitempty"`
 }
 
 func rootOr(id string) string {
@@ -41,7 +47,11 @@ func (s *Server) checkpoint(w http.ResponseWriter, r request) error {
 		return err
 	}
 	defer done()
-	ck, err := sc.Checkpoint(r.Context(), rootOr(req.Branch), req.Name)
+	var opts []client.CheckpointOption
+	if req.WithMemory {
+		opts = append(opts, client.CheckpointWithMemory())
+	}
+	ck, err := sc.Checkpoint(r.Context(), rootOr(req.Branch), req.Name, opts...)
 	if err != nil {
 		return err
 	}
@@ -92,6 +102,10 @@ func (s *Server) rollback(w http.ResponseWriter, r request) error {
 	var req CheckpointRequest
 	if err := s.decode(w, r, &req); err != nil {
 		return err
+	}
+	if req.WithMemory {
+		// What a rollback restores is the checkpoint's to say.
+		return fmt.Errorf("rollback: with_memory is for taking a checkpoint; a rollback to one taken with memory restores a memory branch's processes by itself: %w", errdefs.ErrInvalidArgument)
 	}
 	sc, done, err := s.dial(r)
 	if err != nil {

@@ -27,6 +27,7 @@ type apiContexts struct {
 	Contexts []struct {
 		ID, Parent, State, Status, Winner string
 		InitPid                           int
+		MemoryFork                        bool
 	}
 }
 
@@ -281,6 +282,29 @@ func TestHTTPAPI(t *testing.T) {
 	api.must(ctx, 200, "POST", sb+"/checkpoints", map[string]any{"name": "r1"})
 	api.must(ctx, 200, "DELETE", sb+"/checkpoints/r1", nil)
 	api.fails(ctx, 404, "not-found", "DELETE", sb+"/checkpoints/r1", nil)
+
+	// With memory: a checkpoint of the sandbox's processes, a fork with
+	// them from it, and a memory fork of the live sandbox.
+	var mck struct {
+		Checkpoint struct {
+			Name        string
+			MemoryBytes int64 `json:"memory_bytes"`
+		}
+	}
+	api.must(ctx, 200, "POST", sb+"/checkpoints", map[string]any{"name": "m1", "with_memory": true}).decode(t, &mck)
+	if mck.Checkpoint.MemoryBytes == 0 {
+		t.Fatalf("checkpoint with_memory: %+v", mck)
+	}
+	api.fails(ctx, 400, "invalid-argument", "POST", sb+"/rollback", map[string]any{"name": "m1", "with_memory": true})
+	for _, body := range []map[string]any{{"from": "m1", "with_memory": true}, {"with_memory": true}} {
+		var mk apiContexts
+		api.must(ctx, 200, "POST", sb+"/fork", body).decode(t, &mk)
+		if len(mk.Contexts) != 1 || !mk.Contexts[0].MemoryFork || mk.Contexts[0].Status != "running" {
+			t.Fatalf("fork %v: %+v", body, mk)
+		}
+		api.must(ctx, 200, "POST", sb+"/branches/"+mk.Contexts[0].ID+"/abort", nil)
+	}
+	api.must(ctx, 200, "DELETE", sb+"/checkpoints/m1", nil)
 
 	// Abort.
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1, "seal": "ro"}).decode(t, &kids)

@@ -31,6 +31,7 @@ type ForkIn struct {
 	From    string `json:"from_checkpoint,omitempty" jsonschema:"fork from this checkpoint of the parent instead of its current state"`
 	Seal    string `json:"seal,omitempty" jsonschema:"how the parent is held while it has branches: ro (default; its files read-only) or freeze (its processes frozen too)"`
 	Net     string `json:"net,omitempty" jsonschema:"network: shared (default; the parent's) or isolated (loopback only)"`
+	Memory  bool   `json:"with_memory,omitempty" jsonschema:"fork the running processes too: each branch's continue from the parent's state (or from_checkpoint's, if it was taken with memory)"`
 }
 
 // Context is a context as the tools show it.
@@ -144,6 +145,7 @@ type CheckpointIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
 	Branch  string `json:"branch,omitempty" jsonschema:"the context: \"0\" (default) for the sandbox, or a branch id"`
 	Name    string `json:"name" jsonschema:"the checkpoint's name"`
+	Memory  bool   `json:"with_memory,omitempty" jsonschema:"record the context's running processes too, to fork from with with_memory"`
 }
 
 // CheckpointOut is checkpoint's output.
@@ -201,7 +203,7 @@ func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
 	if parent == branch.RootID {
 		parent = ""
 	}
-	kids, err := sc.Fork(ctx, client.ForkOptions{Parent: parent, Count: in.Count, From: in.From, Seal: in.Seal, Net: in.Net})
+	kids, err := sc.Fork(ctx, client.ForkOptions{Parent: parent, Count: in.Count, From: in.From, Seal: in.Seal, Net: in.Net, WithMemory: in.Memory})
 	if err != nil {
 		return ForkOut{}, err
 	}
@@ -438,7 +440,11 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 		return CheckpointOut{}, err
 	}
 	defer sc.Close()
-	ck, err := sc.Checkpoint(ctx, rootOr(in.Branch), in.Name)
+	var opts []client.CheckpointOption
+	if in.Memory {
+		opts = append(opts, client.CheckpointWithMemory())
+	}
+	ck, err := sc.Checkpoint(ctx, rootOr(in.Branch), in.Name, opts...)
 	if err != nil {
 		return CheckpointOut{}, err
 	}

@@ -52,6 +52,8 @@ export interface Context {
   winner?: string;
   children?: string[];
   net?: string;
+  /** Its processes were restored from a memory image (a memory fork). */
+  memoryFork?: boolean;
   [more: string]: unknown;
 }
 
@@ -91,11 +93,19 @@ export interface ForkOptions {
   from?: string;
   seal?: 'ro' | 'freeze';
   net?: 'shared' | 'isolated';
+  /** The branches' memory limit, bytes. */
   memory?: number;
   cpus?: number;
   pids?: number;
   /** Run as each branch's init instead of a waiting init. */
   args?: string[];
+  /** Fork the running processes too (a memory fork; with from, the checkpoint's). */
+  with_memory?: boolean;
+}
+
+export interface CheckpointOptions {
+  /** Record the context's running processes too. */
+  with_memory?: boolean;
 }
 
 export interface ExecOptions {
@@ -156,6 +166,8 @@ export interface Checkpoint {
   head: boolean;
   children?: string[];
   branches?: string[];
+  /** Bytes of its memory image, if it was taken with memory. */
+  memory_bytes?: number;
 }
 
 export interface RollbackResult {
@@ -220,7 +232,7 @@ export declare class Sandbox {
   branch(id: string | number): Branch;
   fork(opts?: ForkOptions): Promise<Branch[]>;
   tree(): Promise<Context[]>;
-  checkpoint(name: string, branch?: string): Promise<Checkpoint>;
+  checkpoint(name: string, branch?: string, opts?: CheckpointOptions): Promise<Checkpoint>;
   checkpoints(): Promise<Checkpoint[]>;
   deleteCheckpoint(name: string): Promise<void>;
   rollback(name: string, branch?: string): Promise<RollbackResult>;

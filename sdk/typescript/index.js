@@ -185,8 +185,10 @@ export class Sandbox {
     return (await this.client._call('GET', this._path('/tree'))).contexts;
   }
 
-  async checkpoint(name, branch) {
-    return (await this.client._call('POST', this._path('/checkpoints'), branch === undefined ? { name } : { name, branch: String(branch) })).checkpoint;
+  async checkpoint(name, branch, opts = {}) {
+    const doc = { name, ...opts };
+    if (branch !== undefined) doc.branch = String(branch);
+    return (await this.client._call('POST', this._path('/checkpoints'), doc)).checkpoint;
   }
 
   async checkpoints() {

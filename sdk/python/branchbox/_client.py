@@ -256,12 +256,16 @@ class Sandbox:
     def branch(self, id):
         return Branch(self, str(id))
 
-    def fork(self, count=1, parent=None, from_checkpoint=None, seal=None, net=None, memory=None, cpus=None, pids=None, args=None):
+    def fork(self, count=1, parent=None, from_checkpoint=None, seal=None, net=None, memory=None, cpus=None, pids=None, args=None,
+             with_memory=None):
         """Make count branches of the sandbox (or of branch parent), each
-        with its own copy-on-write rootfs and processes."""
+        with its own copy-on-write rootfs and processes. memory is the
+        branches' limit in bytes; with_memory=True forks the running
+        processes too (a memory fork; with from_checkpoint, the
+        checkpoint's)."""
         doc = {"count": count}
         for k, v in (("parent", parent), ("from", from_checkpoint), ("seal", seal), ("net", net),
-                     ("memory", memory), ("cpus", cpus), ("pids", pids), ("args", args)):
+                     ("memory", memory), ("cpus", cpus), ("pids", pids), ("args", args), ("with_memory", with_memory)):
             if v is not None:
                 doc[k] = list(v) if k == "args" else (str(v) if k == "parent" else v)
         out = self.client._call("POST", self._path("/fork"), doc)
@@ -271,10 +275,14 @@ class Sandbox:
         """Every context, ended ones included (branchctl tree), as dicts."""
         return self.client._call("GET", self._path("/tree"))["contexts"]
 
-    def checkpoint(self, name, branch=None):
+    def checkpoint(self, name, branch=None, with_memory=False):
+        """Record a context's files as name; with_memory=True its running
+        processes too."""
         doc = {"name": name}
         if branch is not None:
             doc["branch"] = str(branch)
+        if with_memory:
+            doc["with_memory"] = True
         return self.client._call("POST", self._path("/checkpoints"), doc)["checkpoint"]
 
     def checkpoints(self):

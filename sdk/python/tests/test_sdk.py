@@ -105,6 +105,13 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(k.abort(), [k.id])
         self.sb.delete_checkpoint("one")
         self.assertEqual(self.sb.checkpoints(), [])
+        # With memory: the sandbox's processes too, forked from later.
+        ck = self.sb.checkpoint("mem", with_memory=True)
+        self.assertGreater(ck["memory_bytes"], 0)
+        (m,) = self.sb.fork(1, from_checkpoint="mem", with_memory=True)
+        self.assertTrue(m.info.get("memoryFork"))
+        self.assertEqual(m.abort(), [m.id])
+        self.sb.delete_checkpoint("mem")
 
     def test_errors_and_tokens(self):
         with self.assertRaises(branchbox.BranchboxError) as cm:

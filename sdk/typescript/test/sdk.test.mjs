@@ -103,6 +103,13 @@ describe('branchbox SDK', () => {
       assert.deepEqual(await k.abort(), [k.id]);
       await sb.deleteCheckpoint('one');
       assert.deepEqual(await sb.checkpoints(), []);
+      // With memory: the sandbox's processes too, forked from later.
+      const ck = await sb.checkpoint('mem', undefined, { with_memory: true });
+      assert.ok((ck.memory_bytes ?? 0) > 0);
+      const [m] = await sb.fork({ from: 'mem', with_memory: true });
+      assert.equal(m.info?.memoryFork, true);
+      assert.deepEqual(await m.abort(), [m.id]);
+      await sb.deleteCheckpoint('mem');
       await rejectsWith(() => c.sandbox('nosuch').fork(), 'not-found');
       await rejectsWith(() => sb.fork({ count: 0 }), 'invalid-argument');
     } finally {
