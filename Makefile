@@ -16,7 +16,7 @@ REGISTRY_VERSION := v3.0.0
 RUNC_VERSION := v1.4.4
 # CRIU, which memory forks dump and restore processes with, built from a
 # pinned release (hack/build-criu.sh says why it is built).
-CRIU_VERSION := 4.1.1
+CRIU_VERSION := 4.2.1
 
 GO ?= go
 # bin/ of this clone, named relative to it in targets (make splits a target

@@ -3,15 +3,18 @@
 # with (docs/memory-fork.md), into bin/criu from a pinned release.
 #
 # Why built: Debian 12's criu 3.17 fails its vDSO check on the 6.x kernels
-# these nodes run, and trixie's 4.1.1 binary needs glibc 2.38. Its source is
-# the same release, from Debian's archive (apt-get source, trixie suite,
-# through the mirror the host's apt already uses), checked against the
-# sha256 below before anything is built.
+# these nodes run; Debian's 4.x binaries need a newer glibc. Why 4.2.1: 4.1.1
+# cannot dump an inet socket on kernels from 6.16 on, which answer
+# getsockopt(SO_PASSCRED) on one with EOPNOTSUPP ("sockets: Can't get 1:16
+# opt"); 4.2 asks it of unix and netlink sockets only. Its source is the
+# release's upstream tarball from Debian's archive (apt-get source, from
+# forky or sid, which carry 4.2.1-1, through the mirror the host's apt
+# already uses), checked against the sha256 below before anything is built.
 #
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail
-CRIU_VERSION=4.1.1
-CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+CRIU_VERSION=4.2.1
+CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 bin=${1:?usage: build-criu.sh BIN_DIR}
 mkdir -p "$bin"
 bin=$(cd "$bin" && pwd)
@@ -34,11 +37,11 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/src"
-# the mirror the host's apt uses, trixie's sources
+# the mirror the host's apt uses, the suites that carry the release
 uri=$(grep -hoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
 	/etc/apt/sources.list.d/*.list 2>/dev/null | head -1 | tr -d ' ' || true)
 [ -n "$uri" ] || { echo "build-criu: no Debian mirror in /etc/apt/sources.list*" >&2; exit 1; }
-echo "deb-src ${uri%/} trixie main" > "$work/apt/sources.list"
+printf 'deb-src %s forky main\ndeb-src %s sid main\n' "${uri%/}" "${uri%/}" > "$work/apt/sources.list"
 apto=(-o Dir::Etc::SourceList="$work/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
 	-o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" -o APT::Get::List-Cleanup=0
 	-o APT::Sandbox::User=root)

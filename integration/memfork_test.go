@@ -215,7 +215,6 @@ func TestMemoryForkRefusals(t *testing.T) {
 		t.Fatalf("memory fork with a listener: %v; want failed precondition naming nc and the port", err)
 	}
 	for _, o := range []client.ForkOptions{
-		{Count: 1, WithMemory: true, Net: "isolated"},
 		{Count: 1, WithMemory: true, Args: []string{"true"}},
 	} {
 		if _, err := sc.ForkResult(ctx, o); err == nil {
@@ -275,6 +274,55 @@ func TestMemoryForkBackgroundJob(t *testing.T) {
 			t.Fatal(err)
 		}
 		assertBranchGone(t, env, k, nil)
+	}
+	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryForkIsolated: a memory fork with --net isolated gives each
+// branch a network namespace of its own, in which the parent's listener
+// is restored and answers on the same port, beside the parent's own; the
+// namespace goes with the branch.
+func TestMemoryForkIsolated(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=served; nc -ll -p 8125 -e echo pong >/dev/null 2>&1 & echo started`)
+	// Shared, the listener is refused; the wait is for it to listen.
+	waitUntil(t, "the listener", 10*time.Second, func() bool {
+		_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err != nil && strings.Contains(err.Error(), "listens on TCP port 8125")
+	})
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 2, WithMemory: true, Net: "isolated"})
+	if err != nil {
+		t.Fatalf("memory fork --net isolated of a sandbox with a listener: %v", err)
+	}
+	parentNet, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", sandboxInitPid(t, ctx, sc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range res.Branches {
+		if k.Net != "isolated" || !k.MemoryFork {
+			t.Fatalf("branch %+v", k)
+		}
+		if got := replIn(t, ctx, env, sc, k.ID, 1, `echo "mem=$mem"`); got != "mem=served\n" {
+			t.Fatalf("branch %s continues with %q", k.ID, got)
+		}
+		if got := mustRun(t, ctx, sc, k.ID, "nc", "127.0.0.1", "8125"); got != "pong\n" {
+			t.Fatalf("branch %s: its restored listener answers %q", k.ID, got)
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", k.InitPid)); err != nil || ns == parentNet {
+			t.Fatalf("branch %s's network namespace %q %v, the parent's %q", k.ID, ns, err, parentNet)
+		}
+	}
+	a, b := res.Branches[0], res.Branches[1]
+	loser := branchProcs(env, b)
+	if _, err := sc.Commit(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertBranchGone(t, env, a, nil)
+	assertBranchGone(t, env, b, loser)
+	// The sandbox's own listener (frozen with it by the seal while it had
+	// branches: the REPL holds a file open for writing) answers again.
+	if out, err := execIn(ctx, env, "sb", "nc", "127.0.0.1", "8125"); err != nil || out != "pong\n" {
+		t.Fatalf("the sandbox's own listener after the commit: %q %v", out, err)
 	}
 	assertNoMemoryImages(t, env)
 }

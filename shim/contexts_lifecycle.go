@@ -28,6 +28,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	"github.com/opencontainers/runc/libcontainer"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
@@ -187,9 +188,21 @@ func (c *contexts) start(ctx context.Context, sb *sandbox, parent *bctx, info br
 	defer func() {
 		if retErr != nil {
 			c.closeSelf(sb.id, n.id)
-			_ = os.RemoveAll(n.bundle)
+			removeBundle(ctx, n.bundle)
 		}
 	}()
+	if img != nil && req.Net == NetIsolated {
+		// Its processes are restored into a namespace that exists.
+		ns := filepath.Join(n.bundle, netnsFile)
+		if err := makeIsolatedNetns(ns); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", info.ID, err)
+		}
+		for i := range spec.Linux.Namespaces {
+			if spec.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = ns
+			}
+		}
+	}
 	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
 		return nil, err
 	}
@@ -282,6 +295,12 @@ func (c *contexts) runOnRuntime(ctx context.Context, sb *sandbox, n *bctx, mount
 				return fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", n.id, errgrpc.ToNative(err), why)
 			}
 			return fmt.Errorf("branch %s: start %v: %w", n.id, args, errgrpc.ToNative(err))
+		}
+		if n.memory {
+			// A restored init has its pid only now (a created one has
+			// it from its create, above); an exit that came first is
+			// pending since started.
+			c.watch(init, started)
 		}
 		go func() {
 			_ = init.Wait(context.WithoutCancel(ctx))
@@ -459,6 +478,9 @@ func (c *contexts) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wai
 			sb.keepEnded(n.id, n.container.ExecdProcesses())
 		}
 		containers[i] = c.detach(ctx, n)
+		// An isolated memory branch's network namespace goes with its
+		// processes, before the reply, as its rootfs mount does.
+		detachNetns(ctx, n.bundle)
 	}
 	done := make(chan struct{})
 	sb.releasing.Add(1)
@@ -521,16 +543,12 @@ func (c *contexts) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxP
 			for _, p := range fc.execd() {
 				_ = p.Delete(ctx) // its exit came with the init's
 			}
-			if err := os.RemoveAll(n.bundle); err != nil {
-				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
-			}
+			removeBundle(ctx, n.bundle)
 		}()
 		return
 	}
 	c.dropRuntimeState(ctx, sb, n, procs.(*runc.Container), cgroupDirs, func() {
-		if err := os.RemoveAll(n.bundle); err != nil {
-			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch bundle")
-		}
+		removeBundle(ctx, n.bundle)
 	})
 }
 
@@ -700,6 +718,7 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("unmount branch rootfs")
 		}
+		detachNetns(ctx, filepath.Join(bundle, branchesDir, e.Name()))
 	}
 }
 

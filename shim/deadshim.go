@@ -165,4 +165,9 @@ func unmountBundle(ctx context.Context, bundle string) {
 			log.G(ctx).WithError(err).WithField("path", p).Warn("unmount root filesystem of a dead shim's container")
 		}
 	}
+	if entries, err := os.ReadDir(filepath.Join(bundle, branchesDir)); err == nil {
+		for _, e := range entries {
+			detachNetns(ctx, filepath.Join(bundle, branchesDir, e.Name()))
+		}
+	}
 }

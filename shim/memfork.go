@@ -69,9 +69,6 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 	if parent.id != branch.RootID {
 		what = fmt.Sprintf("memory fork of branch %s of %s", parent.id, sb.id)
 	}
-	if req.Net == NetIsolated {
-		return fmt.Errorf("%s: --net isolated: a memory branch joins its parent's network namespace (its sockets were dumped there): %w", what, errdefs.ErrNotImplemented)
-	}
 	if len(req.Args) > 0 {
 		return fmt.Errorf("%s: a command: the branches' processes are the parent's, restored; exec the command into them: %w", what, errdefs.ErrInvalidArgument)
 	}
@@ -83,13 +80,13 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 		}
 		return nil
 	}
-	return c.checkMemoryDump(ctx, sb, parent, initPid, what)
+	return c.checkMemoryDump(ctx, sb, parent, initPid, what, req.Net != NetIsolated)
 }
 
 // checkMemoryDump refuses, before anything changes, a dump of a context's
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
-func (c *contexts) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx, initPid int, what string) error {
+func (c *contexts) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx, initPid int, what string, sharedNet bool) error {
 	if isSelfFork(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
@@ -125,7 +122,7 @@ func (c *contexts) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bct
 			own = append(own, readPids(dir)...)
 		}
 	}
-	if problems := unforkable(initPid, own); len(problems) > 0 {
+	if problems := unforkable(initPid, own, sharedNet); len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
 	}
 	return nil
@@ -370,7 +367,9 @@ func (c *contexts) checkpointMemory(ctx context.Context, sb *sandbox, n *bctx, n
 	if err != nil {
 		return branch.Checkpoint{}, err
 	}
-	if err := c.checkMemoryDump(ctx, sb, n, pid, what); err != nil {
+	// Its image may be restored into branches sharing the network
+	// namespace: its ports are checked as for such a fork.
+	if err := c.checkMemoryDump(ctx, sb, n, pid, what, true); err != nil {
 		return branch.Checkpoint{}, err
 	}
 	if !n.frozen {

@@ -20,7 +20,7 @@ import (
 // parent holds them), a terminal or another device than the harmless
 // ones. CRIU refuses more (an external unix socket, say); its errors are
 // passed on as they come.
-func unforkable(initPid int, own []int) []string {
+func unforkable(initPid int, own []int, sharedNet bool) []string {
 	tree := processTree(initPid)
 	var out []string
 	for _, pid := range own {
@@ -30,7 +30,7 @@ func unforkable(initPid int, own []int) []string {
 			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init, and a memory fork carries only the init's process tree (end it first)", pid, comm(pid)))
 		}
 	}
-	socks := inetSockets(initPid)
+	socks := inetSockets(initPid, sharedNet)
 	for pid := range tree {
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		for _, fd := range fds {
@@ -127,7 +127,7 @@ func processTree(pid int) map[int]bool {
 // namespace that a restored copy could not have to why: a listener or a
 // bound UDP port (the copy could not bind it beside the parent's), or a
 // connection (one peer cannot talk to N copies).
-func inetSockets(pid int) map[string]string {
+func inetSockets(pid int, sharedNet bool) map[string]string {
 	out := map[string]string{}
 	for _, proto := range []string{"tcp", "tcp6", "udp", "udp6"} {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, proto))
@@ -145,10 +145,16 @@ func inetSockets(pid int) map[string]string {
 			port := hexPort(local)
 			switch {
 			case strings.HasPrefix(proto, "tcp") && state == "0A":
+				if !sharedNet {
+					continue // bound again in the branch's own namespace
+				}
 				out[ino] = fmt.Sprintf("listens on TCP port %d, which its branches could not bind beside it in the network namespace they share", port)
 			case strings.HasPrefix(proto, "tcp") && state != "07":
 				out[ino] = fmt.Sprintf("has a TCP connection from port %d to port %d, which cannot be copied", port, hexPort(remote))
 			case strings.HasPrefix(proto, "udp") && port != 0:
+				if !sharedNet {
+					continue
+				}
 				out[ino] = fmt.Sprintf("has a UDP socket bound to port %d, which its branches could not bind beside it in the network namespace they share", port)
 			}
 		}

@@ -255,7 +255,7 @@ func (c *contexts) abortLost(ctx context.Context, sb *sandbox, state map[string]
 	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", id).Warn("unmount rootfs of a lost branch")
 	}
-	_ = os.RemoveAll(bundle)
+	removeBundle(ctx, bundle)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(id))
 	if err != nil {
 		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": id}).Warn("abort a branch no context runs")
