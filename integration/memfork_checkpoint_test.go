@@ -176,6 +176,16 @@ func TestMemoryRollback(t *testing.T) {
 			t.Fatalf("branch after the rollback: %+v", n)
 		}
 	}
+	// Again, from a state that moved on: as often as asked, each time to
+	// the checkpoint (the old init's teardown must not take the new
+	// rootfs mount with it).
+	replIn(t, ctx, env, sc, a.ID, 3, `mem=second; echo second >&3`)
+	if err := sc.Rollback(ctx, a.ID, "s1"); err != nil {
+		t.Fatalf("second rollback: %v", err)
+	}
+	if got := replIn(t, ctx, env, sc, a.ID, 2, `echo "mem=$mem k=$k"`); got != "mem=saved k=2\n" {
+		t.Fatalf("branch after the second rollback continues with %q, want mem=saved k=2", got)
+	}
 	// Its processes go on from there, and are committed as any branch's.
 	replIn(t, ctx, env, sc, a.ID, 3, `echo again >&3`)
 	if _, err := sc.Commit(ctx, a.ID); err != nil {

@@ -440,7 +440,11 @@ func (c *contexts) rollbackMemory(ctx context.Context, sb *sandbox, n *bctx, ck 
 	}
 	sb.keepEnded(n.id, n.container.ExecdProcesses())
 	old := c.detach(ctx, n).(*runc.Container)
-	c.dropRuntimeState(ctx, sb, n, old, dirs, nil)
+	// Waited for: the old init's delete unmounts <bundle>/rootfs, where
+	// the restore mounts the branch's rootfs again.
+	dropped := make(chan struct{})
+	c.dropRuntimeState(ctx, sb, n, old, dirs, func() { close(dropped) })
+	<-dropped
 	n.exited = true // until the restore below runs its processes again
 	if err := sb.snapshot.Rollback(ctx, sb.ref(n.id), ck.Name, branch.WithProcesses()); err != nil {
 		return fmt.Errorf("%s: its processes were ended: %w", what, err)
