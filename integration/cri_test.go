@@ -183,6 +183,8 @@ func TestCRIConfigParsed(t *testing.T) {
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n          runtime_type = 'io.containerd.runc.v2'",
 		"[plugins.'io.containerd.cri.v1.images'.runtime_platforms.branch]",
 		"[proxy_plugins.branch]\n    type = 'snapshot'\n    address = '/run/containerd-branch-snapshotter/snapshotter.sock'",
+		// What the CRI reports to the kubelet as the snapshotter's filesystem.
+		"root = '/var/lib/containerd-branch-snapshotter'",
 		"default_runtime_name = 'runc'",
 	} {
 		if !strings.Contains(dump, want) {

@@ -15,6 +15,10 @@ import (
 	"strings"
 )
 
+// DefaultSnapshotterRoot is the snapshotter's default --root (its systemd
+// unit's too).
+const DefaultSnapshotterRoot = "/var/lib/containerd-branch-snapshotter"
+
 // RuntimeHandler is the CRI runtime handler (RuntimeClass handler) name.
 const RuntimeHandler = "branch"
 
@@ -34,6 +38,9 @@ func CRIPlugins() []string {
 type Options struct {
 	// SnapshotterAddress is the branch snapshotter's socket.
 	SnapshotterAddress string
+	// SnapshotterRoot is the snapshotter's --root; DefaultSnapshotterRoot
+	// if empty.
+	SnapshotterRoot string
 	// Platform for the transfer service's unpack entries; linux/GOARCH if empty.
 	Platform string
 	// ShimPath is the absolute path of containerd-shim-branch-v1, which
@@ -68,12 +75,22 @@ type Options struct {
 	// containerd's own, for hosts where root lacks CAP_SYS_RESOURCE (the
 	// pause container asks for -998).
 	RestrictOOMScoreAdj bool
+	// RuncSystemdCgroup renders the default runc handler with SystemdCgroup
+	// = true, as a kubeadm-style node has it: the CRI reports the cgroup
+	// driver of its default handler, and the kubelet follows that report.
+	RuncSystemdCgroup bool
+	// RegistryConfigPath is the CRI's registry hosts directory
+	// (<host>/hosts.toml: mirrors, plain HTTP).
+	RegistryConfigPath string
 }
 
 // Render returns the configuration as TOML (config version 3).
 func Render(o Options) string {
 	if o.SnapshotterAddress == "" {
 		o.SnapshotterAddress = branch.DefaultSnapshotterAddress
+	}
+	if o.SnapshotterRoot == "" {
+		o.SnapshotterRoot = DefaultSnapshotterRoot
 	}
 	if o.Platform == "" {
 		o.Platform = "linux/" + runtime.GOARCH
@@ -104,9 +121,14 @@ func Render(o Options) string {
 	}
 	p(`
 # The snapshotter runs as its own daemon; containerd reaches it over gRPC.
+# exports.root is where it keeps its data: the CRI reports that filesystem to
+# the kubelet (image filesystem and container stats, which eviction uses);
+# without it the CRI names a directory under containerd's root that does not
+# exist, and the kubelet's stats summary fails for the whole node.
 [proxy_plugins.branch]
   type = "snapshot"
   address = %q
+  exports = { root = %q }
 
 # The transfer service (ctr images pull/import, nerdctl pull) unpacks only for
 # the snapshotters listed here: keep overlayfs and add branch. On another
@@ -154,7 +176,14 @@ func Render(o Options) string {
 # unpacked straight into the branch snapshotter.
 [plugins."io.containerd.cri.v1.images".runtime_platforms.%s]
   snapshotter = "branch"
-`, o.SnapshotterAddress, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
+`, o.SnapshotterAddress, o.SnapshotterRoot, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
+	if o.RuncSystemdCgroup {
+		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n")
+		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n")
+	}
+	if o.RegistryConfigPath != "" {
+		p("\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = %q\n", o.RegistryConfigPath)
+	}
 	if o.SandboxImage != "" {
 		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
 	}
