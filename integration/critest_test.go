@@ -326,8 +326,17 @@ func critestResults(t *testing.T, c *criTest, handler, skip string) map[string]s
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// critest exits non-zero when a spec fails; the report says which.
 	runErr := cmd.Run()
-	logPath := filepath.Join(os.TempDir(), "bbx-critest-"+handler+".log")
-	_ = os.WriteFile(logPath, out.Bytes(), 0o644)
+	// What failed, told if the comparison fails (the output goes with
+	// the test's directory).
+	t.Cleanup(func() {
+		if t.Failed() {
+			text := out.String()
+			if i := strings.Index(text, "Summarizing"); i >= 0 {
+				text = text[i:]
+			}
+			t.Logf("critest on %s:\n%s", handler, lastLines(text, 60))
+		}
+	})
 	b, err := os.ReadFile(report)
 	if err != nil {
 		t.Fatalf("critest on %s wrote no report (%v): %v\n%s", handler, runErr, err, lastLines(out.String(), 40))
@@ -349,7 +358,7 @@ func critestResults(t *testing.T, c *criTest, handler, skip string) map[string]s
 	if len(states) == 0 {
 		t.Fatalf("critest on %s ran no specs (%v):\n%s", handler, runErr, lastLines(out.String(), 40))
 	}
-	t.Logf("critest on %s: %s (output in %s)", handler, countStates(states), logPath)
+	t.Logf("critest on %s: %s", handler, countStates(states))
 	return states
 }
 
