@@ -46,6 +46,10 @@ func kubeNode(t *testing.T) *kubeTest {
 	// The node has a network namespace of its own (daemons.StartKube says
 	// why), which its containerd and the pods' runtimes share.
 	c := criEnvNet(t, daemons.CRIConfig{SystemdCgroup: useSystemd, RuncSystemdCgroup: useSystemd}, true)
+	// The env's context ends 5 minutes after its start, which bounds a
+	// daemon's start; a cluster's tests run longer (under emulation, much
+	// longer): go test's -timeout bounds them.
+	c.ctx = context.WithoutCancel(c.ctx)
 	importCRIImage(t, c, insockImage, insockArchive(t))
 	timeout := 2 * time.Minute
 	if daemons.Emulated() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // requireKubernetesFull skips the long Kubernetes tests unless make
@@ -136,7 +137,12 @@ func (k *kubeTest) waitLogs(pod, ctr, want string) {
 // and returns the view.
 func (k *kubeTest) stays(pod, ctr, want, when string) {
 	k.t.Helper()
-	for end := time.Now().Add(kubeWait(4 * time.Second)); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+	window := 4 * time.Second
+	if daemons.Emulated() {
+		// Still several of the kubelet's relists and probe periods.
+		window = 20 * time.Second
+	}
+	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		if now := k.pod(pod).container(ctr).view(); now != want {
 			k.t.Fatalf("the API server's view of %s/%s changed %s:\nbefore: %s\nnow:    %s", pod, ctr, when, want, now)
 		}
