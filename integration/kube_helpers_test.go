@@ -29,7 +29,8 @@ import (
 // reaches, so probes are exec probes.
 type kubeTest struct {
 	*criTest
-	kube *daemons.Kube
+	kube    *daemons.Kube
+	systemd bool // the kubelet's cgroup driver is systemd's
 }
 
 // kubeNode starts the cluster: with the systemd cgroup driver (kubelet and
@@ -64,7 +65,7 @@ func kubeNode(t *testing.T) *kubeTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubeTest{criTest: c, kube: kube}
+	k := &kubeTest{criTest: c, kube: kube, systemd: useSystemd}
 	// Runs before criEnv's cleanup (which removes what pods are left
 	// and checks for leaks): the kubelet stops first, so it does not
 	// restart what that removes.

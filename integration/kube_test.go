@@ -46,6 +46,7 @@ func TestKubeletBranchPod(t *testing.T) {
 	}
 	st := p.container("main")
 	k.checkOnBranch(st.id())
+	k.checkCgroup(st.id())
 	if out, err := k.exec("app", "main", "cat", "/state"); err != nil || strings.TrimSpace(out) != "before" {
 		t.Fatalf("kubectl exec: %q %v", out, err)
 	}
@@ -98,6 +99,35 @@ func (k *kubeTest) checkStats(pod, ctr string) {
 		}
 		return false
 	})
+}
+
+// checkCgroup checks that a container's process is in the cgroup the
+// kubelet's driver gives it: in the pod's slice under kubepods.slice, in
+// a scope of its own (systemd), or under the kubelet's kubepods (cgroupfs).
+func (k *kubeTest) checkCgroup(id string) {
+	k.t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", k.pidOf("inspect", id)))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var path string
+	for _, l := range strings.Split(string(b), "\n") {
+		// The unified hierarchy's line on v2, the memory controller's on v1.
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (f[0] == "0" && f[1] == "" || strings.Contains(f[1], "memory")) {
+			path = f[2]
+			if f[1] != "" {
+				break
+			}
+		}
+	}
+	want := "/" + k.env.Namespace + "/kubepods/"
+	if k.systemd {
+		want = "/kubepods.slice/"
+	}
+	if !strings.Contains(path, want) || k.systemd && !strings.Contains(path, "/cri-containerd-"+id+".scope") {
+		k.t.Fatalf("container %s is in cgroup %q; want it under %s (the kubelet's %s driver)", id, path, want, map[bool]string{true: "systemd", false: "cgroupfs"}[k.systemd])
+	}
+	k.t.Logf("container in cgroup %s", path)
 }
 
 // checkOnBranch checks that a CRI container runs on the branch shim with
@@ -363,5 +393,5 @@ exec sleep 100000`
 func (k *kubeTest) with(t *testing.T) *kubeTest {
 	c := *k.criTest
 	c.t = t
-	return &kubeTest{criTest: &c, kube: k.kube}
+	return &kubeTest{criTest: &c, kube: k.kube, systemd: k.systemd}
 }

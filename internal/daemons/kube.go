@@ -13,7 +13,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,11 +130,8 @@ func (e *Env) StartKube(ctx context.Context, cfg KubeConfig) (_ *Kube, retErr er
 			}
 		}
 	}()
-	ports, err := freePorts(5)
-	if err != nil {
-		return nil, err
-	}
-	etcdClient, etcdPeer, apiPort, kubeletPort, healthzPort := ports[0], ports[1], ports[2], ports[3], ports[4]
+	// The usual ports: the node's network namespace is its own.
+	const etcdClient, etcdPeer, apiPort, kubeletPort, healthzPort = 2379, 2380, 6443, 10250, 10248
 	k.Server = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	tok := make([]byte, 16)
 	if _, err := rand.Read(tok); err != nil {
@@ -145,6 +141,7 @@ func (e *Env) StartKube(ctx context.Context, cfg KubeConfig) (_ *Kube, retErr er
 
 	// etcd. --unsafe-no-fsync: the data is thrown away with the test, and
 	// fsyncs on a disk shared with other tests only slow it down.
+	var err error
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
 	if k.etcd, err = e.spawn("etcd", nil, filepath.Join(e.BinDir, "etcd"),
@@ -458,26 +455,6 @@ func makeCgroupRoot(name string) error {
 		}
 	}
 	return nil
-}
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func writeECKey(path string) error {
