@@ -128,6 +128,10 @@ func (e *Env) StartKube(ctx context.Context, cfg KubeConfig) (_ *Kube, retErr er
 			if err := k.Stop(context.WithoutCancel(ctx)); err != nil {
 				log.G(ctx).WithError(err).Warn("stop kubernetes after a failed start")
 			}
+			// No pod ran yet: the kubelet's QoS cgroups can go at once.
+			if err := k.RemoveCgroups(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Warn("remove the kubelet's cgroups after a failed start")
+			}
 		}
 	}()
 	// The usual ports: the node's network namespace is its own.
