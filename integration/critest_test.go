@@ -463,7 +463,10 @@ func TestCritest(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = reg.Stop() })
 	hosts := critestHosts(t, reg.Host)
-	c := criEnvWith(t, daemons.CRIConfig{RegistryConfigPath: hosts})
+	// The driver of a kubeadm-style node where systemd is the init (the
+	// cgroup v2 VM): critest's pods then go into slices.
+	sd := systemdNode()
+	c := criEnvWith(t, daemons.CRIConfig{RegistryConfigPath: hosts, SystemdCgroup: sd, RuncSystemdCgroup: sd})
 	critestRegistry(t, c, reg)
 	allowed := critestAllowed(t)
 	skip := critestSkipRegexp()

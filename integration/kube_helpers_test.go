@@ -38,12 +38,7 @@ type kubeTest struct {
 // the cgroupfs driver.
 func kubeNode(t *testing.T) *kubeTest {
 	t.Helper()
-	useSystemd := systemd.IsRunningSystemd()
-	if !cgroups.IsCgroup2UnifiedMode() && useSystemd {
-		// This test's systemd nodes are cgroup v2 only, as the kubelet
-		// wants them (the cgroup v2 VM).
-		useSystemd = false
-	}
+	useSystemd := systemdNode()
 	// The node has a network namespace of its own (daemons.StartKube says
 	// why), which its containerd and the pods' runtimes share.
 	c := criEnvNet(t, daemons.CRIConfig{SystemdCgroup: useSystemd, RuncSystemdCgroup: useSystemd}, true)
@@ -94,6 +89,13 @@ func kubeNode(t *testing.T) *kubeTest {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// systemdNode says whether the node runs the systemd cgroup driver (the
+// kubelet's and both CRI handlers'): where systemd is the init on a cgroup
+// v2 only host, as the kubelet wants it (the cgroup v2 VM).
+func systemdNode() bool {
+	return systemd.IsRunningSystemd() && cgroups.IsCgroup2UnifiedMode()
 }
 
 // insockArchive writes the insock image (busybox with a static branchctl)
