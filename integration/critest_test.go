@@ -313,14 +313,19 @@ func critestResults(t *testing.T, c *criTest, handler, skip string) map[string]s
 		t.Fatal(err)
 	}
 	endpoint := "unix://" + c.env.Address
-	// Not c.ctx, whose 5 minutes bound an env's start: a run takes longer.
-	cmd := exec.CommandContext(t.Context(), filepath.Join(c.env.BinDir, "critest"),
-		"-config", cfg, "-runtime-endpoint", endpoint, "-image-endpoint", endpoint,
+	args := []string{"-config", cfg, "-runtime-endpoint", endpoint, "-image-endpoint", endpoint,
 		"-runtime-handler", handler,
 		"-ginkgo.json-report", report, "-ginkgo.no-color", "-ginkgo.skip", skip,
 		// A spec that fails once and passes on its retry counts as passed,
 		// on both handlers alike.
-		"-ginkgo.flake-attempts", "2")
+		"-ginkgo.flake-attempts", "2"}
+	if daemons.Emulated() {
+		// ginkgo's own bound on a run is an hour; go test's -timeout
+		// bounds it there.
+		args = append(args, "-ginkgo.timeout", "4h")
+	}
+	// Not c.ctx, whose 5 minutes bound an env's start: a run takes longer.
+	cmd := exec.CommandContext(t.Context(), filepath.Join(c.env.BinDir, "critest"), args...)
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
