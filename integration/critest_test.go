@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -472,6 +473,9 @@ func TestCritest(t *testing.T) {
 	// cgroup v2 VM): critest's pods then go into slices.
 	sd := systemdNode()
 	c := criEnvWith(t, daemons.CRIConfig{RegistryConfigPath: hosts, SystemdCgroup: sd, RuncSystemdCgroup: sd})
+	// The env's context ends 5 minutes after its start; building and
+	// pushing the images takes longer than that under emulation.
+	c.ctx = context.WithoutCancel(c.ctx)
 	critestRegistry(t, c, reg)
 	allowed := critestAllowed(t)
 	skip := critestSkipRegexp()
