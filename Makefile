@@ -17,6 +17,13 @@ RUNC_VERSION := v1.4.4
 # CRIU, which memory forks dump and restore processes with, built from a
 # pinned release (hack/build-criu.sh says why it is built).
 CRIU_VERSION := 4.2.1
+# The single-node Kubernetes cluster of make test-kubernetes (and the short
+# kubelet test of make test): kube-apiserver, kubelet and kubectl of
+# k8s.io/kubernetes, etcd, and critest, each built from the module in
+# hack/ that pins it (hack/kubernetes, hack/etcd, hack/critest).
+KUBERNETES_VERSION := v1.37.2
+ETCD_VERSION := v3.7.3
+CRITEST_VERSION := v1.37.0
 
 GO ?= go
 # bin/ of this clone, named relative to it in targets (make splits a target
@@ -33,7 +40,7 @@ RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
 
 all: binaries
 
@@ -85,6 +92,45 @@ $(BIN)/.criu-$(CRIU_VERSION):
 CRIU_BINS := $(BIN)/criu
 $(CRIU_BINS): $(BIN)/.criu-$(CRIU_VERSION) ;
 
+# k8s.io/kubernetes's own build stamps its version through these variables;
+# without them the kubelet would call itself v0.0.0-master.
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=$(patsubst v%,%,$(word 1,$(subst ., ,$(KUBERNETES_VERSION)))) \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBERNETES_VERSION))) \
+	-X k8s.io/component-base/version.gitTreeState=clean
+# Long on 2 cores the first time (docs/kubernetes.md gives the
+# times), cached by the stamp after; nice keeps the machine usable.
+$(BIN)/.kubernetes-$(KUBERNETES_VERSION): hack/kubernetes/go.mod hack/kubernetes/go.sum
+	@mkdir -p $(BIN)
+	@grep -qE "k8s.io/kubernetes $(KUBERNETES_VERSION)( |$$)" hack/kubernetes/go.mod || \
+		{ echo "hack/kubernetes/go.mod does not pin k8s.io/kubernetes $(KUBERNETES_VERSION)"; exit 1; }
+	cd hack/kubernetes && nice $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o "$(ABSBIN)/" \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+	@rm -f $(BIN)/.kubernetes-*
+	@touch $@
+
+$(BIN)/.etcd-$(ETCD_VERSION): hack/etcd/go.mod hack/etcd/go.sum hack/etcd/main.go
+	@mkdir -p $(BIN)
+	@grep -qE "go.etcd.io/etcd/server/v3 $(ETCD_VERSION)( |$$)" hack/etcd/go.mod || \
+		{ echo "hack/etcd/go.mod does not pin etcd $(ETCD_VERSION)"; exit 1; }
+	cd hack/etcd && nice $(GO) build -trimpath -o "$(ABSBIN)/etcd" .
+	@rm -f $(BIN)/.etcd-*
+	@touch $@
+
+# critest is cri-tools' test binary (go test -c), not a command.
+$(BIN)/.critest-$(CRITEST_VERSION): hack/critest/go.mod hack/critest/go.sum
+	@mkdir -p $(BIN)
+	@grep -qE "sigs.k8s.io/cri-tools $(CRITEST_VERSION)( |$$)" hack/critest/go.mod || \
+		{ echo "hack/critest/go.mod does not pin cri-tools $(CRITEST_VERSION)"; exit 1; }
+	cd hack/critest && nice $(GO) test -c -o "$(ABSBIN)/critest" sigs.k8s.io/cri-tools/cmd/critest
+	@rm -f $(BIN)/.critest-*
+	@touch $@
+
+KUBE_BINS := $(BIN)/kube-apiserver $(BIN)/kubelet $(BIN)/kubectl
+$(KUBE_BINS): $(BIN)/.kubernetes-$(KUBERNETES_VERSION) ;
+$(BIN)/etcd: $(BIN)/.etcd-$(ETCD_VERSION) ;
+$(BIN)/critest: $(BIN)/.critest-$(CRITEST_VERSION) ;
+
 # Our own binaries are always rebuilt; go's cache makes that cheap.
 $(OUR_BINS) $(DEMO): FORCE
 	@mkdir -p $(BIN)
@@ -115,7 +161,7 @@ $(SHIM_INIT): FORCE
 
 FORCE:
 
-binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(RUNC_BINS) $(CRIU_BINS) $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
+binaries: deps $(CONTAINERD_BINS) $(CRI_BINS) $(REGISTRY_BINS) $(RUNC_BINS) $(CRIU_BINS) $(KUBE_BINS) $(BIN)/etcd $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT)
 
 # The main job: a private containerd with the branch snapshotter running a
 # container, all in a temporary directory that is removed afterwards.
@@ -141,6 +187,9 @@ lint: check-version check-tidy check-proto check-imports $(BIN)/staticcheck
 # go.mod and go.sum say exactly what the code needs.
 check-tidy:
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
+	@for m in hack/kubernetes hack/etcd hack/critest; do \
+		(cd $$m && $(GO) mod tidy -diff) || { echo "$$m/go.mod or go.sum is not tidy: run go mod tidy there"; exit 1; }; \
+	done
 
 # The generated protobuf code is what the .protos give (make proto).
 check-proto:
@@ -182,6 +231,16 @@ integration: binaries $(NODE_DEPS)
 # What CI runs (.ci/run).
 test: lint unit integration
 
+# A single-node Kubernetes cluster (etcd, kube-apiserver, a kubelet) on a
+# private containerd with the documented configuration: the pods of
+# TestKubernetesNode on RuntimeClass branch, and critest on the runc and
+# branch handlers compared spec by spec (TestCritest, docs/critest.md).
+# make test runs the short TestKubeletBranchPod only (docs/kubernetes.md).
+test-kubernetes: binaries $(BIN)/critest
+	BRANCHBOX_TEST_KUBERNETES=full $(GO) test -tags seccomp -count=1 -timeout 60m -v \
+		-run '^(TestKubeletBranchPod|TestKubernetesNode|TestCritest|TestCritestDocs)$$' ./integration/
+	@hack/leakcheck.sh
+
 # The tests `make test` also runs on a cgroup-v2-only kernel in a VM when
 # the host is not cgroup v2 only (under emulation, 10-30x slower): those
 # of the cgroup code that differs between v1 and v2, and the systemd cgroup
@@ -189,7 +248,8 @@ test: lint unit integration
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
 	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
-	integration:TestMemoryFork integration:TestMemoryRollback
+	integration:TestMemoryFork integration:TestMemoryRollback \
+	integration:TestKubeletBranchPod
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.

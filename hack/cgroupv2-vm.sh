@@ -20,7 +20,8 @@
 #   PER_TEST_TIMEOUT (s, default 600), GO_TIMEOUT (go test -timeout, 9m),
 #   VM_TIMEOUT (s, the whole VM, 7200), KERNEL_PKG (trixie-backports package,
 #   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
-#   snapshotter's *xattrat syscalls).
+#   snapshotter's *xattrat syscalls), BRANCHBOX_TEST_KUBERNETES (passed to
+#   the tests: full runs make test-kubernetes's long tests too).
 set -euo pipefail
 REPO=${REPO:-$(git rev-parse --show-toplevel)}
 WORK=${WORK:-/tmp/bbx-cgv2}
@@ -134,7 +135,7 @@ EMULATED=0; [ $ACCEL = tcg ] && EMULATED=1
 # The tests, run by the guest's PID 1 (shell mode) or by a systemd unit.
 cat > "$WORK/guest-tests.sh" <<EOG
 #!/bin/bash
-export PATH="$REPO/bin:$GOBIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN="$REPO/bin" BRANCHBOX_TEST_EMULATED=$EMULATED
+export PATH="$REPO/bin:$GOBIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME=/tmp/home TMPDIR=/tmp BRANCHBOX_BIN="$REPO/bin" BRANCHBOX_TEST_EMULATED=$EMULATED BRANCHBOX_TEST_KUBERNETES="${BRANCHBOX_TEST_KUBERNETES:-}"
 export GOMODCACHE="$GOMODCACHE_DIR" GOPROXY=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOCACHE="$WORK/gocache"
 mkdir -p \$HOME
 # Every controller on for the cgroups the tests make at the root and, under

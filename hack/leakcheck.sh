@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fails if the tests left overlay mounts, the snapshotter's id-mapped views
-# or project daemons behind. Daemons count when they run from this
-# checkout's bin/ (other checkouts on the same machine may be testing at the
-# same time); mounts are machine-wide.
+# or project daemons behind (containerd, shims, the snapshotter, the
+# Kubernetes tests' etcd, kube-apiserver and kubelet). Daemons count when
+# they run from this checkout's bin/ (other checkouts on the same machine
+# may be testing at the same time); mounts are machine-wide.
 set -u
 bin=${BRANCHBOX_BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 leaks=0
@@ -12,6 +13,6 @@ if [ -n "$m" ]; then echo "leaked overlay mounts:"; echo "$m"; leaks=1; fi
 v=$(findmnt -rn -o TARGET | grep -E '/branches/[0-9]+/idmap$' || true)
 if [ -n "$v" ]; then echo "leaked id-mapped views:"; echo "$v"; leaks=1; fi
 # (the command line after the pid: bin may hold spaces)
-p=$(ps -eo pid=,args= | awk -v bin="$bin/" '{ a = $0; sub(/^ *[0-9]+ /, "", a) } index(a, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc' || true)
+p=$(ps -eo pid=,args= | awk -v bin="$bin/" '{ a = $0; sub(/^ *[0-9]+ /, "", a) } index(a, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc|/kubelet |/kube-apiserver |/etcd ' || true)
 if [ -n "$p" ]; then echo "leaked daemons:"; echo "$p"; leaks=1; fi
 exit $leaks

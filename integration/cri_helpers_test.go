@@ -113,6 +113,13 @@ func criEnv(t *testing.T) *criTest {
 // fields are the test's own).
 func criEnvWith(t *testing.T, cfg daemons.CRIConfig) *criTest {
 	t.Helper()
+	return criEnvNet(t, cfg, false)
+}
+
+// criEnvNet is criEnvWith, with the env's daemons in a network namespace
+// of their own when privateNet is set (daemons.Config.PrivateNetwork).
+func criEnvNet(t *testing.T, cfg daemons.CRIConfig, privateNet bool) *criTest {
+	t.Helper()
 	requireRoot(t)
 	for _, b := range []string{"crictl", "containerd-shim-branch-v1"} {
 		if _, err := os.Stat(filepath.Join(daemons.BinDirFromEnv(), b)); err != nil {
@@ -138,7 +145,7 @@ func criEnvWith(t *testing.T, cfg daemons.CRIConfig) *criTest {
 		t.Fatal(err)
 	}
 	cfg.SandboxImage, cfg.CNIConfDir, cfg.CNIBinDir = criPauseImage, cniConf, cniBin
-	ctx, env := startEnvWith(t, daemons.Config{CRI: &cfg})
+	ctx, env := startEnvWith(t, daemons.Config{CRI: &cfg, PrivateNetwork: privateNet})
 	client, err := containerd.New(env.Address)
 	if err != nil {
 		t.Fatal(err)

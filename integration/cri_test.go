@@ -185,6 +185,8 @@ func TestCRIConfigParsed(t *testing.T) {
 		"[proxy_plugins.branch]\n    type = 'snapshot'\n    address = '/run/containerd-branch-snapshotter/snapshotter.sock'",
 		// The snapshotter id-maps user-namespaced pods' images (docs/userns.md).
 		"    capabilities = ['remap-ids']\n",
+		// What the CRI reports to the kubelet as the snapshotter's filesystem.
+		"root = '/var/lib/containerd-branch-snapshotter'",
 		"default_runtime_name = 'runc'",
 	} {
 		if !strings.Contains(dump, want) {

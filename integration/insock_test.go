@@ -49,6 +49,17 @@ func importInsockImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 // path, unpacked into the branch snapshotter.
 func importToolImage(t *testing.T, ctx context.Context, env *daemons.Env, ref, path string, data []byte) {
 	t.Helper()
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	writeToolImage(t, archive, ref, path, data)
+	if _, err := env.Ctr(ctx, "images", "import", "--snapshotter", "branch", archive); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeToolImage writes image ref, busybox with the executable data at
+// path, as an archive.
+func writeToolImage(t *testing.T, archive, ref, path string, data []byte) {
+	t.Helper()
 	tool, err := ociimage.FileLayer(path, 0o755, data)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +68,6 @@ func importToolImage(t *testing.T, ctx context.Context, env *daemons.Env, ref, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	archive := filepath.Join(t.TempDir(), "image.tar")
 	out, err := os.Create(archive)
 	if err != nil {
 		t.Fatal(err)
@@ -67,9 +77,6 @@ func importToolImage(t *testing.T, ctx context.Context, env *daemons.Env, ref, p
 		err = cerr
 	}
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Ctr(ctx, "images", "import", "--snapshotter", "branch", archive); err != nil {
 		t.Fatal(err)
 	}
 }

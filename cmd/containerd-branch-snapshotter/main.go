@@ -6,6 +6,7 @@
 //	[proxy_plugins.branch]
 //	  type = "snapshot"
 //	  address = "/run/containerd-branch-snapshotter/snapshotter.sock"
+//	  exports = { root = "/var/lib/containerd-branch-snapshotter" }
 //
 // The branch API is served on that socket too, and over ttrpc on the same
 // path with ".ttrpc" appended, which the shims use.

@@ -18,6 +18,7 @@ func main() {
 	var o containerdconfig.Options
 	var noCRI bool
 	flag.StringVar(&o.SnapshotterAddress, "snapshotter-address", branch.DefaultSnapshotterAddress, "the branch snapshotter's socket")
+	flag.StringVar(&o.SnapshotterRoot, "snapshotter-root", containerdconfig.DefaultSnapshotterRoot, "the branch snapshotter's --root, whose filesystem the CRI reports to the kubelet")
 	flag.StringVar(&o.Platform, "platform", "", "platform of the unpack entries (default linux/GOARCH of this build)")
 	flag.StringVar(&o.SandboxImage, "sandbox-image", "", "CRI pause image (default: containerd's)")
 	flag.StringVar(&o.ShimPath, "shim-path", containerdconfig.DefaultShimPath, "absolute path of the installed containerd-shim-branch-v1, which the CRI handler runs")

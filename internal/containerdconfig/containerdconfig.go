@@ -15,6 +15,10 @@ import (
 	"strings"
 )
 
+// DefaultSnapshotterRoot is the snapshotter's default --root (its systemd
+// unit's too).
+const DefaultSnapshotterRoot = "/var/lib/containerd-branch-snapshotter"
+
 // RuntimeHandler is the CRI runtime handler (RuntimeClass handler) name.
 const RuntimeHandler = "branch"
 
@@ -34,6 +38,9 @@ func CRIPlugins() []string {
 type Options struct {
 	// SnapshotterAddress is the branch snapshotter's socket.
 	SnapshotterAddress string
+	// SnapshotterRoot is the snapshotter's --root; DefaultSnapshotterRoot
+	// if empty.
+	SnapshotterRoot string
 	// Platform for the transfer service's unpack entries; linux/GOARCH if empty.
 	Platform string
 	// ShimPath is the absolute path of containerd-shim-branch-v1, which
@@ -71,12 +78,22 @@ type Options struct {
 	// RuncBinary is the runc the CRI's runc handler runs (its BinaryName
 	// option); runc on the PATH if empty.
 	RuncBinary string
+	// RuncSystemdCgroup renders the default runc handler with SystemdCgroup
+	// = true, as a kubeadm-style node has it: the CRI reports the cgroup
+	// driver of its default handler, and the kubelet follows that report.
+	RuncSystemdCgroup bool
+	// RegistryConfigPath is the CRI's registry hosts directory
+	// (<host>/hosts.toml: mirrors, plain HTTP).
+	RegistryConfigPath string
 }
 
 // Render returns the configuration as TOML (config version 3).
 func Render(o Options) string {
 	if o.SnapshotterAddress == "" {
 		o.SnapshotterAddress = branch.DefaultSnapshotterAddress
+	}
+	if o.SnapshotterRoot == "" {
+		o.SnapshotterRoot = DefaultSnapshotterRoot
 	}
 	if o.Platform == "" {
 		o.Platform = "linux/" + runtime.GOARCH
@@ -110,11 +127,16 @@ func Render(o Options) string {
 # remap-ids: it id-maps the image layers of a snapshot prepared for a user
 # namespace (a pod with hostUsers: false) itself, as overlayfs does;
 # without it containerd would copy and chown the whole image for each
-# mapping (docs/userns.md).
+# mapping (docs/userns.md). exports.root is where it keeps its data: the CRI
+# reports that filesystem to the kubelet (image filesystem and container
+# stats, which eviction uses); without it the CRI names a directory under
+# containerd's root that does not exist, and the kubelet's stats summary
+# fails for the whole node.
 [proxy_plugins.branch]
   type = "snapshot"
   address = %q
   capabilities = ["remap-ids"]
+  exports = { root = %q }
 
 # The transfer service (ctr images pull/import, nerdctl pull) unpacks only for
 # the snapshotters listed here: keep overlayfs and add branch. On another
@@ -162,14 +184,23 @@ func Render(o Options) string {
 # unpacked straight into the branch snapshotter.
 [plugins."io.containerd.cri.v1.images".runtime_platforms.%s]
   snapshotter = "branch"
-`, o.SnapshotterAddress, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
-	if o.SandboxImage != "" {
-		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
-	}
-	if o.RuncBinary != "" {
+`, o.SnapshotterAddress, o.SnapshotterRoot, o.Platform, o.Platform, RuntimeHandler, o.ShimPath, RuntimeHandler, !o.CgroupfsDriver, RuntimeHandler)
+	if o.RuncSystemdCgroup || o.RuncBinary != "" {
 		// The table replaces containerd's default runc handler whole.
 		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n  sandboxer = \"podsandbox\"\n")
-		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n  BinaryName = %q\n", o.RuncBinary)
+		p("\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n")
+		if o.RuncSystemdCgroup {
+			p("  SystemdCgroup = true\n")
+		}
+		if o.RuncBinary != "" {
+			p("  BinaryName = %q\n", o.RuncBinary)
+		}
+	}
+	if o.RegistryConfigPath != "" {
+		p("\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = %q\n", o.RegistryConfigPath)
+	}
+	if o.SandboxImage != "" {
+		p("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n  sandbox = %q\n", o.SandboxImage)
 	}
 	if o.CNIConfDir != "" || o.CNIBinDir != "" || o.CNIInternalLoopback || o.NetNSUnderState || o.RestrictOOMScoreAdj {
 		p("\n[plugins.\"io.containerd.cri.v1.runtime\"]\n")

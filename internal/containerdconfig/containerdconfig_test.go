@@ -23,7 +23,7 @@ func TestDocsConfigIsGenerated(t *testing.T) {
 // leaves containerd's defaults alone.
 func TestRenderOptional(t *testing.T) {
 	node := Render(Options{})
-	for _, s := range []string{"root =", "state =", "[grpc]", "disabled_plugins", "pinned_images", "netns_mounts_under_state_dir", "restrict_oom_score_adj", "conf_dir"} {
+	for _, s := range []string{"\nroot =", "\nstate =", "[grpc]", "disabled_plugins", "pinned_images", "netns_mounts_under_state_dir", "restrict_oom_score_adj", "conf_dir"} {
 		if strings.Contains(node, s) {
 			t.Errorf("node config sets %q", s)
 		}
@@ -43,14 +43,16 @@ func TestRenderCRIHandler(t *testing.T) {
 	for _, s := range []string{
 		`runtime_type = "io.containerd.runc.v2"`,
 		`runtime_path = "` + DefaultShimPath + `"`,
+		// The CRI reports the snapshotter's filesystem to the kubelet.
+		`exports = { root = "` + DefaultSnapshotterRoot + `" }`,
 		`[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.branch.options]` + "\n  SystemdCgroup = true\n",
 	} {
 		if !strings.Contains(node, s) {
 			t.Errorf("node config lacks %q:\n%s", s, node)
 		}
 	}
-	other := Render(Options{ShimPath: "/opt/bbx/bin/containerd-shim-branch-v1", CgroupfsDriver: true})
-	for _, s := range []string{`runtime_path = "/opt/bbx/bin/containerd-shim-branch-v1"`, "SystemdCgroup = false\n"} {
+	other := Render(Options{ShimPath: "/opt/bbx/bin/containerd-shim-branch-v1", CgroupfsDriver: true, SnapshotterRoot: "/srv/bbx"})
+	for _, s := range []string{`runtime_path = "/opt/bbx/bin/containerd-shim-branch-v1"`, "SystemdCgroup = false\n", `exports = { root = "/srv/bbx" }`} {
 		if !strings.Contains(other, s) {
 			t.Errorf("config with ShimPath and CgroupfsDriver lacks %q:\n%s", s, other)
 		}

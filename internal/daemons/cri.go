@@ -36,6 +36,12 @@ type CRIConfig struct {
 	SystemdCgroup bool
 	// RuncBinary is the runc the runc handler runs; the PATH's if empty.
 	RuncBinary string
+	// RuncSystemdCgroup does the same for the default runc handler, whose
+	// driver the CRI reports to a kubelet (a kubeadm-style node sets both).
+	RuncSystemdCgroup bool
+	// RegistryConfigPath is the CRI's registry hosts directory (critest's
+	// images come from a loopback registry that mirrors their registries).
+	RegistryConfigPath string
 }
 
 func (e *Env) criContainerdConfig() (string, error) {
@@ -53,8 +59,11 @@ func (e *Env) criContainerdConfig() (string, error) {
 	}
 	return containerdconfig.Render(containerdconfig.Options{
 		SnapshotterAddress: e.SnapshotterAddress,
+		SnapshotterRoot:    e.SnapshotterRoot,
 		ShimPath:           filepath.Join(e.BinDir, "containerd-shim-branch-v1"),
 		CgroupfsDriver:     !c.SystemdCgroup,
+		RuncSystemdCgroup:  c.RuncSystemdCgroup,
+		RegistryConfigPath: c.RegistryConfigPath,
 		Root:               e.ContainerdRoot,
 		State:              e.ContainerdState,
 		Address:            e.Address,

@@ -39,6 +39,9 @@ type Env struct {
 	SnapshotterAddress string
 	ContainerdRoot     string
 	ContainerdState    string
+	// NetNS is the network namespace (a file under Dir) the env's daemons
+	// run in, with Config.PrivateNetwork; "" for the host's.
+	NetNS string
 
 	containerd  *proc
 	snapshotter *proc
@@ -65,6 +68,10 @@ type Config struct {
 	// ContainerdEnv is added to containerd's environment, which its shims
 	// inherit (the shim's node-wide settings, BRANCHBOX_*).
 	ContainerdEnv []string
+	// PrivateNetwork runs the env's daemons (and so the shims and the
+	// pods on the host's network) in a network namespace of its own, with
+	// loopback and the address NodeIP; Stop removes it with the rest.
+	PrivateNetwork bool
 }
 
 // Emulated reports whether the tests run in a VM without hardware
@@ -140,6 +147,11 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 			}
 		}
 	}()
+	if cfg.PrivateNetwork {
+		if err := e.makeNetNS(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := e.StartSnapshotter(ctx); err != nil {
 		return nil, err
 	}
@@ -206,7 +218,7 @@ func (e *Env) StopSnapshotter(sig syscall.Signal) error {
 
 func (e *Env) startContainerd(ctx context.Context) error {
 	config := filepath.Join(e.Dir, "containerd.toml")
-	text := ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress)
+	text := ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress, e.SnapshotterRoot)
 	if e.cri != nil {
 		var err error
 		if text, err = e.criContainerdConfig(); err != nil {
@@ -227,9 +239,10 @@ func (e *Env) startContainerd(ctx context.Context) error {
 // ContainerdConfig returns the configuration of a private containerd with
 // the branch snapshotter: the node configuration of the docs (the same
 // generator), with private paths and the CRI plugins off.
-func ContainerdConfig(root, state, address, snapshotterAddress string) string {
+func ContainerdConfig(root, state, address, snapshotterAddress, snapshotterRoot string) string {
 	return containerdconfig.Render(containerdconfig.Options{
 		SnapshotterAddress: snapshotterAddress,
+		SnapshotterRoot:    snapshotterRoot,
 		Root:               root,
 		State:              state,
 		Address:            address,
@@ -247,6 +260,11 @@ func (e *Env) spawn(name string, extraEnv []string, path string, args ...string)
 	logf, err := os.OpenFile(filepath.Join(e.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
+	}
+	if e.NetNS != "" {
+		// nsenter execs the daemon: its pid is the daemon's.
+		args = append([]string{"--net=" + e.NetNS, "--", path}, args...)
+		path = "nsenter"
 	}
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -277,6 +295,30 @@ func (e *Env) spawn(name string, extraEnv []string, path string, args ...string)
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	return p, nil
+}
+
+// NodeIP is the address of a private network's interface (an end of a
+// veth pair whose other end is in the same namespace: these VMs have no
+// dummy device), for what must not be loopback (a kubelet's node IP).
+const NodeIP = "10.254.0.1"
+
+// makeNetNS makes the env's network namespace, kept by a bind mount of it
+// on a file under Dir (which Stop unmounts), with lo and NodeIP up.
+func (e *Env) makeNetNS(ctx context.Context) error {
+	if err := os.MkdirAll(e.Dir, 0o700); err != nil {
+		return err
+	}
+	ns := filepath.Join(e.Dir, "netns")
+	if err := os.WriteFile(ns, nil, 0o600); err != nil {
+		return err
+	}
+	script := "ip link set lo up && ip link add bbx0 type veth peer name bbx1 && ip addr add " + NodeIP + "/24 dev bbx0 && ip link set bbx1 up && ip link set bbx0 up"
+	out, err := exec.CommandContext(ctx, "unshare", "--net="+ns, "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("make the env's network namespace: %w: %s", err, out)
+	}
+	e.NetNS = ns
+	return nil
 }
 
 // Log returns the output of the named daemon ("containerd" or "snapshotter").

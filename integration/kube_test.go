@@ -1,0 +1,397 @@
+//go:build linux
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+)
+
+// requireKubernetesFull skips the long Kubernetes tests unless make
+// test-kubernetes runs them (make test runs TestKubeletBranchPod only).
+func requireKubernetesFull(t *testing.T) {
+	t.Helper()
+	if os.Getenv("BRANCHBOX_TEST_KUBERNETES") != "full" {
+		t.Skip("make test-kubernetes runs this (BRANCHBOX_TEST_KUBERNETES=full)")
+	}
+}
+
+// watchScript is a pod's main process that reports on its standard
+// output (kubectl logs) every change of /state it reads: what a commit
+// into its running container looks like from inside.
+const watchScript = `echo before > /state; last=; while :; do s=$(cat /state); [ "$s" = "$last" ] || echo "state: $s"; last=$s; sleep 0.2; done`
+
+// TestKubeletBranchPod is the short Kubernetes test of make test: a pod
+// with runtimeClassName: branch run by a real kubelet through the API
+// server (kubectl), exec and logs through the kubelet, and a fork of its
+// container by branchctl on the host whose commit the pod's running
+// process sees, while the API server's view of the pod stays the same:
+// no restart, no exit, same container, still ready.
+func TestKubeletBranchPod(t *testing.T) {
+	k := kubeNode(t)
+	ctr := container("main", criAppImage, "sh", "-c", watchScript)
+	ctr["readinessProbe"] = map[string]any{"exec": map[string]any{"command": []string{"cat", "/state"}}, "periodSeconds": 1}
+	k.apply(k.branchPod("app", nil, "", ctr))
+	p := k.waitRunning("app")
+	// The RuntimeClass's scheduling reached the pod (RuntimeClass admission).
+	if p.Spec.NodeSelector["branchbox.io/runtime"] != "branch" {
+		t.Errorf("pod nodeSelector %v: the RuntimeClass's is not there", p.Spec.NodeSelector)
+	}
+	st := p.container("main")
+	k.checkOnBranch(st.id())
+	k.checkCgroup(st.id())
+	if out, err := k.exec("app", "main", "cat", "/state"); err != nil || strings.TrimSpace(out) != "before" {
+		t.Fatalf("kubectl exec: %q %v", out, err)
+	}
+	k.waitLogs("app", "main", "state: before")
+	k.forkCommitFromHost("app", "main", "from-branch")
+	k.checkStats("app", "main")
+	if w := k.warnings("app"); len(w) > 0 {
+		t.Errorf("warning events for the pod: %v", w)
+	}
+}
+
+// checkStats checks that the kubelet's stats summary (what eviction and
+// kubectl top read) has the pod's container with its memory in use: the
+// CRI reports the branch snapshotter's filesystem, as the documented
+// containerd configuration has it export its root, or the whole summary
+// fails.
+func (k *kubeTest) checkStats(pod, ctr string) {
+	k.t.Helper()
+	var summary struct {
+		Pods []struct {
+			PodRef struct {
+				Name string `json:"name"`
+			} `json:"podRef"`
+			Containers []struct {
+				Name   string `json:"name"`
+				Memory struct {
+					WorkingSetBytes uint64 `json:"workingSetBytes"`
+				} `json:"memory"`
+				Rootfs *struct {
+					UsedBytes *uint64 `json:"usedBytes"`
+				} `json:"rootfs"`
+			} `json:"containers"`
+		} `json:"pods"`
+	}
+	var out string
+	waitUntil(k.t, "the kubelet's stats summary to have "+pod+"/"+ctr, kubeWait(30*time.Second), func() bool {
+		var err error
+		if out, err = k.kube.Kubectl(k.ctx, "", "get", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/stats/summary"); err != nil {
+			return false
+		}
+		if err := json.Unmarshal([]byte(out), &summary); err != nil {
+			return false
+		}
+		for _, p := range summary.Pods {
+			for _, c := range p.Containers {
+				if p.PodRef.Name == pod && c.Name == ctr && c.Memory.WorkingSetBytes > 0 && c.Rootfs != nil && c.Rootfs.UsedBytes != nil {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
+// checkCgroup checks that a container's process is in the cgroup the
+// kubelet's driver gives it: in the pod's slice under kubepods.slice, in
+// a scope of its own (systemd), or under the kubelet's kubepods (cgroupfs).
+func (k *kubeTest) checkCgroup(id string) {
+	k.t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", k.pidOf("inspect", id)))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var path string
+	for _, l := range strings.Split(string(b), "\n") {
+		// The unified hierarchy's line on v2, the memory controller's on v1.
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (f[0] == "0" && f[1] == "" || strings.Contains(f[1], "memory")) {
+			path = f[2]
+			if f[1] != "" {
+				break
+			}
+		}
+	}
+	want := "/" + k.env.Namespace + "/kubepods/"
+	if k.systemd {
+		want = "/kubepods.slice/"
+	}
+	if !strings.Contains(path, want) || k.systemd && !strings.Contains(path, "/cri-containerd-"+id+".scope") {
+		k.t.Fatalf("container %s is in cgroup %q; want it under %s (the kubelet's %s driver)", id, path, want, map[bool]string{true: "systemd", false: "cgroupfs"}[k.systemd])
+	}
+	k.t.Logf("container in cgroup %s", path)
+}
+
+// checkOnBranch checks that a CRI container runs on the branch shim with
+// the branch snapshotter.
+func (k *kubeTest) checkOnBranch(id string) {
+	k.t.Helper()
+	rt, snap := k.containerInfo(id)
+	if rt != criBranchType || snap != "branch" {
+		k.t.Fatalf("container %s: runtime %s, snapshotter %s; want the branch handler's", id, rt, snap)
+	}
+	branchShims := 0
+	for _, name := range k.shims() {
+		if name == "containerd-shim-branch-v1" {
+			branchShims++
+		}
+	}
+	if branchShims == 0 {
+		k.t.Fatalf("no branch shim runs the pod: %v", k.shims())
+	}
+}
+
+// waitLogs waits until a container's log (kubectl logs) holds want.
+func (k *kubeTest) waitLogs(pod, ctr, want string) {
+	k.t.Helper()
+	var out string
+	var err error
+	for deadline := time.Now().Add(kubeWait(30 * time.Second)); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if out, err = k.kube.Kubectl(k.ctx, "", "logs", pod, "-c", ctr); err == nil && strings.Contains(out, want) {
+			return
+		}
+	}
+	k.t.Fatalf("no %q in the logs of %s/%s: %v\n%s", want, pod, ctr, err, lastLines(out, 20))
+}
+
+// stays checks that the API server's view of a container stays as it
+// was for a while (several of the kubelet's relists and probe periods),
+// and returns the view.
+func (k *kubeTest) stays(pod, ctr, want, when string) {
+	k.t.Helper()
+	window := 4 * time.Second
+	if daemons.Emulated() {
+		// Still several of the kubelet's relists and probe periods.
+		window = 20 * time.Second
+	}
+	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		if now := k.pod(pod).container(ctr).view(); now != want {
+			k.t.Fatalf("the API server's view of %s/%s changed %s:\nbefore: %s\nnow:    %s", pod, ctr, when, want, now)
+		}
+	}
+}
+
+// forkCommitFromHost forks a pod's running container with branchctl on
+// the host (namespace k8s.io, the container named by its id), writes
+// value to /state in one branch, commits it and aborts the other, and
+// checks that the pod's process (watchScript) sees the value, and that
+// the API server's view of the container does not change at any point.
+func (k *kubeTest) forkCommitFromHost(pod, ctr, value string) {
+	k.t.Helper()
+	st := k.pod(pod).container(ctr)
+	before := st.view()
+	if st.State.Running == nil || st.RestartCount != 0 || !st.Ready {
+		k.t.Fatalf("container %s/%s not running and ready before the fork: %s", pod, ctr, before)
+	}
+	id := st.id()
+	out, err := k.hostBranchctl("fork", id, "-n", "2", "--json")
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var kids []client.ContextInfo
+	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 2 {
+		k.t.Fatalf("fork --json: %v %q", err, out)
+	}
+	k.stays(pod, ctr, before, "after the fork")
+	if _, err := k.hostBranchctl("exec", id+"/"+kids[0].ID, "--", "sh", "-c", "echo "+value+" > /state"); err != nil {
+		k.t.Fatal(err)
+	}
+	if _, err := k.hostBranchctl("commit", id+"/"+kids[0].ID); err != nil {
+		k.t.Fatal(err)
+	}
+	if _, err := k.hostBranchctl("abort", id+"/"+kids[1].ID); err == nil {
+		k.t.Fatalf("abort of the sibling of the winner: want its stale error")
+	}
+	// The running process, not a new one, reads the committed file.
+	k.waitLogs(pod, ctr, "state: "+value)
+	if out, err := k.exec(pod, ctr, "cat", "/state"); err != nil || strings.TrimSpace(out) != value {
+		k.t.Fatalf("kubectl exec after the commit: %q %v", out, err)
+	}
+	k.stays(pod, ctr, before, "after the commit")
+	// The container is writable again once its branches are gone.
+	if _, err := k.exec(pod, ctr, "sh", "-c", "echo again > /other"); err != nil {
+		k.t.Fatalf("container not writable after its branches ended: %v", err)
+	}
+}
+
+// TestKubernetesNode runs pods on the branch RuntimeClass through a real
+// kubelet and API server: probes (readiness and liveness, and the kubelet
+// restarting a container whose liveness fails), resource limits, restart
+// on failure (with an emptyDir that outlives the container), delete and
+// recreate, a pod that forks and commits itself through the in-sandbox
+// API, a fork and commit from the host that the pod's process sees, and a
+// pod deleted with live branches. The kubelet's view (restart counts,
+// container state, readiness, warning events) is checked throughout.
+func TestKubernetesNode(t *testing.T) {
+	requireKubernetesFull(t)
+	k := kubeNode(t)
+
+	t.Run("probes-limits", func(t *testing.T) {
+		k := k.with(t)
+		c := container("main", criAppImage, "sh", "-c", "touch /alive; "+watchScript)
+		c["readinessProbe"] = map[string]any{"exec": map[string]any{"command": []string{"test", "-e", "/ready"}}, "periodSeconds": 1}
+		c["livenessProbe"] = map[string]any{"exec": map[string]any{"command": []string{"test", "-e", "/alive"}}, "periodSeconds": 1, "failureThreshold": 2}
+		c["resources"] = map[string]any{
+			"limits":   map[string]any{"memory": "64Mi", "cpu": "250m"},
+			"requests": map[string]any{"memory": "64Mi", "cpu": "250m"},
+		}
+		k.apply(k.branchPod("probed", nil, "", c))
+		p := k.waitPod("probed", "running, not ready", time.Minute, func(p kubePod) bool {
+			return p.Status.Phase == "Running" && p.container("main").State.Running != nil
+		})
+		if p.condition("Ready") == "True" {
+			t.Fatalf("pod ready before its readiness probe can pass")
+		}
+		k.checkOnBranch(p.container("main").id())
+		if _, err := k.exec("probed", "main", "touch", "/ready"); err != nil {
+			t.Fatal(err)
+		}
+		k.waitRunning("probed")
+		// The limits, as the container sees its own cgroup.
+		limits, err := k.exec("probed", "main", "sh", "-c",
+			"cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(limits); len(f) < 2 || f[0] != "67108864" || f[1] != "25000" {
+			t.Errorf("container's memory and cpu limits %q; want 67108864 and a 25000us quota", limits)
+		}
+		// Branches come and go while the probes run: the kubelet sees
+		// nothing of them.
+		k.forkCommitFromHost("probed", "main", "probed-branch")
+		// A failing liveness probe: the kubelet restarts the container.
+		if _, err := k.exec("probed", "main", "rm", "/alive"); err != nil {
+			t.Fatal(err)
+		}
+		p = k.waitPod("probed", "restarted after its liveness probe failed", time.Minute, func(p kubePod) bool {
+			st := p.container("main")
+			return st.RestartCount == 1 && st.State.Running != nil
+		})
+		if last := p.container("main").LastState.Terminated; last == nil {
+			t.Errorf("no last state after the restart: %s", p.container("main").view())
+		}
+		if w := strings.Join(k.warnings("probed"), "\n"); !strings.Contains(w, "Liveness probe failed") {
+			t.Errorf("warning events %q: want the liveness probe's failure", w)
+		}
+	})
+
+	t.Run("restart-on-failure", func(t *testing.T) {
+		k := k.with(t)
+		c := container("main", criAppImage, "sh", "-c",
+			`if [ -e /data/ran ]; then echo second run; exec sleep 100000; fi; touch /data/ran; echo first run; exit 3`)
+		c["volumeMounts"] = []any{map[string]any{"name": "data", "mountPath": "/data"}}
+		pod := k.branchPod("flaky", nil, "OnFailure", c)
+		pod["spec"].(map[string]any)["volumes"] = []any{map[string]any{"name": "data", "emptyDir": map[string]any{}}}
+		k.apply(pod)
+		p := k.waitPod("flaky", "restarted once and running", 2*time.Minute, func(p kubePod) bool {
+			st := p.container("main")
+			return st.RestartCount == 1 && st.State.Running != nil
+		})
+		if last := p.container("main").LastState.Terminated; last == nil || last.ExitCode != 3 {
+			t.Errorf("last state %+v; want the first run's exit 3", last)
+		}
+		k.waitLogs("flaky", "main", "second run")
+		if prev := k.kubectl("logs", "flaky", "-c", "main", "--previous"); !strings.Contains(prev, "first run") {
+			t.Errorf("previous logs %q", prev)
+		}
+		k.checkOnBranch(p.container("main").id())
+	})
+
+	t.Run("delete-recreate", func(t *testing.T) {
+		k := k.with(t)
+		k.apply(k.branchPod("again", nil, "", container("main", criAppImage, "sh", "-c", watchScript)))
+		first := k.waitRunning("again")
+		pid := k.pidOf("inspect", first.container("main").id())
+		if _, err := k.exec("again", "main", "sh", "-c", "echo old > /old"); err != nil {
+			t.Fatal(err)
+		}
+		k.kubectl("delete", "pod", "again", "--wait=true", "--timeout=120s")
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			t.Errorf("the deleted pod's process %d still runs", pid)
+		}
+		k.apply(k.branchPod("again", nil, "", container("main", criAppImage, "sh", "-c", watchScript)))
+		second := k.waitRunning("again")
+		if second.Metadata.UID == first.Metadata.UID || second.container("main").id() == first.container("main").id() {
+			t.Fatalf("the recreated pod is the old one: %s %s", second.Metadata.UID, second.container("main").id())
+		}
+		if out, err := k.exec("again", "main", "cat", "/old"); err == nil {
+			t.Errorf("the recreated pod has the old pod's file: %q", out)
+		}
+		k.forkCommitFromHost("again", "main", "recreated")
+	})
+
+	t.Run("self-fork", func(t *testing.T) {
+		k := k.with(t)
+		script := `echo base > /f
+branchctl self fork -n 1 -- sh -c 'echo forked > /f && branchctl self commit' > /dev/null || { echo fork failed; exit 1; }
+while [ "$(cat /f)" != forked ]; do sleep 0.2; done
+echo self-committed
+exec sleep 100000`
+		k.apply(k.branchPod("selfish", map[string]string{"io.branchbox.socket": "true"}, "", container("main", insockImage, "sh", "-c", script)))
+		k.waitRunning("selfish")
+		k.waitLogs("selfish", "main", "self-committed")
+		st := k.pod("selfish").container("main")
+		if st.RestartCount != 0 || st.State.Running == nil {
+			t.Fatalf("the self-forking container: %s", st.view())
+		}
+		k.stays("selfish", "main", st.view(), "after its own commit")
+		if out, err := k.exec("selfish", "main", "cat", "/f"); err != nil || strings.TrimSpace(out) != "forked" {
+			t.Fatalf("/f after the self commit: %q %v", out, err)
+		}
+		if out, err := k.exec("selfish", "main", "branchctl", "self", "tree"); err != nil {
+			t.Fatalf("branchctl self tree in the pod: %v %s", err, out)
+		}
+	})
+
+	t.Run("delete-with-branches", func(t *testing.T) {
+		k := k.with(t)
+		k.apply(k.branchPod("busy", nil, "", container("main", criAppImage, "sh", "-c", watchScript)))
+		p := k.waitRunning("busy")
+		out, err := k.hostBranchctl("fork", p.container("main").id(), "-n", "3", "--json", "--", "sh", "-c", "exec sleep 100000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kids []client.ContextInfo
+		if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
+			t.Fatalf("fork --json: %v %q", err, out)
+		}
+		k.kubectl("delete", "pod", "busy", "--wait=true", "--timeout=120s")
+		waitUntil(t, "the branches' processes to end", kubeWait(20*time.Second), func() bool {
+			for _, kid := range kids {
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d", kid.InitPid)); err == nil {
+					return false
+				}
+			}
+			return true
+		})
+	})
+
+	// No pod that was not meant to restart did, and none was killed.
+	for _, name := range []string{"again", "selfish"} {
+		st := k.pod(name).container("main")
+		if st.RestartCount != 0 || st.State.Running == nil {
+			t.Errorf("pod %s at the end: %s", name, st.view())
+		}
+		if w := k.warnings(name); len(w) > 0 {
+			t.Errorf("warning events for pod %s: %v", name, w)
+		}
+	}
+	if out, err := k.env.Crictl(k.ctx, "pods", "--name", "busy", "-q", "--state", "ready"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("the deleted pod's sandbox still ready: %q %v", out, err)
+	}
+}
+
+// with is the same cluster for a subtest: failures are the subtest's.
+func (k *kubeTest) with(t *testing.T) *kubeTest {
+	c := *k.criTest
+	c.t = t
+	return &kubeTest{criTest: &c, kube: k.kube, systemd: k.systemd}
+}
