@@ -97,12 +97,13 @@ type tailKind struct {
 // project's processes together (the sandbox's shim and its reaped
 // children, the snapshotter, and this client process), from their
 // /proc stat and getrusage before and after BENCH_TAIL_OPS back-to-back
-// cycles, as ns-cpu/cycle (and per process).
+// cycles, as ns-cpu/cycle (and per process; containerd's, not in the
+// sum, as ns-cpu-containerd/cycle).
 //
 // BENCH_TAIL_PERF=DIR records a perf profile per operation kind (the
-// shim, the snapshotter and this process, sampled only while the
-// operation runs) into DIR/<op>.data; perf's presence moves the figures,
-// so take the table from a run without it.
+// shim, the snapshotter, this process and containerd, sampled only while
+// the operation runs) into DIR/<op>.data; perf's presence moves the
+// figures, so take the table from a run without it.
 //
 // The rows report samples taken before them: the iteration count on
 // their lines is the framework's, and means nothing.
@@ -243,8 +244,7 @@ func BenchmarkTail(b *testing.B) {
 	}
 	var prof *tailProfiler
 	if dir := os.Getenv("BENCH_TAIL_PERF"); dir != "" {
-		prof = startTailProfiler(b, dir, kinds, shimPidOf(b, env, id), env.SnapshotterPid(), os.Getpid())
-		defer prof.stop(b)
+		prof = startTailProfiler(b, dir, kinds, shimPidOf(b, env, id), env.SnapshotterPid(), os.Getpid(), env.ContainerdPid())
 	}
 
 	samples := map[string][]time.Duration{}
@@ -366,10 +366,11 @@ func selfCPU(b *testing.B) time.Duration {
 // too. (/proc counts in clock ticks of 10 ms: n cycles make it exact
 // enough.)
 func tailCPU(b *testing.B, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, id string, n int) map[string]float64 {
-	shim, snap := shimPidOf(b, env, id), env.SnapshotterPid()
+	shim, snap, ctrd := shimPidOf(b, env, id), env.SnapshotterPid(), env.ContainerdPid()
 	quiesce(b)
 	shim0, shimKids0 := procCPU(b, shim)
 	snap0, _ := procCPU(b, snap)
+	ctrd0, _ := procCPU(b, ctrd)
 	self0 := selfCPU(b)
 	for i := 0; i < n; i++ {
 		kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
@@ -382,6 +383,7 @@ func tailCPU(b *testing.B, ctx context.Context, env *daemons.Env, sc *client.San
 	quiesce(b)
 	shim1, shimKids1 := procCPU(b, shim)
 	snap1, _ := procCPU(b, snap)
+	ctrd1, _ := procCPU(b, ctrd)
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
 	out := map[string]float64{
 		"ns-cpu-shim/cycle":          per(shim1 - shim0),
@@ -390,6 +392,8 @@ func tailCPU(b *testing.B, ctx context.Context, env *daemons.Env, sc *client.San
 		"ns-cpu-client/cycle":        per(self1 - self0),
 	}
 	out["ns-cpu/cycle"] = out["ns-cpu-shim/cycle"] + out["ns-cpu-shim-children/cycle"] + out["ns-cpu-snapshotter/cycle"] + out["ns-cpu-client/cycle"]
+	// Not the project's, but on the path of what the shim reports.
+	out["ns-cpu-containerd/cycle"] = per(ctrd1 - ctrd0)
 	return out
 }
 
@@ -404,6 +408,7 @@ type perfRecord struct {
 	cmd      *exec.Cmd
 	ctl, ack *os.File
 	ackR     *bufio.Reader
+	fifos    []string
 }
 
 func startTailProfiler(b *testing.B, dir string, kinds []tailKind, pids ...int) *tailProfiler {
@@ -416,6 +421,8 @@ func startTailProfiler(b *testing.B, dir string, kinds []tailKind, pids ...int) 
 		ps = append(ps, strconv.Itoa(p))
 	}
 	t := &tailProfiler{perf: map[string]*perfRecord{}}
+	// Also the ones started before a failure.
+	b.Cleanup(func() { t.stop(b) })
 	for _, k := range kinds {
 		ctl, ack := filepath.Join(dir, k.name+".ctl"), filepath.Join(dir, k.name+".ack")
 		for _, f := range []string{ctl, ack} {
@@ -430,7 +437,7 @@ func startTailProfiler(b *testing.B, dir string, kinds []tailKind, pids ...int) 
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
-		r := &perfRecord{cmd: cmd}
+		r := &perfRecord{cmd: cmd, fifos: []string{ctl, ack}}
 		t.perf[k.name] = r
 		var err error
 		// perf opens the control fifo for reading and the ack fifo for
@@ -474,5 +481,8 @@ func (t *tailProfiler) stop(b *testing.B) {
 		}
 		r.ctl.Close()
 		r.ack.Close()
+		for _, f := range r.fifos {
+			_ = os.Remove(f)
+		}
 	}
 }
