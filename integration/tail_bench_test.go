@@ -440,12 +440,13 @@ func startTailProfiler(b *testing.B, dir string, kinds []tailKind, pids ...int) 
 		r := &perfRecord{cmd: cmd, fifos: []string{ctl, ack}}
 		t.perf[k.name] = r
 		var err error
-		// perf opens the control fifo for reading and the ack fifo for
-		// writing; these opens wait for it.
-		if r.ctl, err = os.OpenFile(ctl, os.O_WRONLY, 0); err != nil {
+		// Read-write, so that neither open waits for perf (a perf that
+		// failed to start would hold it forever); command's deadline on
+		// the ack tells a perf that does not answer.
+		if r.ctl, err = os.OpenFile(ctl, os.O_RDWR, 0); err != nil {
 			b.Fatal(err)
 		}
-		if r.ack, err = os.OpenFile(ack, os.O_RDONLY, 0); err != nil {
+		if r.ack, err = os.OpenFile(ack, os.O_RDWR, 0); err != nil {
 			b.Fatal(err)
 		}
 		r.ackR = bufio.NewReader(r.ack)
@@ -463,8 +464,11 @@ func (t *tailProfiler) command(b *testing.B, kind, what string) {
 	if _, err := r.ctl.WriteString(what + "\n"); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := r.ackR.ReadString('\n'); err != nil {
+	if err := r.ack.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		b.Fatal(err)
+	}
+	if _, err := r.ackR.ReadString('\n'); err != nil {
+		b.Fatalf("perf record for %s did not acknowledge %q: %v", kind, what, err)
 	}
 }
 
