@@ -142,6 +142,10 @@ $(BIN)/containerd-shim-branch-v1: BUILD_TAGS := -tags seccomp
 # branchctl is static, so that it can be copied into an image and used from
 # inside a sandbox (branchctl self, through the branch socket).
 $(BIN)/branchctl: export CGO_ENABLED := 0
+# Without urfave/cli's man page and markdown generators, which branchctl
+# does not use: their markdown library's package initialisation ran on
+# every start (docs/benchmarks.md#tails).
+$(BIN)/branchctl: BUILD_TAGS := -tags urfave_cli_no_docs
 
 # The shim's runtime alone, which the shim runs branch contexts with when it
 # sits beside it (it starts faster than the whole shim binary).

@@ -53,6 +53,9 @@ type Sandbox struct {
 	Created time.Time `json:"created"`
 	// names are every name that resolves to it, Name first.
 	names []string
+	// container is containerd's record as listed, which NewSandboxClient
+	// reads the runtime and spec from without asking containerd again.
+	container *containersapi.Container
 }
 
 // branchRuntime reports whether the container runs on branchbox's shim
@@ -63,7 +66,7 @@ func (s Sandbox) branchRuntime() bool {
 }
 
 func sandboxFromProto(c *containersapi.Container) Sandbox {
-	s := Sandbox{ID: c.ID, Image: c.Image}
+	s := Sandbox{ID: c.ID, Image: c.Image, container: c}
 	if c.Runtime != nil {
 		s.Runtime = c.Runtime.Name
 	}

@@ -15,12 +15,10 @@ import (
 	"sync"
 	"time"
 
-	containersapi "github.com/containerd/containerd/api/services/containers/v1"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
@@ -60,12 +58,10 @@ func NewSandboxClient(ctx context.Context, address, namespace, name string) (*Sa
 	if err != nil {
 		return nil, err
 	}
-	id := sb.ID
-	resp, err := containersapi.NewContainersClient(gc).Get(ctx, &containersapi.GetContainerRequest{ID: id})
-	if err != nil {
-		return nil, fmt.Errorf("look up sandbox %s: %w", strconv.Quote(name), containerdErr(address, errgrpc.ToNative(err)))
-	}
-	c := resp.Container
+	// The listed record is containerd's whole record (runtime and spec
+	// included): asking for it again would cost a round trip to containerd
+	// on every dial, which each branchctl command pays.
+	id, c := sb.ID, sb.container
 	rt := "none"
 	if c.Runtime != nil {
 		rt = c.Runtime.Name

@@ -190,6 +190,14 @@ func (e *Env) SnapshotterPid() int {
 	return e.snapshotter.cmd.Process.Pid
 }
 
+// ContainerdPid is the pid of the running containerd daemon.
+func (e *Env) ContainerdPid() int {
+	if e.containerd == nil {
+		return 0
+	}
+	return e.containerd.cmd.Process.Pid
+}
+
 // WaitSnapshotterExit waits for the snapshotter to exit by itself (a fault
 // point killed it) and returns how it ended.
 func (e *Env) WaitSnapshotterExit(timeout time.Duration) error {
