@@ -27,6 +27,12 @@ import (
 // (docs/critest.md lists them too; TestCritestDocs checks it does).
 var critestSkips = map[string]string{
 	"public image with digest should be pulled and removed": "its image is named by a digest of gcr.io's copy, which no local build reproduces",
+	// containerd v2.2.1's ListPodSandboxMetrics dereferences a container's
+	// unset memory reservation (list_pod_sandbox_metrics_linux.go:1026,
+	// the CRI's own code, whatever the handler): with the systemd driver
+	// on cgroup v2 it panicked, and every spec after it failed; elsewhere
+	// it returns no metrics, and the spec fails on both handlers.
+	"runtime should support listing pod sandbox metrics": "containerd v2.2.1 panics on it (cgroup v2, systemd driver) or returns no metrics",
 	// These fetch a web page from the host at the pod's address.
 	"runtime should support port mapping with":                         "the tests' pod network (a CNI plugin of their own) is not reachable from the host",
 	"runtime should support portforward [Conformance]":                 "it fetches the web server's page at the pod's address first, which the host cannot reach",
