@@ -374,6 +374,30 @@ exec sleep 100000`
 		})
 	})
 
+	t.Run("host-users-false", func(t *testing.T) {
+		// A pod with its own user namespace, as current clusters run
+		// them (docs/userns.md): root inside is a mapped id outside,
+		// and a fork from the host keeps the mapping, its commit seen.
+		k := k.with(t)
+		pod := k.branchPod("userns", nil, "", container("main", criAppImage, "sh", "-c", watchScript))
+		pod["spec"].(map[string]any)["hostUsers"] = false
+		k.apply(pod)
+		k.waitRunning("userns")
+		out, err := k.exec("userns", "main", "sh", "-c", "id -u; cat /proc/self/uid_map")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(out)
+		if len(f) != 4 || f[0] != "0" || f[1] != "0" || f[2] == "0" || f[3] != "65536" {
+			t.Fatalf("pod with hostUsers: false: id and uid_map %q; want root inside mapped to a range of 65536 outside", out)
+		}
+		k.checkOnBranch(k.pod("userns").container("main").id())
+		k.forkCommitFromHost("userns", "main", "mapped")
+		if w := k.warnings("userns"); len(w) > 0 {
+			t.Errorf("warning events for the pod: %v", w)
+		}
+	})
+
 	// No pod that was not meant to restart did, and none was killed.
 	for _, name := range []string{"again", "selfish"} {
 		st := k.pod(name).container("main")
