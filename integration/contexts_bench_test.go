@@ -39,19 +39,7 @@ func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { benchRemoveCtr(env, id) })
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "ready", id, "test", "-e", "/ready"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("bench sandbox did not get ready")
-		}
-	}
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { sc.Close() })
+	sc := readyBenchSandbox(b, ctx, env, id, "/ready")
 	upper, err := env.RootfsUpperdir(id)
 	if err != nil {
 		b.Fatal(err)
@@ -665,4 +653,24 @@ func reportPerBranch(b *testing.B, each []time.Duration, n int) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/branch")
 	slices.Sort(each)
 	b.ReportMetric(float64(each[len(each)/2].Nanoseconds())/float64(n), "ns/branch-p50")
+}
+
+// readyBenchSandbox waits (60 s at most) until the benchmark's sandbox id
+// has made the file ready, then dials it.
+func readyBenchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id, ready string) *client.SandboxClient {
+	b.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "ready", id, "test", "-e", ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("bench sandbox %s did not get ready (no %s)", id, ready)
+		}
+	}
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sc.Close() })
+	return sc
 }

@@ -128,20 +128,7 @@ func dirtySandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { benchRemoveCtr(env, id) })
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := env.Ctr(ctx, "tasks", "exec", "--exec-id", "ready", id, "test", "-e", "/dev/shm/ready"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("dirty sandbox did not get ready")
-		}
-	}
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { sc.Close() })
-	return sc
+	return readyBenchSandbox(b, ctx, env, id, "/dev/shm/ready")
 }
 
 // benchMemoryForks times forks of n branches of sc, with their memory or
