@@ -397,3 +397,34 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.TrimSpace(lines[len(lines)-1])
 }
+
+// criFeatures is what `crictl info` reports of a runtime handler's
+// features.
+type criFeatures struct {
+	RecursiveReadOnlyMounts bool `json:"recursive_read_only_mounts"`
+	UserNamespaces          bool `json:"user_namespaces"`
+}
+
+// handlerFeatures is each runtime handler's features by name, and the
+// `crictl info` output they were read from.
+func (c *criTest) handlerFeatures() (map[string]criFeatures, string) {
+	c.t.Helper()
+	out, err := c.env.Crictl(c.ctx, "info", "-o", "json")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var info struct {
+		RuntimeHandlers []struct {
+			Name     string      `json:"name"`
+			Features criFeatures `json:"features"`
+		} `json:"runtimeHandlers"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		c.t.Fatalf("decode crictl info: %v\n%s", err, out)
+	}
+	feats := map[string]criFeatures{}
+	for _, h := range info.RuntimeHandlers {
+		feats[h.Name] = h.Features
+	}
+	return feats, out
+}

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,27 +25,9 @@ import (
 // read-only mount of the same directory leaves the mount below writable.
 func TestCRIBranchFeatures(t *testing.T) {
 	c := criEnv(t)
-	out, err := c.env.Crictl(c.ctx, "info", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		RuntimeHandlers []struct {
-			Name     string `json:"name"`
-			Features struct {
-				RecursiveReadOnlyMounts bool `json:"recursive_read_only_mounts"`
-			} `json:"features"`
-		} `json:"runtimeHandlers"`
-	}
-	if err := json.Unmarshal([]byte(out), &info); err != nil {
-		t.Fatalf("decode crictl info: %v\n%s", err, out)
-	}
-	rro := map[string]bool{}
-	for _, h := range info.RuntimeHandlers {
-		rro[h.Name] = h.Features.RecursiveReadOnlyMounts
-	}
-	if !rro["branch"] || !rro["runc"] {
-		t.Fatalf("recursive read-only mounts by handler %v, want true for branch as for runc; crictl info:\n%s", rro, out)
+	feats, out := c.handlerFeatures()
+	if !feats["branch"].RecursiveReadOnlyMounts || !feats["runc"].RecursiveReadOnlyMounts {
+		t.Fatalf("recursive read-only mounts by handler %v, want true for branch as for runc; crictl info:\n%s", feats, out)
 	}
 
 	// A host directory with a mount below it.
@@ -77,7 +58,7 @@ func TestCRIBranchFeatures(t *testing.T) {
 		},
 		"linux": map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
 	})
-	out, err = c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -143,28 +142,10 @@ func writableAs(t *testing.T, path string, uid, gid int) bool {
 // the branch's files lands owned by the mapped root on the host.
 func TestCRIUserns(t *testing.T) {
 	c := criEnvWith(t, daemons.CRIConfig{RuncBinary: upstreamRunc(t)})
-	out, err := c.env.Crictl(c.ctx, "info", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		RuntimeHandlers []struct {
-			Name     string `json:"name"`
-			Features struct {
-				UserNamespaces bool `json:"user_namespaces"`
-			} `json:"features"`
-		} `json:"runtimeHandlers"`
-	}
-	if err := json.Unmarshal([]byte(out), &info); err != nil {
-		t.Fatalf("decode crictl info: %v\n%s", err, out)
-	}
-	userns := map[string]bool{}
-	for _, h := range info.RuntimeHandlers {
-		userns[h.Name] = h.Features.UserNamespaces
-	}
+	feats, out := c.handlerFeatures()
 	// What the kubelet checks before it runs a pod with hostUsers: false.
-	if !userns["branch"] || !userns["runc"] {
-		t.Fatalf("user namespaces by handler %v, want true for branch as for runc; crictl info:\n%s", userns, out)
+	if !feats["branch"].UserNamespaces || !feats["runc"].UserNamespaces {
+		t.Fatalf("user namespaces by handler %v, want true for branch as for runc; crictl info:\n%s", feats, out)
 	}
 
 	hostDir := usernsHostDir(t)
