@@ -277,7 +277,9 @@ func (c *contexts) runOnRuntime(ctx context.Context, sb *sandbox, n *bctx, mount
 	}
 	n.container = container
 	init, _ := container.Process("")
-	c.watch(init, started)
+	if !n.memory {
+		c.watch(init, started)
+	}
 	if n.hasCommand || n.memory {
 		sctx := ctx
 		if n.memory {
