@@ -215,19 +215,13 @@ func addDumpMounts(opts *criurpc.CriuOpts, config *configs.Config, pid int) erro
 // processes are restored from --image-path instead of started.
 func restore(c *cmdline) error {
 	useCriuBeside()
-	if b := c.str("bundle"); b != "" {
-		if err := os.Chdir(b); err != nil {
-			return fmt.Errorf("bundle %s: %w", b, err)
-		}
-	}
-	container, spec, err := newContainer(c)
-	if err != nil {
-		return err
-	}
 	images := c.str("image-path")
 	if images == "" {
-		_ = container.Destroy()
 		return errors.New("restore: --image-path is required")
+	}
+	container, spec, err := bundleContainer(c)
+	if err != nil {
+		return err
 	}
 	opts := &libcontainer.CriuOpts{
 		ImagesDirectory:         images,

@@ -49,12 +49,7 @@ func loadSpec(path string) (*specs.Spec, error) {
 // create is runc create: a container whose init waits on the exec fifo
 // until start.
 func create(c *cmdline) error {
-	if b := c.str("bundle"); b != "" {
-		if err := os.Chdir(b); err != nil {
-			return fmt.Errorf("bundle %s: %w", b, err)
-		}
-	}
-	container, spec, err := newContainer(c)
+	container, spec, err := bundleContainer(c)
 	if err != nil {
 		return err
 	}
@@ -68,6 +63,17 @@ func create(c *cmdline) error {
 		subreaper:     !c.bool("no-subreaper"),
 	}
 	return r.run(spec.Process)
+}
+
+// bundleContainer is newContainer of --bundle, the working directory made
+// the bundle as runc makes it.
+func bundleContainer(c *cmdline) (*libcontainer.Container, *specs.Spec, error) {
+	if b := c.str("bundle"); b != "" {
+		if err := os.Chdir(b); err != nil {
+			return nil, nil, fmt.Errorf("bundle %s: %w", b, err)
+		}
+	}
+	return newContainer(c)
 }
 
 // newContainer creates the libcontainer container of the bundle in the
