@@ -135,7 +135,7 @@ func dirtySandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string
 // without, each aborted untimed.
 func benchMemoryForks(b *testing.B, ctx context.Context, sc *client.SandboxClient, n int, memory bool) {
 	quiesce(b)
-	var each, pauses []time.Duration
+	var each, pauses, dumps, restores []time.Duration
 	for b.Loop() {
 		t0 := time.Now()
 		res, err := sc.ForkResult(ctx, client.ForkOptions{Count: n, WithMemory: memory})
@@ -145,16 +145,28 @@ func benchMemoryForks(b *testing.B, ctx context.Context, sc *client.SandboxClien
 		}
 		if res.Memory != nil {
 			pauses = append(pauses, res.Memory.Pause)
+			dumps = append(dumps, res.Memory.Dump)
+			restores = append(restores, res.Memory.Restore)
 		}
 		b.StopTimer()
 		abortAll(b, ctx, sc, res.Branches)
 		b.StartTimer()
 	}
 	reportPerBranch(b, each, n)
-	if len(pauses) > 0 {
-		slices.Sort(pauses)
-		b.ReportMetric(float64(pauses[len(pauses)/2].Nanoseconds()), "ns/pause")
+	// Where a memory fork's time goes: the source's pause, the whole dump
+	// (the runtime and CRIU, as the shim waits for it), the restores.
+	reportMedian(b, pauses, "ns/pause")
+	reportMedian(b, dumps, "ns/dump")
+	reportMedian(b, restores, "ns/restore")
+}
+
+// reportMedian reports the median of ds (none: nothing) as unit.
+func reportMedian(b *testing.B, ds []time.Duration, unit string) {
+	if len(ds) == 0 {
+		return
 	}
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Nanoseconds()), unit)
 }
 
 // benchCriuByHand is the floor of CRIU itself: the dirty program, started
@@ -225,10 +237,7 @@ func benchCriuByHand(b *testing.B, env *daemons.Env, bin string, mb, n int) {
 		b.StartTimer()
 	}
 	reportPerBranch(b, each, n)
-	if len(pauses) > 0 {
-		slices.Sort(pauses)
-		b.ReportMetric(float64(pauses[len(pauses)/2].Nanoseconds()), "ns/pause")
-	}
+	reportMedian(b, pauses, "ns/pause")
 }
 
 // BenchmarkMemoryCheckpoint: checkpoints with memory of a sandbox whose

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -41,17 +43,23 @@ const descriptorsFile = "descriptors.json"
 // (libcontainer's criuNsToKey(NEWNET)).
 const ExtNetNSKey = "extRootNetNS"
 
-// useCriuBeside puts the directory of this binary first on PATH if CRIU is
+// prepareCriu puts the directory of this binary first on PATH if CRIU is
 // there (make install puts it beside the shim): go-criu, in our dump and
-// in libcontainer's restore, runs "criu" from PATH.
-func useCriuBeside() {
-	self, err := os.Executable()
-	if err != nil {
-		return
+// in libcontainer's restore, runs "criu" from PATH. Then it sees that CRIU
+// finds its kernel-feature cache (kerndat.go).
+func prepareCriu() {
+	if self, err := os.Executable(); err == nil {
+		dir := filepath.Dir(self)
+		if fi, err := os.Stat(filepath.Join(dir, "criu")); err == nil && fi.Mode().IsRegular() {
+			_ = os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+		}
 	}
-	dir := filepath.Dir(self)
-	if fi, err := os.Stat(filepath.Join(dir, "criu")); err == nil && fi.Mode().IsRegular() {
-		_ = os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	path, err := exec.LookPath("criu")
+	if err != nil {
+		return // the dump or restore says so
+	}
+	if err := ensureKerndatCache(path); err != nil {
+		logrus.WithError(err).Warn("criu will probe the kernel's features itself")
 	}
 }
 
@@ -61,7 +69,7 @@ func useCriuBeside() {
 // /sys/fs/cgroup) they were frozen in, which CRIU thaws under ptrace and
 // refreezes after the dump.
 func checkpoint(c *cmdline) error {
-	useCriuBeside()
+	prepareCriu()
 	container, err := getContainer(c)
 	if err != nil {
 		return err
@@ -214,7 +222,7 @@ func addDumpMounts(opts *criurpc.CriuOpts, config *configs.Config, pid int) erro
 // restore is runc restore: a container created from the bundle whose
 // processes are restored from --image-path instead of started.
 func restore(c *cmdline) error {
-	useCriuBeside()
+	prepareCriu()
 	images := c.str("image-path")
 	if images == "" {
 		return errors.New("restore: --image-path is required")
