@@ -144,6 +144,12 @@ func checkpoint(c *cmdline) error {
 	if err := addDumpMounts(opts, &config, st.InitProcessPid); err != nil {
 		return err
 	}
+	if cgroupsFlat(st.InitProcessPid) {
+		opts.ManageCgroups = proto.Bool(false)
+		if err := os.WriteFile(filepath.Join(images, cgroupsIgnored), nil, 0o600); err != nil {
+			return err
+		}
+	}
 	fds, err := json.Marshal(st.ExternalDescriptors)
 	if err != nil {
 		return err
@@ -239,6 +245,9 @@ func restore(c *cmdline) error {
 		ShellJob:                c.bool("shell-job"),
 		FileLocks:               c.bool("file-locks"),
 		StatusFd:                -1,
+	}
+	if _, err := os.Stat(filepath.Join(images, cgroupsIgnored)); err == nil {
+		opts.ManageCgroupsMode = "ignore" // cgroupmode.go
 	}
 	r := &runner{
 		container:     container,
