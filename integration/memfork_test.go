@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -325,4 +326,91 @@ func TestMemoryForkIsolated(t *testing.T) {
 		t.Fatalf("the sandbox's own listener after the commit: %q %v", out, err)
 	}
 	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryForkSubCgroup: a sandbox whose processes are not all in its
+// own cgroup is dumped and restored with CRIU's cgroup handling
+// (shim/ocirt/cgroupmode.go skips it only for a flat tree): a process the
+// host put in a sub-cgroup of the sandbox's is restored in the same
+// sub-cgroup of the branch's, and the branch's end leaves no cgroup.
+func TestMemoryForkSubCgroup(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.ImageRef, "sb",
+		"sh", "-c", "sleep 100000 & touch /dev/shm/ready; wait"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-f", "/dev/shm/ready"); return err == nil })
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	tree, err := sc.Tree(ctx)
+	if err != nil || len(tree) == 0 {
+		t.Fatalf("tree: %v %v", tree, err)
+	}
+	root := tree[0]
+	sleeper := onlyChild(t, root.InitPid)
+	// The pids hierarchy (v1) or the unified one (v2): where the sleeper
+	// is, a sub-cgroup "sub" it is moved into.
+	dir, ok := "", false
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sleeper))
+	for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		switch {
+		case parts[1] == "pids":
+			dir, ok = filepath.Join("/sys/fs/cgroup/pids", parts[2]), true
+		case parts[1] == "" && !ok && isDirPath(filepath.Join("/sys/fs/cgroup", parts[2])) && !isDirPath("/sys/fs/cgroup/pids"):
+			dir, ok = filepath.Join("/sys/fs/cgroup", parts[2]), true
+		}
+	}
+	if !ok {
+		t.Fatalf("no pids or unified cgroup in %q", cg)
+	}
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "cgroup.procs"), []byte(strconv.Itoa(sleeper)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork: %v", err)
+	}
+	k := res.Branches[0]
+	copied := onlyChild(t, k.InitPid)
+	got, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", copied))
+	want := k.Cgroup + "/sub"
+	if !strings.Contains(string(got), ":"+want+"\n") {
+		t.Fatalf("the sleeper's copy in branch %s is in\n%s\nnot in %s", k.ID, got, want)
+	}
+	procs := branchProcs(env, k)
+	if _, err := sc.Abort(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertBranchGone(t, env, k, procs)
+	if dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", want)); len(dirs) != 0 {
+		t.Fatalf("the branch's sub-cgroups are left: %v", dirs)
+	}
+}
+
+// onlyChild is the one child of pid, waited for.
+func onlyChild(t *testing.T, pid int) int {
+	t.Helper()
+	var child int
+	waitUntil(t, fmt.Sprintf("the child of %d", pid), 10*time.Second, func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		f := strings.Fields(string(b))
+		if len(f) != 1 {
+			return false
+		}
+		child, _ = strconv.Atoi(f[0])
+		return child > 0
+	})
+	return child
 }
