@@ -21,6 +21,7 @@ import (
 // its descendants. Its socket reaches only its own context and the
 // contexts forked from it.
 type SelfClient struct {
+	path string
 	conn *ttrpc.Client
 	api  shimv1.SelfService
 }
@@ -45,7 +46,7 @@ func DialSelf(ctx context.Context, path string) (*SelfClient, error) {
 		return nil, fmt.Errorf("connect to the branch socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
 	}
 	tc := ttrpc.NewClient(conn)
-	return &SelfClient{conn: tc, api: shimv1.NewSelfClient(tc)}, nil
+	return &SelfClient{path: path, conn: tc, api: shimv1.NewSelfClient(tc)}, nil
 }
 
 // Close closes the connection.
@@ -64,6 +65,11 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 	})
 	if err != nil {
 		return nil, fromTTRPC(err)
+	}
+	if resp.Pending != "" {
+		if resp, err = s.awaitSelfFork(ctx, resp.Pending); err != nil {
+			return nil, err
+		}
 	}
 	return contextsFromProto(resp.Branches), nil
 }

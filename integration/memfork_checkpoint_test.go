@@ -5,6 +5,7 @@ package integration
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -301,8 +302,11 @@ func TestMemoryCheckpointSelfFork(t *testing.T) {
 	if _, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory()); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "--memory"); err == nil || !strings.Contains(out+err.Error(), "fork --from a checkpoint taken with memory") {
-		t.Fatalf("memory fork of the live sandbox from inside: %q %v; want refused, naming the way that works", out, err)
+	// A live memory fork asked for by a process exec'd into the sandbox
+	// (not of the init's tree, which is what a memory fork copies) is
+	// refused, naming it; TestMemorySelfForkLive asks from the tree.
+	if out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "--memory"); err == nil || !strings.Contains(out+err.Error(), "(branchctl) was exec'd into it") {
+		t.Fatalf("memory fork of the live sandbox by an exec'd process: %q %v; want refused, naming it", out, err)
 	}
 	out, err := execIn(ctx, env, "sb", "branchctl", "self", "fork", "--from", "warm", "--memory", "--json")
 	if err != nil {
@@ -315,4 +319,53 @@ func TestMemoryCheckpointSelfFork(t *testing.T) {
 	if got := replIn(t, ctx, env, sc, kids[0].ID, 1, `echo "mem=$mem k=$k"`); got != "mem=inside k=1\n" {
 		t.Fatalf("branch forked from inside continues with %q, want mem=inside k=1", got)
 	}
+}
+
+// TestMemorySelfForkLive: a process of the sandbox's tree asks for a memory
+// fork of its own sandbox through the branch socket (branchctl self fork
+// --memory, run by the REPL) and the call returns twice, as fork(2) does:
+// in the sandbox with the new branches, in each copy with none, each copy
+// continuing from the same state (the REPL's variable) and talking to its
+// own branch's socket afterwards.
+func TestMemorySelfForkLive(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importInsockImage(t, ctx, env)
+	// Without the file held open for append, which would make the seal a
+	// freeze of the caller too.
+	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=live`)
+	out := replIn(t, ctx, env, sc, branch.RootID, 1, `ids=$(branchctl self fork --memory -n 2 2>&1); echo "rc=$? ids=[$(echo $ids)] mem=$mem"`)
+	var a, b string
+	if _, err := fmt.Sscanf(strings.TrimSpace(out), "rc=0 ids=[%s %s", &a, &b); err != nil || !strings.HasSuffix(out, "] mem=live\n") {
+		t.Fatalf("self fork --memory in the sandbox printed %q (%v); want rc=0, two branch ids, mem=live", out, err)
+	}
+	b = strings.TrimSuffix(b, "]")
+	for _, k := range []string{a, b} {
+		// The copy's call returned with no branch, its state the sandbox's.
+		var got string
+		waitUntil(t, "the copy's output of its fork call in branch "+k, 10*time.Second, func() bool {
+			o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.1")
+			got = o
+			return code == 0
+		})
+		if got != "rc=0 ids=[] mem=live\n" {
+			t.Fatalf("copy in branch %s: its fork call printed %q; want rc=0 ids=[] mem=live", k, got)
+		}
+		// Its socket is its own branch's.
+		if got := replIn(t, ctx, env, sc, k, 2, `branchctl self tree --json | tr -d ' \n' | grep -o '"self":"[0-9]*"'`); got != fmt.Sprintf("\"self\":%q\n", k) {
+			t.Fatalf("copy in branch %s: self tree says %q", k, got)
+		}
+	}
+	if _, err := sc.Commit(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if got := replIn(t, ctx, env, sc, branch.RootID, 2, `echo "mem=$mem"`); got != "mem=live\n" {
+		t.Fatalf("sandbox after the commit: %q", got)
+	}
+	assertNoMemoryImages(t, env)
 }

@@ -64,6 +64,7 @@ type selfSocks struct {
 type selfSock struct {
 	dir    string
 	server *ttrpc.Server
+	conns  *sockConns
 }
 
 // selfExec is a process started through a socket: its context and the
@@ -143,9 +144,10 @@ func (c *contexts) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup
 	if err != nil {
 		return fmt.Errorf("context %s/%s: listen on its branch socket: %w", sandboxID, id, err)
 	}
-	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
+	conns := newSockConns()
+	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(countingHandshaker{inner: ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
 		return peerIn(int(uc.Pid), cgroup)
-	})))
+	}), conns: conns}))
 	if err != nil {
 		l.Close()
 		return err
@@ -169,7 +171,7 @@ func (c *contexts) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup
 	}
 	key := selfKey(sandboxID, id)
 	old := c.insock.socks[key]
-	c.insock.socks[key] = &selfSock{dir: dir, server: server}
+	c.insock.socks[key] = &selfSock{dir: dir, server: server, conns: conns}
 	c.insock.mu.Unlock()
 	if old != nil {
 		_ = old.server.Close()
@@ -389,10 +391,15 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 	if err := sb.throttleSelfFork(ctx, int(req.Count)); err != nil {
 		return nil, err
 	}
-	resp, err := s.c.Fork(withSelfFork(ctx), &shimv1.ForkRequest{
+	freq := &shimv1.ForkRequest{
 		Sandbox: s.sandbox, Parent: parent, Count: req.Count, Seal: req.Seal, Net: req.Net,
 		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint, Memory: req.Memory,
-	})
+	}
+	if req.Memory && req.FromCheckpoint == "" && parent == s.self {
+		// The caller is among the processes to copy (selfmemfork.go).
+		return s.forkSelfLater(ctx, freq)
+	}
+	resp, err := s.c.Fork(withSelfFork(ctx), freq)
 	if err != nil {
 		return nil, err
 	}

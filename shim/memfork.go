@@ -87,11 +87,20 @@ func (c *contexts) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bct
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
 func (c *contexts) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx, initPid int, what string, sharedNet bool) error {
-	if isSelfFork(ctx) {
+	if isSelfFork(ctx) && !isLiveSelfMemory(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
-		// be given.
+		// be given. (A fork of the caller's own context is made after
+		// the call instead: selfmemfork.go.)
 		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; ask for it from outside (branchctl), or fork --from a checkpoint taken with memory: %w", what, errdefs.ErrNotImplemented)
+	}
+	c.insock.mu.Lock()
+	sock := c.insock.socks[selfKey(sb.id, parent.id)]
+	c.insock.mu.Unlock()
+	if sock != nil {
+		if n, _ := sock.conns.count(); n > 0 {
+			return fmt.Errorf("%s: %d connection(s) to its branch socket are open (a `branchctl self` call of one of its processes), which a copy could not be given: %w", what, n, errdefs.ErrFailedPrecondition)
+		}
 	}
 	if parent.id != branch.RootID && parent.container == nil {
 		return fmt.Errorf("%s: it runs on the branch init, whose control connection to the shim cannot be restored; only a branch made by a memory fork can be dumped: %w", what, errdefs.ErrNotImplemented)

@@ -480,7 +480,13 @@ type ForkResponse struct {
 	Branches []*Context             `protobuf:"bytes,1,rep,name=branches,proto3" json:"branches,omitempty"`
 	// A memory fork's figures: how long the parent's processes were stopped
 	// for the dump, the dump's whole time, and the image's size.
-	Memory        *MemoryFork `protobuf:"bytes,2,opt,name=memory,proto3" json:"memory,omitempty"`
+	Memory *MemoryFork `protobuf:"bytes,2,opt,name=memory,proto3" json:"memory,omitempty"`
+	// A memory fork the caller asked for of its own context through the
+	// branch socket is made after the call: the caller closes its
+	// connection (which a copy could not be given) and reads the outcome
+	// from fork-PENDING.json in the socket's directory, where each copy
+	// finds its own (docs/in-sandbox.md).
+	Pending       string `protobuf:"bytes,3,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -527,6 +533,13 @@ func (x *ForkResponse) GetMemory() *MemoryFork {
 		return x.Memory
 	}
 	return nil
+}
+
+func (x *ForkResponse) GetPending() string {
+	if x != nil {
+		return x.Pending
+	}
+	return ""
 }
 
 type MemoryFork struct {
@@ -1737,10 +1750,11 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\n" +
 	"quarantine\x18\x17 \x01(\tR\n" +
 	"quarantine\x12\x16\n" +
-	"\x06memory\x18\x18 \x01(\bR\x06memory\"}\n" +
+	"\x06memory\x18\x18 \x01(\bR\x06memory\"\x97\x01\n" +
 	"\fForkResponse\x126\n" +
 	"\bbranches\x18\x01 \x03(\v2\x1a.branchbox.shim.v1.ContextR\bbranches\x125\n" +
-	"\x06memory\x18\x02 \x01(\v2\x1d.branchbox.shim.v1.MemoryForkR\x06memory\"\x80\x01\n" +
+	"\x06memory\x18\x02 \x01(\v2\x1d.branchbox.shim.v1.MemoryForkR\x06memory\x12\x18\n" +
+	"\apending\x18\x03 \x01(\tR\apending\"\x80\x01\n" +
 	"\n" +
 	"MemoryFork\x12\x19\n" +
 	"\bpause_ns\x18\x01 \x01(\x03R\apauseNs\x12\x17\n" +
