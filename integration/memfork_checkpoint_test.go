@@ -338,8 +338,17 @@ func TestMemorySelfForkLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=live`)
-	out := replIn(t, ctx, env, sc, branch.RootID, 1, `ids=$(branchctl self fork --memory -n 2 2>&1); echo "rc=$? ids=[$(echo $ids)] mem=$mem"`)
+	// A refusal comes back to the caller too, through the outcome: here
+	// a listener, which the copies could not bind beside the sandbox's.
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=live; nc -l -p 8126 >/dev/null 2>&1 & ncpid=$!; echo started`)
+	waitUntil(t, "the listener", 10*time.Second, func() bool {
+		_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err != nil && strings.Contains(err.Error(), "listens on TCP port 8126")
+	})
+	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `out=$(branchctl self fork --memory 2>&1); echo "rc=$? $out"; kill $ncpid; wait $ncpid`); !strings.HasPrefix(got, "rc=1 ") || !strings.Contains(got, "listens on TCP port 8126") {
+		t.Fatalf("self fork --memory with a listener printed %q; want rc=1 naming the listener", got)
+	}
+	out := replIn(t, ctx, env, sc, branch.RootID, 2, `ids=$(branchctl self fork --memory -n 2 2>&1); echo "rc=$? ids=[$(echo $ids)] mem=$mem"`)
 	var a, b string
 	if _, err := fmt.Sscanf(strings.TrimSpace(out), "rc=0 ids=[%s %s", &a, &b); err != nil || !strings.HasSuffix(out, "] mem=live\n") {
 		t.Fatalf("self fork --memory in the sandbox printed %q (%v); want rc=0, two branch ids, mem=live", out, err)
@@ -349,7 +358,7 @@ func TestMemorySelfForkLive(t *testing.T) {
 		// The copy's call returned with no branch, its state the sandbox's.
 		var got string
 		waitUntil(t, "the copy's output of its fork call in branch "+k, 10*time.Second, func() bool {
-			o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.1")
+			o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.2")
 			got = o
 			return code == 0
 		})
@@ -357,14 +366,14 @@ func TestMemorySelfForkLive(t *testing.T) {
 			t.Fatalf("copy in branch %s: its fork call printed %q; want rc=0 ids=[] mem=live", k, got)
 		}
 		// Its socket is its own branch's.
-		if got := replIn(t, ctx, env, sc, k, 2, `branchctl self tree --json | tr -d ' \n' | grep -o '"self":"[0-9]*"'`); got != fmt.Sprintf("\"self\":%q\n", k) {
+		if got := replIn(t, ctx, env, sc, k, 3, `branchctl self tree --json | tr -d ' \n' | grep -o '"self":"[0-9]*"'`); got != fmt.Sprintf("\"self\":%q\n", k) {
 			t.Fatalf("copy in branch %s: self tree says %q", k, got)
 		}
 	}
 	if _, err := sc.Commit(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if got := replIn(t, ctx, env, sc, branch.RootID, 2, `echo "mem=$mem"`); got != "mem=live\n" {
+	if got := replIn(t, ctx, env, sc, branch.RootID, 3, `echo "mem=$mem"`); got != "mem=live\n" {
 		t.Fatalf("sandbox after the commit: %q", got)
 	}
 	assertNoMemoryImages(t, env)
