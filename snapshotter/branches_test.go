@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // sandbox is a root snapshot on a one-layer base, like a container rootfs.
@@ -312,7 +312,7 @@ func TestConcurrentCommitters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	views := map[string]fstree.Tree{}
+	views := map[string]fstest.Tree{}
 	for i, k := range kids {
 		d := mountAt(t, k.Mounts)
 		writeFile(t, filepath.Join(d, "winner"), k.ID)
@@ -320,7 +320,7 @@ func TestConcurrentCommitters(t *testing.T) {
 		if i%2 == 0 {
 			os.Remove(filepath.Join(d, "etc", "base.conf"))
 		}
-		if views[k.ID], err = fstree.Scan(d); err != nil {
+		if views[k.ID], err = fstest.Scan(d); err != nil {
 			t.Fatal(err)
 		}
 		if err := mount.UnmountAll(d, 0); err != nil {
@@ -362,11 +362,11 @@ func TestConcurrentCommitters(t *testing.T) {
 	if got := readFile(t, filepath.Join(p, "winner")); got != winners[0] {
 		t.Fatalf("parent holds %q, winner was %s", got, winners[0])
 	}
-	got, err := fstree.Scan(p)
+	got, err := fstest.Scan(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diffs := fstree.DiffTrees(views[winners[0]], got); len(diffs) > 0 {
+	if diffs := fstest.DiffTrees(views[winners[0]], got); len(diffs) > 0 {
 		t.Fatalf("parent differs from the winner %s: %v", winners[0], diffs)
 	}
 	entries, _ := os.ReadDir(filepath.Join(s.root, "branches", s.mustID(t, ctx, sb.key)))
