@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Abort: a branch and its descendants discarded, and the parent unsealed when
@@ -141,7 +142,7 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 	}); err != nil || !idle {
 		return err
 	}
-	mounts, err := readOverlayMounts()
+	mounts, err := overlay.ReadTable()
 	if err != nil {
 		return err
 	}
@@ -171,8 +172,8 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 // removeBranchLayer detaches every host mount of a branch's layer and
 // removes its directory. Failures are logged: Cleanup removes whatever a
 // branch no longer owns.
-func (s *Snapshotter) removeBranchLayer(ctx context.Context, mounts mountTable, rootID, id string) {
+func (s *Snapshotter) removeBranchLayer(ctx context.Context, mounts overlay.Table, rootID, id string) {
 	dir := s.branchDir(rootID, id)
-	mounts.detach(ctx, filepath.Join(dir, "fs"))
+	mounts.Detach(ctx, filepath.Join(dir, "fs"))
 	s.discard(ctx, dir)
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Branch layers live beside the snapshots they branch from:
@@ -308,8 +309,8 @@ func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tre
 
 // overlayMountsOrNone reads the overlay mounts; on failure it logs and
 // returns none, so that removals go on (Cleanup detaches what they miss).
-func overlayMountsOrNone(ctx context.Context) mountTable {
-	t, err := readOverlayMounts()
+func overlayMountsOrNone(ctx context.Context) overlay.Table {
+	t, err := overlay.ReadTable()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("read mounts")
 	}
@@ -319,21 +320,21 @@ func overlayMountsOrNone(ctx context.Context) mountTable {
 // setSealed seals or unseals the context n (whose upper is upper) the way
 // its seal was made: its superblock, each recorded mount, or nothing (the
 // caller's seal: its processes were frozen).
-func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, n *branch.Node, sealed bool) error {
+func (s *Snapshotter) setSealed(ctx context.Context, mounts overlay.Table, upper string, n *branch.Node, sealed bool) error {
 	switch n.SealMode {
 	case branch.SealCaller:
 		return nil
 	case branch.SealMounts:
-		return setEachRecorded(ctx, n.SealedMounts, upper, sealed)
+		return overlay.SetEachRecorded(ctx, n.SealedMounts, upper, sealed)
 	}
-	live := mounts.live(upper)
-	if live.target == "" || live.readonly == sealed {
+	live := mounts.Live(upper)
+	if live.Target == "" || live.Readonly == sealed {
 		return nil
 	}
-	if err := remountLive(live, sealed); err != nil {
+	if err := overlay.Remount(live, sealed); err != nil {
 		return err
 	}
-	log.G(ctx).WithFields(log.Fields{"mount": live.target, "sealed": sealed}).Debug("seal changed")
+	log.G(ctx).WithFields(log.Fields{"mount": live.Target, "sealed": sealed}).Debug("seal changed")
 	return nil
 }
 

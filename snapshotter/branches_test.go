@@ -19,6 +19,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/internal/fstest"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // sandbox is a root snapshot on a one-layer base, like a container rootfs.
@@ -246,11 +247,11 @@ func TestReadonlyRootStaysReadonly(t *testing.T) {
 	sb := newSandbox(t, ctx, s, "sb")
 	rm, _ := s.Mounts(ctx, sb.key)
 	p := mountAt(t, rm)
-	live, err := liveMount(upperOf(t, rm))
-	if err != nil || live.target == "" {
+	live, err := overlay.Find(upperOf(t, rm))
+	if err != nil || live.Target == "" {
 		t.Fatalf("find the mount of %s: %v", p, err)
 	}
-	if err := remountLive(live, true); err != nil {
+	if err := overlay.Remount(live, true); err != nil {
 		t.Fatal(err)
 	}
 	kids, err := s.Fork(ctx, sb.ctx(""), 1)
@@ -404,8 +405,8 @@ func TestRemoveRootRemovesTree(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.root, "branches", id)); !os.IsNotExist(err) {
 		t.Fatalf("branch layers survive their root: %v", err)
 	}
-	if m, _ := liveMount(filepath.Join(s.root, "branches", id, kids[1].ID, "fs")); m.target != "" {
-		t.Fatalf("branch still mounted at %s", m.target)
+	if m, _ := overlay.Find(filepath.Join(s.root, "branches", id, kids[1].ID, "fs")); m.Target != "" {
+		t.Fatalf("branch still mounted at %s", m.Target)
 	}
 	if _, err := s.Tree(ctx, sb.root); !errdefs.IsNotFound(err) {
 		t.Fatalf("tree of removed root: %v", err)

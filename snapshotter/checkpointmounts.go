@@ -8,10 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // CheckpointMounts returns a read-only mount of the state of checkpoint

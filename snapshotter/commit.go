@@ -17,6 +17,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/apply"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Commit: first commit wins; checked, decided by a synced record, applied
@@ -277,7 +278,7 @@ func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSn
 	awaitSeal()
 	// Read once: the losers' entries are the only ones that go stale, and
 	// nothing below asks about them again.
-	mounts, mountsErr := readOverlayMounts()
+	mounts, mountsErr := overlay.ReadTable()
 	if err := <-synced; err != nil {
 		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
@@ -315,7 +316,7 @@ func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSn
 // mounts is the overlay mount table, or nil to read it here; tree is the
 // branch tree as the decision left it, or nil to read it here. It returns
 // the tree as the commit leaves it, with no tombstones.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (_ *branch.Tree, retErr error) {
+func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts overlay.Table, tree *branch.Tree) (_ *branch.Tree, retErr error) {
 	if tree == nil {
 		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 			tree, err = loadTree(tx, r.id())
@@ -337,7 +338,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	clean := !resume || s.undone.isClean(r.id(), id)
 	var (
 		journal *apply.Journal
-		live    liveMountInfo
+		live    overlay.Live
 	)
 	defer func() {
 		if journal != nil {
@@ -352,7 +353,7 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 			s.undone.set(r.id(), id, clean)
 			return
 		}
-		if err := s.restoreParent(ctx, journal, live.target); err != nil {
+		if err := s.restoreParent(ctx, journal, live.Target); err != nil {
 			s.undone.set(r.id(), id, false)
 			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
 			retErr = fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", retErr, contextName(n.Parent), err)
@@ -370,25 +371,25 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		// Unmount the winner wherever the host sees it, then apply.
 		if mounts == nil {
 			var err error
-			if mounts, err = readOverlayMounts(); err != nil {
+			if mounts, err = overlay.ReadTable(); err != nil {
 				return nil, err
 			}
 		}
-		mounts.detach(ctx, upper)
+		mounts.Detach(ctx, upper)
 		j := s.newJournal(r.id(), id, parentUpper)
 		journal = j
-		live = mounts.live(parentUpper)
-		if live.target != "" {
+		live = mounts.Live(parentUpper)
+		if live.Target != "" {
 			if p := tree.Nodes[n.Parent]; p.SealedByUs {
 				if err := s.setSealed(ctx, mounts, parentUpper, p, false); err != nil {
-					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
+					return nil, fmt.Errorf("unseal parent at %s: %w", live.Target, err)
 				}
 			}
-			if err := s.rollbackForCommit(ctx, r, tree, n, live.target, j); err != nil {
+			if err := s.rollbackForCommit(ctx, r, tree, n, live.Target, j); err != nil {
 				return nil, err
 			}
-			if err := applyLayer(ctx, upper, live.target, parentUpper, resume, j); err != nil {
-				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
+			if err := applyLayer(ctx, upper, live.Target, parentUpper, resume, j); err != nil {
+				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.Target, err)
 			}
 		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume, j); err != nil {
 			return nil, err

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -16,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Fork: children over a context's state (or a checkpoint's), and the seal of
@@ -59,7 +59,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 	}
 	defer s.locks.lock(r.id())()
 	parentUpper := s.contextUpper(r.id(), parent)
-	live, err := s.live.find(parentUpper)
+	live, err := s.live.Find(parentUpper)
 	if err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
@@ -137,7 +137,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 		s.fault(FaultForkDirs)
 		// Only a mount that was writable is ours to seal and later unseal: a
 		// read-only rootfs stays read-only.
-		if live.target != "" && !live.readonly && !wasSealed {
+		if live.Target != "" && !live.Readonly && !wasSealed {
 			p := tree.Nodes[parent]
 			p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
 			if o.parentFrozen {
@@ -154,7 +154,7 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 
 	if p := tree.Nodes[parent]; p.SealedByUs && !wasSealed && p.SealMode == branch.SealSuperblock {
 		err := s.sealSuperblock(ctx, r.id(), live)
-		if errors.Is(err, errSuperblockBusy) {
+		if errors.Is(err, overlay.ErrSuperblockBusy) {
 			err = s.sealEachMount(ctx, r, parent, c.String())
 		}
 		if err != nil {
@@ -174,56 +174,14 @@ func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, fro
 }
 
 // sealSuperblock makes the superblock of the overlay mounted at live
-// read-only, which reaches every mount of it (the container's own root in
-// its mount namespace, and any copy of that namespace). The caller holds
-// the lock of root id.
-//
-// The remount first checks that no mount of the superblock has a file open
-// for writing and from then on refuses every write; then overlayfs makes it
-// sync the whole upper filesystem (0.2 ms to several here), which a seal
-// does not need. So the remount runs on a seal thread (sealthreads_linux.go)
-// and sealSuperblock returns as soon as a probe write through live.target
-// is refused, or with the remount's error if it fails first. The root's
-// lock is not taken again (nor is the tree remounted) before the remount
-// ends.
-func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live liveMountInfo) error {
-	run := s.seals.remount(ctx, live)
-	probed := false
-wait:
-	for spin := 0; ; spin++ {
-		// The seal thread runs on this CPU when this thread yields it, and
-		// gives it back once its remount blocks, past the read-only point
-		// (sealthreads_linux.go). One that has not issued the remount soon
-		// is waiting for a P, both being busy: yield this one to it.
-		switch {
-		case spin >= 400:
-			time.Sleep(50 * time.Microsecond)
-		case !run.issued.Load() && spin >= 4:
-			runtime.Gosched()
-		default:
-			yieldCPU()
-		}
-		if !run.issued.Load() {
-			continue
-		}
-		select {
-		case err := <-run.result:
-			run.settle()
-			run.release()
-			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
-				// The probe itself may have been the writer the remount saw:
-				// try once more without it.
-				err = remountLive(live, true)
-			}
-			return err
-		default:
-		}
-		if probeRefused(live.target) {
-			break wait
-		}
-		probed = true
+// read-only (overlay.SealThreads.Seal). The caller holds the lock of root
+// id; the remount's sync may go on after it returns, and the root's lock is
+// not taken again (nor is the tree remounted) before it ends.
+func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live overlay.Live) error {
+	run, err := s.seals.Seal(ctx, live)
+	if run == nil {
+		return err
 	}
-	run.settle()
 	done := make(chan struct{})
 	s.locks.sealing(id, done)
 	ctx = context.WithoutCancel(ctx)
@@ -231,11 +189,8 @@ wait:
 	go func() {
 		defer s.sealWG.Done()
 		defer close(done)
-		err := <-run.result
-		run.release()
-		if err != nil {
-			// Past the writer check only an I/O error can fail it.
-			log.G(ctx).WithError(err).WithField("mount", live.target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
+		if err := run.Finish(); err != nil {
+			log.G(ctx).WithError(err).WithField("mount", live.Target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
 		}
 	}()
 	return nil

@@ -19,6 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Recovery at start: decided operations of every branch tree finished or
@@ -90,14 +91,14 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 	}); err != nil || t == nil {
 		return err
 	}
-	mounts, err := readOverlayMounts()
+	mounts, err := overlay.ReadTable()
 	if err != nil {
 		return err
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
 			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
-			if errors.Is(err, errSuperblockBusy) {
+			if errors.Is(err, overlay.ErrSuperblockBusy) {
 				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
 			}
 			if err != nil {
@@ -145,7 +146,7 @@ func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, 
 		}
 	}
 	for _, o := range orphans {
-		detachMountsUsing(ctx, o)
+		overlay.DetachUnder(ctx, o)
 	}
 	return orphans, nil
 }

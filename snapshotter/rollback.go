@@ -129,11 +129,11 @@ func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name s
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
 func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := s.live.find(s.contextUpper(r.id(), id))
+	live, err := s.live.Find(s.contextUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
-	if live.target == "" {
+	if live.Target == "" {
 		target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 		if err := os.MkdirAll(target, 0o700); err != nil {
 			return err
@@ -152,10 +152,10 @@ func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *b
 		}()
 		return fn(target)
 	}
-	if live.readonly {
-		return fmt.Errorf("context %s is mounted read-only at %s: %w", id, live.target, errdefs.ErrFailedPrecondition)
+	if live.Readonly {
+		return fmt.Errorf("context %s is mounted read-only at %s: %w", id, live.Target, errdefs.ErrFailedPrecondition)
 	}
-	return fn(live.target)
+	return fn(live.Target)
 }
 
 // rollbackThrough makes target (a merged view of context id) show

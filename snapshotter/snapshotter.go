@@ -33,6 +33,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Snapshotter is an overlayfs snapshotter. It implements
@@ -44,16 +45,16 @@ type Snapshotter struct {
 	lock       *rootLock
 	options    []string
 	locks      rootLocks
-	live       liveMounts // where contexts are mounted (livecache_linux.go)
+	live       overlay.LiveCache // where contexts are mounted
 	faultHook  func(point string)
 	trashSeq   atomic.Uint64
-	trashWG    sync.WaitGroup // background removals of discarded layers and commit journals
-	sealWG     sync.WaitGroup // background seals of forked parents' superblocks
-	commitWG   sync.WaitGroup // decided commits being carried through; a caller may have gone
-	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
-	journalSeq atomic.Uint64  // names the journals of commit attempts
-	seals      sealThreads    // the threads that run those seals' remounts
-	idmapMu    sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
+	trashWG    sync.WaitGroup      // background removals of discarded layers and commit journals
+	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks
+	commitWG   sync.WaitGroup      // decided commits being carried through; a caller may have gone
+	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)
+	journalSeq atomic.Uint64       // names the journals of commit attempts
+	seals      overlay.SealThreads // the threads that run those seals' remounts
+	idmapMu    sync.Mutex          // serializes the mounting of id-mapped views (idmap_linux.go)
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
@@ -385,7 +386,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 func (s *Snapshotter) Close() error {
 	s.commitWG.Wait()
 	s.sealWG.Wait()
-	s.seals.close()
+	s.seals.Close()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()

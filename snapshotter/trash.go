@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // trashDir, in the snapshotter's root, holds discarded layers until they
@@ -51,7 +53,7 @@ func (s *Snapshotter) emptyTrash(ctx context.Context) error {
 	}
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
-		detachMountsUsing(ctx, p)
+		overlay.DetachUnder(ctx, p)
 		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("remove discarded layer %s: %w", p, err)
 		}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"github.com/branchbox/branchbox/branch"
@@ -16,7 +16,7 @@ const maxWriters = 32
 // mappings of the superblock's device are looked for: a mapping keeps its
 // file open after its descriptor is closed. Only called once a seal was
 // refused; it costs a few syscalls per open file on the machine.
-func findWriters(ms []nsMount) []branch.Writer {
+func findWriters(ms []NSMount) []branch.Writer {
 	if len(ms) == 0 {
 		return nil
 	}
