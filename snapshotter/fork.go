@@ -31,146 +31,192 @@ func (s *Snapshotter) Fork(ctx context.Context, c branch.Ref, count int) ([]bran
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
 func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
-	var o forkOptions
+	f := &fork{c: c, count: count, from: from}
 	for _, opt := range opts {
-		opt(&o)
+		opt(&f.opts)
 	}
 	if count < 1 || count > 1024 {
 		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
 	}
-	var (
-		r       rootSnap
-		parent  string
-		kids    []string
-		tree    *branch.Tree
-		created []string
-		// wasSealed: the parent had live children already, and is sealed.
-		wasSealed bool
-	)
 	// Resolve first, unlocked, to learn which root to lock.
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
-		r, parent, err = s.resolve(ctx, c)
+		f.r, f.parent, err = s.resolve(ctx, c)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
-	if err := s.usable(r); err != nil {
+	if err := s.usable(f.r); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
-	defer s.locks.lock(r.id())()
-	parentUpper := s.contextUpper(r.id(), parent)
-	live, err := s.live.Find(parentUpper)
-	if err != nil {
+	defer s.locks.lock(f.r.id())()
+	f.parentUpper = s.contextUpper(f.r.id(), f.parent)
+	var err error
+	if f.live, err = s.live.Find(f.parentUpper); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
 
 	defer func() {
 		if retErr != nil {
-			for _, d := range created {
+			for _, d := range f.created {
 				if err := os.RemoveAll(d); err != nil {
 					log.G(ctx).WithError(err).WithField("path", d).Warn("remove directory of failed fork; Cleanup will retry")
 				}
 			}
 		}
 	}()
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		if r, parent, err = s.resolve(ctx, c); err != nil {
-			return err
-		}
-		if tree, err = loadTree(tx, r.id()); err != nil {
-			return err
-		}
-		if tree == nil {
-			tree = branch.NewTree(r.key, time.Now())
-		}
-		if tree.Depth(parent) >= maxDepth {
-			return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
-		}
-		wasSealed = tree.Sealed(parent)
-		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
-			return err
-		}
-		if from != "" {
-			d, err := loadCheckpoints(tx, r.id())
-			if err != nil {
-				return err
-			}
-			ck := d.Checkpoints[from]
-			if ck == nil {
-				return fmt.Errorf("no checkpoint named %q in %s: %w", from, branch.DisplayKey(r.key), errdefs.ErrNotFound)
-			}
-			if ck.Context != parent {
-				return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", from, ck.Context, parent, errdefs.ErrInvalidArgument)
-			}
-			for _, id := range kids {
-				tree.Nodes[id].FromCheckpoint = from
-				tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
-			}
-		}
-		// The children's mounts name the id-mapped view; made inside the
-		// transaction, which keeps the reaper (that would take a root
-		// without a tree for an orphan) out until the tree is stored.
-		if err := s.ensureIDMapView(ctx, r); err != nil {
-			return err
-		}
-		uid, gid, err := ownerOf(parentUpper)
-		if err != nil {
-			return err
-		}
-		for _, id := range kids {
-			dir := s.branchDir(r.id(), id)
-			created = append(created, dir)
-			if err := makeBranchDir(dir, uid, gid); err != nil {
-				return err
-			}
-		}
-		if from != "" {
-			// The root of the merged view shows the upper's own root: give
-			// it the checkpoint's.
-			top := filepath.Join(s.checkpointDir(r.id(), tree.Nodes[kids[0]].CheckpointLayers[0]), "fs")
-			for _, id := range kids {
-				if err := copyDirAttrs(top, s.contextUpper(r.id(), id)); err != nil {
-					return err
-				}
-			}
-		}
-		s.fault(FaultForkDirs)
-		// Only a mount that was writable is ours to seal and later unseal: a
-		// read-only rootfs stays read-only.
-		if live.Target != "" && !live.Readonly && !wasSealed {
-			p := tree.Nodes[parent]
-			p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
-			if o.parentFrozen {
-				p.SealMode = branch.SealCaller
-			}
-		}
-		return storeTree(tx, r.id(), tree)
-	})
-	if err != nil {
+	if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		return s.recordFork(ctx, tx, f)
+	}); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
-	created = nil
+	f.created = nil
 	s.fault(FaultForkCommitted)
 
-	if p := tree.Nodes[parent]; p.SealedByUs && !wasSealed && p.SealMode == branch.SealSuperblock {
-		err := s.sealSuperblock(ctx, r.id(), live)
-		if errors.Is(err, overlay.ErrSuperblockBusy) {
-			err = s.sealEachMount(ctx, r, parent, c.String())
-		}
-		if err != nil {
-			// Undo: the children never existed for anyone.
-			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
-				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
-			}
-			return nil, fmt.Errorf("fork %s: seal the parent: %w", c, err)
-		}
+	if err := s.sealForked(ctx, f); err != nil {
+		return nil, err
 	}
-	out := make([]branch.Info, len(kids))
-	for i, id := range kids {
-		out[i] = branch.Info{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
+	out := make([]branch.Info, len(f.kids))
+	for i, id := range f.kids {
+		out[i] = branch.Info{Node: *f.tree.Nodes[id], Mounts: s.contextMounts(f.r, f.tree, id, false)}
 	}
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
+	log.G(ctx).WithFields(log.Fields{"root": f.r.key, "parent": f.parent, "children": f.kids}).Info("forked")
 	return out, nil
+}
+
+// fork is one ForkFrom under way.
+type fork struct {
+	c     branch.Ref
+	count int
+	from  string // the checkpoint forked from, if any
+	opts  forkOptions
+
+	r           rootSnap
+	parent      string
+	parentUpper string
+	live        overlay.Live // the parent's live mount, read before the fork
+	tree        *branch.Tree
+	kids        []string
+	created     []string // branch directories made, removed if the fork fails
+	// wasSealed: the parent had live children already, and is sealed.
+	wasSealed bool
+}
+
+// recordFork adds f's children to the tree in tx and makes their
+// directories: the fork becomes real when tx commits.
+func (s *Snapshotter) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err error) {
+	if f.r, f.parent, err = s.resolve(ctx, f.c); err != nil {
+		return err
+	}
+	if f.tree, err = loadTree(tx, f.r.id()); err != nil {
+		return err
+	}
+	if f.tree == nil {
+		f.tree = branch.NewTree(f.r.key, time.Now())
+	}
+	tree, parent := f.tree, f.parent
+	if tree.Depth(parent) >= maxDepth {
+		return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", f.c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
+	}
+	f.wasSealed = tree.Sealed(parent)
+	if f.kids, err = tree.Fork(parent, f.count, time.Now()); err != nil {
+		return err
+	}
+	if f.from != "" {
+		if err := forkFromCheckpoint(tx, f); err != nil {
+			return err
+		}
+	}
+	if err := s.makeForkDirs(ctx, f); err != nil {
+		return err
+	}
+	s.fault(FaultForkDirs)
+	// Only a mount that was writable is ours to seal and later unseal: a
+	// read-only rootfs stays read-only.
+	if f.live.Target != "" && !f.live.Readonly && !f.wasSealed {
+		p := tree.Nodes[parent]
+		p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
+		if f.opts.parentFrozen {
+			p.SealMode = branch.SealCaller
+		}
+	}
+	return storeTree(tx, f.r.id(), tree)
+}
+
+// forkFromCheckpoint stacks f's children on the checkpoint f.from, which
+// must be one of the forked context's own.
+func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
+	d, err := loadCheckpoints(tx, f.r.id())
+	if err != nil {
+		return err
+	}
+	ck := d.Checkpoints[f.from]
+	if ck == nil {
+		return fmt.Errorf("no checkpoint named %q in %s: %w", f.from, branch.DisplayKey(f.r.key), errdefs.ErrNotFound)
+	}
+	if ck.Context != f.parent {
+		return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", f.from, ck.Context, f.parent, errdefs.ErrInvalidArgument)
+	}
+	for _, id := range f.kids {
+		f.tree.Nodes[id].FromCheckpoint = f.from
+		f.tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
+	}
+	return nil
+}
+
+// makeForkDirs makes the directories of f's children, owned as the
+// parent's upper is, recording each in f.created.
+func (s *Snapshotter) makeForkDirs(ctx context.Context, f *fork) error {
+	// The children's mounts name the id-mapped view; made inside the
+	// transaction, which keeps the reaper (that would take a root
+	// without a tree for an orphan) out until the tree is stored.
+	if err := s.ensureIDMapView(ctx, f.r); err != nil {
+		return err
+	}
+	uid, gid, err := ownerOf(f.parentUpper)
+	if err != nil {
+		return err
+	}
+	for _, id := range f.kids {
+		dir := s.branchDir(f.r.id(), id)
+		f.created = append(f.created, dir)
+		if err := makeBranchDir(dir, uid, gid); err != nil {
+			return err
+		}
+	}
+	if f.from != "" {
+		// The root of the merged view shows the upper's own root: give
+		// it the checkpoint's.
+		top := filepath.Join(s.checkpointDir(f.r.id(), f.tree.Nodes[f.kids[0]].CheckpointLayers[0]), "fs")
+		for _, id := range f.kids {
+			if err := copyDirAttrs(top, s.contextUpper(f.r.id(), id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sealForked seals the parent of a recorded fork if the fork made it ours
+// to seal: its superblock, else (a file unlinked while open) each of its
+// mounts. If the seal fails the children are aborted, as if they had
+// never been.
+func (s *Snapshotter) sealForked(ctx context.Context, f *fork) error {
+	p := f.tree.Nodes[f.parent]
+	if !p.SealedByUs || f.wasSealed || p.SealMode != branch.SealSuperblock {
+		return nil
+	}
+	err := s.sealSuperblock(ctx, f.r.id(), f.live)
+	if errors.Is(err, overlay.ErrSuperblockBusy) {
+		err = s.sealEachMount(ctx, f.r, f.parent, f.c.String())
+	}
+	if err != nil {
+		// Undo: the children never existed for anyone.
+		if uerr := s.abortAll(ctx, f.r, f.kids); uerr != nil {
+			log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
+		}
+		return fmt.Errorf("fork %s: seal the parent: %w", f.c, err)
+	}
+	return nil
 }
 
 // sealSuperblock makes the superblock of the overlay mounted at live
