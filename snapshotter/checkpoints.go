@@ -128,34 +128,11 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	defer unlock()
-	var (
-		prev   layer.Manifest
-		parent *checkpointRecord
-		seq    uint64
-	)
-	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		tree, d, err := s.loadBoth(tx, r)
-		if err != nil {
-			return err
-		}
-		if _, err := tree.Get(id); err != nil {
-			return err
-		}
-		if id == branch.RootID && len(r.snap.ParentIDs) == 0 {
-			return fmt.Errorf("%s has no parent layers (a bind mount, not an overlay): %w", c, errdefs.ErrNotImplemented)
-		}
-		if _, ok := d.Checkpoints[name]; ok {
-			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
-		}
-		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
-			parent = p
-		}
-		seq = d.Next
-		return nil
-	})
+	parent, seq, err := s.checkpointBaseOf(ctx, c, r, id, name)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
+	var prev layer.Manifest
 	if parent != nil {
 		if prev, err = layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), parent.Seq), "manifest")); err != nil {
 			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
@@ -183,18 +160,9 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
-	st, err := layer.Write(ctx, layer.Source{Root: upper}, changes, filepath.Join(tmp, "fs"))
+	st, memBytes, err := writeCheckpointLayer(ctx, upper, changes, cur, o.MemoryDir, tmp)
 	if err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: copy changes: %w", c, name, err)
-	}
-	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
-	}
-	var memBytes int64
-	if o.MemoryDir != "" {
-		if memBytes, err = copyMemoryImage(o.MemoryDir, filepath.Join(tmp, memoryDir)); err != nil {
-			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: keep the memory image of its processes: %w", c, name, err)
-		}
 	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
@@ -205,7 +173,19 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
 	}
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	if err := s.recordCheckpoint(ctx, r, id, rec); err != nil {
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+	}
+	s.fault(FaultCheckpointRecorded)
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
+	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
+}
+
+// checkpointBaseOf checks that context id of r can take a checkpoint
+// named name, and returns the checkpoint the new one records its changes
+// against (its head, unless that chain is full) and the new one's number.
+func (s *Snapshotter) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
 			return err
@@ -213,20 +193,61 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 		if _, err := tree.Get(id); err != nil {
 			return err
 		}
-		if _, ok := d.Checkpoints[name]; ok || d.Next != seq {
+		if id == branch.RootID && len(r.snap.ParentIDs) == 0 {
+			return fmt.Errorf("%s has no parent layers (a bind mount, not an overlay): %w", c, errdefs.ErrNotImplemented)
+		}
+		if _, ok := d.Checkpoints[name]; ok {
+			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
+		}
+		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
+			parent = p
+		}
+		seq = d.Next
+		return nil
+	})
+	return parent, seq, err
+}
+
+// writeCheckpointLayer writes, in tmp (with its empty fs), the layer of
+// changes of upper and the manifest cur, and a copy of the memory image in
+// the directory image if one is given.
+func writeCheckpointLayer(ctx context.Context, upper string, changes []layer.Change, cur layer.Manifest, image string, tmp string) (layer.Stats, int64, error) {
+	st, err := layer.Write(ctx, layer.Source{Root: upper}, changes, filepath.Join(tmp, "fs"))
+	if err != nil {
+		return layer.Stats{}, 0, fmt.Errorf("copy changes: %w", err)
+	}
+	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
+		return layer.Stats{}, 0, err
+	}
+	var memBytes int64
+	if image != "" {
+		if memBytes, err = copyMemoryImage(image, filepath.Join(tmp, memoryDir)); err != nil {
+			return layer.Stats{}, 0, fmt.Errorf("keep the memory image of its processes: %w", err)
+		}
+	}
+	return st, memBytes, nil
+}
+
+// recordCheckpoint records rec, a checkpoint of context id of r whose
+// layer is in place, as that context's head, unless the checkpoints
+// changed since its number was taken.
+func (s *Snapshotter) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
+	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		tree, d, err := s.loadBoth(tx, r)
+		if err != nil {
+			return err
+		}
+		if _, err := tree.Get(id); err != nil {
+			return err
+		}
+		if _, ok := d.Checkpoints[rec.Name]; ok || d.Next != rec.Seq {
 			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", branch.DisplayKey(r.key), errdefs.ErrAborted)
 		}
-		d.Checkpoints[name] = rec
-		d.Heads[id] = name
+		d.Checkpoints[rec.Name] = rec
+		d.Heads[id] = rec.Name
 		d.Next++
 		return storeCheckpoints(tx, r.id(), d)
 	})
-	if err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
-	}
-	s.fault(FaultCheckpointRecorded)
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
-	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
 }
 
 // loadBoth reads the branch tree (a new one if none) and the checkpoints of r.
