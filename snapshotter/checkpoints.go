@@ -65,7 +65,7 @@ const (
 // lowerDirs is the lower stack of a context, top first: a branch's
 // parent's upper (or, forked from a checkpoint, that checkpoint's layers)
 // over its parent's lowers; the root snapshot's own parent layers.
-func (s *Snapshotter) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
+func (s *Branches) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
 	var out []string
 	for n := t.Nodes[id]; n != nil && n.ID != branch.RootID; n = t.Nodes[n.Parent] {
 		if len(n.CheckpointLayers) > 0 {
@@ -98,7 +98,7 @@ func validCheckpointName(name string) error {
 
 // lockedContext resolves c, locks its root and returns what the operation
 // needs; the caller must call unlock.
-func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
+func (s *Branches) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
 		return err
@@ -115,7 +115,7 @@ func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap
 // (unique among the checkpoints of its root). A running context is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
-func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
+func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
 	if err := validCheckpointName(name); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -184,7 +184,7 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 // checkpointBaseOf checks that context id of r can take a checkpoint
 // named name, and returns the checkpoint the new one records its changes
 // against (its head, unless that chain is full) and the new one's number.
-func (s *Snapshotter) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
+func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -231,7 +231,7 @@ func writeCheckpointLayer(ctx context.Context, upper string, changes []layer.Cha
 // recordCheckpoint records rec, a checkpoint of context id of r whose
 // layer is in place, as that context's head, unless the checkpoints
 // changed since its number was taken.
-func (s *Snapshotter) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
+func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
 	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -251,7 +251,7 @@ func (s *Snapshotter) recordCheckpoint(ctx context.Context, r rootSnap, id strin
 }
 
 // loadBoth reads the branch tree (a new one if none) and the checkpoints of r.
-func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpointDoc, error) {
+func (s *Branches) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpointDoc, error) {
 	tree, err := loadTree(tx, r.id())
 	if err != nil {
 		return nil, nil, err
@@ -265,7 +265,7 @@ func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpoi
 
 // Checkpoints lists the checkpoints of a root snapshot's contexts, oldest
 // first.
-func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
+func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
 	var out []branch.Checkpoint
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, _, err := s.resolve(ctx, branch.Ref{Root: root})
@@ -292,7 +292,7 @@ func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]bran
 	return out, nil
 }
 
-func (s *Snapshotter) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
+func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
 	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
 	if c.MemoryBytes > 0 {
 		info.MemoryBytes = c.MemoryBytes
@@ -320,7 +320,7 @@ func (s *Snapshotter) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpoi
 // refused while a live branch is forked from it or a rollback to it is under
 // way. Checkpoints built on it keep its layer (their chains stack it) until
 // the last of them is deleted or ends.
-func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
+func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
 	r, _, unlock, err := s.lockContext(ctx, branch.Ref{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)

@@ -37,7 +37,7 @@ import (
 // fail, the parent is put back as it was (commitundo.go) and the branch
 // stays committing: calling commit again applies it anew, aborting it
 // abandons it. A crash after the decision is completed by recovery.
-func (s *Snapshotter) CommitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
+func (s *Branches) CommitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := s.commitBranch(ctx, c)
 		// The branch became a live leaf after the check was skipped, or its
@@ -64,7 +64,7 @@ type checked struct {
 	err    error
 }
 
-func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
+func (s *Branches) commitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
 	var d commitDecision
 	// Unlocked: which root to lock, and the check of a live leaf (it reads
 	// only what cannot change while the branch is a live leaf; the
@@ -126,7 +126,7 @@ type commitDecision struct {
 // commit the recovery could not complete is retried here, as its error
 // said it would be. If it recovers the commit is checked again
 // (errCheckAgain), so that a completed commit answers with its result.
-func (s *Snapshotter) retryQuarantinedCommit(ctx context.Context, c branch.Ref, r rootSnap) error {
+func (s *Branches) retryQuarantinedCommit(ctx context.Context, c branch.Ref, r rootSnap) error {
 	if s.quarantined.cause(r.id()) == nil {
 		return nil
 	}
@@ -146,7 +146,7 @@ func (s *Snapshotter) retryQuarantinedCommit(ctx context.Context, c branch.Ref, 
 // resumes a commit decided before, answers one committed meanwhile, and
 // takes the pre-decision check's refusal only while that check still
 // holds.
-func (s *Snapshotter) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Ref, check *checked, d *commitDecision) (err error) {
+func (s *Branches) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Ref, check *checked, d *commitDecision) (err error) {
 	if d.r, d.id, err = s.resolve(ctx, c); err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func (s *Snapshotter) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Re
 // carryOutDecided carries a decided commit through on a context the
 // caller cannot end, holding the root's lock (unlock releases it) until
 // done. A caller that goes away first is told the commit goes on.
-func (s *Snapshotter) carryOutDecided(ctx context.Context, c branch.Ref, d commitDecision, unlock func(), awaitSeal func()) (CommitResult, error) {
+func (s *Branches) carryOutDecided(ctx context.Context, c branch.Ref, d commitDecision, unlock func(), awaitSeal func()) (CommitResult, error) {
 	type outcome struct {
 		res CommitResult
 		err error
@@ -223,7 +223,7 @@ func (s *Snapshotter) carryOutDecided(ctx context.Context, c branch.Ref, d commi
 // branch that was committed already it returns that commit's result
 // instead. Anything else (a stale or committing branch, one with children)
 // is left to the decision to answer.
-func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootSnap, id *string) (*CommitResult, *checked, error) {
+func (s *Branches) commitPrecheck(ctx context.Context, c branch.Ref, r *rootSnap, id *string) (*CommitResult, *checked, error) {
 	var (
 		tree  *branch.Tree
 		node  *branch.Node
@@ -265,7 +265,7 @@ func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootS
 
 // committedResult is what the commit of n (committed, a tombstone) did,
 // for a caller that asks again.
-func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
+func (s *Branches) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
 	plan := branch.CommitPlan{Winner: n.ID, Parent: n.Parent, Epoch: n.WinnerEpoch}
 	ended, err := tombstones(tx, r.id())
 	if err != nil {
@@ -286,7 +286,7 @@ func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSn
 
 // carryOutCommit does everything after a commit's decision. The caller
 // holds the root's lock.
-func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
+func (s *Branches) carryOutCommit(ctx context.Context, c branch.Ref, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
 	// Whether the parent is as before if this attempt fails before its
 	// apply changes anything: after a first decision, or after an attempt
 	// that was undone.
@@ -341,7 +341,7 @@ func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSn
 // mounts is the overlay mount table, or nil to read it here; tree is the
 // branch tree as the decision left it, or nil to read it here. It returns
 // the tree as the commit leaves it, with no tombstones.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts overlay.Table, tree *branch.Tree) (_ *branch.Tree, retErr error) {
+func (s *Branches) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts overlay.Table, tree *branch.Tree) (_ *branch.Tree, retErr error) {
 	if tree == nil {
 		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 			tree, err = loadTree(tx, r.id())
@@ -395,7 +395,7 @@ type commitApply struct {
 // its upper to its parent under a journal: through the parent's live mount
 // (unsealed first), else through a temporary mount. mounts is the overlay
 // mount table, or nil to read it here.
-func (s *Snapshotter) applyCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, mounts overlay.Table, a *commitApply) error {
+func (s *Branches) applyCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, mounts overlay.Table, a *commitApply) error {
 	if mounts == nil {
 		var err error
 		if mounts, err = overlay.ReadTable(); err != nil {
@@ -426,7 +426,7 @@ func (s *Snapshotter) applyCommit(ctx context.Context, r rootSnap, tree *branch.
 
 // recordCommitFinished ends the commit of branch id (n) in the tree: the
 // parent takes its place, and is unsealed if it has no live child left.
-func (s *Snapshotter) recordCommitFinished(ctx context.Context, r rootSnap, id string, n *branch.Node) (done *branch.Tree, err error) {
+func (s *Branches) recordCommitFinished(ctx context.Context, r rootSnap, id string, n *branch.Node) (done *branch.Tree, err error) {
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		t, err := loadTree(tx, r.id())
 		if err != nil {
@@ -454,7 +454,7 @@ func (s *Snapshotter) recordCommitFinished(ctx context.Context, r rootSnap, id s
 // if it failed after its apply began, the parent is put back from the
 // journal, and the error says whether the parent is as before (clean: as
 // before this commit's first attempt). The journal is discarded last.
-func (s *Snapshotter) endCommitAttempt(ctx context.Context, r rootSnap, id, parent string, clean bool, a *commitApply, err error) error {
+func (s *Branches) endCommitAttempt(ctx context.Context, r rootSnap, id, parent string, clean bool, a *commitApply, err error) error {
 	if a.journal != nil {
 		// Discarded after the restore below, which reads it.
 		defer s.discardJournal(ctx, a.journal)
@@ -481,7 +481,7 @@ func (s *Snapshotter) endCommitAttempt(ctx context.Context, r rootSnap, id, pare
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
+func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {

@@ -23,14 +23,14 @@ import (
 
 // Fork makes count children of the context c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
-func (s *Snapshotter) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
+func (s *Branches) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
 	return s.ForkFrom(ctx, c, count, "")
 }
 
 // ForkFrom is Fork; with a checkpoint named (one of c's own), the children
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
-func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
+func (s *Branches) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
 	f := &fork{c: c, count: count, from: from}
 	for _, opt := range opts {
 		opt(&f.opts)
@@ -103,7 +103,7 @@ type fork struct {
 
 // recordFork adds f's children to the tree in tx and makes their
 // directories: the fork becomes real when tx commits.
-func (s *Snapshotter) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err error) {
+func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err error) {
 	if f.r, f.parent, err = s.resolve(ctx, f.c); err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
 
 // makeForkDirs makes the directories of f's children, owned as the
 // parent's upper is, recording each in f.created.
-func (s *Snapshotter) makeForkDirs(ctx context.Context, f *fork) error {
+func (s *Branches) makeForkDirs(ctx context.Context, f *fork) error {
 	// The children's mounts name the id-mapped view; made inside the
 	// transaction, which keeps the reaper (that would take a root
 	// without a tree for an orphan) out until the tree is stored.
@@ -200,7 +200,7 @@ func (s *Snapshotter) makeForkDirs(ctx context.Context, f *fork) error {
 // to seal: its superblock, else (a file unlinked while open) each of its
 // mounts. If the seal fails the children are aborted, as if they had
 // never been.
-func (s *Snapshotter) sealForked(ctx context.Context, f *fork) error {
+func (s *Branches) sealForked(ctx context.Context, f *fork) error {
 	p := f.tree.Nodes[f.parent]
 	if !p.SealedByUs || f.wasSealed || p.SealMode != branch.SealSuperblock {
 		return nil
@@ -223,7 +223,7 @@ func (s *Snapshotter) sealForked(ctx context.Context, f *fork) error {
 // read-only (overlay.SealThreads.Seal). The caller holds the lock of root
 // id; the remount's sync may go on after it returns, and the root's lock is
 // not taken again (nor is the tree remounted) before it ends.
-func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live overlay.Live) error {
+func (s *Branches) sealSuperblock(ctx context.Context, id string, live overlay.Live) error {
 	run, err := s.seals.Seal(ctx, live)
 	if run == nil {
 		return err

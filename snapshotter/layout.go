@@ -15,7 +15,7 @@ import (
 // mounts are the mounts of a snapshot. With an id mapping its image layers
 // are id-mapped (idmap_linux.go); a layer of its own (a bind of an active
 // snapshot without parents) is not, as it holds host ids.
-func (s *Snapshotter) mounts(snap storage.Snapshot, idmap idMapping) []mount.Mount {
+func (s *store) mounts(snap storage.Snapshot, idmap idMapping) []mount.Mount {
 	if len(snap.ParentIDs) == 0 {
 		// overlay needs at least one lower; a base layer is a bind mount.
 		ro := "rw"
@@ -51,11 +51,11 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, idmap idMapping) []mount.Mou
 	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: options}}
 }
 
-func (s *Snapshotter) upperPath(id string) string {
+func (s *store) upperPath(id string) string {
 	return filepath.Join(s.root, "snapshots", id, "fs")
 }
 
-func (s *Snapshotter) workPath(id string) string {
+func (s *store) workPath(id string) string {
 	return filepath.Join(s.root, "snapshots", id, "work")
 }
 

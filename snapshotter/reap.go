@@ -38,7 +38,7 @@ func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
 }
 
 // removeAll removes dirs and returns those it removed.
-func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) []string {
+func (s *store) removeAll(ctx context.Context, dirs []string) []string {
 	var removed []string
 	for _, dir := range dirs {
 		if err := os.RemoveAll(dir); err != nil {

@@ -37,7 +37,7 @@ func clearSeal(n *branch.Node) {
 // recorded in the tree first, so that a crash midway leaves recovery
 // knowing every one of them (setting a flag again, or clearing one that
 // was never set, changes nothing). The caller holds the root's lock.
-func (s *Snapshotter) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
+func (s *Branches) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
 	start := time.Now()
 	all, writable, err := overlay.WritableMounts(s.contextUpper(r.id(), id))
 	if err != nil {

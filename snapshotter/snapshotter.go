@@ -34,24 +34,40 @@ import (
 )
 
 // Snapshotter is an overlayfs snapshotter. It implements
-// snapshots.Snapshotter and snapshots.Cleaner.
+// snapshots.Snapshotter and snapshots.Cleaner; the branch operations on its
+// snapshots are Branches', which it embeds, so that one daemon serves both
+// APIs over the same metadata.
 type Snapshotter struct {
-	root       string
-	ms         *storage.MetaStore
-	bdb        *bolt.DB
-	lock       *rootLock
-	options    []string
+	*store
+	*Branches
+}
+
+// store is what containerd's methods and the branch operations share: the
+// root, its metadata, and the layers' directories.
+type store struct {
+	root      string
+	ms        *storage.MetaStore
+	bdb       *bolt.DB
+	lock      *rootLock
+	options   []string
+	faultHook func(point string)
+	trashSeq  atomic.Uint64
+	trashWG   sync.WaitGroup // background removals of discarded layers and commit journals
+	idmapMu   sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
+}
+
+// Branches are the branch operations on a Snapshotter's snapshots: fork,
+// commit, abort, checkpoints and rollback, their recovery, and the seal of
+// forked parents (docs/snapshotter.md).
+type Branches struct {
+	*store
 	locks      rootLocks
-	live       overlay.LiveCache // where contexts are mounted
-	faultHook  func(point string)
-	trashSeq   atomic.Uint64
-	trashWG    sync.WaitGroup      // background removals of discarded layers and commit journals
+	live       overlay.LiveCache   // where contexts are mounted
 	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks
 	commitWG   sync.WaitGroup      // decided commits being carried through; a caller may have gone
 	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)
 	journalSeq atomic.Uint64       // names the journals of commit attempts
 	seals      overlay.SealThreads // the threads that run those seals' remounts
-	idmapMu    sync.Mutex          // serializes the mounting of id-mapped views (idmap_linux.go)
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
@@ -120,7 +136,8 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		ms.Close()
 		return nil, err
 	}
-	s := &Snapshotter{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
+	st := &store{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
+	s := &Snapshotter{store: st, Branches: &Branches{store: st}}
 	defer func() {
 		if retErr != nil {
 			ms.Close()

@@ -22,7 +22,7 @@ const trashDir = "trash"
 
 // discard moves dir out of the way and removes it in the background. A dir
 // that cannot be moved is removed in place.
-func (s *Snapshotter) discard(ctx context.Context, dir string) {
+func (s *store) discard(ctx context.Context, dir string) {
 	dst := filepath.Join(s.root, trashDir, fmt.Sprintf("%d-%d", time.Now().UnixNano(), s.trashSeq.Add(1)))
 	if err := os.Rename(dir, dst); err != nil {
 		if os.IsNotExist(err) {
@@ -42,7 +42,7 @@ func (s *Snapshotter) discard(ctx context.Context, dir string) {
 }
 
 // emptyTrash removes what discards left unfinished (at start).
-func (s *Snapshotter) emptyTrash(ctx context.Context) error {
+func (s *store) emptyTrash(ctx context.Context) error {
 	dir := filepath.Join(s.root, trashDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
