@@ -207,7 +207,7 @@ check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./shim/brinit/ ./httpapi/ ./mcpserver/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 

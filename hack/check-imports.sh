@@ -27,5 +27,10 @@ forbid "./httpapi/... ./mcpserver/... ./internal/ops/..." "^$m/(shim|snapshotter
 forbid "./client/... ./patterns/..." "^$m/(httpapi|mcpserver|internal/ops)(/|$)" "the clients are below the servers built on them"
 forbid ./branch/... "^$m/(shim|snapshotter|client|patterns|cmd|internal/daemons)(/|$)" "branch/ is the domain core, below everything"
 forbid ./cmd/containerd-shim-branch-v1/... "^go.etcd.io/bbolt$|^$m/snapshotter" "the shim binary links neither bbolt nor the snapshotter"
-forbid "./cmd/..." "^$m/integration(/|$)" "the shipped binaries do not link tests"
+forbid "./cmd/..." "^$m/(integration|internal/fstest)(/|$)" "the shipped binaries do not link tests"
+# branchctl and the clients find a snapshot's root through branch/
+# (RootOfUpper, the layout), never through the snapshotter.
+forbid "./cmd/branchctl/... ./client/..." "^$m/snapshotter(/|$)" "branchctl and the clients reach the snapshotter only through its API"
+# The one /proc scanner sits below the shim and the snapshotter that use it.
+forbid ./internal/procfd/... "^$m/(shim|snapshotter|client|branch|patterns|httpapi|mcpserver|internal/ops|cmd)(/|$)" "internal/procfd is below the shim and the snapshotter"
 exit $bad

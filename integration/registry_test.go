@@ -21,7 +21,7 @@ import (
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // startRegistry starts a registry on loopback for one test and removes it
@@ -44,11 +44,11 @@ func startRegistry(t *testing.T, cfg daemons.RegistryConfig) *daemons.Registry {
 	return reg
 }
 
-// compareAsLayers is fstree.Compare up to what an OCI layer carries:
+// compareAsLayers is fstest.Compare up to what an OCI layer carries:
 // containerd's layer writer keeps mtimes to the second (reproducible
 // layers), and no layer holds the root directory's own mtime.
 func compareAsLayers(a, b string) error {
-	diffs, err := fstree.Diff(a, b)
+	diffs, err := fstest.Diff(a, b)
 	if err != nil {
 		return err
 	}

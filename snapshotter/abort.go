@@ -13,13 +13,14 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Abort: a branch and its descendants discarded, and the parent unsealed when
 // it has no live child left.
 
 // abortAll discards the given branches of r (used to undo a failed fork).
-func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) error {
+func (s *Branches) abortAll(ctx context.Context, r rootSnap, ids []string) error {
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, err := loadTree(tx, r.id())
 		if err != nil || tree == nil {
@@ -50,7 +51,7 @@ func (s *Snapshotter) abortAll(ctx context.Context, r rootSnap, ids []string) er
 // Abort discards branch c and its descendants. Its parent is unsealed when
 // its last child ends. A committing branch whose apply failed and was put
 // back (see CommitBranch) is abandoned: its parent stays as it was.
-func (s *Snapshotter) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
+func (s *Branches) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 	var (
 		r    rootSnap
 		id   string
@@ -127,7 +128,7 @@ func (s *Snapshotter) Abort(ctx context.Context, c branch.Ref) ([]string, error)
 
 // unsealIdle makes writable again every context of r that was sealed by a
 // fork and has no live children left.
-func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
+func (s *Branches) unsealIdle(ctx context.Context, r rootSnap) error {
 	idle := false
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		t, err := loadTree(tx, r.id())
@@ -141,7 +142,7 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 	}); err != nil || !idle {
 		return err
 	}
-	mounts, err := readOverlayMounts()
+	mounts, err := overlay.ReadTable()
 	if err != nil {
 		return err
 	}
@@ -171,8 +172,8 @@ func (s *Snapshotter) unsealIdle(ctx context.Context, r rootSnap) error {
 // removeBranchLayer detaches every host mount of a branch's layer and
 // removes its directory. Failures are logged: Cleanup removes whatever a
 // branch no longer owns.
-func (s *Snapshotter) removeBranchLayer(ctx context.Context, mounts mountTable, rootID, id string) {
+func (s *Branches) removeBranchLayer(ctx context.Context, mounts overlay.Table, rootID, id string) {
 	dir := s.branchDir(rootID, id)
-	mounts.detach(ctx, filepath.Join(dir, "fs"))
+	mounts.Detach(ctx, filepath.Join(dir, "fs"))
 	s.discard(ctx, dir)
 }

@@ -127,7 +127,7 @@ func copyBucket(src, dst *bolt.Bucket) error {
 // transaction of containerd's snapshot metadata in ctx, through which fn
 // resolves snapshots. Only the branch transaction is writable: branch
 // operations never pay for a synced write.
-func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
+func (s *store) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
 	return s.txn(ctx, false, writable, fn)
 }
 
@@ -136,14 +136,14 @@ func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx con
 // and the branch trees together. containerd's metadata commits first: a
 // crash before the branch side commits leaves trees whose root is gone,
 // which recovery deletes.
-func (s *Snapshotter) withMetaTx(ctx context.Context, fn func(ctx context.Context, tx *bolt.Tx) error) error {
+func (s *store) withMetaTx(ctx context.Context, fn func(ctx context.Context, tx *bolt.Tx) error) error {
 	return s.txn(ctx, true, true, fn)
 }
 
 // txn takes the branch database first, then containerd's metadata, always
 // in that order: a bolt writer that grows its file waits for that file's
 // readers, so the two must never be taken the other way round.
-func (s *Snapshotter) txn(ctx context.Context, metaWritable, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
+func (s *store) txn(ctx context.Context, metaWritable, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
 	btx, err := s.bdb.Begin(writable)
 	if err != nil {
 		return fmt.Errorf("begin branch metadata transaction: %w", err)

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Branch layers live beside the snapshots they branch from:
@@ -76,7 +77,7 @@ func WithFaultHook(hook func(point string)) Opt {
 	return func(c *config) { c.fault = hook }
 }
 
-func (s *Snapshotter) fault(point string) {
+func (s *store) fault(point string) {
 	if s.faultHook != nil {
 		s.faultHook(point)
 	}
@@ -93,7 +94,7 @@ func (r rootSnap) id() string { return r.snap.ID }
 
 // resolve finds the root snapshot and the branch a Context names. It must
 // run inside a metadata transaction.
-func (s *Snapshotter) resolve(ctx context.Context, c branch.Ref) (rootSnap, string, error) {
+func (s *Branches) resolve(ctx context.Context, c branch.Ref) (rootSnap, string, error) {
 	var key, fromUpper string
 	switch {
 	case c.Root.Key != "" && c.Root.Upperdir != "":
@@ -150,7 +151,7 @@ func (s *Snapshotter) resolve(ctx context.Context, c branch.Ref) (rootSnap, stri
 // parseUpperdir checks that dir is the upper directory of a snapshot or of a
 // branch in this snapshotter's root, and returns the snapshot id and, for a
 // branch, its id. Only the lexical form is trusted: nothing is followed.
-func (s *Snapshotter) parseUpperdir(dir string) (snapID, branchID string, err error) {
+func (s *Branches) parseUpperdir(dir string) (snapID, branchID string, err error) {
 	bad := func(why string) (string, string, error) {
 		return "", "", fmt.Errorf("upper directory %q %s: %w", dir, why, errdefs.ErrInvalidArgument)
 	}
@@ -167,13 +168,13 @@ func (s *Snapshotter) parseUpperdir(dir string) (snapID, branchID string, err er
 	return snapID, branchID, nil
 }
 
-func (s *Snapshotter) branchDir(rootID, id string) string {
+func (s *store) branchDir(rootID, id string) string {
 	return filepath.Join(s.root, "branches", rootID, id)
 }
 
 // contextUpper is the upper directory of a context: the root snapshot's
 // own, or a branch's.
-func (s *Snapshotter) contextUpper(rootID, id string) string {
+func (s *store) contextUpper(rootID, id string) string {
 	if id == branch.RootID {
 		return s.upperPath(rootID)
 	}
@@ -182,7 +183,7 @@ func (s *Snapshotter) contextUpper(rootID, id string) string {
 
 // contextMounts returns the overlay mount of a context: its upper over its
 // ancestors' uppers over the root snapshot's own layers.
-func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
+func (s *Branches) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
 	if id == branch.RootID {
 		m := s.mounts(r.snap, r.idmap)
 		if readonly {
@@ -206,7 +207,7 @@ func (s *Snapshotter) contextMounts(r rootSnap, t *branch.Tree, id string, reado
 
 // Tree returns the branch tree of a root snapshot: every context still
 // known, with its state, epoch, upper size and age.
-func (s *Snapshotter) Tree(ctx context.Context, root branch.Root) (TreeInfo, error) {
+func (s *Branches) Tree(ctx context.Context, root branch.Root) (TreeInfo, error) {
 	var (
 		r     rootSnap
 		tree  *branch.Tree
@@ -258,7 +259,7 @@ func (s *Snapshotter) Tree(ctx context.Context, root branch.Root) (TreeInfo, err
 
 // BranchMounts returns the mounts of a context. A sealed context's mounts
 // are read-only: its layer is its children's lower.
-func (s *Snapshotter) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Mount, error) {
+func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Mount, error) {
 	var out []mount.Mount
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, id, err := s.resolve(ctx, c)
@@ -290,7 +291,7 @@ func (s *Snapshotter) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.M
 	return out, nil
 }
 
-func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) branch.Info {
+func (s *Branches) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) branch.Info {
 	n := tree.Nodes[id]
 	info := branch.Info{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
@@ -308,8 +309,8 @@ func (s *Snapshotter) describe(ctx context.Context, r rootSnap, tree *branch.Tre
 
 // overlayMountsOrNone reads the overlay mounts; on failure it logs and
 // returns none, so that removals go on (Cleanup detaches what they miss).
-func overlayMountsOrNone(ctx context.Context) mountTable {
-	t, err := readOverlayMounts()
+func overlayMountsOrNone(ctx context.Context) overlay.Table {
+	t, err := overlay.ReadTable()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("read mounts")
 	}
@@ -319,21 +320,21 @@ func overlayMountsOrNone(ctx context.Context) mountTable {
 // setSealed seals or unseals the context n (whose upper is upper) the way
 // its seal was made: its superblock, each recorded mount, or nothing (the
 // caller's seal: its processes were frozen).
-func (s *Snapshotter) setSealed(ctx context.Context, mounts mountTable, upper string, n *branch.Node, sealed bool) error {
+func (s *Branches) setSealed(ctx context.Context, mounts overlay.Table, upper string, n *branch.Node, sealed bool) error {
 	switch n.SealMode {
 	case branch.SealCaller:
 		return nil
 	case branch.SealMounts:
-		return setEachRecorded(ctx, n.SealedMounts, upper, sealed)
+		return overlay.SetEachRecorded(ctx, n.SealedMounts, upper, sealed)
 	}
-	live := mounts.live(upper)
-	if live.target == "" || live.readonly == sealed {
+	live := mounts.Live(upper)
+	if live.Target == "" || live.Readonly == sealed {
 		return nil
 	}
-	if err := remountLive(live, sealed); err != nil {
+	if err := overlay.Remount(live, sealed); err != nil {
 		return err
 	}
-	log.G(ctx).WithFields(log.Fields{"mount": live.target, "sealed": sealed}).Debug("seal changed")
+	log.G(ctx).WithFields(log.Fields{"mount": live.Target, "sealed": sealed}).Debug("seal changed")
 	return nil
 }
 

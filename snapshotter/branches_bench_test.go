@@ -12,12 +12,13 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // makeTree writes files small files, 100 to a directory.

@@ -18,7 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // sandbox is a root snapshot on a one-layer base, like a container rootfs.
@@ -246,11 +247,11 @@ func TestReadonlyRootStaysReadonly(t *testing.T) {
 	sb := newSandbox(t, ctx, s, "sb")
 	rm, _ := s.Mounts(ctx, sb.key)
 	p := mountAt(t, rm)
-	live, err := liveMount(upperOf(t, rm))
-	if err != nil || live.target == "" {
+	live, err := overlay.Find(upperOf(t, rm))
+	if err != nil || live.Target == "" {
 		t.Fatalf("find the mount of %s: %v", p, err)
 	}
-	if err := remountLive(live, true); err != nil {
+	if err := overlay.Remount(live, true); err != nil {
 		t.Fatal(err)
 	}
 	kids, err := s.Fork(ctx, sb.ctx(""), 1)
@@ -312,7 +313,7 @@ func TestConcurrentCommitters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	views := map[string]fstree.Tree{}
+	views := map[string]fstest.Tree{}
 	for i, k := range kids {
 		d := mountAt(t, k.Mounts)
 		writeFile(t, filepath.Join(d, "winner"), k.ID)
@@ -320,7 +321,7 @@ func TestConcurrentCommitters(t *testing.T) {
 		if i%2 == 0 {
 			os.Remove(filepath.Join(d, "etc", "base.conf"))
 		}
-		if views[k.ID], err = fstree.Scan(d); err != nil {
+		if views[k.ID], err = fstest.Scan(d); err != nil {
 			t.Fatal(err)
 		}
 		if err := mount.UnmountAll(d, 0); err != nil {
@@ -362,11 +363,11 @@ func TestConcurrentCommitters(t *testing.T) {
 	if got := readFile(t, filepath.Join(p, "winner")); got != winners[0] {
 		t.Fatalf("parent holds %q, winner was %s", got, winners[0])
 	}
-	got, err := fstree.Scan(p)
+	got, err := fstest.Scan(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diffs := fstree.DiffTrees(views[winners[0]], got); len(diffs) > 0 {
+	if diffs := fstest.DiffTrees(views[winners[0]], got); len(diffs) > 0 {
 		t.Fatalf("parent differs from the winner %s: %v", winners[0], diffs)
 	}
 	entries, _ := os.ReadDir(filepath.Join(s.root, "branches", s.mustID(t, ctx, sb.key)))
@@ -404,8 +405,8 @@ func TestRemoveRootRemovesTree(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.root, "branches", id)); !os.IsNotExist(err) {
 		t.Fatalf("branch layers survive their root: %v", err)
 	}
-	if m, _ := liveMount(filepath.Join(s.root, "branches", id, kids[1].ID, "fs")); m.target != "" {
-		t.Fatalf("branch still mounted at %s", m.target)
+	if m, _ := overlay.Find(filepath.Join(s.root, "branches", id, kids[1].ID, "fs")); m.Target != "" {
+		t.Fatalf("branch still mounted at %s", m.Target)
 	}
 	if _, err := s.Tree(ctx, sb.root); !errdefs.IsNotFound(err) {
 		t.Fatalf("tree of removed root: %v", err)

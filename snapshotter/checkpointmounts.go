@@ -8,17 +8,18 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // CheckpointMounts returns a read-only mount of the state of checkpoint
 // name, one of context c's own: its layers over the context's lowers, as a
 // rollback mounts it. Whoever mounts it (a push, through containerd's diff
 // service) reads the checkpoint's immutable layers, never a live upper.
-func (s *Snapshotter) CheckpointMounts(ctx context.Context, c branch.Ref, name string) ([]mount.Mount, error) {
+func (s *Branches) CheckpointMounts(ctx context.Context, c branch.Ref, name string) ([]mount.Mount, error) {
 	var out []mount.Mount
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, id, err := s.resolve(ctx, c)

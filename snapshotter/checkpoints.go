@@ -65,7 +65,7 @@ const (
 // lowerDirs is the lower stack of a context, top first: a branch's
 // parent's upper (or, forked from a checkpoint, that checkpoint's layers)
 // over its parent's lowers; the root snapshot's own parent layers.
-func (s *Snapshotter) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
+func (s *Branches) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
 	var out []string
 	for n := t.Nodes[id]; n != nil && n.ID != branch.RootID; n = t.Nodes[n.Parent] {
 		if len(n.CheckpointLayers) > 0 {
@@ -98,7 +98,7 @@ func validCheckpointName(name string) error {
 
 // lockedContext resolves c, locks its root and returns what the operation
 // needs; the caller must call unlock.
-func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
+func (s *Branches) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
 		return err
@@ -115,7 +115,7 @@ func (s *Snapshotter) lockContext(ctx context.Context, c branch.Ref) (r rootSnap
 // (unique among the checkpoints of its root). A running context is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
-func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
+func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
 	if err := validCheckpointName(name); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -128,34 +128,11 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	defer unlock()
-	var (
-		prev   layer.Manifest
-		parent *checkpointRecord
-		seq    uint64
-	)
-	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		tree, d, err := s.loadBoth(tx, r)
-		if err != nil {
-			return err
-		}
-		if _, err := tree.Get(id); err != nil {
-			return err
-		}
-		if id == branch.RootID && len(r.snap.ParentIDs) == 0 {
-			return fmt.Errorf("%s has no parent layers (a bind mount, not an overlay): %w", c, errdefs.ErrNotImplemented)
-		}
-		if _, ok := d.Checkpoints[name]; ok {
-			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
-		}
-		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
-			parent = p
-		}
-		seq = d.Next
-		return nil
-	})
+	parent, seq, err := s.checkpointBaseOf(ctx, c, r, id, name)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
+	var prev layer.Manifest
 	if parent != nil {
 		if prev, err = layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), parent.Seq), "manifest")); err != nil {
 			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
@@ -183,18 +160,9 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
-	st, err := layer.Write(ctx, layer.Source{Root: upper}, changes, filepath.Join(tmp, "fs"))
+	st, memBytes, err := writeCheckpointLayer(ctx, upper, changes, cur, o.MemoryDir, tmp)
 	if err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: copy changes: %w", c, name, err)
-	}
-	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
-	}
-	var memBytes int64
-	if o.MemoryDir != "" {
-		if memBytes, err = copyMemoryImage(o.MemoryDir, filepath.Join(tmp, memoryDir)); err != nil {
-			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: keep the memory image of its processes: %w", c, name, err)
-		}
 	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
@@ -205,23 +173,7 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
 	}
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-		tree, d, err := s.loadBoth(tx, r)
-		if err != nil {
-			return err
-		}
-		if _, err := tree.Get(id); err != nil {
-			return err
-		}
-		if _, ok := d.Checkpoints[name]; ok || d.Next != seq {
-			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", branch.DisplayKey(r.key), errdefs.ErrAborted)
-		}
-		d.Checkpoints[name] = rec
-		d.Heads[id] = name
-		d.Next++
-		return storeCheckpoints(tx, r.id(), d)
-	})
-	if err != nil {
+	if err := s.recordCheckpoint(ctx, r, id, rec); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	s.fault(FaultCheckpointRecorded)
@@ -229,8 +181,77 @@ func (s *Snapshotter) Checkpoint(ctx context.Context, c branch.Ref, name string,
 	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
 }
 
+// checkpointBaseOf checks that context id of r can take a checkpoint
+// named name, and returns the checkpoint the new one records its changes
+// against (its head, unless that chain is full) and the new one's number.
+func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		tree, d, err := s.loadBoth(tx, r)
+		if err != nil {
+			return err
+		}
+		if _, err := tree.Get(id); err != nil {
+			return err
+		}
+		if id == branch.RootID && len(r.snap.ParentIDs) == 0 {
+			return fmt.Errorf("%s has no parent layers (a bind mount, not an overlay): %w", c, errdefs.ErrNotImplemented)
+		}
+		if _, ok := d.Checkpoints[name]; ok {
+			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
+		}
+		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
+			parent = p
+		}
+		seq = d.Next
+		return nil
+	})
+	return parent, seq, err
+}
+
+// writeCheckpointLayer writes, in tmp (with its empty fs), the layer of
+// changes of upper and the manifest cur, and a copy of the memory image in
+// the directory image if one is given.
+func writeCheckpointLayer(ctx context.Context, upper string, changes []layer.Change, cur layer.Manifest, image string, tmp string) (layer.Stats, int64, error) {
+	st, err := layer.Write(ctx, layer.Source{Root: upper}, changes, filepath.Join(tmp, "fs"))
+	if err != nil {
+		return layer.Stats{}, 0, fmt.Errorf("copy changes: %w", err)
+	}
+	if err := layer.SaveManifest(filepath.Join(tmp, "manifest"), cur); err != nil {
+		return layer.Stats{}, 0, err
+	}
+	var memBytes int64
+	if image != "" {
+		if memBytes, err = copyMemoryImage(image, filepath.Join(tmp, memoryDir)); err != nil {
+			return layer.Stats{}, 0, fmt.Errorf("keep the memory image of its processes: %w", err)
+		}
+	}
+	return st, memBytes, nil
+}
+
+// recordCheckpoint records rec, a checkpoint of context id of r whose
+// layer is in place, as that context's head, unless the checkpoints
+// changed since its number was taken.
+func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
+	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		tree, d, err := s.loadBoth(tx, r)
+		if err != nil {
+			return err
+		}
+		if _, err := tree.Get(id); err != nil {
+			return err
+		}
+		if _, ok := d.Checkpoints[rec.Name]; ok || d.Next != rec.Seq {
+			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", branch.DisplayKey(r.key), errdefs.ErrAborted)
+		}
+		d.Checkpoints[rec.Name] = rec
+		d.Heads[id] = rec.Name
+		d.Next++
+		return storeCheckpoints(tx, r.id(), d)
+	})
+}
+
 // loadBoth reads the branch tree (a new one if none) and the checkpoints of r.
-func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpointDoc, error) {
+func (s *Branches) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpointDoc, error) {
 	tree, err := loadTree(tx, r.id())
 	if err != nil {
 		return nil, nil, err
@@ -244,7 +265,7 @@ func (s *Snapshotter) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpoi
 
 // Checkpoints lists the checkpoints of a root snapshot's contexts, oldest
 // first.
-func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
+func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
 	var out []branch.Checkpoint
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, _, err := s.resolve(ctx, branch.Ref{Root: root})
@@ -271,7 +292,7 @@ func (s *Snapshotter) Checkpoints(ctx context.Context, root branch.Root) ([]bran
 	return out, nil
 }
 
-func (s *Snapshotter) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
+func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
 	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
 	if c.MemoryBytes > 0 {
 		info.MemoryBytes = c.MemoryBytes
@@ -299,7 +320,7 @@ func (s *Snapshotter) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpoi
 // refused while a live branch is forked from it or a rollback to it is under
 // way. Checkpoints built on it keep its layer (their chains stack it) until
 // the last of them is deleted or ends.
-func (s *Snapshotter) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
+func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
 	r, _, unlock, err := s.lockContext(ctx, branch.Ref{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)

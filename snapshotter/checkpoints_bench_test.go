@@ -10,8 +10,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/branchbox/branchbox/branch"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 var checkpointSizes = []struct {

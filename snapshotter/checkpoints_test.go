@@ -19,7 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // mountCheckpoint mounts checkpoint name (of the sandbox's root context)
@@ -34,18 +34,18 @@ func mountCheckpoint(t *testing.T, ctx context.Context, s *Snapshotter, sb sandb
 	return mountAt(t, ms)
 }
 
-func scan(t *testing.T, dir string) fstree.Tree {
+func scan(t *testing.T, dir string) fstest.Tree {
 	t.Helper()
-	tr, err := fstree.Scan(dir)
+	tr, err := fstest.Scan(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tr
 }
 
-func sameTree(t *testing.T, what string, want fstree.Tree, dir string) {
+func sameTree(t *testing.T, what string, want fstest.Tree, dir string) {
 	t.Helper()
-	if diffs := fstree.DiffTrees(want, scan(t, dir)); len(diffs) > 0 {
+	if diffs := fstest.DiffTrees(want, scan(t, dir)); len(diffs) > 0 {
 		if len(diffs) > 10 {
 			diffs = diffs[:10]
 		}
@@ -95,7 +95,7 @@ func TestCheckpointRollbackExact(t *testing.T) {
 				}
 			}
 			change := func(f func(d string)) { f(view()); done() }
-			want := map[string]fstree.Tree{}
+			want := map[string]fstest.Tree{}
 			checkpoint := func(name string) {
 				t.Helper()
 				want[name] = scan(t, view())
@@ -252,7 +252,7 @@ func TestDeleteMiddleCheckpoint(t *testing.T) {
 	rm, _ := s.Mounts(ctx, sb.key)
 	live := mountAt(t, rm)
 	rootID := mustRootID(t, ctx, s, sb)
-	want := map[string]fstree.Tree{}
+	want := map[string]fstest.Tree{}
 	checkpoint := func(name string) {
 		t.Helper()
 		randomChanges(t, rng, live, 20)

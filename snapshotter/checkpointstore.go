@@ -161,11 +161,11 @@ func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	return storeCheckpoints(tx, rootID, d)
 }
 
-func (s *Snapshotter) checkpointBase(rootID string) string {
+func (s *store) checkpointBase(rootID string) string {
 	return filepath.Join(s.root, "checkpoints", rootID)
 }
 
-func (s *Snapshotter) checkpointDir(rootID string, seq uint64) string {
+func (s *store) checkpointDir(rootID string, seq uint64) string {
 	return filepath.Join(s.checkpointBase(rootID), strconv.FormatUint(seq, 10))
 }
 

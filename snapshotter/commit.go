@@ -17,6 +17,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/apply"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Commit: first commit wins; checked, decided by a synced record, applied
@@ -36,7 +37,7 @@ import (
 // fail, the parent is put back as it was (commitundo.go) and the branch
 // stays committing: calling commit again applies it anew, aborting it
 // abandons it. A crash after the decision is completed by recovery.
-func (s *Snapshotter) CommitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
+func (s *Branches) CommitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := s.commitBranch(ctx, c)
 		// The branch became a live leaf after the check was skipped, or its
@@ -63,20 +64,13 @@ type checked struct {
 	err    error
 }
 
-func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
-	var (
-		r       rootSnap
-		id      string
-		plan    branch.CommitPlan
-		resume  bool
-		decided *branch.Tree
-		done    *CommitResult
-	)
+func (s *Branches) commitBranch(ctx context.Context, c branch.Ref) (CommitResult, error) {
+	var d commitDecision
 	// Unlocked: which root to lock, and the check of a live leaf (it reads
 	// only what cannot change while the branch is a live leaf; the
 	// decision checks that it still is, before it takes a refusal: a
 	// sibling's commit may have removed the branch meanwhile).
-	done, check, err := s.commitPrecheck(ctx, c, &r, &id)
+	done, check, err := s.commitPrecheck(ctx, c, &d.r, &d.id)
 	if err != nil {
 		return CommitResult{}, err
 	}
@@ -86,71 +80,20 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitRes
 	if err := ctx.Err(); err != nil && (check == nil || check.err == nil) {
 		return CommitResult{}, fmt.Errorf("commit %s (not decided, nothing changed): %w", c, err)
 	}
-	if s.quarantined.cause(r.id()) != nil {
-		// A commit the recovery could not complete is retried here, as its
-		// error said it would be.
-		if _, err := s.recoverRoot(ctx, r.id()); err == nil {
-			s.quarantined.lift(r.id())
-			// Recovered (the commit completed, perhaps): look again, so
-			// that a completed commit answers with its result.
-			return CommitResult{}, errCheckAgain
-		} else {
-			s.quarantined.add(r.id(), err)
-		}
-		if err := s.usable(r); err != nil {
-			return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
-		}
+	if err := s.retryQuarantinedCommit(ctx, c, d.r); err != nil {
+		return CommitResult{}, err
 	}
 	// A fork's seal still syncing is waited for only once the decision is
 	// made: the decision's own sync overlaps it.
-	unlock, awaitSeal := s.locks.lockBeforeSeal(r.id())
+	unlock, awaitSeal := s.locks.lockBeforeSeal(d.r.id())
 	handedOff := false
 	defer func() {
 		if !handedOff {
 			unlock()
 		}
 	}()
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		if r, id, err = s.resolve(ctx, c); err != nil {
-			return err
-		}
-		tree, err := loadTree(tx, r.id())
-		if err != nil {
-			return err
-		}
-		if tree == nil {
-			tree = branch.NewTree(r.key, time.Now())
-		}
-		// Committed meanwhile (by a call this one waited for).
-		if n, ok := tree.Ended(id); ok && n.State == branch.Committed {
-			done, err = s.committedResult(ctx, tx, r, tree, n)
-			return err
-		}
-		// A commit that was decided but failed to finish is resumed.
-		n := tree.Nodes[id]
-		if n != nil && n.State == branch.Committing {
-			resume = true
-			plan = branch.CommitPlan{Winner: id, Parent: n.Parent, Epoch: n.WinnerEpoch}
-			return nil
-		}
-		if n != nil && n.State == branch.Live {
-			if p := tree.Nodes[n.Parent]; p != nil && len(tree.Children(id)) == 0 {
-				if check == nil || check.parent != p.ID || check.epoch != p.Epoch {
-					return errCheckAgain
-				}
-				if check.err != nil {
-					return check.err
-				}
-			}
-		}
-		if plan, err = tree.BeginCommit(id, time.Now()); err != nil {
-			return err
-		}
-		if err := storeTree(tx, r.id(), tree); err != nil {
-			return err
-		}
-		decided = tree
-		return nil
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		return s.decideCommit(ctx, tx, c, check, &d)
 	})
 	if errors.Is(err, errCheckAgain) || (check != nil && err == check.err && err != nil) {
 		return CommitResult{}, err
@@ -158,29 +101,112 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitRes
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("commit %s: %w", c, err)
 	}
-	if done != nil {
-		return *done, nil
+	if d.done != nil {
+		return *d.done, nil
 	}
-	if decided != nil {
+	if d.decided != nil {
 		// Kept past its transaction: nothing below asks it about ended nodes.
-		decided.SetTombstones(nil)
+		d.decided.SetTombstones(nil)
 	}
-	// Decided: carried through on a context the caller cannot end, holding
-	// the root's lock until done.
+	handedOff = true
+	return s.carryOutDecided(ctx, c, d, unlock, awaitSeal)
+}
+
+// commitDecision is what the decision of a commit found or decided.
+type commitDecision struct {
+	r       rootSnap
+	id      string
+	plan    branch.CommitPlan
+	resume  bool          // decided before, not finished: carried out again
+	decided *branch.Tree  // the tree as decided
+	done    *CommitResult // committed already (by a call this one waited for)
+}
+
+// retryQuarantinedCommit retries the recovery of a quarantined root: a
+// commit the recovery could not complete is retried here, as its error
+// said it would be. If it recovers the commit is checked again
+// (errCheckAgain), so that a completed commit answers with its result.
+func (s *Branches) retryQuarantinedCommit(ctx context.Context, c branch.Ref, r rootSnap) error {
+	if s.quarantined.cause(r.id()) == nil {
+		return nil
+	}
+	if _, err := s.recoverRoot(ctx, r.id()); err == nil {
+		s.quarantined.lift(r.id())
+		return errCheckAgain
+	} else {
+		s.quarantined.add(r.id(), err)
+	}
+	if err := s.usable(r); err != nil {
+		return fmt.Errorf("commit %s: %w", c, err)
+	}
+	return nil
+}
+
+// decideCommit decides, in tx, the commit of c: first commit wins. It
+// resumes a commit decided before, answers one committed meanwhile, and
+// takes the pre-decision check's refusal only while that check still
+// holds.
+func (s *Branches) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Ref, check *checked, d *commitDecision) (err error) {
+	if d.r, d.id, err = s.resolve(ctx, c); err != nil {
+		return err
+	}
+	r, id := d.r, d.id
+	tree, err := loadTree(tx, r.id())
+	if err != nil {
+		return err
+	}
+	if tree == nil {
+		tree = branch.NewTree(r.key, time.Now())
+	}
+	// Committed meanwhile (by a call this one waited for).
+	if n, ok := tree.Ended(id); ok && n.State == branch.Committed {
+		d.done, err = s.committedResult(ctx, tx, r, tree, n)
+		return err
+	}
+	// A commit that was decided but failed to finish is resumed.
+	n := tree.Nodes[id]
+	if n != nil && n.State == branch.Committing {
+		d.resume = true
+		d.plan = branch.CommitPlan{Winner: id, Parent: n.Parent, Epoch: n.WinnerEpoch}
+		return nil
+	}
+	if n != nil && n.State == branch.Live {
+		if p := tree.Nodes[n.Parent]; p != nil && len(tree.Children(id)) == 0 {
+			if check == nil || check.parent != p.ID || check.epoch != p.Epoch {
+				return errCheckAgain
+			}
+			if check.err != nil {
+				return check.err
+			}
+		}
+	}
+	if d.plan, err = tree.BeginCommit(id, time.Now()); err != nil {
+		return err
+	}
+	if err := storeTree(tx, r.id(), tree); err != nil {
+		return err
+	}
+	d.decided = tree
+	return nil
+}
+
+// carryOutDecided carries a decided commit through on a context the
+// caller cannot end, holding the root's lock (unlock releases it) until
+// done. A caller that goes away first is told the commit goes on.
+func (s *Branches) carryOutDecided(ctx context.Context, c branch.Ref, d commitDecision, unlock func(), awaitSeal func()) (CommitResult, error) {
 	type outcome struct {
 		res CommitResult
 		err error
 	}
 	out := make(chan outcome, 1)
-	handedOff = true
 	s.commitWG.Add(1)
 	go func() {
 		defer s.commitWG.Done()
 		defer unlock()
-		res, err := s.carryOutCommit(context.WithoutCancel(ctx), c, r, plan, resume, decided, awaitSeal)
+		res, err := s.carryOutCommit(context.WithoutCancel(ctx), c, d.r, d.plan, d.resume, d.decided, awaitSeal)
 		if err != nil && ctx.Err() != nil {
 			// Its caller went away: the log is the only one told.
-			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": plan.Winner}).Warn("decided commit failed after its caller went away")
+			log.G(ctx).WithError(err).WithFields(log.Fields{"root": d.r.key, "branch": d.plan.Winner}).Warn("decided commit failed after its caller went away")
 		}
 		out <- outcome{res, err}
 	}()
@@ -188,7 +214,7 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitRes
 	case o := <-out:
 		return o.res, o.err
 	case <-ctx.Done():
-		return CommitResult{}, fmt.Errorf("commit %s: decided (it won at epoch %d) and being applied; that goes on without this caller: call commit again to see its result: %w", c, plan.Epoch, ctx.Err())
+		return CommitResult{}, fmt.Errorf("commit %s: decided (it won at epoch %d) and being applied; that goes on without this caller: call commit again to see its result: %w", c, d.plan.Epoch, ctx.Err())
 	}
 }
 
@@ -197,7 +223,7 @@ func (s *Snapshotter) commitBranch(ctx context.Context, c branch.Ref) (CommitRes
 // branch that was committed already it returns that commit's result
 // instead. Anything else (a stale or committing branch, one with children)
 // is left to the decision to answer.
-func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootSnap, id *string) (*CommitResult, *checked, error) {
+func (s *Branches) commitPrecheck(ctx context.Context, c branch.Ref, r *rootSnap, id *string) (*CommitResult, *checked, error) {
 	var (
 		tree  *branch.Tree
 		node  *branch.Node
@@ -239,7 +265,7 @@ func (s *Snapshotter) commitPrecheck(ctx context.Context, c branch.Ref, r *rootS
 
 // committedResult is what the commit of n (committed, a tombstone) did,
 // for a caller that asks again.
-func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
+func (s *Branches) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap, tree *branch.Tree, n branch.Node) (*CommitResult, error) {
 	plan := branch.CommitPlan{Winner: n.ID, Parent: n.Parent, Epoch: n.WinnerEpoch}
 	ended, err := tombstones(tx, r.id())
 	if err != nil {
@@ -260,7 +286,7 @@ func (s *Snapshotter) committedResult(ctx context.Context, tx *bolt.Tx, r rootSn
 
 // carryOutCommit does everything after a commit's decision. The caller
 // holds the root's lock.
-func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
+func (s *Branches) carryOutCommit(ctx context.Context, c branch.Ref, r rootSnap, plan branch.CommitPlan, resume bool, decided *branch.Tree, awaitSeal func()) (CommitResult, error) {
 	// Whether the parent is as before if this attempt fails before its
 	// apply changes anything: after a first decision, or after an attempt
 	// that was undone.
@@ -277,7 +303,7 @@ func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSn
 	awaitSeal()
 	// Read once: the losers' entries are the only ones that go stale, and
 	// nothing below asks about them again.
-	mounts, mountsErr := readOverlayMounts()
+	mounts, mountsErr := overlay.ReadTable()
 	if err := <-synced; err != nil {
 		s.undone.set(r.id(), plan.Winner, clean)
 		return CommitResult{}, fmt.Errorf("commit %s (decided: it won at epoch %d; calling commit again completes it): sync branch metadata: %w", c, plan.Epoch, err)
@@ -315,7 +341,7 @@ func (s *Snapshotter) carryOutCommit(ctx context.Context, c branch.Ref, r rootSn
 // mounts is the overlay mount table, or nil to read it here; tree is the
 // branch tree as the decision left it, or nil to read it here. It returns
 // the tree as the commit leaves it, with no tombstones.
-func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts mountTable, tree *branch.Tree) (_ *branch.Tree, retErr error) {
+func (s *Branches) finishCommit(ctx context.Context, r rootSnap, id string, resume bool, mounts overlay.Table, tree *branch.Tree) (_ *branch.Tree, retErr error) {
 	if tree == nil {
 		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 			tree, err = loadTree(tx, r.id())
@@ -332,71 +358,76 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 	if n == nil || n.State != branch.Committing {
 		return nil, fmt.Errorf("branch %s is not being committed: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	parentUpper := s.contextUpper(r.id(), n.Parent)
 	upper := s.contextUpper(r.id(), id)
 	clean := !resume || s.undone.isClean(r.id(), id)
-	var (
-		journal *apply.Journal
-		live    liveMountInfo
-	)
+	var a commitApply
 	defer func() {
-		if journal != nil {
-			// Discarded after the restore below, which reads it.
-			defer s.discardJournal(ctx, journal)
-		}
-		if retErr == nil {
-			s.undone.set(r.id(), id, false)
-			return
-		}
-		if journal == nil {
-			s.undone.set(r.id(), id, clean)
-			return
-		}
-		if err := s.restoreParent(ctx, journal, live.target); err != nil {
-			s.undone.set(r.id(), id, false)
-			log.G(ctx).WithError(err).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
-			retErr = fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", retErr, contextName(n.Parent), err)
-			return
-		}
-		s.undone.set(r.id(), id, clean)
-		if clean {
-			retErr = fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", retErr, contextName(n.Parent))
-		} else {
-			retErr = fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", retErr, contextName(n.Parent))
-		}
+		retErr = s.endCommitAttempt(ctx, r, id, n.Parent, clean, &a, retErr)
 	}()
 	// A commit with the winner's own layer gone already finished applying.
 	if _, err := os.Lstat(upper); err == nil {
-		// Unmount the winner wherever the host sees it, then apply.
-		if mounts == nil {
-			var err error
-			if mounts, err = readOverlayMounts(); err != nil {
-				return nil, err
-			}
-		}
-		mounts.detach(ctx, upper)
-		j := s.newJournal(r.id(), id, parentUpper)
-		journal = j
-		live = mounts.live(parentUpper)
-		if live.target != "" {
-			if p := tree.Nodes[n.Parent]; p.SealedByUs {
-				if err := s.setSealed(ctx, mounts, parentUpper, p, false); err != nil {
-					return nil, fmt.Errorf("unseal parent at %s: %w", live.target, err)
-				}
-			}
-			if err := s.rollbackForCommit(ctx, r, tree, n, live.target, j); err != nil {
-				return nil, err
-			}
-			if err := applyLayer(ctx, upper, live.target, parentUpper, resume, j); err != nil {
-				return nil, fmt.Errorf("apply branch %s to its parent through %s: %w", id, live.target, err)
-			}
-		} else if err := s.applyThroughTempMount(ctx, r, tree, n, upper, resume, j); err != nil {
+		if err := s.applyCommit(ctx, r, tree, n, upper, resume, mounts, &a); err != nil {
 			return nil, err
 		}
 		s.fault(FaultCommitApplied)
 	}
-	var done *branch.Tree
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	done, err := s.recordCommitFinished(ctx, r, id, n)
+	if err != nil {
+		return nil, err
+	}
+	done.SetTombstones(nil)
+	s.fault(FaultCommitFinished)
+	s.removeCheckpointOrphans(ctx, r.id())
+	// Detached above (or before a crash, or never mounted): only files left.
+	s.discard(ctx, s.branchDir(r.id(), id))
+	return done, nil
+}
+
+// commitApply is what an attempt to apply a commit set up: the journal of
+// the parent's upper it keeps, and the parent's live mount it applies
+// through (none: a temporary mount).
+type commitApply struct {
+	journal *apply.Journal
+	live    overlay.Live
+}
+
+// applyCommit unmounts the winner n wherever the host sees it and applies
+// its upper to its parent under a journal: through the parent's live mount
+// (unsealed first), else through a temporary mount. mounts is the overlay
+// mount table, or nil to read it here.
+func (s *Branches) applyCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, mounts overlay.Table, a *commitApply) error {
+	if mounts == nil {
+		var err error
+		if mounts, err = overlay.ReadTable(); err != nil {
+			return err
+		}
+	}
+	mounts.Detach(ctx, upper)
+	parentUpper := s.contextUpper(r.id(), n.Parent)
+	j := s.newJournal(r.id(), n.ID, parentUpper)
+	a.journal = j
+	a.live = mounts.Live(parentUpper)
+	if a.live.Target == "" {
+		return s.applyThroughTempMount(ctx, r, tree, n, upper, resume, j)
+	}
+	if p := tree.Nodes[n.Parent]; p.SealedByUs {
+		if err := s.setSealed(ctx, mounts, parentUpper, p, false); err != nil {
+			return fmt.Errorf("unseal parent at %s: %w", a.live.Target, err)
+		}
+	}
+	if err := s.rollbackForCommit(ctx, r, tree, n, a.live.Target, j); err != nil {
+		return err
+	}
+	if err := applyLayer(ctx, upper, a.live.Target, parentUpper, resume, j); err != nil {
+		return fmt.Errorf("apply branch %s to its parent through %s: %w", n.ID, a.live.Target, err)
+	}
+	return nil
+}
+
+// recordCommitFinished ends the commit of branch id (n) in the tree: the
+// parent takes its place, and is unsealed if it has no live child left.
+func (s *Branches) recordCommitFinished(ctx context.Context, r rootSnap, id string, n *branch.Node) (done *branch.Tree, err error) {
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		t, err := loadTree(tx, r.id())
 		if err != nil {
 			return err
@@ -416,20 +447,41 @@ func (s *Snapshotter) finishCommit(ctx context.Context, r rootSnap, id string, r
 		done = t
 		return setHead(tx, r.id(), n.Parent, n.FromCheckpoint)
 	})
-	if err != nil {
-		return nil, err
+	return done, err
+}
+
+// endCommitAttempt ends an attempt of finishCommit whose outcome is err:
+// if it failed after its apply began, the parent is put back from the
+// journal, and the error says whether the parent is as before (clean: as
+// before this commit's first attempt). The journal is discarded last.
+func (s *Branches) endCommitAttempt(ctx context.Context, r rootSnap, id, parent string, clean bool, a *commitApply, err error) error {
+	if a.journal != nil {
+		// Discarded after the restore below, which reads it.
+		defer s.discardJournal(ctx, a.journal)
 	}
-	done.SetTombstones(nil)
-	s.fault(FaultCommitFinished)
-	s.removeCheckpointOrphans(ctx, r.id())
-	// Detached above (or before a crash, or never mounted): only files left.
-	s.discard(ctx, s.branchDir(r.id(), id))
-	return done, nil
+	if err == nil {
+		s.undone.set(r.id(), id, false)
+		return nil
+	}
+	if a.journal == nil {
+		s.undone.set(r.id(), id, clean)
+		return err
+	}
+	if rerr := s.restoreParent(ctx, a.journal, a.live.Target); rerr != nil {
+		s.undone.set(r.id(), id, false)
+		log.G(ctx).WithError(rerr).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
+		return fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", err, contextName(parent), rerr)
+	}
+	s.undone.set(r.id(), id, clean)
+	if clean {
+		return fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", err, contextName(parent))
+	}
+	return fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", err, contextName(parent))
 }
 
 // applyThroughTempMount mounts an unmounted context, applies upper through
 // that mount, and unmounts it.
-func (s *Snapshotter) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
+func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent
 	target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 	if err := os.MkdirAll(target, 0o700); err != nil {

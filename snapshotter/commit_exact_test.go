@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // everyKind makes one change of every kind an upper layer can hold, in the
@@ -75,7 +75,7 @@ func TestCommitMatchesChildExactly(t *testing.T) {
 			}
 			d := mountAt(t, kids[0].Mounts)
 			everyKind(t, d)
-			want, err := fstree.Scan(d)
+			want, err := fstest.Scan(d)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,11 +86,11 @@ func TestCommitMatchesChildExactly(t *testing.T) {
 				rm, _ := s.Mounts(ctx, sb.key)
 				parent = mountAt(t, rm)
 			}
-			got, err := fstree.Scan(parent)
+			got, err := fstest.Scan(parent)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diffs := fstree.DiffTrees(want, got); len(diffs) > 0 {
+			if diffs := fstest.DiffTrees(want, got); len(diffs) > 0 {
 				t.Fatalf("parent differs from the child it committed: %v", diffs)
 			}
 		})
@@ -127,7 +127,7 @@ func TestCommitRandomized(t *testing.T) {
 		}
 		db := mountAt(t, b[0].Mounts)
 		randomChanges(t, rng, db, 8)
-		want, err := fstree.Scan(db)
+		want, err := fstest.Scan(db)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,11 +140,11 @@ func TestCommitRandomized(t *testing.T) {
 		if _, err := s.CommitBranch(ctx, sb.ctx(a[1].ID)); err != nil {
 			t.Fatalf("round %d (seed %d): outer commit: %v", round, seed, err)
 		}
-		got, err := fstree.Scan(root)
+		got, err := fstest.Scan(root)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if diffs := fstree.DiffTrees(want, got); len(diffs) > 0 {
+		if diffs := fstest.DiffTrees(want, got); len(diffs) > 0 {
 			t.Fatalf("round %d (seed %d): root differs from the committed branch: %v", round, seed, diffs)
 		}
 	}

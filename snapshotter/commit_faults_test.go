@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // loopExt4 makes an ext4 filesystem of sizeMB in a file, mounts it through
@@ -167,13 +167,13 @@ func nodeState(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox, id
 	return st
 }
 
-func sameAs(t *testing.T, what string, want fstree.Tree, dir string) {
+func sameAs(t *testing.T, what string, want fstest.Tree, dir string) {
 	t.Helper()
-	got, err := fstree.Scan(dir)
+	got, err := fstest.Scan(dir)
 	if err != nil {
 		t.Fatalf("%s: scan: %v", what, err)
 	}
-	if diffs := fstree.DiffTrees(want, got); len(diffs) > 0 {
+	if diffs := fstest.DiffTrees(want, got); len(diffs) > 0 {
 		if len(diffs) > 10 {
 			diffs = diffs[:10]
 		}
@@ -207,14 +207,14 @@ func TestCommitRefusedWhenItDoesNotFit(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(d, "app", "main.txt"), "version 2\n")
-	want, err := fstree.Scan(d)
+	want, err := fstest.Scan(d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := fill(filepath.Join(mnt, "filler"), 20<<20); err != nil {
 		t.Fatal(err)
 	}
-	before, err := fstree.Scan(parent)
+	before, err := fstest.Scan(parent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func newFaultyCommit(t *testing.T, ctx context.Context) *faultyCommit {
 // branchChanges forks two branches and makes, in the first, changes of
 // every kind over the parent's files and about 24 MB of new data; it
 // returns the branches and what the first one shows.
-func (f *faultyCommit) branchChanges(t *testing.T, ctx context.Context, round int) ([]branch.Info, fstree.Tree) {
+func (f *faultyCommit) branchChanges(t *testing.T, ctx context.Context, round int) ([]branch.Info, fstest.Tree) {
 	t.Helper()
 	kids, err := f.s.Fork(ctx, f.sb.ctx(""), 2)
 	if err != nil {
@@ -325,7 +325,7 @@ func (f *faultyCommit) branchChanges(t *testing.T, ctx context.Context, round in
 			t.Fatal(err)
 		}
 	}
-	want, err := fstree.Scan(d)
+	want, err := fstest.Scan(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 			ctx := context.Background()
 			f := newFaultyCommit(t, ctx)
 			kids, want := f.branchChanges(t, ctx, 0)
-			before, err := fstree.Scan(f.parent)
+			before, err := fstest.Scan(f.parent)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -427,7 +427,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 		failed := 0
 		for round := range 3 {
 			kids, want := f.branchChanges(t, ctx, round)
-			before, err := fstree.Scan(f.parent)
+			before, err := fstest.Scan(f.parent)
 			if err != nil {
 				t.Fatal(err)
 			}

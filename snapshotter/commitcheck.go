@@ -27,7 +27,7 @@ const (
 // space or inodes free on the snapshotter's filesystem. The parent cannot
 // change in between (it is sealed while it has children) nor can the
 // branch (the shim kills its processes before it asks for the commit).
-func (s *Snapshotter) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node) error {
+func (s *Branches) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node) error {
 	upper := s.contextUpper(r.id(), n.ID)
 	layers := append([]string{s.contextUpper(r.id(), n.Parent)}, s.lowerDirs(r, tree, n.ID)...)
 	needs, err := apply.Measure(ctx, upper, layers)

@@ -27,7 +27,7 @@ const journalDirName = "journal"
 
 // newJournal returns an empty journal for the commit of branch id into the
 // context whose upper is parentUpper.
-func (s *Snapshotter) newJournal(rootID, id, parentUpper string) *apply.Journal {
+func (s *Branches) newJournal(rootID, id, parentUpper string) *apply.Journal {
 	prefix := fmt.Sprintf("%s-%s-%d-", rootID, id, s.journalSeq.Add(1))
 	return apply.NewJournal(parentUpper, filepath.Join(s.root, journalDirName), prefix)
 }
@@ -37,7 +37,7 @@ func (s *Snapshotter) newJournal(rootID, id, parentUpper string) *apply.Journal 
 // must forget the dentries and inodes it cached of the old entries, or it
 // keeps showing what the apply made. Processes that hold a changed file or
 // directory open keep that handle.
-func (s *Snapshotter) restoreParent(ctx context.Context, j *apply.Journal, live string) error {
+func (s *Branches) restoreParent(ctx context.Context, j *apply.Journal, live string) error {
 	if !j.Changed() {
 		return nil
 	}
@@ -55,7 +55,7 @@ func (s *Snapshotter) restoreParent(ctx context.Context, j *apply.Journal, live 
 // discardJournal removes a journal's links in the background, as discard
 // does a layer: unlinking them is where the entries the apply replaced are
 // freed, which a commit need not wait for.
-func (s *Snapshotter) discardJournal(ctx context.Context, j *apply.Journal) {
+func (s *Branches) discardJournal(ctx context.Context, j *apply.Journal) {
 	s.trashWG.Add(1)
 	go func() {
 		defer s.trashWG.Done()
@@ -76,7 +76,7 @@ func dropDentries() error {
 // removeJournals removes what commits left at a crash (at start): a
 // commit decided before it is completed by recovery, which needs none.
 // The directory stays, for the commits to come.
-func (s *Snapshotter) removeJournals(ctx context.Context) error {
+func (s *Branches) removeJournals(ctx context.Context) error {
 	dir := filepath.Join(s.root, journalDirName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)

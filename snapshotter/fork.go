@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -16,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Fork: children over a context's state (or a checkpoint's), and the seal of
@@ -23,207 +23,211 @@ import (
 
 // Fork makes count children of the context c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
-func (s *Snapshotter) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
+func (s *Branches) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
 	return s.ForkFrom(ctx, c, count, "")
 }
 
 // ForkFrom is Fork; with a checkpoint named (one of c's own), the children
 // start from that checkpoint's state instead of c's current one, and
 // committing one replaces c's state with the child's.
-func (s *Snapshotter) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
-	var o forkOptions
+func (s *Branches) ForkFrom(ctx context.Context, c branch.Ref, count int, from string, opts ...ForkOption) (_ []branch.Info, retErr error) {
+	f := &fork{c: c, count: count, from: from}
 	for _, opt := range opts {
-		opt(&o)
+		opt(&f.opts)
 	}
 	if count < 1 || count > 1024 {
 		return nil, fmt.Errorf("fork: count must be between 1 and 1024, got %d: %w", count, errdefs.ErrInvalidArgument)
 	}
-	var (
-		r       rootSnap
-		parent  string
-		kids    []string
-		tree    *branch.Tree
-		created []string
-		// wasSealed: the parent had live children already, and is sealed.
-		wasSealed bool
-	)
 	// Resolve first, unlocked, to learn which root to lock.
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
-		r, parent, err = s.resolve(ctx, c)
+		f.r, f.parent, err = s.resolve(ctx, c)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
-	if err := s.usable(r); err != nil {
+	if err := s.usable(f.r); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
-	defer s.locks.lock(r.id())()
-	parentUpper := s.contextUpper(r.id(), parent)
-	live, err := s.live.find(parentUpper)
-	if err != nil {
+	defer s.locks.lock(f.r.id())()
+	f.parentUpper = s.contextUpper(f.r.id(), f.parent)
+	var err error
+	if f.live, err = s.live.Find(f.parentUpper); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
 	}
 
 	defer func() {
 		if retErr != nil {
-			for _, d := range created {
+			for _, d := range f.created {
 				if err := os.RemoveAll(d); err != nil {
 					log.G(ctx).WithError(err).WithField("path", d).Warn("remove directory of failed fork; Cleanup will retry")
 				}
 			}
 		}
 	}()
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		if r, parent, err = s.resolve(ctx, c); err != nil {
-			return err
-		}
-		if tree, err = loadTree(tx, r.id()); err != nil {
-			return err
-		}
-		if tree == nil {
-			tree = branch.NewTree(r.key, time.Now())
-		}
-		if tree.Depth(parent) >= maxDepth {
-			return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
-		}
-		wasSealed = tree.Sealed(parent)
-		if kids, err = tree.Fork(parent, count, time.Now()); err != nil {
-			return err
-		}
-		if from != "" {
-			d, err := loadCheckpoints(tx, r.id())
-			if err != nil {
-				return err
-			}
-			ck := d.Checkpoints[from]
-			if ck == nil {
-				return fmt.Errorf("no checkpoint named %q in %s: %w", from, branch.DisplayKey(r.key), errdefs.ErrNotFound)
-			}
-			if ck.Context != parent {
-				return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", from, ck.Context, parent, errdefs.ErrInvalidArgument)
-			}
-			for _, id := range kids {
-				tree.Nodes[id].FromCheckpoint = from
-				tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
-			}
-		}
-		// The children's mounts name the id-mapped view; made inside the
-		// transaction, which keeps the reaper (that would take a root
-		// without a tree for an orphan) out until the tree is stored.
-		if err := s.ensureIDMapView(ctx, r); err != nil {
-			return err
-		}
-		uid, gid, err := ownerOf(parentUpper)
-		if err != nil {
-			return err
-		}
-		for _, id := range kids {
-			dir := s.branchDir(r.id(), id)
-			created = append(created, dir)
-			if err := makeBranchDir(dir, uid, gid); err != nil {
-				return err
-			}
-		}
-		if from != "" {
-			// The root of the merged view shows the upper's own root: give
-			// it the checkpoint's.
-			top := filepath.Join(s.checkpointDir(r.id(), tree.Nodes[kids[0]].CheckpointLayers[0]), "fs")
-			for _, id := range kids {
-				if err := copyDirAttrs(top, s.contextUpper(r.id(), id)); err != nil {
-					return err
-				}
-			}
-		}
-		s.fault(FaultForkDirs)
-		// Only a mount that was writable is ours to seal and later unseal: a
-		// read-only rootfs stays read-only.
-		if live.target != "" && !live.readonly && !wasSealed {
-			p := tree.Nodes[parent]
-			p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
-			if o.parentFrozen {
-				p.SealMode = branch.SealCaller
-			}
-		}
-		return storeTree(tx, r.id(), tree)
-	})
-	if err != nil {
+	if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		return s.recordFork(ctx, tx, f)
+	}); err != nil {
 		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
-	created = nil
+	f.created = nil
 	s.fault(FaultForkCommitted)
 
-	if p := tree.Nodes[parent]; p.SealedByUs && !wasSealed && p.SealMode == branch.SealSuperblock {
-		err := s.sealSuperblock(ctx, r.id(), live)
-		if errors.Is(err, errSuperblockBusy) {
-			err = s.sealEachMount(ctx, r, parent, c.String())
-		}
-		if err != nil {
-			// Undo: the children never existed for anyone.
-			if uerr := s.abortAll(ctx, r, kids); uerr != nil {
-				log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
-			}
-			return nil, fmt.Errorf("fork %s: seal the parent: %w", c, err)
-		}
+	if err := s.sealForked(ctx, f); err != nil {
+		return nil, err
 	}
-	out := make([]branch.Info, len(kids))
-	for i, id := range kids {
-		out[i] = branch.Info{Node: *tree.Nodes[id], Mounts: s.contextMounts(r, tree, id, false)}
+	out := make([]branch.Info, len(f.kids))
+	for i, id := range f.kids {
+		out[i] = branch.Info{Node: *f.tree.Nodes[id], Mounts: s.contextMounts(f.r, f.tree, id, false)}
 	}
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "parent": parent, "children": kids}).Info("forked")
+	log.G(ctx).WithFields(log.Fields{"root": f.r.key, "parent": f.parent, "children": f.kids}).Info("forked")
 	return out, nil
 }
 
-// sealSuperblock makes the superblock of the overlay mounted at live
-// read-only, which reaches every mount of it (the container's own root in
-// its mount namespace, and any copy of that namespace). The caller holds
-// the lock of root id.
-//
-// The remount first checks that no mount of the superblock has a file open
-// for writing and from then on refuses every write; then overlayfs makes it
-// sync the whole upper filesystem (0.2 ms to several here), which a seal
-// does not need. So the remount runs on a seal thread (sealthreads_linux.go)
-// and sealSuperblock returns as soon as a probe write through live.target
-// is refused, or with the remount's error if it fails first. The root's
-// lock is not taken again (nor is the tree remounted) before the remount
-// ends.
-func (s *Snapshotter) sealSuperblock(ctx context.Context, id string, live liveMountInfo) error {
-	run := s.seals.remount(ctx, live)
-	probed := false
-wait:
-	for spin := 0; ; spin++ {
-		// The seal thread runs on this CPU when this thread yields it, and
-		// gives it back once its remount blocks, past the read-only point
-		// (sealthreads_linux.go). One that has not issued the remount soon
-		// is waiting for a P, both being busy: yield this one to it.
-		switch {
-		case spin >= 400:
-			time.Sleep(50 * time.Microsecond)
-		case !run.issued.Load() && spin >= 4:
-			runtime.Gosched()
-		default:
-			yieldCPU()
-		}
-		if !run.issued.Load() {
-			continue
-		}
-		select {
-		case err := <-run.result:
-			run.settle()
-			run.release()
-			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
-				// The probe itself may have been the writer the remount saw:
-				// try once more without it.
-				err = remountLive(live, true)
-			}
-			return err
-		default:
-		}
-		if probeRefused(live.target) {
-			break wait
-		}
-		probed = true
+// fork is one ForkFrom under way.
+type fork struct {
+	c     branch.Ref
+	count int
+	from  string // the checkpoint forked from, if any
+	opts  forkOptions
+
+	r           rootSnap
+	parent      string
+	parentUpper string
+	live        overlay.Live // the parent's live mount, read before the fork
+	tree        *branch.Tree
+	kids        []string
+	created     []string // branch directories made, removed if the fork fails
+	// wasSealed: the parent had live children already, and is sealed.
+	wasSealed bool
+}
+
+// recordFork adds f's children to the tree in tx and makes their
+// directories: the fork becomes real when tx commits.
+func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err error) {
+	if f.r, f.parent, err = s.resolve(ctx, f.c); err != nil {
+		return err
 	}
-	run.settle()
+	if f.tree, err = loadTree(tx, f.r.id()); err != nil {
+		return err
+	}
+	if f.tree == nil {
+		f.tree = branch.NewTree(f.r.key, time.Now())
+	}
+	tree, parent := f.tree, f.parent
+	if tree.Depth(parent) >= maxDepth {
+		return fmt.Errorf("%s is %d levels deep, the most this snapshotter stacks: %w", f.c, tree.Depth(parent), errdefs.ErrFailedPrecondition)
+	}
+	f.wasSealed = tree.Sealed(parent)
+	if f.kids, err = tree.Fork(parent, f.count, time.Now()); err != nil {
+		return err
+	}
+	if f.from != "" {
+		if err := forkFromCheckpoint(tx, f); err != nil {
+			return err
+		}
+	}
+	if err := s.makeForkDirs(ctx, f); err != nil {
+		return err
+	}
+	s.fault(FaultForkDirs)
+	// Only a mount that was writable is ours to seal and later unseal: a
+	// read-only rootfs stays read-only.
+	if f.live.Target != "" && !f.live.Readonly && !f.wasSealed {
+		p := tree.Nodes[parent]
+		p.SealedByUs, p.SealMode, p.SealedMounts = true, branch.SealSuperblock, nil
+		if f.opts.parentFrozen {
+			p.SealMode = branch.SealCaller
+		}
+	}
+	return storeTree(tx, f.r.id(), tree)
+}
+
+// forkFromCheckpoint stacks f's children on the checkpoint f.from, which
+// must be one of the forked context's own.
+func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
+	d, err := loadCheckpoints(tx, f.r.id())
+	if err != nil {
+		return err
+	}
+	ck := d.Checkpoints[f.from]
+	if ck == nil {
+		return fmt.Errorf("no checkpoint named %q in %s: %w", f.from, branch.DisplayKey(f.r.key), errdefs.ErrNotFound)
+	}
+	if ck.Context != f.parent {
+		return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", f.from, ck.Context, f.parent, errdefs.ErrInvalidArgument)
+	}
+	for _, id := range f.kids {
+		f.tree.Nodes[id].FromCheckpoint = f.from
+		f.tree.Nodes[id].CheckpointLayers = append([]uint64(nil), ck.Chain...)
+	}
+	return nil
+}
+
+// makeForkDirs makes the directories of f's children, owned as the
+// parent's upper is, recording each in f.created.
+func (s *Branches) makeForkDirs(ctx context.Context, f *fork) error {
+	// The children's mounts name the id-mapped view; made inside the
+	// transaction, which keeps the reaper (that would take a root
+	// without a tree for an orphan) out until the tree is stored.
+	if err := s.ensureIDMapView(ctx, f.r); err != nil {
+		return err
+	}
+	uid, gid, err := ownerOf(f.parentUpper)
+	if err != nil {
+		return err
+	}
+	for _, id := range f.kids {
+		dir := s.branchDir(f.r.id(), id)
+		f.created = append(f.created, dir)
+		if err := makeBranchDir(dir, uid, gid); err != nil {
+			return err
+		}
+	}
+	if f.from != "" {
+		// The root of the merged view shows the upper's own root: give
+		// it the checkpoint's.
+		top := filepath.Join(s.checkpointDir(f.r.id(), f.tree.Nodes[f.kids[0]].CheckpointLayers[0]), "fs")
+		for _, id := range f.kids {
+			if err := copyDirAttrs(top, s.contextUpper(f.r.id(), id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sealForked seals the parent of a recorded fork if the fork made it ours
+// to seal: its superblock, else (a file unlinked while open) each of its
+// mounts. If the seal fails the children are aborted, as if they had
+// never been.
+func (s *Branches) sealForked(ctx context.Context, f *fork) error {
+	p := f.tree.Nodes[f.parent]
+	if !p.SealedByUs || f.wasSealed || p.SealMode != branch.SealSuperblock {
+		return nil
+	}
+	err := s.sealSuperblock(ctx, f.r.id(), f.live)
+	if errors.Is(err, overlay.ErrSuperblockBusy) {
+		err = s.sealEachMount(ctx, f.r, f.parent, f.c.String())
+	}
+	if err != nil {
+		// Undo: the children never existed for anyone.
+		if uerr := s.abortAll(ctx, f.r, f.kids); uerr != nil {
+			log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
+		}
+		return fmt.Errorf("fork %s: seal the parent: %w", f.c, err)
+	}
+	return nil
+}
+
+// sealSuperblock makes the superblock of the overlay mounted at live
+// read-only (overlay.SealThreads.Seal). The caller holds the lock of root
+// id; the remount's sync may go on after it returns, and the root's lock is
+// not taken again (nor is the tree remounted) before it ends.
+func (s *Branches) sealSuperblock(ctx context.Context, id string, live overlay.Live) error {
+	run, err := s.seals.Seal(ctx, live)
+	if run == nil {
+		return err
+	}
 	done := make(chan struct{})
 	s.locks.sealing(id, done)
 	ctx = context.WithoutCancel(ctx)
@@ -231,11 +235,8 @@ wait:
 	go func() {
 		defer s.sealWG.Done()
 		defer close(done)
-		err := <-run.result
-		run.release()
-		if err != nil {
-			// Past the writer check only an I/O error can fail it.
-			log.G(ctx).WithError(err).WithField("mount", live.target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
+		if err := run.Finish(); err != nil {
+			log.G(ctx).WithError(err).WithField("mount", live.Target).Error("seal a forked parent's superblock: the remount failed after it had made the parent read-only")
 		}
 	}()
 	return nil

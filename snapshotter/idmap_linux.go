@@ -53,7 +53,7 @@ type idMapping struct{ uid, gid string }
 // a snapshot of its own and chowns every file to the mapped ids (its root
 // directory too), then prepares the container's snapshot on that copy with
 // the same labels: mapping it again would give every file the overflow id.
-func (s *Snapshotter) idMappingOf(snap storage.Snapshot, labels map[string]string) idMapping {
+func (s *store) idMappingOf(snap storage.Snapshot, labels map[string]string) idMapping {
 	m := idMapping{uid: labels[snapshots.LabelSnapshotUIDMapping], gid: labels[snapshots.LabelSnapshotGIDMapping]}
 	if !m.mapped() || len(snap.ParentIDs) == 0 {
 		return m
@@ -79,13 +79,13 @@ func (m idMapping) options() []string {
 	return []string{"uidmap=" + m.uid, "gidmap=" + m.gid}
 }
 
-func (s *Snapshotter) idmapView(rootID string) string {
+func (s *store) idmapView(rootID string) string {
 	return s.branchDir(rootID, idmapViewName)
 }
 
 // imageLayer is where a branch of r reads the image layer id: through the
 // root's id-mapped view when r is id-mapped.
-func (s *Snapshotter) imageLayer(r rootSnap, id string) string {
+func (s *store) imageLayer(r rootSnap, id string) string {
 	if !r.idmap.mapped() {
 		return s.upperPath(id)
 	}
@@ -94,7 +94,7 @@ func (s *Snapshotter) imageLayer(r rootSnap, id string) string {
 
 // ensureIDMapView mounts the id-mapped view of r's image layers if r is
 // id-mapped and the view is not mounted (first branch, or after a reboot).
-func (s *Snapshotter) ensureIDMapView(ctx context.Context, r rootSnap) error {
+func (s *store) ensureIDMapView(ctx context.Context, r rootSnap) error {
 	if !r.idmap.mapped() || len(r.snap.ParentIDs) == 0 {
 		return nil
 	}

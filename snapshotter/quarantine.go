@@ -62,7 +62,7 @@ func (q *quarantine) ids() []string {
 }
 
 // usable refuses a branch operation on a quarantined tree, saying why.
-func (s *Snapshotter) usable(r rootSnap) error {
+func (s *Branches) usable(r rootSnap) error {
 	cause := s.quarantined.cause(r.id())
 	if cause == nil {
 		return nil
@@ -73,7 +73,7 @@ func (s *Snapshotter) usable(r rootSnap) error {
 }
 
 // quarantineTree records that the recovery of tree id failed, and logs it.
-func (s *Snapshotter) quarantineTree(ctx context.Context, id, key string, cause error) {
+func (s *Branches) quarantineTree(ctx context.Context, id, key string, cause error) {
 	s.quarantined.add(id, cause)
 	log.G(ctx).WithError(cause).WithFields(log.Fields{"root": key, "snapshot": id}).
 		Error("branch tree quarantined: its recovery failed; its branch operations are refused until a retry succeeds")
@@ -81,7 +81,7 @@ func (s *Snapshotter) quarantineTree(ctx context.Context, id, key string, cause 
 
 // retryQuarantined tries again to recover every quarantined tree, lifting
 // the quarantine of those that recover (or whose root snapshot is gone).
-func (s *Snapshotter) retryQuarantined(ctx context.Context) {
+func (s *Branches) retryQuarantined(ctx context.Context) {
 	for _, id := range s.quarantined.ids() {
 		key, err := s.recoverRoot(ctx, id)
 		if err != nil {
@@ -96,7 +96,7 @@ func (s *Snapshotter) retryQuarantined(ctx context.Context) {
 
 // recoverRoot runs the whole recovery of root snapshot id's tree: its
 // decided commits, its seals and its pending rollbacks.
-func (s *Snapshotter) recoverRoot(ctx context.Context, id string) (key string, err error) {
+func (s *Branches) recoverRoot(ctx context.Context, id string) (key string, err error) {
 	var t *branch.Tree
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		t, err = loadTree(tx, id)

@@ -11,10 +11,11 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // commitCrashingAt runs a commit of c that stops dead at fault point, as a

@@ -19,6 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Recovery at start: decided operations of every branch tree finished or
@@ -29,7 +30,7 @@ import (
 // decided are carried through, and every sealed context is made to match
 // its children again. Orphaned layers go with Cleanup. A tree whose
 // recovery fails is quarantined (quarantine.go), not the daemon's end.
-func (s *Snapshotter) recoverBranches(ctx context.Context) error {
+func (s *Branches) recoverBranches(ctx context.Context) error {
 	var (
 		trees map[string]*branch.Tree
 		bad   map[string]error
@@ -54,7 +55,7 @@ func (s *Snapshotter) recoverBranches(ctx context.Context) error {
 // recoverTree completes the commits of tree t (of root snapshot rootID)
 // that were decided, and reseals its contexts; a tree whose root snapshot
 // is gone is deleted.
-func (s *Snapshotter) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
+func (s *Branches) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
 	var r rootSnap
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		r, _, err = s.resolve(ctx, branch.Ref{Root: branch.Root{Key: t.Root}})
@@ -82,7 +83,7 @@ func (s *Snapshotter) recoverTree(ctx context.Context, rootID string, t *branch.
 
 // resealAll makes every context of r that a fork sealed match its
 // children again: read-only while it has some, writable once it has none.
-func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
+func (s *Branches) resealAll(ctx context.Context, r rootSnap) error {
 	var t *branch.Tree
 	if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		t, err = loadTree(tx, r.id())
@@ -90,14 +91,14 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 	}); err != nil || t == nil {
 		return err
 	}
-	mounts, err := readOverlayMounts()
+	mounts, err := overlay.ReadTable()
 	if err != nil {
 		return err
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
 			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
-			if errors.Is(err, errSuperblockBusy) {
+			if errors.Is(err, overlay.ErrSuperblockBusy) {
 				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
 			}
 			if err != nil {
@@ -110,7 +111,7 @@ func (s *Snapshotter) resealAll(ctx context.Context, r rootSnap) error {
 
 // orphanBranchDirectories lists branch layers that no tree owns, and
 // temporary commit mounts left by a crash.
-func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, ids map[string]string) ([]string, error) {
+func (s *Branches) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, ids map[string]string) ([]string, error) {
 	trees, bad, err := allTrees(tx)
 	if err != nil {
 		return nil, err
@@ -145,14 +146,14 @@ func (s *Snapshotter) orphanBranchDirectories(ctx context.Context, tx *bolt.Tx, 
 		}
 	}
 	for _, o := range orphans {
-		detachMountsUsing(ctx, o)
+		overlay.DetachUnder(ctx, o)
 	}
 	return orphans, nil
 }
 
 // cleanTempMounts unmounts and removes the temporary commit mounts a crash
 // left behind. Only at start: while serving, a commit may be using one.
-func (s *Snapshotter) cleanTempMounts(ctx context.Context) error {
+func (s *Branches) cleanTempMounts(ctx context.Context) error {
 	mnt := filepath.Join(s.root, "mnt")
 	entries, err := os.ReadDir(mnt)
 	if err != nil && !os.IsNotExist(err) {
@@ -172,7 +173,7 @@ func (s *Snapshotter) cleanTempMounts(ctx context.Context) error {
 }
 
 // recoverCheckpoints completes the rollbacks a crash interrupted.
-func (s *Snapshotter) recoverCheckpoints(ctx context.Context) error {
+func (s *Branches) recoverCheckpoints(ctx context.Context) error {
 	todo, err := s.pendingRollbacks(ctx, "")
 	if err != nil {
 		return err
@@ -194,7 +195,7 @@ type pendingRollback struct{ rootID, ctxID, name string }
 // pendingRollbacks lists the unfinished rollbacks of root snapshot rootID,
 // or of every root if rootID is "". A root whose checkpoint record cannot
 // be decoded is quarantined.
-func (s *Snapshotter) pendingRollbacks(ctx context.Context, rootID string) ([]pendingRollback, error) {
+func (s *Branches) pendingRollbacks(ctx context.Context, rootID string) ([]pendingRollback, error) {
 	var todo []pendingRollback
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		b := nestedBucket(tx, bucketBranchbox, bucketCheckpoints)
@@ -224,7 +225,7 @@ func (s *Snapshotter) pendingRollbacks(ctx context.Context, rootID string) ([]pe
 }
 
 // finishPendingRollback completes a rollback a crash interrupted.
-func (s *Snapshotter) finishPendingRollback(ctx context.Context, p pendingRollback) error {
+func (s *Branches) finishPendingRollback(ctx context.Context, p pendingRollback) error {
 	var r rootSnap
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		ids, err := storage.IDMap(ctx)
@@ -255,7 +256,7 @@ func (s *Snapshotter) finishPendingRollback(ctx context.Context, p pendingRollba
 // orphanCheckpointDirectories lists checkpoint layers no record owns. The
 // temporaries of operations in flight (new-*, rb-*) are left alone; the
 // start of the daemon removes them (removeCheckpointTemps).
-func (s *Snapshotter) orphanCheckpointDirectories(tx *bolt.Tx, ids map[string]string) ([]string, error) {
+func (s *Branches) orphanCheckpointDirectories(tx *bolt.Tx, ids map[string]string) ([]string, error) {
 	base := filepath.Join(s.root, "checkpoints")
 	roots, err := os.ReadDir(base)
 	if err != nil {
@@ -279,7 +280,7 @@ func (s *Snapshotter) orphanCheckpointDirectories(tx *bolt.Tx, ids map[string]st
 	return orphans, nil
 }
 
-func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string, error) {
+func (s *Branches) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string, error) {
 	d, err := loadCheckpoints(tx, rootID)
 	if err != nil {
 		return nil, err
@@ -316,7 +317,7 @@ func (s *Snapshotter) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string,
 
 // removeCheckpointOrphans removes the layers of checkpoints whose context
 // ended. Called with the root's lock held, so no checkpoint is in flight.
-func (s *Snapshotter) removeCheckpointOrphans(ctx context.Context, rootID string) {
+func (s *Branches) removeCheckpointOrphans(ctx context.Context, rootID string) {
 	// A root that never had a checkpoint has nothing to look up.
 	if _, err := os.Lstat(s.checkpointBase(rootID)); os.IsNotExist(err) {
 		return
@@ -334,7 +335,7 @@ func (s *Snapshotter) removeCheckpointOrphans(ctx context.Context, rootID string
 
 // removeCheckpointTemps removes, at start only, what checkpoints and
 // rollbacks cut short left.
-func (s *Snapshotter) removeCheckpointTemps(ctx context.Context) error {
+func (s *Branches) removeCheckpointTemps(ctx context.Context) error {
 	tmps, err := filepath.Glob(filepath.Join(s.root, "checkpoints", "*", "new-*"))
 	if err != nil {
 		return err

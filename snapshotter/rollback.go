@@ -30,7 +30,7 @@ import (
 // live mount if it has one, so its running processes see it at once. It is
 // refused while c has live children (their lowers are c's upper). The
 // decision is recorded first; a crash after it is completed on restart.
-func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string, opts ...branch.RollbackOpt) error {
+func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts ...branch.RollbackOpt) error {
 	var o branch.RollbackOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -87,7 +87,7 @@ func (s *Snapshotter) Rollback(ctx context.Context, c branch.Ref, name string, o
 
 // finishRollback carries a decided rollback through. It is idempotent:
 // what differs from the checkpoint is found afresh each time.
-func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name string) error {
+func (s *Branches) finishRollback(ctx context.Context, r rootSnap, id, name string) error {
 	var (
 		tree *branch.Tree
 		ck   *checkpointRecord
@@ -128,12 +128,12 @@ func (s *Snapshotter) finishRollback(ctx context.Context, r rootSnap, id, name s
 // withContextTarget calls fn with a writable merged view of context id:
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
-func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := s.live.find(s.contextUpper(r.id(), id))
+func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
+	live, err := s.live.Find(s.contextUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
-	if live.target == "" {
+	if live.Target == "" {
 		target := filepath.Join(s.root, "mnt", r.id()+"-"+id)
 		if err := os.MkdirAll(target, 0o700); err != nil {
 			return err
@@ -152,17 +152,17 @@ func (s *Snapshotter) withContextTarget(ctx context.Context, r rootSnap, tree *b
 		}()
 		return fn(target)
 	}
-	if live.readonly {
-		return fmt.Errorf("context %s is mounted read-only at %s: %w", id, live.target, errdefs.ErrFailedPrecondition)
+	if live.Readonly {
+		return fmt.Errorf("context %s is mounted read-only at %s: %w", id, live.Target, errdefs.ErrFailedPrecondition)
 	}
-	return fn(live.target)
+	return fn(live.Target)
 }
 
 // rollbackThrough makes target (a merged view of context id) show
 // checkpoint ck: the paths of the upper that changed since ck are written
 // as ck has them into a scratch layer, applied to target. j, if not nil,
 // records what that changes in the context's upper.
-func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
+func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
 	m, err := layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
 	if err != nil {
 		return err
@@ -216,7 +216,7 @@ func (s *Snapshotter) rollbackThrough(ctx context.Context, r rootSnap, tree *bra
 // rollbackForCommit: a branch forked from a checkpoint replaces its
 // parent's state, so the parent (at target) is first brought back to that
 // checkpoint; the branch's upper is then applied over it.
-func (s *Snapshotter) rollbackForCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, target string, j *apply.Journal) error {
+func (s *Branches) rollbackForCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, target string, j *apply.Journal) error {
 	if n.FromCheckpoint == "" {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // ForkOption is an option of ForkFrom.
@@ -36,9 +37,9 @@ func clearSeal(n *branch.Node) {
 // recorded in the tree first, so that a crash midway leaves recovery
 // knowing every one of them (setting a flag again, or clearing one that
 // was never set, changes nothing). The caller holds the root's lock.
-func (s *Snapshotter) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
+func (s *Branches) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
 	start := time.Now()
-	all, writable, err := writableMounts(s.contextUpper(r.id(), id))
+	all, writable, err := overlay.WritableMounts(s.contextUpper(r.id(), id))
 	if err != nil {
 		return fmt.Errorf("find the mounts of %s: %w", name, err)
 	}
@@ -51,14 +52,14 @@ func (s *Snapshotter) sealEachMount(ctx context.Context, r rootSnap, id, name st
 			return fmt.Errorf("%s left its tree", name)
 		}
 		n := t.Nodes[id]
-		n.SealMode, n.SealedMounts = branch.SealMounts, sealedMounts(writable)
+		n.SealMode, n.SealedMounts = branch.SealMounts, overlay.SealedMounts(writable)
 		return storeTree(tx, r.id(), t)
 	}); err != nil {
 		return fmt.Errorf("record the per-mount seal of %s: %w", name, err)
 	}
-	if err := sealEach(ctx, name, all, writable); err != nil {
+	if err := overlay.SealEach(ctx, name, all, writable); err != nil {
 		return err
 	}
-	logSealed(ctx, name, writable, time.Since(start))
+	overlay.LogSealed(ctx, name, writable, time.Since(start))
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // inOtherMountNS starts a process in a new mount namespace, a private
@@ -51,7 +52,7 @@ func inOtherMountNS(t *testing.T, script string) int {
 // nsOf is the inode of a process's mount namespace.
 func nsOf(t *testing.T, pid string) uint64 {
 	t.Helper()
-	ns, err := mountNS("/proc/" + pid + "/ns/mnt")
+	ns, err := overlay.MountNS("/proc/" + pid + "/ns/mnt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +270,7 @@ func TestSealPerMountRecovery(t *testing.T) {
 	s.Close()
 	closed = true
 	// The flags as a crash before they were set would leave them.
-	if err := setEachRecorded(ctx, recorded, upper, false); err != nil {
+	if err := overlay.SetEachRecorded(ctx, recorded, upper, false); err != nil {
 		t.Fatal(err)
 	}
 	expectWritable(t, "flags cleared", filepath.Join(other, "x"))

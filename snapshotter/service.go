@@ -15,20 +15,20 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// branchService serves the branch API over a Snapshotter.
+// branchService serves the branch API over a snapshotter's Branches.
 type branchService struct {
 	branchv1.UnimplementedBranchesServer
-	s *Snapshotter
+	s *Branches
 }
 
-// NewBranchService returns the gRPC branch service of s.
-func NewBranchService(s *Snapshotter) branchv1.BranchesServer {
-	return &branchService{s: s}
+// NewBranchService returns the gRPC branch service of b.
+func NewBranchService(b *Branches) branchv1.BranchesServer {
+	return &branchService{s: b}
 }
 
 // NewTTRPCBranchService returns the same service for a ttrpc server.
-func NewTTRPCBranchService(s *Snapshotter) branchv1.TTRPCBranchesService {
-	return &branchService{s: s}
+func NewTTRPCBranchService(b *Branches) branchv1.TTRPCBranchesService {
+	return &branchService{s: b}
 }
 
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {

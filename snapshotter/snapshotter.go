@@ -19,41 +19,55 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // Snapshotter is an overlayfs snapshotter. It implements
-// snapshots.Snapshotter and snapshots.Cleaner.
+// snapshots.Snapshotter and snapshots.Cleaner; the branch operations on its
+// snapshots are Branches', which it embeds, so that one daemon serves both
+// APIs over the same metadata.
 type Snapshotter struct {
-	root       string
-	ms         *storage.MetaStore
-	bdb        *bolt.DB
-	lock       *rootLock
-	options    []string
+	*store
+	*Branches
+}
+
+// store is what containerd's methods and the branch operations share: the
+// root, its metadata, and the layers' directories.
+type store struct {
+	root      string
+	ms        *storage.MetaStore
+	bdb       *bolt.DB
+	lock      *rootLock
+	options   []string
+	faultHook func(point string)
+	trashSeq  atomic.Uint64
+	trashWG   sync.WaitGroup // background removals of discarded layers and commit journals
+	idmapMu   sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
+}
+
+// Branches are the branch operations on a Snapshotter's snapshots: fork,
+// commit, abort, checkpoints and rollback, their recovery, and the seal of
+// forked parents (docs/snapshotter.md).
+type Branches struct {
+	*store
 	locks      rootLocks
-	live       liveMounts // where contexts are mounted (livecache_linux.go)
-	faultHook  func(point string)
-	trashSeq   atomic.Uint64
-	trashWG    sync.WaitGroup // background removals of discarded layers and commit journals
-	sealWG     sync.WaitGroup // background seals of forked parents' superblocks
-	commitWG   sync.WaitGroup // decided commits being carried through; a caller may have gone
-	undone     undoneCommits  // committing branches whose parent was put back (commitundo.go)
-	journalSeq atomic.Uint64  // names the journals of commit attempts
-	seals      sealThreads    // the threads that run those seals' remounts
-	idmapMu    sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
+	live       overlay.LiveCache   // where contexts are mounted
+	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks
+	commitWG   sync.WaitGroup      // decided commits being carried through; a caller may have gone
+	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)
+	journalSeq atomic.Uint64       // names the journals of commit attempts
+	seals      overlay.SealThreads // the threads that run those seals' remounts
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 }
@@ -122,43 +136,54 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		ms.Close()
 		return nil, err
 	}
-	s := &Snapshotter{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
+	st := &store{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
+	s := &Snapshotter{store: st, Branches: &Branches{store: st}}
 	defer func() {
 		if retErr != nil {
 			ms.Close()
 			bdb.Close()
 		}
 	}()
+	if err := s.recover(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// recover brings root back to a consistent state after a crash: branch
+// metadata an earlier version kept moved, orphans removed, decided commits
+// and rollbacks finished, seals matched to the trees.
+func (s *Snapshotter) recover(ctx context.Context) error {
 	if err := s.migrate(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	// Orphans first, so recovery only sees layers that a tree owns; then
 	// again, for what recovery let go.
 	if err := s.emptyTrash(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	if err := s.cleanTempMounts(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	if err := s.removeCheckpointTemps(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	if err := s.removeJournals(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
 	if err := s.recoverBranches(ctx); err != nil {
-		return nil, fmt.Errorf("recover branches in %s: %w", root, err)
+		return fmt.Errorf("recover branches in %s: %w", s.root, err)
 	}
 	if err := s.recoverCheckpoints(ctx); err != nil {
-		return nil, fmt.Errorf("recover rollbacks in %s: %w", root, err)
+		return fmt.Errorf("recover rollbacks in %s: %w", s.root, err)
 	}
 	if err := s.Cleanup(ctx); err != nil {
-		return nil, fmt.Errorf("recover snapshotter root %s: %w", root, err)
+		return fmt.Errorf("recover snapshotter root %s: %w", s.root, err)
 	}
-	return s, nil
+	return nil
 }
 
 // Root returns the directory the snapshotter owns.
@@ -358,34 +383,11 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return err
 }
 
-// Reap removes every snapshot directory and branch layer that no metadata
-// owns — what a crash, a failed removal, or a sandbox that went without
-// its branches left — and returns what it removed. The daemon runs it at
-// start and on a timer; containerd calls it (as Cleanup) after collecting.
-func (s *Snapshotter) Reap(ctx context.Context) ([]string, error) {
-	s.retryQuarantined(ctx)
-	var removals []string
-	// A write transaction keeps creators out while the directory is scanned,
-	// so an in-flight "new-" directory is never mistaken for an orphan.
-	err := s.withMetaTx(ctx, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		removals, err = s.orphanDirectories(ctx, tx)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cleanup: %w", err)
-	}
-	removed := s.removeAll(ctx, removals)
-	if len(removed) > 0 {
-		log.G(ctx).WithField("removed", removed).Info("reaped orphaned snapshot state")
-	}
-	return removed, nil
-}
-
 // Close releases the metadata stores and the lock on root.
 func (s *Snapshotter) Close() error {
 	s.commitWG.Wait()
 	s.sealWG.Wait()
-	s.seals.close()
+	s.seals.Close()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
@@ -409,249 +411,4 @@ func (s *Snapshotter) migrate(ctx context.Context) error {
 		return err
 	}
 	return t.Commit()
-}
-
-// removeAll removes dirs and returns those it removed.
-func (s *Snapshotter) removeAll(ctx context.Context, dirs []string) []string {
-	var removed []string
-	for _, dir := range dirs {
-		if err := os.RemoveAll(dir); err != nil {
-			log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove snapshot directory; Cleanup will retry")
-			continue
-		}
-		removed = append(removed, dir)
-	}
-	return removed
-}
-
-// orphanDirectories lists the snapshot directories and branch layers that
-// no metadata owns.
-func (s *Snapshotter) orphanDirectories(ctx context.Context, tx *bolt.Tx) ([]string, error) {
-	ids, err := storage.IDMap(ctx)
-	if err != nil && !errdefs.IsNotFound(err) { // NotFound: no snapshot yet
-		return nil, err
-	}
-	dir := filepath.Join(s.root, "snapshots")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	var orphans []string
-	for _, e := range entries {
-		if _, ok := ids[e.Name()]; ok {
-			continue
-		}
-		orphans = append(orphans, filepath.Join(dir, e.Name()))
-	}
-	branchOrphans, err := s.orphanBranchDirectories(ctx, tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	ckOrphans, err := s.orphanCheckpointDirectories(tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	branchOrphans = append(branchOrphans, ckOrphans...)
-	return append(orphans, branchOrphans...), nil
-}
-
-func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
-	op := "prepare"
-	if kind == snapshots.KindView {
-		op = "view"
-	}
-	if err := validateKey(op, key); err != nil {
-		return nil, err
-	}
-	if parent != "" {
-		if err := validateKey(op, parent); err != nil {
-			return nil, err
-		}
-	}
-	if err := validateOpts(op, opts); err != nil {
-		return nil, err
-	}
-
-	var (
-		snap      storage.Snapshot
-		idmap     idMapping
-		tmp, path string
-	)
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		for _, dir := range []string{tmp, path} {
-			if dir == "" {
-				continue
-			}
-			if err := os.RemoveAll(dir); err != nil {
-				log.G(ctx).WithError(err).WithField("path", dir).Error("failed to remove directory of a failed create; Cleanup will retry")
-			}
-		}
-	}()
-
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		if parent != "" {
-			_, pinfo, _, err := storage.GetInfo(ctx, parent)
-			if err != nil {
-				if errdefs.IsNotFound(err) {
-					return fmt.Errorf("parent %q does not exist: %w", parent, errdefs.ErrNotFound)
-				}
-				return err
-			}
-			if pinfo.Kind != snapshots.KindCommitted {
-				return fmt.Errorf("parent %q is %s snapshot; only committed snapshots can be parents (commit it first): %w", parent, kindName(pinfo.Kind), errdefs.ErrInvalidArgument)
-			}
-		}
-
-		snapshotsDir := filepath.Join(s.root, "snapshots")
-		tmp, err = prepareDirectory(snapshotsDir, kind)
-		if err != nil {
-			return err
-		}
-		snap, err = storage.CreateSnapshot(ctx, kind, key, parent, opts...)
-		if err != nil {
-			if errdefs.IsAlreadyExists(err) {
-				return fmt.Errorf("a snapshot with key %q already exists: %w", key, errdefs.ErrAlreadyExists)
-			}
-			return err
-		}
-		_, info, _, err := storage.GetInfo(ctx, key)
-		if err != nil {
-			return err
-		}
-		if err := s.chownUpper(filepath.Join(tmp, "fs"), snap, info); err != nil {
-			return err
-		}
-		idmap = s.idMappingOf(snap, info.Labels)
-		path = filepath.Join(snapshotsDir, snap.ID)
-		if err := os.Rename(tmp, path); err != nil {
-			return fmt.Errorf("rename snapshot directory into place: %w", err)
-		}
-		tmp = ""
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s %q: %w", op, key, err)
-	}
-	return s.mounts(snap, idmap), nil
-}
-
-// chownUpper gives a new upper directory the owner of the tree it covers:
-// the root of the id mapping labels ask for, or the owner of the parent's
-// top layer, so the merged root keeps its owner.
-func (s *Snapshotter) chownUpper(dir string, snap storage.Snapshot, info snapshots.Info) error {
-	uid, gid, mapped, err := mappedRoot(info.Labels)
-	if err != nil {
-		return err
-	}
-	if !mapped {
-		if len(snap.ParentIDs) == 0 {
-			return nil
-		}
-		st, err := os.Stat(s.upperPath(snap.ParentIDs[0]))
-		if err != nil {
-			return fmt.Errorf("stat parent layer: %w", err)
-		}
-		sys, ok := st.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("stat parent layer: unexpected stat type %T", st.Sys())
-		}
-		uid, gid = int(sys.Uid), int(sys.Gid)
-	}
-	if err := os.Lchown(dir, uid, gid); err != nil {
-		return fmt.Errorf("chown new layer: %w", err)
-	}
-	return nil
-}
-
-func prepareDirectory(snapshotsDir string, kind snapshots.Kind) (string, error) {
-	td, err := os.MkdirTemp(snapshotsDir, "new-")
-	if err != nil {
-		return "", fmt.Errorf("create snapshot directory: %w", err)
-	}
-	if err := os.Mkdir(filepath.Join(td, "fs"), 0o755); err != nil {
-		return td, fmt.Errorf("create snapshot directory: %w", err)
-	}
-	if kind == snapshots.KindActive {
-		if err := os.Mkdir(filepath.Join(td, "work"), 0o711); err != nil {
-			return td, fmt.Errorf("create snapshot work directory: %w", err)
-		}
-	}
-	return td, nil
-}
-
-// mounts are the mounts of a snapshot. With an id mapping its image layers
-// are id-mapped (idmap_linux.go); a layer of its own (a bind of an active
-// snapshot without parents) is not, as it holds host ids.
-func (s *Snapshotter) mounts(snap storage.Snapshot, idmap idMapping) []mount.Mount {
-	if len(snap.ParentIDs) == 0 {
-		// overlay needs at least one lower; a base layer is a bind mount.
-		ro := "rw"
-		if snap.Kind == snapshots.KindView {
-			ro = "ro"
-		}
-		return []mount.Mount{{
-			Type:    "bind",
-			Source:  s.upperPath(snap.ID),
-			Options: []string{ro, "rbind"},
-		}}
-	}
-	var options []string
-	if snap.Kind == snapshots.KindActive {
-		options = append(options,
-			"workdir="+s.workPath(snap.ID),
-			"upperdir="+s.upperPath(snap.ID),
-		)
-	} else if len(snap.ParentIDs) == 1 {
-		return []mount.Mount{{
-			Type:    "bind",
-			Source:  s.upperPath(snap.ParentIDs[0]),
-			Options: append(idmap.options(), "ro", "rbind"),
-		}}
-	}
-	lowers := make([]string, len(snap.ParentIDs))
-	for i, id := range snap.ParentIDs {
-		lowers[i] = s.upperPath(id)
-	}
-	options = append(options, "lowerdir="+strings.Join(lowers, ":"))
-	options = append(options, idmap.options()...)
-	options = append(options, s.options...)
-	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: options}}
-}
-
-func (s *Snapshotter) upperPath(id string) string {
-	return filepath.Join(s.root, "snapshots", id, "fs")
-}
-
-func (s *Snapshotter) workPath(id string) string {
-	return filepath.Join(s.root, "snapshots", id, "work")
-}
-
-// kindName says "an active", "a view" or "a committed" for messages.
-func kindName(k snapshots.Kind) string {
-	switch k {
-	case snapshots.KindActive:
-		return "an active"
-	case snapshots.KindView:
-		return "a view"
-	case snapshots.KindCommitted:
-		return "a committed"
-	}
-	return "an unknown kind of"
-}
-
-func hasOption(options []string, key string) bool {
-	for _, o := range options {
-		if o == key || strings.HasPrefix(o, key+"=") {
-			return true
-		}
-	}
-	return false
-}
-
-func supportsIndex() bool {
-	_, err := os.Stat("/sys/module/overlay/parameters/index")
-	return err == nil
 }

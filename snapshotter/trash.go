@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // trashDir, in the snapshotter's root, holds discarded layers until they
@@ -20,7 +22,7 @@ const trashDir = "trash"
 
 // discard moves dir out of the way and removes it in the background. A dir
 // that cannot be moved is removed in place.
-func (s *Snapshotter) discard(ctx context.Context, dir string) {
+func (s *store) discard(ctx context.Context, dir string) {
 	dst := filepath.Join(s.root, trashDir, fmt.Sprintf("%d-%d", time.Now().UnixNano(), s.trashSeq.Add(1)))
 	if err := os.Rename(dir, dst); err != nil {
 		if os.IsNotExist(err) {
@@ -40,7 +42,7 @@ func (s *Snapshotter) discard(ctx context.Context, dir string) {
 }
 
 // emptyTrash removes what discards left unfinished (at start).
-func (s *Snapshotter) emptyTrash(ctx context.Context) error {
+func (s *store) emptyTrash(ctx context.Context) error {
 	dir := filepath.Join(s.root, trashDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
@@ -51,7 +53,7 @@ func (s *Snapshotter) emptyTrash(ctx context.Context) error {
 	}
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
-		detachMountsUsing(ctx, p)
+		overlay.DetachUnder(ctx, p)
 		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("remove discarded layer %s: %w", p, err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // guard is a sentinel directory beside upper and target. check proves that
@@ -24,7 +24,7 @@ import (
 // would move them.
 type guard struct {
 	dir    string
-	before fstree.Tree
+	before fstest.Tree
 	atimes map[string]unix.Timespec
 }
 
@@ -63,7 +63,7 @@ func (g *guard) check(t testing.TB) {
 			t.Fatalf("Apply read %s outside upper (atime moved)", p)
 		}
 	}
-	if d := fstree.DiffTrees(g.before, snapshotTree(t, g.dir)); len(d) > 0 {
+	if d := fstest.DiffTrees(g.before, snapshotTree(t, g.dir)); len(d) > 0 {
 		t.Fatalf("Apply changed the sentinel directory beside it: %v", d)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 func requireRoot(t testing.TB) {
@@ -94,7 +94,7 @@ func runOracle(t testing.TB, base, change func(t testing.TB, root string)) *orac
 		t.Fatalf("Apply: %v", err)
 	}
 	o.stats = st
-	if err := fstree.Compare(o.Want, o.Target); err != nil {
+	if err := fstest.Compare(o.Want, o.Target); err != nil {
 		t.Fatal(err)
 	}
 	// Again, now that target's upper holds what the first one wrote: the
@@ -102,7 +102,7 @@ func runOracle(t testing.TB, base, change func(t testing.TB, root string)) *orac
 	if _, err := Apply(context.Background(), o.U, o.Target, WithTargetUpper(u2)); err != nil {
 		t.Fatalf("Apply again: %v", err)
 	}
-	if err := fstree.Compare(o.Want, o.Target); err != nil {
+	if err := fstest.Compare(o.Want, o.Target); err != nil {
 		t.Fatalf("after applying again: %v", err)
 	}
 	checkNoTemps(t, o.Target)
@@ -149,9 +149,9 @@ func write(t fsT, p string, data string, mode os.FileMode) {
 }
 
 // snapshotTree records a tree for a later no-change check.
-func snapshotTree(t testing.TB, root string) fstree.Tree {
+func snapshotTree(t testing.TB, root string) fstest.Tree {
 	t.Helper()
-	tr, err := fstree.Scan(root)
+	tr, err := fstest.Scan(root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/snapshotter/fstree"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // dropDentries makes every overlay forget the dentries and inodes it
@@ -91,7 +91,7 @@ func TestJournalRestoresLiveMount(t *testing.T) {
 				t.Fatalf("links left after Discard: %v", left)
 			}
 			dropDentries(t)
-			if diffs := fstree.DiffTrees(before, snapshotTree(t, parent)); len(diffs) > 0 {
+			if diffs := fstest.DiffTrees(before, snapshotTree(t, parent)); len(diffs) > 0 {
 				t.Fatalf("after restore (apply cut: %v) the live mount differs from before: %v", err != nil, diffs)
 			}
 			checkNoTemps(t, parent)

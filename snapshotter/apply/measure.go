@@ -107,50 +107,12 @@ func (m *measurer) dir(fd int, rel string, depth int) error {
 		if err := m.ctx.Err(); err != nil {
 			return fmt.Errorf("measure %s: %w", join(rel, name), err)
 		}
-		erel := join(rel, name)
-		if !validName(name) {
-			return invalid(erel, "bad name %q in upper", name)
-		}
-		m.needs.Entries++
-		st, err := lstatAt(fd, name)
+		isDir, err := m.entry(fd, tgt, rel, name, depth)
 		if err != nil {
-			return fail(erel, "stat upper", err)
+			return err
 		}
-		private, _, err := upperXattrs(fd, name)
-		if err != nil {
-			return fail(erel, "list upper xattrs", err)
-		}
-		if private[xattrRedirect] {
-			return fmt.Errorf("apply %s: redirect xattr (redirect_dir) in upper: %w", erel, errdefs.ErrNotImplemented)
-		}
-		if private[xattrMetacopy] {
-			return fmt.Errorf("apply %s: metacopy xattr in upper: %w", erel, errdefs.ErrNotImplemented)
-		}
-		typ := st.Mode & unix.S_IFMT
-		removes := typ != unix.S_IFDIR
-		if typ == unix.S_IFDIR {
+		if isDir {
 			subdirs = append(subdirs, name)
-			if private[xattrOpaque] {
-				v, err := getxattrAt(fd, name, xattrOpaque)
-				if err != nil && err != unix.ENODATA {
-					return fail(erel, "read opaque xattr", err)
-				}
-				removes = string(v) == "y"
-			}
-		} else if k := (devIno{uint64(st.Dev), st.Ino}); st.Nlink <= 1 || !m.seen[k] {
-			if st.Nlink > 1 {
-				if m.seen == nil {
-					m.seen = map[devIno]bool{}
-				}
-				m.seen[k] = true
-			}
-			m.needs.Bytes += st.Blocks * 512
-			m.needs.Inodes++
-		}
-		if removes {
-			if err := m.checkRemoval(tgt, rel, name, depth+1); err != nil {
-				return err
-			}
 		}
 	}
 	for i, t := range tgt {
@@ -171,6 +133,57 @@ func (m *measurer) dir(fd int, rel string, depth int) error {
 		}
 	}
 	return nil
+}
+
+// entry measures the entry name of the upper directory fd (at rel, depth
+// deep), whose counterparts in the target layers tgt opens on first need,
+// and says whether it is a directory to descend into.
+func (m *measurer) entry(fd int, tgt []int, rel, name string, depth int) (bool, error) {
+	erel := join(rel, name)
+	if !validName(name) {
+		return false, invalid(erel, "bad name %q in upper", name)
+	}
+	m.needs.Entries++
+	st, err := lstatAt(fd, name)
+	if err != nil {
+		return false, fail(erel, "stat upper", err)
+	}
+	private, _, err := upperXattrs(fd, name)
+	if err != nil {
+		return false, fail(erel, "list upper xattrs", err)
+	}
+	if private[xattrRedirect] {
+		return false, fmt.Errorf("apply %s: redirect xattr (redirect_dir) in upper: %w", erel, errdefs.ErrNotImplemented)
+	}
+	if private[xattrMetacopy] {
+		return false, fmt.Errorf("apply %s: metacopy xattr in upper: %w", erel, errdefs.ErrNotImplemented)
+	}
+	typ := st.Mode & unix.S_IFMT
+	removes := typ != unix.S_IFDIR
+	if typ == unix.S_IFDIR {
+		if private[xattrOpaque] {
+			v, err := getxattrAt(fd, name, xattrOpaque)
+			if err != nil && err != unix.ENODATA {
+				return false, fail(erel, "read opaque xattr", err)
+			}
+			removes = string(v) == "y"
+		}
+	} else if k := (devIno{uint64(st.Dev), st.Ino}); st.Nlink <= 1 || !m.seen[k] {
+		if st.Nlink > 1 {
+			if m.seen == nil {
+				m.seen = map[devIno]bool{}
+			}
+			m.seen[k] = true
+		}
+		m.needs.Bytes += st.Blocks * 512
+		m.needs.Inodes++
+	}
+	if removes {
+		if err := m.checkRemoval(tgt, rel, name, depth+1); err != nil {
+			return false, err
+		}
+	}
+	return typ == unix.S_IFDIR, nil
 }
 
 // checkRemoval measures, in each target layer, the directory rel/name that

@@ -99,10 +99,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		tl.Close()
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
-	branchv1.RegisterTTRPCBranchesService(tsrv, snapshotter.NewTTRPCBranchService(sn))
+	branchv1.RegisterTTRPCBranchesService(tsrv, snapshotter.NewTTRPCBranchService(sn.Branches))
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
-	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn))
+	branchv1.RegisterBranchesServer(srv, snapshotter.NewBranchService(sn.Branches))
 
 	// A shim knows a sandbox's rootfs only by its upper directory, inside
 	// root: this file tells it where the branch API is served.

@@ -1,6 +1,6 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"os"
@@ -16,18 +16,18 @@ func TestLiveMountCache(t *testing.T) {
 	requireRoot(t)
 	upper, target, mountOverlay := testOverlay(t)
 
-	var c liveMounts
+	var c LiveCache
 	want := func(what string, target string, readonly, cached bool) {
 		t.Helper()
-		got, err := c.find(upper)
+		got, err := c.Find(upper)
 		if err != nil {
 			t.Fatal(err)
 		}
-		table, err := liveMount(upper)
+		table, err := Find(upper)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.target != target || got.readonly != readonly || got != table {
+		if got.Target != target || got.Readonly != readonly || got != table {
 			t.Fatalf("%s: cache says %+v, mount table %+v; want target %q read-only %v", what, got, table, target, readonly)
 		}
 		if _, ok := c.byUpper[upper]; ok != cached {
@@ -37,11 +37,11 @@ func TestLiveMountCache(t *testing.T) {
 	want("first lookup", target, false, true)
 	want("cached lookup", target, false, true)
 
-	if err := remountLive(liveMountInfo{target: target, options: "rw,relatime"}, true); err != nil {
+	if err := Remount(Live{Target: target, Options: "rw,relatime"}, true); err != nil {
 		t.Fatal(err)
 	}
 	want("sealed", target, true, true)
-	if err := remountLive(liveMountInfo{target: target, options: "rw,relatime"}, false); err != nil {
+	if err := Remount(Live{Target: target, Options: "rw,relatime"}, false); err != nil {
 		t.Fatal(err)
 	}
 	want("unsealed", target, false, true)
@@ -98,4 +98,11 @@ func testOverlay(t *testing.T) (upper, target string, mount func()) {
 	mount()
 	t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
 	return upper, target, mount
+}
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts overlays and must run as root (make test does)")
+	}
 }

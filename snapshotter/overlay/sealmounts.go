@@ -1,6 +1,6 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"context"
@@ -28,8 +28,8 @@ import (
 // namespace: the host's (the live mount the snapshotter finds) and the
 // container's own root, in its namespace, entered from a locked thread.
 
-// nsMount is one mount of an overlay superblock in some mount namespace.
-type nsMount struct {
+// NSMount is one mount of an overlay superblock in some mount namespace.
+type NSMount struct {
 	ns       uint64 // the mount namespace (its inode number)
 	pid      int    // a process in it; 0 for this process's own
 	id       uint64 // the mount's id (mountinfo's first field)
@@ -39,9 +39,9 @@ type nsMount struct {
 	minor    int
 }
 
-// mountNS is the inode number of the mount namespace at path (a
+// MountNS is the inode number of the mount namespace at path (a
 // /proc/<pid>/ns/mnt).
-func mountNS(path string) (uint64, error) {
+func MountNS(path string) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return 0, err
@@ -53,16 +53,16 @@ func mountNS(path string) (uint64, error) {
 // the overlay whose upper directory is upper. Other namespaces are found
 // from /proc/*/ns/mnt, one process each, and matched by the superblock's
 // device, which the host's mount of it gives.
-func overlayMountsEverywhere(upper string) ([]nsMount, error) {
-	self, err := mountNS("/proc/self/ns/mnt")
+func overlayMountsEverywhere(upper string) ([]NSMount, error) {
+	self, err := MountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, fmt.Errorf("find this process's mount namespace: %w", err)
 	}
-	own, err := readOverlayMounts()
+	own, err := ReadTable()
 	if err != nil {
 		return nil, err
 	}
-	var out []nsMount
+	var out []NSMount
 	for _, m := range own {
 		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
 			out = append(out, toNSMount(self, 0, m))
@@ -87,7 +87,7 @@ func overlayMountsEverywhere(upper string) ([]nsMount, error) {
 		if err != nil {
 			continue
 		}
-		ns, err := mountNS("/proc/" + name + "/ns/mnt")
+		ns, err := MountNS("/proc/" + name + "/ns/mnt")
 		if err != nil || seen[ns] {
 			continue // gone, or a kernel thread
 		}
@@ -114,8 +114,8 @@ func pidOverlayMounts(pid int) ([]*mountinfo.Info, error) {
 	return mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("overlay"))
 }
 
-func toNSMount(ns uint64, pid int, m *mountinfo.Info) nsMount {
-	return nsMount{ns: ns, pid: pid, id: uint64(m.ID), point: m.Mountpoint, readonly: hasMountOpt(m.Options, "ro"), major: m.Major, minor: m.Minor}
+func toNSMount(ns uint64, pid int, m *mountinfo.Info) NSMount {
+	return NSMount{ns: ns, pid: pid, id: uint64(m.ID), point: m.Mountpoint, readonly: hasMountOpt(m.Options, "ro"), major: m.Major, minor: m.Minor}
 }
 
 // nsThread is a locked OS thread that enters other mount namespaces: it
@@ -171,7 +171,7 @@ type mountSealer struct {
 }
 
 func newMountSealer() (*mountSealer, error) {
-	self, err := mountNS("/proc/self/ns/mnt")
+	self, err := MountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, fmt.Errorf("find this process's mount namespace: %w", err)
 	}
@@ -185,7 +185,7 @@ func (s *mountSealer) close() { s.thread.close() }
 // symbolic links (its path is the container's to change), and must be the
 // mount of that id; the flag is then changed from inside its namespace,
 // which mount_setattr requires of an attached mount.
-func (s *mountSealer) set(m nsMount, readonly bool) error {
+func (s *mountSealer) set(m NSMount, readonly bool) error {
 	attr := &unix.MountAttr{}
 	if readonly {
 		attr.Attr_set = unix.MOUNT_ATTR_RDONLY
@@ -223,7 +223,7 @@ func (s *mountSealer) set(m nsMount, readonly bool) error {
 }
 
 // openMount opens the root of mount m (O_PATH) and checks its mount id.
-func openMount(m nsMount) (int, error) {
+func openMount(m NSMount) (int, error) {
 	var fd int
 	var err error
 	if m.pid == 0 {
@@ -255,11 +255,11 @@ func openMount(m nsMount) (int, error) {
 	return fd, nil
 }
 
-// writableMounts lists the mounts of upper's overlay that a per-mount seal
+// WritableMounts lists the mounts of upper's overlay that a per-mount seal
 // makes read-only: every mount not read-only of its own (one that is was
 // made so by someone else, and stays so) and not covered in its namespace
 // (coveredMount).
-func writableMounts(upper string) (all, writable []nsMount, err error) {
+func WritableMounts(upper string) (all, writable []NSMount, err error) {
 	all, err = overlayMountsEverywhere(upper)
 	if err != nil {
 		return nil, nil, err
@@ -279,7 +279,7 @@ func writableMounts(upper string) (all, writable []nsMount, err error) {
 // own, as a PrivateTmp= service's /tmp covers the host's. Nothing there
 // can open a file through it, so it needs no seal, and it could not be
 // given one: mount_setattr needs the mount opened, by its path.
-func coveredMount(m nsMount) bool {
+func coveredMount(m NSMount) bool {
 	if m.pid == 0 {
 		return false
 	}
@@ -288,10 +288,10 @@ func coveredMount(m nsMount) bool {
 		unix.Close(fd)
 		return false
 	}
-	return errors.Is(err, unix.ENOENT) && stillMounted(m) && len(findWriters([]nsMount{m})) == 0
+	return errors.Is(err, unix.ENOENT) && stillMounted(m) && len(findWriters([]NSMount{m})) == 0
 }
 
-func sealedMounts(ms []nsMount) []branch.SealedMount {
+func SealedMounts(ms []NSMount) []branch.SealedMount {
 	out := make([]branch.SealedMount, len(ms))
 	for i, m := range ms {
 		out[i] = branch.SealedMount{NS: m.ns, MountID: m.id, Pid: m.pid}
@@ -299,11 +299,11 @@ func sealedMounts(ms []nsMount) []branch.SealedMount {
 	return out
 }
 
-// sealEach makes each of ms read-only. If one refuses (EBUSY: files are
+// SealEach makes each of ms read-only. If one refuses (EBUSY: files are
 // open for writing on it), those done are made writable again and the
 // error names the writers on every mount of the superblock (all). name is
 // the context, for messages.
-func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
+func SealEach(ctx context.Context, name string, all, ms []NSMount) error {
 	ms2, err := newMountSealer()
 	if err != nil {
 		return err
@@ -338,18 +338,18 @@ func sealEach(ctx context.Context, name string, all, ms []nsMount) error {
 // any other of that namespace), by its id, and still of the overlay whose
 // upper is upper (an id is reused once its mount is gone). A namespace or
 // mount that is gone is left out: nothing is left to unseal there.
-func resolveSealed(recorded []branch.SealedMount, upper string) ([]nsMount, error) {
-	self, err := mountNS("/proc/self/ns/mnt")
+func resolveSealed(recorded []branch.SealedMount, upper string) ([]NSMount, error) {
+	self, err := MountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, err
 	}
 	var pids map[uint64]int // namespace -> a process in it, read on first need
-	var out []nsMount
+	var out []NSMount
 	for _, r := range recorded {
 		pid := 0
 		if r.NS != self {
 			pid = r.Pid
-			if ns, err := mountNS("/proc/" + strconv.Itoa(pid) + "/ns/mnt"); err != nil || ns != r.NS {
+			if ns, err := MountNS("/proc/" + strconv.Itoa(pid) + "/ns/mnt"); err != nil || ns != r.NS {
 				if pids == nil {
 					pids = namespacePids()
 				}
@@ -360,7 +360,7 @@ func resolveSealed(recorded []branch.SealedMount, upper string) ([]nsMount, erro
 		}
 		var infos []*mountinfo.Info
 		if pid == 0 {
-			infos, err = readOverlayMounts()
+			infos, err = ReadTable()
 		} else {
 			infos, err = pidOverlayMounts(pid)
 		}
@@ -379,8 +379,8 @@ func resolveSealed(recorded []branch.SealedMount, upper string) ([]nsMount, erro
 
 // stillMounted says whether mount m is still in its namespace, as its
 // process sees it (a process or namespace gone says no).
-func stillMounted(m nsMount) bool {
-	if ns, err := mountNS("/proc/" + strconv.Itoa(m.pid) + "/ns/mnt"); err != nil || ns != m.ns {
+func stillMounted(m NSMount) bool {
+	if ns, err := MountNS("/proc/" + strconv.Itoa(m.pid) + "/ns/mnt"); err != nil || ns != m.ns {
 		return false
 	}
 	infos, err := pidOverlayMounts(m.pid)
@@ -409,7 +409,7 @@ func namespacePids() map[uint64]int {
 		if err != nil {
 			continue
 		}
-		if ns, err := mountNS("/proc/" + name + "/ns/mnt"); err == nil {
+		if ns, err := MountNS("/proc/" + name + "/ns/mnt"); err == nil {
 			if _, ok := out[ns]; !ok {
 				out[ns] = pid
 			}
@@ -418,10 +418,10 @@ func namespacePids() map[uint64]int {
 	return out
 }
 
-// setEachRecorded sets the read-only flag of every mount a per-mount seal
+// SetEachRecorded sets the read-only flag of every mount a per-mount seal
 // of the overlay whose upper is upper recorded: cleared at unseal, set again at recovery. It goes on past a
 // failure and returns them all.
-func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper string, readonly bool) error {
+func SetEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper string, readonly bool) error {
 	ms, err := resolveSealed(recorded, upper)
 	if err != nil {
 		return err
@@ -448,6 +448,6 @@ func setEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper s
 	return errors.Join(errs...)
 }
 
-func logSealed(ctx context.Context, name string, ms []nsMount, took time.Duration) {
+func LogSealed(ctx context.Context, name string, ms []NSMount, took time.Duration) {
 	log.G(ctx).WithFields(log.Fields{"context": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount: the superblock holds files unlinked while open")
 }

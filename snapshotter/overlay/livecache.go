@@ -1,6 +1,6 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"sync"
@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// liveMounts remembers where each upper is mounted, so that finding a
+// LiveCache remembers where each upper is mounted, so that finding a
 // writable context's live mount (once per fork) costs a statx and a statfs
 // instead of reading and parsing the whole mount table. An entry is trusted
 // only while the mount at its target still has the same unique mount id
@@ -16,7 +16,7 @@ import (
 // sends the lookup back to the mount table. So does a read-only answer from
 // statfs: it cannot tell a read-only superblock (a seal) from a read-only
 // mount of a writable one, which must still be sealed.
-type liveMounts struct {
+type LiveCache struct {
 	mu      sync.Mutex
 	byUpper map[string]cachedLive
 }
@@ -30,8 +30,8 @@ type cachedLive struct {
 // maxCachedLive bounds the cache; past it, it starts again empty.
 const maxCachedLive = 4096
 
-// find is liveMount(upper), from the cache when it can be.
-func (c *liveMounts) find(upper string) (liveMountInfo, error) {
+// Find is liveMount(upper), from the cache when it can be.
+func (c *LiveCache) Find(upper string) (Live, error) {
 	c.mu.Lock()
 	e, ok := c.byUpper[upper]
 	c.mu.Unlock()
@@ -44,23 +44,23 @@ func (c *liveMounts) find(upper string) (liveMountInfo, error) {
 			c.forget(upper)
 		}
 	}
-	t, err := readOverlayMounts()
+	t, err := ReadTable()
 	if err != nil {
-		return liveMountInfo{}, err
+		return Live{}, err
 	}
 	for _, m := range t {
 		if !hasMountOpt(m.VFSOptions, "upperdir="+upper) {
 			continue
 		}
-		live := liveMountInfo{target: m.Mountpoint, readonly: hasMountOpt(m.VFSOptions, "ro"), options: m.Options}
-		if !live.readonly && hasMountOpt(m.Options, "rw") {
+		live := Live{Target: m.Mountpoint, Readonly: hasMountOpt(m.VFSOptions, "ro"), Options: m.Options}
+		if !live.Readonly && hasMountOpt(m.Options, "rw") {
 			if old, unique, err := mountIDs(m.Mountpoint); err == nil && old == uint64(m.ID) {
 				c.remember(upper, cachedLive{target: m.Mountpoint, options: m.Options, mntID: unique})
 			}
 		}
 		return live, nil
 	}
-	return liveMountInfo{}, nil
+	return Live{}, nil
 }
 
 type cacheState int
@@ -73,25 +73,25 @@ const (
 
 // check says whether the entry still names the mount at its target, and
 // whether that mount is writable.
-func (e cachedLive) check() (liveMountInfo, cacheState) {
+func (e cachedLive) check() (Live, cacheState) {
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, e.target, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_MNT_ID_UNIQUE, &stx); err != nil {
-		return liveMountInfo{}, cacheStale
+		return Live{}, cacheStale
 	}
 	if stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 || stx.Mnt_id != e.mntID {
-		return liveMountInfo{}, cacheStale
+		return Live{}, cacheStale
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(e.target, &st); err != nil {
-		return liveMountInfo{}, cacheStale
+		return Live{}, cacheStale
 	}
 	if st.Flags&unix.ST_RDONLY != 0 {
-		return liveMountInfo{}, cacheReadonly
+		return Live{}, cacheReadonly
 	}
-	return liveMountInfo{target: e.target, options: e.options}, cacheWritable
+	return Live{Target: e.target, Options: e.options}, cacheWritable
 }
 
-func (c *liveMounts) remember(upper string, e cachedLive) {
+func (c *LiveCache) remember(upper string, e cachedLive) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.byUpper == nil || len(c.byUpper) >= maxCachedLive {
@@ -100,7 +100,7 @@ func (c *liveMounts) remember(upper string, e cachedLive) {
 	c.byUpper[upper] = e
 }
 
-func (c *liveMounts) forget(upper string) {
+func (c *LiveCache) forget(upper string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.byUpper, upper)

@@ -1,20 +1,23 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
 
-// sealThreads runs the remounts that seal forked parents, each on an OS
+// SealThreads runs the remounts that seal forked parents, each on an OS
 // thread of its own that is woken on the CPU of the fork waiting for it.
 //
 // Why: a remount read-only reaches its read-only point some 15 us after it
@@ -33,7 +36,7 @@ import (
 // of yielding, so that it takes the CPU back even from a remount still busy
 // in its sync. A timer wake-up costs 30-50 us here, and lone forks were
 // 300-500 us against 225-365 us.
-type sealThreads struct {
+type SealThreads struct {
 	mu     sync.Mutex
 	idle   []*sealThread
 	closed bool
@@ -43,9 +46,9 @@ type sealThreads struct {
 // fork of a different root running at once.
 const maxIdleSealThreads = 4
 
-// sealRun is one remount under way.
-type sealRun struct {
-	live liveMountInfo
+// SealRun is one remount under way.
+type SealRun struct {
+	live Live
 	// issued is set just before the remount is: until then the thread
 	// may still be waiting for a P, which yielding the CPU does not give.
 	issued atomic.Bool
@@ -56,10 +59,71 @@ type sealRun struct {
 	settle, release func()
 }
 
+// Seal makes the superblock of the overlay mounted at live read-only,
+// which reaches every mount of it (the container's own root in its mount
+// namespace, and any copy of that namespace).
+//
+// The remount first checks that no mount of the superblock has a file open
+// for writing and from then on refuses every write; then overlayfs makes it
+// sync the whole upper filesystem (0.2 ms to several here), which a seal
+// does not need. So the remount runs on a seal thread and Seal returns as
+// soon as a probe write through live.Target is refused, with the remount
+// still running: the caller must call Finish on the run it returns (which
+// waits for the rest) and remount nothing of the tree before that. If the
+// remount ended first, Seal returns its outcome and no run.
+func (p *SealThreads) Seal(ctx context.Context, live Live) (*SealRun, error) {
+	run := p.remount(ctx, live)
+	probed := false
+	for spin := 0; ; spin++ {
+		// The seal thread runs on this CPU when this thread yields it, and
+		// gives it back once its remount blocks, past the read-only point.
+		// One that has not issued the remount soon is waiting for a P,
+		// both being busy: yield this one to it.
+		switch {
+		case spin >= 400:
+			time.Sleep(50 * time.Microsecond)
+		case !run.issued.Load() && spin >= 4:
+			runtime.Gosched()
+		default:
+			yieldCPU()
+		}
+		if !run.issued.Load() {
+			continue
+		}
+		select {
+		case err := <-run.result:
+			run.settle()
+			run.release()
+			if err != nil && probed && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				// The probe itself may have been the writer the remount saw:
+				// try once more without it.
+				err = Remount(live, true)
+			}
+			return nil, err
+		default:
+		}
+		if ProbeRefused(live.Target) {
+			break
+		}
+		probed = true
+	}
+	run.settle()
+	return run, nil
+}
+
+// Finish waits for the rest of a remount Seal returned early from: past
+// the writer check only an I/O error can fail it, and the parent is
+// read-only whatever it returns.
+func (run *SealRun) Finish() error {
+	err := <-run.result
+	run.release()
+	return err
+}
+
 // remount starts remounting live read-only, on a seal thread pinned to the
 // caller's CPU when it can, else on a goroutine.
-func (p *sealThreads) remount(ctx context.Context, live liveMountInfo) *sealRun {
-	run := &sealRun{live: live, result: make(chan error, 1), settle: func() {}, release: func() {}}
+func (p *SealThreads) remount(ctx context.Context, live Live) *SealRun {
+	run := &SealRun{live: live, result: make(chan error, 1), settle: func() {}, release: func() {}}
 	t, err := p.take()
 	if err == nil {
 		var cpu int
@@ -78,13 +142,13 @@ func (p *sealThreads) remount(ctx context.Context, live liveMountInfo) *sealRun 
 	log.G(ctx).WithError(err).Warn("no seal thread: remounting on a goroutine")
 	go func() {
 		run.issued.Store(true)
-		run.result <- remountLive(live, true)
+		run.result <- Remount(live, true)
 	}()
 	return run
 }
 
 // take returns an idle seal thread, or a new one.
-func (p *sealThreads) take() (*sealThread, error) {
+func (p *SealThreads) take() (*sealThread, error) {
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
 		t := p.idle[n-1]
@@ -98,7 +162,7 @@ func (p *sealThreads) take() (*sealThread, error) {
 
 // put returns a seal thread whose remount has ended to the idle ones, or
 // ends it.
-func (p *sealThreads) put(t *sealThread) {
+func (p *SealThreads) put(t *sealThread) {
 	p.mu.Lock()
 	if !p.closed && len(p.idle) < maxIdleSealThreads {
 		p.idle = append(p.idle, t)
@@ -109,8 +173,8 @@ func (p *sealThreads) put(t *sealThread) {
 	t.stop()
 }
 
-// close ends the idle threads; threads still remounting end when put.
-func (p *sealThreads) close() {
+// Close ends the idle threads; threads still remounting end when put.
+func (p *SealThreads) Close() {
 	p.mu.Lock()
 	idle := p.idle
 	p.idle, p.closed = nil, true
@@ -126,7 +190,7 @@ type sealThread struct {
 	cpus  unix.CPUSet // the CPUs it may run on when not pinned
 	wakeR int         // read end of the wake-up pipe, the thread's
 	wakeW int         // write end, the fork's
-	req   chan *sealRun
+	req   chan *SealRun
 	ended chan struct{} // closed when the thread's goroutine returns
 }
 
@@ -135,7 +199,7 @@ func newSealThread() (*sealThread, error) {
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("make a seal thread's pipe: %w", err)
 	}
-	t := &sealThread{wakeR: fds[0], wakeW: fds[1], req: make(chan *sealRun, 1), ended: make(chan struct{})}
+	t := &sealThread{wakeR: fds[0], wakeW: fds[1], req: make(chan *SealRun, 1), ended: make(chan struct{})}
 	tid := make(chan int)
 	go func() {
 		// Never unlocked: the thread's CPU affinity is changed, so it must
@@ -173,14 +237,14 @@ func newSealThread() (*sealThread, error) {
 	return t, nil
 }
 
-func (t *sealThread) serve(run *sealRun) {
+func (t *sealThread) serve(run *SealRun) {
 	run.issued.Store(true)
-	run.result <- remountLive(run.live, true)
+	run.result <- Remount(run.live, true)
 }
 
 // start has t carry out run on the calling thread's current CPU, which it
 // returns; the caller then yields (yieldCPU) to let it run.
-func (t *sealThread) start(run *sealRun) (int, error) {
+func (t *sealThread) start(run *SealRun) (int, error) {
 	cpu, err := currentCPU()
 	if err == nil && t.cpus.Count() > 1 {
 		var set unix.CPUSet

@@ -1,9 +1,9 @@
 //go:build linux
 
-// Package fstree compares two directory trees exactly, for tests: every
+// Package fstest compares two directory trees exactly, for tests: every
 // attribute a commit must carry over, including hard-link structure and the
 // sparse layout of files.
-package fstree
+package fstest
 
 import (
 	"crypto/sha256"

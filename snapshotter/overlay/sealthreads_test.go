@@ -1,6 +1,6 @@
 //go:build linux
 
-package snapshotter
+package overlay
 
 import (
 	"context"
@@ -21,10 +21,10 @@ func TestSealThreads(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
 	_, target, _ := testOverlay(t)
-	live := liveMountInfo{target: target, options: "rw,relatime"}
+	live := Live{Target: target, Options: "rw,relatime"}
 
-	var p sealThreads
-	t.Cleanup(p.close) // on failure; closing twice is harmless
+	var p SealThreads
+	t.Cleanup(p.Close) // on failure; closing twice is harmless
 	first, err := p.take()
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +32,7 @@ func TestSealThreads(t *testing.T) {
 	p.put(first)
 	for round := range 2 {
 		run := p.remount(ctx, live)
-		for !run.issued.Load() || !probeRefused(target) {
+		for !run.issued.Load() || !ProbeRefused(target) {
 			yieldCPU()
 		}
 		run.settle()
@@ -43,7 +43,7 @@ func TestSealThreads(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(target, "f"), nil, 0o644); !errors.Is(err, unix.EROFS) {
 			t.Fatalf("round %d: write to the sealed mount: %v, want EROFS", round, err)
 		}
-		if err := remountLive(live, false); err != nil {
+		if err := Remount(live, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -55,7 +55,7 @@ func TestSealThreads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.close()
+	p.Close()
 	p.put(extra) // after close: ended, not kept
 	if len(p.idle) != 0 {
 		t.Fatalf("closed pool keeps %d threads", len(p.idle))

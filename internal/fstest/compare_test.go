@@ -1,6 +1,6 @@
 //go:build linux
 
-package fstree
+package fstest
 
 import (
 	"os"

@@ -1,6 +1,12 @@
 //go:build linux
 
-package snapshotter
+// Package overlay is the snapshotter's overlay mount code: where an upper
+// is mounted (the host's mount table, and a cache of it), the seal of a
+// live overlay (its superblock remounted read-only on a thread of its own,
+// or each of its mounts in every mount namespace made read-only), the
+// processes whose open files refuse a seal, and the detaching of the mounts
+// of discarded layers. It knows nothing of snapshots or branch trees.
+package overlay
 
 import (
 	"context"
@@ -16,18 +22,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// liveMountInfo is where the host sees an overlay with a given upper.
-type liveMountInfo struct {
-	target   string // a mount point of it; "" if not mounted
-	readonly bool   // the superblock is read-only
-	options  string // per-mount options of that mount point
+// Live is where the host sees an overlay with a given upper.
+type Live struct {
+	Target   string // a mount point of it; "" if not mounted
+	Readonly bool   // the superblock is read-only
+	Options  string // per-mount options of that mount point
 }
 
-// mountTable is the overlay mounts of this mount namespace, read once for
+// Table is the overlay mounts of this mount namespace, read once for
 // an operation that asks about several layers.
-type mountTable []*mountinfo.Info
+type Table []*mountinfo.Info
 
-func readOverlayMounts() (mountTable, error) {
+func ReadTable() (Table, error) {
 	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
@@ -35,20 +41,20 @@ func readOverlayMounts() (mountTable, error) {
 	return infos, nil
 }
 
-// live finds the overlay mounted with upper as its upper directory. An
+// Live finds the overlay mounted with upper as its upper directory. An
 // upper is in use by at most one overlay superblock, so the first mount
 // point found speaks for all of them.
-func (t mountTable) live(upper string) liveMountInfo {
+func (t Table) Live(upper string) Live {
 	for _, m := range t {
 		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
-			return liveMountInfo{target: m.Mountpoint, readonly: hasMountOpt(m.VFSOptions, "ro"), options: m.Options}
+			return Live{Target: m.Mountpoint, Readonly: hasMountOpt(m.VFSOptions, "ro"), Options: m.Options}
 		}
 	}
-	return liveMountInfo{}
+	return Live{}
 }
 
-// detach lazily unmounts every overlay of the table whose upper is upper.
-func (t mountTable) detach(ctx context.Context, upper string) {
+// Detach lazily unmounts every overlay of the table whose upper is upper.
+func (t Table) Detach(ctx context.Context, upper string) {
 	var found []*mountinfo.Info
 	for _, m := range t {
 		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
@@ -58,14 +64,14 @@ func (t mountTable) detach(ctx context.Context, upper string) {
 	detachAll(ctx, found)
 }
 
-// liveMount finds the overlay mounted (in this mount namespace) with upper
+// Find finds the overlay mounted (in this mount namespace) with upper
 // as its upper directory.
-func liveMount(upper string) (liveMountInfo, error) {
-	t, err := readOverlayMounts()
+func Find(upper string) (Live, error) {
+	t, err := ReadTable()
 	if err != nil {
-		return liveMountInfo{}, err
+		return Live{}, err
 	}
-	return t.live(upper), nil
+	return t.Live(upper), nil
 }
 
 func hasMountOpt(opts, want string) bool {
@@ -77,15 +83,15 @@ func hasMountOpt(opts, want string) bool {
 	return false
 }
 
-// remountLive makes the overlay superblock mounted at live.target
+// Remount makes the overlay superblock mounted at live.target
 // read-only or writable. Changing the superblock, not the mount, reaches
 // every mount of it at once, including the container's own root in its
 // mount namespace. The per-mount flags (live.options, as the mount table
 // read them) are passed back unchanged, since a remount resets them.
-func remountLive(live liveMountInfo, readonly bool) error {
-	target := live.target
+func Remount(live Live, readonly bool) error {
+	target := live.Target
 	flags := uintptr(unix.MS_REMOUNT)
-	for _, o := range strings.Split(live.options, ",") {
+	for _, o := range strings.Split(live.Options, ",") {
 		switch o {
 		case "nosuid":
 			flags |= unix.MS_NOSUID
@@ -108,30 +114,30 @@ func remountLive(live liveMountInfo, readonly bool) error {
 	}
 	if err := unix.Mount("", target, "", flags, ""); err != nil {
 		if err == unix.EBUSY && readonly {
-			return fmt.Errorf("remount %s read-only: %w: %w", target, errSuperblockBusy, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("remount %s read-only: %w: %w", target, ErrSuperblockBusy, errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("remount %s (read-only: %v): %w", target, readonly, err)
 	}
 	return nil
 }
 
-// errSuperblockBusy is a superblock's read-only remount refused: a file
+// ErrSuperblockBusy is a superblock's read-only remount refused: a file
 // is open for writing on some mount of it, or it holds a file unlinked
 // while open (the kernel refuses both alike). The per-mount seal
-// (sealmounts_linux.go) is refused only for the first, and names it.
-var errSuperblockBusy = errors.New("a file is open for writing on it, or was unlinked while open")
+// (sealmounts.go) is refused only for the first, and names it.
+var ErrSuperblockBusy = errors.New("a file is open for writing on it, or was unlinked while open")
 
-// probeRefused says whether a write through target is refused with EROFS.
+// ProbeRefused says whether a write through target is refused with EROFS.
 // The write sets an attribute both only if it exists and only if it does
 // not, so it changes nothing when let through (ENODATA or EEXIST), even
 // if the sandbox made an attribute of that name.
-func probeRefused(target string) bool {
+func ProbeRefused(target string) bool {
 	return unix.Setxattr(target, "user.branchbox.seal-probe", []byte{0}, unix.XATTR_CREATE|unix.XATTR_REPLACE) == unix.EROFS
 }
 
-// detachMountsUsing lazily unmounts everything mounted below dir and every
+// DetachUnder lazily unmounts everything mounted below dir and every
 // overlay whose upper lies below dir.
-func detachMountsUsing(ctx context.Context, dir string) {
+func DetachUnder(ctx context.Context, dir string) {
 	dir = filepath.Clean(dir)
 	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 	detachMatching(ctx, func(m *mountinfo.Info) bool {
