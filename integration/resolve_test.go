@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -79,4 +80,26 @@ func TestResolveSandbox(t *testing.T) {
 	if _, errOut, code := branchctl(t, ctx, env, "", "tree", "web-7f3"); code == 0 || !strings.Contains(errOut, "names 2 containers") {
 		t.Errorf("tree of an ambiguous prefix: %d %q", code, errOut)
 	}
+	// A full id reaches the sandbox's shim without containerd (its socket
+	// follows from the address, namespace and id; the shim confirms it),
+	// which every other name needs: with containerd's socket moved away,
+	// the id still works and the name is refused.
+	moved := env.Address + ".moved"
+	if err := os.Rename(env.Address, moved); err != nil {
+		t.Fatal(err)
+	}
+	restore := func() { _ = os.Rename(moved, env.Address) }
+	t.Cleanup(restore)
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "web-7f3a01")
+	if err != nil {
+		t.Fatalf("dial by full id without containerd: %v", err)
+	}
+	if _, err := sc.Tree(ctx); err != nil {
+		t.Fatalf("tree by full id without containerd: %v", err)
+	}
+	sc.Close()
+	if _, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "frontend"); err == nil {
+		t.Fatal("dial by name without containerd succeeded; a name is containerd's to resolve")
+	}
+	restore()
 }

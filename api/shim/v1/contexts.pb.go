@@ -26,6 +26,94 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DescribeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeRequest) Reset() {
+	*x = DescribeRequest{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeRequest) ProtoMessage() {}
+
+func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
+func (*DescribeRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DescribeRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type DescribeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeResponse) Reset() {
+	*x = DescribeResponse{}
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeResponse) ProtoMessage() {}
+
+func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
+func (*DescribeResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DescribeResponse) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -34,7 +122,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[0]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +134,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[0]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +147,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{0}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{2}
 }
 
 type Limits struct {
@@ -76,7 +164,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[1]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +176,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[1]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +189,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{1}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Limits) GetMemory() int64 {
@@ -151,7 +239,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[2]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +251,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[2]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +264,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{2}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ForkRequest) GetSandbox() string {
@@ -279,7 +367,7 @@ type Context struct {
 
 func (x *Context) Reset() {
 	*x = Context{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[3]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +379,7 @@ func (x *Context) String() string {
 func (*Context) ProtoMessage() {}
 
 func (x *Context) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[3]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +392,7 @@ func (x *Context) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Context.ProtoReflect.Descriptor instead.
 func (*Context) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{3}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Context) GetId() string {
@@ -493,7 +581,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[4]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +593,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[4]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +606,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{4}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForkResponse) GetBranches() []*Context {
@@ -554,7 +642,7 @@ type MemoryFork struct {
 
 func (x *MemoryFork) Reset() {
 	*x = MemoryFork{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +654,7 @@ func (x *MemoryFork) String() string {
 func (*MemoryFork) ProtoMessage() {}
 
 func (x *MemoryFork) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[5]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +667,7 @@ func (x *MemoryFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryFork.ProtoReflect.Descriptor instead.
 func (*MemoryFork) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MemoryFork) GetPauseNs() int64 {
@@ -630,7 +718,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +730,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[6]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +743,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecRequest) GetSandbox() string {
@@ -737,7 +825,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +837,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[7]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +850,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -783,7 +871,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +883,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[8]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +896,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WaitRequest) GetSandbox() string {
@@ -843,7 +931,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +943,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[9]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +956,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WaitResponse) GetExitStatus() uint32 {
@@ -905,7 +993,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1005,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[10]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1018,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResizePtyRequest) GetSandbox() string {
@@ -979,7 +1067,7 @@ type CloseIORequest struct {
 
 func (x *CloseIORequest) Reset() {
 	*x = CloseIORequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1079,7 @@ func (x *CloseIORequest) String() string {
 func (*CloseIORequest) ProtoMessage() {}
 
 func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[11]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1092,7 @@ func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseIORequest.ProtoReflect.Descriptor instead.
 func (*CloseIORequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseIORequest) GetSandbox() string {
@@ -1040,7 +1128,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1140,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[12]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1153,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KillRequest) GetSandbox() string {
@@ -1106,7 +1194,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1206,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[13]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1219,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CommitRequest) GetSandbox() string {
@@ -1158,7 +1246,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1258,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[14]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1271,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{14}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommitResponse) GetParent() *Context {
@@ -1210,7 +1298,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1310,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[15]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1323,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{15}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AbortRequest) GetSandbox() string {
@@ -1261,7 +1349,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1361,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[16]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1374,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{16}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AbortResponse) GetAborted() []string {
@@ -1305,7 +1393,7 @@ type TreeRequest struct {
 
 func (x *TreeRequest) Reset() {
 	*x = TreeRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1405,7 @@ func (x *TreeRequest) String() string {
 func (*TreeRequest) ProtoMessage() {}
 
 func (x *TreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[17]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1418,7 @@ func (x *TreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRequest.ProtoReflect.Descriptor instead.
 func (*TreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{17}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TreeRequest) GetSandbox() string {
@@ -1349,7 +1437,7 @@ type TreeResponse struct {
 
 func (x *TreeResponse) Reset() {
 	*x = TreeResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1449,7 @@ func (x *TreeResponse) String() string {
 func (*TreeResponse) ProtoMessage() {}
 
 func (x *TreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[18]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1462,7 @@ func (x *TreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeResponse.ProtoReflect.Descriptor instead.
 func (*TreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{18}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TreeResponse) GetNodes() []*Context {
@@ -1399,7 +1487,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1499,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[19]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1512,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{19}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CheckpointRequest) GetSandbox() string {
@@ -1464,7 +1552,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1564,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[20]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1577,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{20}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
@@ -1508,7 +1596,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1608,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[21]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1621,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{21}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListCheckpointsRequest) GetSandbox() string {
@@ -1552,7 +1640,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1652,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[22]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1665,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{22}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
@@ -1597,7 +1685,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1697,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[23]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1710,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{23}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteCheckpointRequest) GetSandbox() string {
@@ -1650,7 +1738,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1750,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_contexts_proto_msgTypes[24]
+	mi := &file_api_shim_v1_contexts_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1763,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{24}
+	return file_api_shim_v1_contexts_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RollbackRequest) GetSandbox() string {
@@ -1703,7 +1791,11 @@ var File_api_shim_v1_contexts_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"\a\n" +
+	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"+\n" +
+	"\x0fDescribeRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\",\n" +
+	"\x10DescribeResponse\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"\a\n" +
 	"\x05Empty\"H\n" +
 	"\x06Limits\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x03R\x06memory\x12\x12\n" +
@@ -1836,7 +1928,7 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x0fRollbackRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name2\x88\b\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name2\xdd\b\n" +
 	"\bContexts\x12G\n" +
 	"\x04Fork\x12\x1e.branchbox.shim.v1.ForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12G\n" +
 	"\x04Exec\x12\x1e.branchbox.shim.v1.ExecRequest\x1a\x1f.branchbox.shim.v1.ExecResponse\x12G\n" +
@@ -1851,7 +1943,8 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"Checkpoint\x12$.branchbox.shim.v1.CheckpointRequest\x1a%.branchbox.shim.v1.CheckpointResponse\x12h\n" +
 	"\x0fListCheckpoints\x12).branchbox.shim.v1.ListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12X\n" +
 	"\x10DeleteCheckpoint\x12*.branchbox.shim.v1.DeleteCheckpointRequest\x1a\x18.branchbox.shim.v1.Empty\x12H\n" +
-	"\bRollback\x12\".branchbox.shim.v1.RollbackRequest\x1a\x18.branchbox.shim.v1.EmptyB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
+	"\bRollback\x12\".branchbox.shim.v1.RollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12S\n" +
+	"\bDescribe\x12\".branchbox.shim.v1.DescribeRequest\x1a#.branchbox.shim.v1.DescribeResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_contexts_proto_rawDescOnce sync.Once
@@ -1865,76 +1958,80 @@ func file_api_shim_v1_contexts_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_contexts_proto_rawDescData
 }
 
-var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_api_shim_v1_contexts_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_api_shim_v1_contexts_proto_goTypes = []any{
-	(*Empty)(nil),                   // 0: branchbox.shim.v1.Empty
-	(*Limits)(nil),                  // 1: branchbox.shim.v1.Limits
-	(*ForkRequest)(nil),             // 2: branchbox.shim.v1.ForkRequest
-	(*Context)(nil),                 // 3: branchbox.shim.v1.Context
-	(*ForkResponse)(nil),            // 4: branchbox.shim.v1.ForkResponse
-	(*MemoryFork)(nil),              // 5: branchbox.shim.v1.MemoryFork
-	(*ExecRequest)(nil),             // 6: branchbox.shim.v1.ExecRequest
-	(*ExecResponse)(nil),            // 7: branchbox.shim.v1.ExecResponse
-	(*WaitRequest)(nil),             // 8: branchbox.shim.v1.WaitRequest
-	(*WaitResponse)(nil),            // 9: branchbox.shim.v1.WaitResponse
-	(*ResizePtyRequest)(nil),        // 10: branchbox.shim.v1.ResizePtyRequest
-	(*CloseIORequest)(nil),          // 11: branchbox.shim.v1.CloseIORequest
-	(*KillRequest)(nil),             // 12: branchbox.shim.v1.KillRequest
-	(*CommitRequest)(nil),           // 13: branchbox.shim.v1.CommitRequest
-	(*CommitResponse)(nil),          // 14: branchbox.shim.v1.CommitResponse
-	(*AbortRequest)(nil),            // 15: branchbox.shim.v1.AbortRequest
-	(*AbortResponse)(nil),           // 16: branchbox.shim.v1.AbortResponse
-	(*TreeRequest)(nil),             // 17: branchbox.shim.v1.TreeRequest
-	(*TreeResponse)(nil),            // 18: branchbox.shim.v1.TreeResponse
-	(*CheckpointRequest)(nil),       // 19: branchbox.shim.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),      // 20: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 21: branchbox.shim.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 22: branchbox.shim.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil), // 23: branchbox.shim.v1.DeleteCheckpointRequest
-	(*RollbackRequest)(nil),         // 24: branchbox.shim.v1.RollbackRequest
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
-	(*v1.Checkpoint)(nil),           // 26: branchbox.types.v1.Checkpoint
+	(*DescribeRequest)(nil),         // 0: branchbox.shim.v1.DescribeRequest
+	(*DescribeResponse)(nil),        // 1: branchbox.shim.v1.DescribeResponse
+	(*Empty)(nil),                   // 2: branchbox.shim.v1.Empty
+	(*Limits)(nil),                  // 3: branchbox.shim.v1.Limits
+	(*ForkRequest)(nil),             // 4: branchbox.shim.v1.ForkRequest
+	(*Context)(nil),                 // 5: branchbox.shim.v1.Context
+	(*ForkResponse)(nil),            // 6: branchbox.shim.v1.ForkResponse
+	(*MemoryFork)(nil),              // 7: branchbox.shim.v1.MemoryFork
+	(*ExecRequest)(nil),             // 8: branchbox.shim.v1.ExecRequest
+	(*ExecResponse)(nil),            // 9: branchbox.shim.v1.ExecResponse
+	(*WaitRequest)(nil),             // 10: branchbox.shim.v1.WaitRequest
+	(*WaitResponse)(nil),            // 11: branchbox.shim.v1.WaitResponse
+	(*ResizePtyRequest)(nil),        // 12: branchbox.shim.v1.ResizePtyRequest
+	(*CloseIORequest)(nil),          // 13: branchbox.shim.v1.CloseIORequest
+	(*KillRequest)(nil),             // 14: branchbox.shim.v1.KillRequest
+	(*CommitRequest)(nil),           // 15: branchbox.shim.v1.CommitRequest
+	(*CommitResponse)(nil),          // 16: branchbox.shim.v1.CommitResponse
+	(*AbortRequest)(nil),            // 17: branchbox.shim.v1.AbortRequest
+	(*AbortResponse)(nil),           // 18: branchbox.shim.v1.AbortResponse
+	(*TreeRequest)(nil),             // 19: branchbox.shim.v1.TreeRequest
+	(*TreeResponse)(nil),            // 20: branchbox.shim.v1.TreeResponse
+	(*CheckpointRequest)(nil),       // 21: branchbox.shim.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),      // 22: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 23: branchbox.shim.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 24: branchbox.shim.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil), // 25: branchbox.shim.v1.DeleteCheckpointRequest
+	(*RollbackRequest)(nil),         // 26: branchbox.shim.v1.RollbackRequest
+	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),           // 28: branchbox.types.v1.Checkpoint
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
-	1,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	25, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
-	25, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
-	1,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
-	3,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
-	5,  // 5: branchbox.shim.v1.ForkResponse.memory:type_name -> branchbox.shim.v1.MemoryFork
-	25, // 6: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	3,  // 7: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
-	3,  // 8: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
-	26, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
-	26, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
-	2,  // 11: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
-	6,  // 12: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
-	8,  // 13: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
-	10, // 14: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
-	11, // 15: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
-	12, // 16: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
-	13, // 17: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
-	15, // 18: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
-	17, // 19: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
-	19, // 20: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
-	21, // 21: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
-	23, // 22: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
-	24, // 23: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
-	4,  // 24: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	7,  // 25: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	9,  // 26: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	0,  // 27: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
-	0,  // 28: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
-	0,  // 29: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
-	14, // 30: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	16, // 31: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	18, // 32: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	20, // 33: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	22, // 34: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	0,  // 35: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
-	0,  // 36: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
-	24, // [24:37] is the sub-list for method output_type
-	11, // [11:24] is the sub-list for method input_type
+	3,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
+	27, // 1: branchbox.shim.v1.Context.created:type_name -> google.protobuf.Timestamp
+	27, // 2: branchbox.shim.v1.Context.ended:type_name -> google.protobuf.Timestamp
+	3,  // 3: branchbox.shim.v1.Context.limits:type_name -> branchbox.shim.v1.Limits
+	5,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Context
+	7,  // 5: branchbox.shim.v1.ForkResponse.memory:type_name -> branchbox.shim.v1.MemoryFork
+	27, // 6: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Context
+	5,  // 8: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Context
+	28, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	28, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	4,  // 11: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
+	8,  // 12: branchbox.shim.v1.Contexts.Exec:input_type -> branchbox.shim.v1.ExecRequest
+	10, // 13: branchbox.shim.v1.Contexts.Wait:input_type -> branchbox.shim.v1.WaitRequest
+	12, // 14: branchbox.shim.v1.Contexts.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
+	13, // 15: branchbox.shim.v1.Contexts.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
+	14, // 16: branchbox.shim.v1.Contexts.Kill:input_type -> branchbox.shim.v1.KillRequest
+	15, // 17: branchbox.shim.v1.Contexts.Commit:input_type -> branchbox.shim.v1.CommitRequest
+	17, // 18: branchbox.shim.v1.Contexts.Abort:input_type -> branchbox.shim.v1.AbortRequest
+	19, // 19: branchbox.shim.v1.Contexts.Tree:input_type -> branchbox.shim.v1.TreeRequest
+	21, // 20: branchbox.shim.v1.Contexts.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
+	23, // 21: branchbox.shim.v1.Contexts.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
+	25, // 22: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
+	26, // 23: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
+	0,  // 24: branchbox.shim.v1.Contexts.Describe:input_type -> branchbox.shim.v1.DescribeRequest
+	6,  // 25: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	9,  // 26: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	11, // 27: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	2,  // 28: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
+	2,  // 29: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
+	2,  // 30: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
+	16, // 31: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	18, // 32: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	20, // 33: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	22, // 34: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	24, // 35: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	2,  // 36: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	2,  // 37: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
+	1,  // 38: branchbox.shim.v1.Contexts.Describe:output_type -> branchbox.shim.v1.DescribeResponse
+	25, // [25:39] is the sub-list for method output_type
+	11, // [11:25] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1951,7 +2048,7 @@ func file_api_shim_v1_contexts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_contexts_proto_rawDesc), len(file_api_shim_v1_contexts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ type ContextsService interface {
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*Empty, error)
 	Rollback(context.Context, *RollbackRequest) (*Empty, error)
+	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
 }
 
 func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
@@ -116,6 +117,13 @@ func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
 					return nil, err
 				}
 				return svc.Rollback(ctx, &req)
+			},
+			"Describe": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req DescribeRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Describe(ctx, &req)
 			},
 		},
 	})
@@ -230,6 +238,14 @@ func (c *contextsClient) DeleteCheckpoint(ctx context.Context, req *DeleteCheckp
 func (c *contextsClient) Rollback(ctx context.Context, req *RollbackRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Rollback", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) Describe(ctx context.Context, req *DescribeRequest) (*DescribeResponse, error) {
+	var resp DescribeResponse
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Describe", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
