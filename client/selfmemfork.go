@@ -22,8 +22,14 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// selfForkPoll is how often a caller looks for its memory fork's outcome.
-const selfForkPoll = 2 * time.Millisecond
+const (
+	// selfForkPoll is how often a caller looks for its memory fork's
+	// outcome.
+	selfForkPoll = 2 * time.Millisecond
+	// selfForkPatience bounds the wait when the caller set no deadline:
+	// a shim that died meanwhile writes no outcome.
+	selfForkPatience = 10 * time.Minute
+)
 
 // awaitSelfFork is the rest of a memory fork of the caller's own context:
 // the shim makes it only once the caller holds no connection to it (a copy
@@ -34,6 +40,11 @@ const selfForkPoll = 2 * time.Millisecond
 // own branch's) with none.
 func (s *SelfClient) awaitSelfFork(ctx context.Context, token string) (*shimv1.ForkResponse, error) {
 	_ = s.conn.Close()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, selfForkPatience)
+		defer cancel()
+	}
 	path := filepath.Join(filepath.Dir(s.path), branch.SelfForkOutcomeFile(token))
 	var data []byte
 	for {
