@@ -1,0 +1,616 @@
+//go:build linux
+
+package sandbox
+
+// The branch socket inside a sandbox: with the annotation
+// io.branchbox.socket=true on its container, each context of the sandbox
+// (the sandbox itself and every branch) gets a socket of its own, served by
+// this shim and bind-mounted read-only into that context at
+// /run/branchbox/branch.sock. The listener a connection arrives on is what
+// names the caller's context (no request names a sandbox), and every
+// branch id a request carries must be that context or one of its
+// descendants. The peer's cgroup is checked as well, in case a socket is
+// ever reachable from elsewhere.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+const (
+	// SocketAnnotation on a sandbox's container turns its sockets on.
+	SocketAnnotation = "io.branchbox.socket"
+	// SelfSocketDir is where a context sees its socket's directory.
+	SelfSocketDir = "/run/branchbox"
+	// SelfSocketName is the socket's name in that directory.
+	SelfSocketName = "branch.sock"
+
+	// selfDir is the socket's directory in a context's bundle.
+	selfDir = "selfsock"
+	// selfExecMax bounds the processes started through the sockets of one
+	// sandbox and not yet waited for, since the shim keeps their output
+	// (selfoutput.go).
+	selfExecMax = 256
+	// criContainerType is how CRI marks its pause container, which gets no
+	// socket: nothing in it would use one.
+	criContainerType = "io.kubernetes.cri.container-type"
+)
+
+// selfSocks is the registry of the sockets this shim serves and of the
+// processes started through them.
+type selfSocks struct {
+	mu    sync.Mutex
+	socks map[string]*selfSock // by sandbox id and context id
+	execs map[string]*selfExec // by sandbox id and exec id
+	seq   uint64
+}
+
+type selfSock struct {
+	dir    string
+	server *ttrpc.Server
+}
+
+// selfExec is a process started through a socket: its context and the
+// output the shim keeps for Wait.
+type selfExec struct {
+	target         string
+	io             cio.IO
+	stdout, stderr *tailBuffer
+}
+
+// release gives the memory of its output back to the sandbox's budget.
+func (e *selfExec) release() {
+	e.stdout.release()
+	e.stderr.release()
+}
+
+func selfKey(sandbox, id string) string { return sandbox + "/" + id }
+
+// SocketEnabled reports whether a spec asks for branch sockets.
+func SocketEnabled(s *specs.Spec) bool {
+	return s != nil && s.Annotations[SocketAnnotation] == "true" && s.Annotations[criContainerType] != "sandbox"
+}
+
+// ListenSelfRoot sets up the socket of a sandbox being created, when its
+// spec asks for one: the listener, and the bind mount in its bundle's spec.
+func (c *Service) ListenSelfRoot(ctx context.Context, id, bundle string) error {
+	spec, err := ReadSpec(bundle)
+	if err != nil || !SocketEnabled(spec) {
+		return nil // a broken spec is the task service's to report
+	}
+	if spec.Linux == nil {
+		return fmt.Errorf("%s: %s needs a linux section in the spec: %w", id, SocketAnnotation, errdefs.ErrInvalidArgument)
+	}
+	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", id, SocketAnnotation, err)
+	}
+	if err := c.listenSelf(ctx, id, branch.RootID, bundle, cg, spec); err != nil {
+		return err
+	}
+	if err := writeSpec(bundle, spec); err != nil {
+		c.closeSelf(id, branch.RootID)
+		return fmt.Errorf("%s: write spec with the branch socket's mount: %w", id, err)
+	}
+	return nil
+}
+
+// listenSelfBranch gives a branch being started its own socket, in place
+// of the one its spec inherited from its parent, if the sandbox has them.
+func (c *Service) listenSelfBranch(ctx context.Context, sb *sandbox, n *bctx) error {
+	c.insock.mu.Lock()
+	_, on := c.insock.socks[selfKey(sb.id, branch.RootID)]
+	c.insock.mu.Unlock()
+	if !on {
+		return nil
+	}
+	return c.listenSelf(ctx, sb.id, n.id, n.bundle, n.cgroup, n.spec)
+}
+
+// listenSelf makes <bundle>/selfsock/branch.sock, serves the context's API
+// on it, and mounts the directory read-only at /run/branchbox in spec.
+func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup string, spec *specs.Spec) (retErr error) {
+	dir := filepath.Join(bundle, selfDir)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("context %s/%s: clear socket directory: %w", sandboxID, id, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("context %s/%s: make socket directory: %w", sandboxID, id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	uid, gid := socketOwner(spec)
+	l, err := listenIn(dir, SelfSocketName, uid, gid)
+	if err != nil {
+		return fmt.Errorf("context %s/%s: listen on its branch socket: %w", sandboxID, id, err)
+	}
+	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
+		return peerIn(int(uc.Pid), cgroup)
+	})))
+	if err != nil {
+		l.Close()
+		return err
+	}
+	shimv1.RegisterSelfService(server, &selfService{c: c, sandbox: sandboxID, self: id})
+
+	var mounts []specs.Mount
+	for _, m := range spec.Mounts {
+		if filepath.Clean(m.Destination) != SelfSocketDir {
+			mounts = append(mounts, m)
+		}
+	}
+	spec.Mounts = append(mounts, specs.Mount{
+		Destination: SelfSocketDir, Type: "bind", Source: dir,
+		Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+	})
+
+	c.insock.mu.Lock()
+	if c.insock.socks == nil {
+		c.insock.socks = map[string]*selfSock{}
+	}
+	key := selfKey(sandboxID, id)
+	old := c.insock.socks[key]
+	c.insock.socks[key] = &selfSock{dir: dir, server: server}
+	c.insock.mu.Unlock()
+	if old != nil {
+		_ = old.server.Close()
+	}
+	go func() {
+		if err := server.Serve(context.WithoutCancel(c.ctx), l); err != nil && err != ttrpc.ErrServerClosed {
+			log.G(ctx).WithError(err).WithField("context", key).Warn("branch socket stopped serving")
+		}
+	}()
+	return nil
+}
+
+// listenIn listens on dir/name. The path is taken through a descriptor of
+// dir, since a bundle's path can be longer than a socket address may be.
+func listenIn(dir, name string, uid, gid int) (*net.UnixListener, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Net: "unix", Name: fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name)})
+	if err != nil {
+		return nil, err
+	}
+	// The file is removed with its directory (closeSelf): the name above
+	// means nothing once d is closed.
+	l.SetUnlinkOnClose(false)
+	// Only the context's own user (and its root) may connect: what the
+	// socket runs, it runs as that user, so another user of the context
+	// must not be able to use it to act as that one.
+	p := filepath.Join(dir, name)
+	if err := os.Chown(p, uid, gid); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// socketOwner is the context's process user as the host sees it (through
+// the spec's user namespace mappings, if any).
+func socketOwner(spec *specs.Spec) (int, int) {
+	var uid, gid uint32
+	if spec.Process != nil {
+		uid, gid = spec.Process.User.UID, spec.Process.User.GID
+	}
+	if spec.Linux != nil {
+		uid = mapID(uid, spec.Linux.UIDMappings)
+		gid = mapID(gid, spec.Linux.GIDMappings)
+	}
+	return int(uid), int(gid)
+}
+
+func mapID(id uint32, m []specs.LinuxIDMapping) uint32 {
+	for _, r := range m {
+		if id >= r.ContainerID && id-r.ContainerID < r.Size {
+			return r.HostID + id - r.ContainerID
+		}
+	}
+	return id
+}
+
+// closeSelf stops serving a context's socket, removes it, and drops the
+// processes started in that context through any socket.
+func (c *Service) closeSelf(sandboxID, id string) {
+	c.insock.mu.Lock()
+	key := selfKey(sandboxID, id)
+	s := c.insock.socks[key]
+	delete(c.insock.socks, key)
+	var execs []*selfExec
+	for k, e := range c.insock.execs {
+		if strings.HasPrefix(k, sandboxID+"/") && e.target == id {
+			execs = append(execs, e)
+			delete(c.insock.execs, k)
+		}
+	}
+	c.insock.mu.Unlock()
+	for _, e := range execs {
+		e.io.Cancel()
+		_ = e.io.Close()
+		e.release()
+	}
+	if s == nil {
+		return
+	}
+	// Close does not wait for calls in flight: a context committing itself
+	// closes its own socket from within a call on it.
+	_ = s.server.Close()
+	if err := os.RemoveAll(s.dir); err != nil {
+		log.G(c.ctx).WithError(err).WithField("context", key).Warn("remove branch socket")
+	}
+}
+
+// CloseSelfAll closes every socket of a sandbox (its task is deleted).
+func (c *Service) CloseSelfAll(sandboxID string) {
+	c.insock.mu.Lock()
+	var ids []string
+	for k := range c.insock.socks {
+		if id, ok := strings.CutPrefix(k, sandboxID+"/"); ok {
+			ids = append(ids, id)
+		}
+	}
+	c.insock.mu.Unlock()
+	for _, id := range ids {
+		c.closeSelf(sandboxID, id)
+	}
+}
+
+// peerIn checks that a connecting process belongs to the context whose
+// cgroup is cg: in it (or a leaf of its: .sealed, .leaf on cgroup v2), and not in one of its
+// branches' cgroups (b<id>), whose processes have sockets of their own.
+func peerIn(pid int, cg string) error {
+	paths, err := cgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("cgroup of peer %d: %v: %w", pid, err, errdefs.ErrPermissionDenied)
+	}
+	in := false
+	for _, p := range paths {
+		rel, ok := strings.CutPrefix(p, cg)
+		if !ok || (rel != "" && rel[0] != '/') {
+			continue
+		}
+		first, _, _ := strings.Cut(strings.TrimPrefix(rel, "/"), "/")
+		if isBranchCgroup(first) {
+			return fmt.Errorf("peer %d is in branch cgroup %s, not in context %s: %w", pid, p, cg, errdefs.ErrPermissionDenied)
+		}
+		in = true
+	}
+	if !in {
+		return fmt.Errorf("peer %d is not in the context's cgroup %s: %w", pid, cg, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+func isBranchCgroup(name string) bool {
+	if len(name) < 2 || name[0] != 'b' {
+		return false
+	}
+	for _, r := range name[1:] {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// selfService is the API served on one context's socket. Requests go to
+// the shim's own context API once their ids are resolved from self.
+type selfService struct {
+	c       *Service
+	sandbox string
+	self    string
+}
+
+// resolve returns id ("" meaning the caller's context) if it is the
+// caller's context or one of its descendants, live or ended.
+func (s *selfService) resolve(ctx context.Context, id string) (string, error) {
+	if id == "" || id == s.self {
+		return s.self, nil
+	}
+	sb, err := s.c.Sandbox(s.sandbox)
+	if err != nil {
+		return "", err
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := s.c.view(ctx, sb); err != nil {
+		return "", err
+	}
+	parents := map[string]string{}
+	for _, n := range sb.nodes {
+		parents[n.id] = n.parent
+	}
+	if _, ok := parents[id]; !ok {
+		// Ended branches are known to the snapshotter; ids are never reused,
+		// so a branch's ancestry does not change.
+		infos, err := sb.snapshot.Tree(ctx, sb.root())
+		if err != nil {
+			return "", err
+		}
+		for _, i := range infos {
+			parents[i.ID] = i.Parent
+		}
+	}
+	if _, ok := parents[id]; ok {
+		for cur, i := parents[id], 0; cur != "" && i < len(parents); cur, i = parents[cur], i+1 {
+			if cur == s.self {
+				return id, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("context %q is not this context (%s) or one of its descendants; a branch socket reaches only its own context and what was forked from it: %w", id, s.self, errdefs.ErrPermissionDenied)
+}
+
+// hide clears what only makes sense on the host: host pids and cgroup paths.
+func hide(d *shimv1.Context) *shimv1.Context {
+	if d != nil {
+		d.InitPid, d.Pids, d.Cgroup = 0, nil, ""
+	}
+	return d
+}
+
+func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ *shimv1.ForkResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	parent, err := s.resolve(ctx, req.Parent)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.c.Sandbox(s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.throttleSelfFork(ctx, int(req.Count)); err != nil {
+		return nil, err
+	}
+	resp, err := s.c.Fork(withSelfFork(ctx), &shimv1.ForkRequest{
+		Sandbox: s.sandbox, Parent: parent, Count: req.Count, Seal: req.Seal, Net: req.Net,
+		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint, Memory: req.Memory,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range resp.Branches {
+		hide(b)
+	}
+	return resp, nil
+}
+
+func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ *shimv1.SelfExecResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if len(req.Args) == 0 {
+		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
+	}
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	if target == branch.RootID {
+		return nil, fmt.Errorf("exec: the sandbox itself runs its own commands; exec into its branches: %w", errdefs.ErrInvalidArgument)
+	}
+	sb, err := s.c.Sandbox(s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	in := &s.c.insock
+	in.mu.Lock()
+	n := 0
+	for k := range in.execs {
+		if strings.HasPrefix(k, s.sandbox+"/") {
+			n++
+		}
+	}
+	if n >= selfExecMax {
+		in.mu.Unlock()
+		return nil, fmt.Errorf("exec: %d processes started through branch sockets are not waited for yet; wait for them first: %w", n, errdefs.ErrResourceExhausted)
+	}
+	in.seq++
+	execID := fmt.Sprintf("self-%d", in.seq)
+	in.mu.Unlock()
+
+	e := &selfExec{target: target, stdout: newTailBuffer(sb.output), stderr: newTailBuffer(sb.output)}
+	// The FIFOs go in the branch's bundle, which goes with the branch.
+	e.io, err = cio.NewCreator(cio.WithStreams(nil, e.stdout, e.stderr), cio.WithFIFODir(filepath.Join(sb.bundle, branchesDir, target)))(execID)
+	if err != nil {
+		e.release()
+		return nil, fmt.Errorf("exec in %s: set up output: %w", target, err)
+	}
+	cfg := e.io.Config()
+	if _, err := s.c.Exec(ctx, &shimv1.ExecRequest{
+		Sandbox: s.sandbox, Branch: target, ExecId: execID, Args: req.Args, Env: req.Env, Cwd: req.Cwd,
+		Stdout: cfg.Stdout, Stderr: cfg.Stderr,
+	}); err != nil {
+		e.io.Cancel()
+		_ = e.io.Close()
+		e.release()
+		return nil, err
+	}
+	in.mu.Lock()
+	if in.execs == nil {
+		in.execs = map[string]*selfExec{}
+	}
+	in.execs[selfKey(s.sandbox, execID)] = e
+	in.mu.Unlock()
+	return &shimv1.SelfExecResponse{ExecId: execID}, nil
+}
+
+// execFor finds a process started through a socket, if the caller may
+// reach its context.
+func (s *selfService) execFor(ctx context.Context, b, execID string) (*selfExec, error) {
+	s.c.insock.mu.Lock()
+	e := s.c.insock.execs[selfKey(s.sandbox, execID)]
+	s.c.insock.mu.Unlock()
+	if e == nil {
+		return nil, fmt.Errorf("no process %q started through a branch socket is waiting to be collected: %w", execID, errdefs.ErrNotFound)
+	}
+	if b != "" && b != e.target {
+		return nil, fmt.Errorf("process %q runs in %s, not in %s: %w", execID, e.target, b, errdefs.ErrNotFound)
+	}
+	if _, err := s.resolve(ctx, e.target); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ *shimv1.SelfWaitResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	e, err := s.execFor(ctx, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	w, err := s.c.Wait(ctx, &shimv1.WaitRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId})
+	if err != nil {
+		return nil, err
+	}
+	s.c.insock.mu.Lock()
+	delete(s.c.insock.execs, selfKey(s.sandbox, req.ExecId))
+	s.c.insock.mu.Unlock()
+	e.io.Wait()
+	_ = e.io.Close()
+	resp := &shimv1.SelfWaitResponse{ExitStatus: w.ExitStatus, ExitedAt: w.ExitedAt, OomKilled: w.OomKilled}
+	var t1, t2 bool
+	resp.Stdout, t1 = e.stdout.bytes()
+	resp.Stderr, t2 = e.stderr.bytes()
+	resp.Truncated = t1 || t2
+	e.release()
+	return resp, nil
+}
+
+func (s *selfService) Kill(ctx context.Context, req *shimv1.SelfKillRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	e, err := s.execFor(ctx, req.Branch, req.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.Kill(ctx, &shimv1.KillRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId, Signal: req.Signal})
+}
+
+func (s *selfService) Commit(ctx context.Context, req *shimv1.SelfCommitRequest) (_ *shimv1.CommitResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	if target == branch.RootID {
+		return nil, fmt.Errorf("commit: the sandbox itself has no parent to commit into: %w", errdefs.ErrInvalidArgument)
+	}
+	// Committing itself kills the caller and closes this connection, which
+	// cancels ctx: the commit must go on regardless.
+	resp, err := s.c.Commit(context.WithoutCancel(ctx), &shimv1.CommitRequest{Sandbox: s.sandbox, Branch: target})
+	if err != nil {
+		return nil, err
+	}
+	hide(resp.Parent)
+	return resp, nil
+}
+
+func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (_ *shimv1.AbortResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	if target == branch.RootID {
+		return nil, fmt.Errorf("abort: the sandbox itself is not a branch; its task ends it: %w", errdefs.ErrInvalidArgument)
+	}
+	return s.c.Abort(context.WithoutCancel(ctx), &shimv1.AbortRequest{Sandbox: s.sandbox, Branch: target})
+}
+
+// subtree is the caller's context and its descendants among nodes.
+func (s *selfService) subtree(nodes []*shimv1.Context) map[string]bool {
+	parents := map[string]string{}
+	for _, n := range nodes {
+		if n.Id != branch.RootID {
+			parents[n.Id] = n.Parent
+		}
+	}
+	in := map[string]bool{}
+	for _, id := range branch.Subtree(s.self, parents) {
+		in[id] = true
+	}
+	return in
+}
+
+func (s *selfService) Tree(ctx context.Context, _ *shimv1.SelfTreeRequest) (_ *shimv1.SelfTreeResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	t, err := s.c.Tree(ctx, &shimv1.TreeRequest{Sandbox: s.sandbox})
+	if err != nil {
+		return nil, err
+	}
+	in := s.subtree(t.Nodes)
+	resp := &shimv1.SelfTreeResponse{Self: s.self}
+	for _, n := range t.Nodes {
+		if in[n.Id] {
+			resp.Nodes = append(resp.Nodes, hide(n))
+		}
+	}
+	return resp, nil
+}
+
+func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpointRequest) (_ *shimv1.CheckpointResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	if req.Memory {
+		// Refused (the caller would be dumped): marked as its fork is.
+		ctx = withSelfFork(ctx)
+	}
+	return s.c.Checkpoint(ctx, &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory})
+}
+
+func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	t, err := s.c.Tree(ctx, &shimv1.TreeRequest{Sandbox: s.sandbox})
+	if err != nil {
+		return nil, err
+	}
+	in := s.subtree(t.Nodes)
+	list, err := s.c.ListCheckpoints(ctx, &shimv1.ListCheckpointsRequest{Sandbox: s.sandbox})
+	if err != nil {
+		return nil, err
+	}
+	resp := &shimv1.ListCheckpointsResponse{}
+	for _, ck := range list.Checkpoints {
+		if in[ck.Context] {
+			resp.Checkpoints = append(resp.Checkpoints, ck)
+		}
+	}
+	return resp, nil
+}
+
+func (s *selfService) Rollback(ctx context.Context, req *shimv1.SelfRollbackRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.Rollback(ctx, &shimv1.RollbackRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name})
+}

@@ -1,0 +1,437 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+)
+
+// The shim and the snapshotter must agree on which branches are live: a
+// branch the snapshotter holds but the shim lost would keep its parent
+// sealed for ever, and one the snapshotter ended (a loser of a commit
+// decided before a crash) must not keep running. The shim reconciles its
+// contexts with the snapshotter's tree on first use of a sandbox, after
+// every reconnection to the snapshotter, and whenever an operation finds
+// them apart.
+
+// SettleNew reconciles a sandbox being created whose rootfs comes sealed:
+// branches its snapshot holds live were left by a shim that died, and are
+// aborted. It says whether the sandbox's snapshot is unsealed now. A
+// failure is logged: the branch API tries again on first use.
+func (c *Service) SettleNew(ctx context.Context, id string) bool {
+	sb, err := c.Sandbox(id)
+	if err != nil {
+		return false
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil || !sb.reconciled {
+		log.G(ctx).WithError(err).WithField("sandbox", id).Warn("reconcile the branches of a sandbox created sealed")
+		return false
+	}
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return false
+	}
+	for _, in := range infos {
+		if in.ID == branch.RootID {
+			return !in.Sealed
+		}
+	}
+	return false
+}
+
+// DropSandbox forgets a sandbox whose creation failed.
+func (c *Service) DropSandbox(ctx context.Context, id string) {
+	c.mu.Lock()
+	sb, ok := c.sandboxes[id]
+	delete(c.sandboxes, id)
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.nodes != nil && !sb.closed {
+		sb.closed = true
+		close(sb.done)
+		sb.snapshot.Close()
+		sb.initPath.close()
+		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
+			releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
+		}
+	}
+}
+
+// wake asks a settle loop to reconcile, without waiting.
+func wake(kick chan struct{}) {
+	select {
+	case kick <- struct{}{}:
+	default:
+	}
+}
+
+// sync reconciles sb (under sb.mu) if it never was, or if the snapshotter
+// connection was lost since it last was. A snapshotter that does not
+// answer is left to the settle loop: the operation under way reports its
+// own error if it needs the snapshotter.
+func (c *Service) sync(ctx context.Context, sb *sandbox) {
+	if sb.reconciled && sb.snapshot.Generation() == sb.gen {
+		return
+	}
+	if err := c.reconcile(ctx, sb); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: snapshotter not answering; retrying in the background")
+		wake(sb.kick)
+	}
+}
+
+// settle reconciles sb whenever it is woken (the snapshotter connection
+// was lost, or a commit's outcome is unknown), retrying until the
+// snapshotter answers, so that the losers of a commit decided before a
+// crash die as soon as the snapshotter is back, with no call needed.
+func (c *Service) settle(ctx context.Context, sb *sandbox) {
+	for {
+		select {
+		case <-sb.done:
+			return
+		case <-c.ctx.Done():
+			return
+		case <-sb.kick:
+		}
+		for delay := 5 * time.Millisecond; ; {
+			sb.mu.Lock()
+			if sb.closed {
+				sb.mu.Unlock()
+				return
+			}
+			err := c.reconcile(ctx, sb)
+			paused := err != nil && c.Paused(sb)
+			sb.mu.Unlock()
+			if err == nil || paused {
+				// A paused sandbox is reconciled once resumed: Resume
+				// wakes this loop, and so does the next branch operation
+				// after a thaw done behind containerd's back.
+				break
+			}
+			log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: retrying")
+			select {
+			case <-sb.done:
+				return
+			case <-c.ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			if delay < 200*time.Millisecond {
+				delay *= 2
+			}
+		}
+	}
+}
+
+// reconcile reads the snapshotter's tree and makes sb's contexts agree
+// with it (under sb.mu).
+func (c *Service) reconcile(ctx context.Context, sb *sandbox) error {
+	if c.Paused(sb) {
+		// Its branches can neither be killed nor thawed until it is
+		// resumed, which wakes the settle loop.
+		return fmt.Errorf("sandbox %s: reconcile waits for its resume: %w", sb.id, PausedError(sb))
+	}
+	gen := sb.snapshot.Generation()
+	infos, err := sb.snapshot.Tree(ctx, sb.root())
+	if err != nil {
+		return fmt.Errorf("sandbox %s: read the branch tree: %w", sb.id, err)
+	}
+	c.reconcileWith(ctx, sb, infos)
+	sb.gen, sb.reconciled = gen, true
+	return nil
+}
+
+// reconcileWith makes sb's contexts agree with the snapshotter's tree
+// infos (under sb.mu): a context whose branch is no longer live there
+// (committed, invalidated, aborted, unknown) has every process killed and
+// is removed; one held for a commit that was not made is thawed; a commit
+// decided but not finished (its caller went away midway) is finished,
+// which unseals its parent; a branch live there that no context here runs
+// (its shim died, or a call failed midway) is killed through its cgroup
+// and aborted. It returns the results of the commits it finished.
+func (c *Service) reconcileWith(ctx context.Context, sb *sandbox, infos []branch.Info) map[string]branch.CommitResult {
+	state := make(map[string]*branch.Info, len(infos))
+	for i := range infos {
+		state[infos[i].ID] = &infos[i]
+	}
+	var gone []*bctx
+	for id, n := range sb.nodes {
+		if id == branch.RootID {
+			continue
+		}
+		if in := state[id]; in != nil && in.State == branch.Live {
+			if n.held {
+				c.unhold(ctx, n)
+			}
+			continue
+		}
+		gone = append(gone, n)
+	}
+	if len(gone) > 0 {
+		for _, n := range gone {
+			delete(sb.nodes, n.id)
+		}
+		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branches": ids(gone)}).Info("branches ended in the snapshotter: killing their processes")
+		c.destroyAll(ctx, sb, gone)
+	}
+	finished := map[string]branch.CommitResult{}
+	for _, in := range infos {
+		if in.State != branch.Committing {
+			continue
+		}
+		res, err := sb.snapshot.Commit(ctx, sb.ref(in.ID))
+		if err != nil {
+			log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID}).Warn("finish a commit decided but not finished")
+			continue
+		}
+		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": in.ID, "invalidated": res.Invalidated}).Info("finished a commit decided but not finished")
+		finished[in.ID] = res
+	}
+	// Branches live there and unknown here; an unknown branch below
+	// another goes with the abort of the upper one.
+	for _, in := range infos {
+		if in.ID == branch.RootID || in.State != branch.Live || sb.nodes[in.ID] != nil {
+			continue
+		}
+		if p := state[in.Parent]; p != nil && p.ID != branch.RootID && p.State == branch.Live && sb.nodes[p.ID] == nil {
+			continue
+		}
+		c.abortLost(ctx, sb, state, in.ID)
+	}
+	for _, n := range sb.nodes {
+		c.unsealIfIdle(ctx, sb, n)
+	}
+	return finished
+}
+
+// abortLost kills whatever runs in the cgroup a branch no context here
+// runs would have, removes that cgroup and the branch's bundle, and aborts
+// the branch in the snapshotter.
+func (c *Service) abortLost(ctx context.Context, sb *sandbox, state map[string]*branch.Info, id string) {
+	root := sb.nodes[branch.RootID]
+	// Its cgroup nests in its ancestors' as start makes them.
+	var chain []string
+	for cur := id; cur != branch.RootID && cur != ""; {
+		chain = append([]string{cur}, chain...)
+		in := state[cur]
+		if in == nil {
+			break
+		}
+		cur = in.Parent
+	}
+	cgroup := root.cgroup
+	for _, c := range chain {
+		cgroup = branchCgroup(cgroup, c)
+	}
+	if ms, err := c.hier(); err == nil {
+		dirs := dirsIn(ms, cgroup)
+		if err := killDirs(ctx, cgroup, dirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", id).Error("kill processes of a lost branch")
+		}
+		if err := removeDirs(dirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", id).Warn("remove cgroup of a lost branch")
+		}
+	}
+	bundle := filepath.Join(sb.bundle, branchesDir, id)
+	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", id).Warn("unmount rootfs of a lost branch")
+	}
+	removeBundle(ctx, bundle)
+	aborted, err := sb.snapshot.Abort(ctx, sb.ref(id))
+	if err != nil {
+		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": id}).Warn("abort a branch no context runs")
+		return
+	}
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "aborted": aborted}).Info("aborted branches no context runs (lost by a crash)")
+	parent := branch.RootID
+	if in := state[id]; in != nil {
+		parent = in.Parent
+	}
+	c.publish(ctx, TopicAbort, &branchEvent{Sandbox: sb.id, Parent: parent, Branches: aborted})
+}
+
+// hold freezes every process of a branch for its commit: the snapshotter
+// must read a layer nobody writes to, and the branch must be able to run
+// on if the commit is not made.
+func (c *Service) hold(ctx context.Context, n *bctx) error {
+	if n.procs() == nil {
+		n.held = true
+		return nil
+	}
+	ms, err := c.hier()
+	if err != nil {
+		return err
+	}
+	// A branch whose only process is its waiting init (the branch init,
+	// which never writes to the rootfs) need not be waited for: anything
+	// it starts from now on is born frozen. That wait is a scheduling
+	// delay, milliseconds on a busy machine.
+	alone := 0
+	if n.fast != nil && !n.hasCommand {
+		alone = n.fast.Pid()
+	}
+	if err := freezeAll(dirsIn(ms, n.cgroup), alone); err != nil {
+		_ = thawAll(dirsIn(ms, n.cgroup))
+		return err
+	}
+	n.held = true
+	return nil
+}
+
+// heldFrozen says whether a held branch is frozen by now: every process of
+// it stopped, so the list of its processes is complete.
+func heldFrozen(dirs []cgroupMount) bool {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return false
+	}
+	if d.freezer {
+		b, err := os.ReadFile(filepath.Join(d.dir, "freezer.state"))
+		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
+	}
+	b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), "frozen 1")
+}
+
+// unhold thaws a branch held for a commit that was not made.
+func (c *Service) unhold(ctx context.Context, n *bctx) {
+	n.held = false
+	ms, err := c.hier()
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
+		return
+	}
+	if err := thawAll(dirsIn(ms, n.cgroup)); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
+	}
+}
+
+// freezerOf picks the directory of a cgroup that freezes it whole: the v1
+// freezer's if there is one, else the cgroup2 one.
+func freezerOf(dirs []cgroupMount) (cgroupMount, bool) {
+	for _, d := range dirs {
+		if d.freezer {
+			return d, true
+		}
+	}
+	for _, d := range dirs {
+		if d.v2 {
+			return d, true
+		}
+	}
+	return cgroupMount{}, false
+}
+
+// freezeAll freezes a cgroup and everything below it, and waits until it
+// is frozen, unless its only process is alone (not 0).
+func freezeAll(dirs []cgroupMount, alone int) error {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return fmt.Errorf("no freezer for cgroup: %w", errdefs.ErrNotImplemented)
+	}
+	file, value, done := filepath.Join(d.dir, "freezer.state"), "FROZEN", func(b []byte) bool { return strings.TrimSpace(string(b)) == "FROZEN" }
+	if !d.freezer {
+		file, value = filepath.Join(d.dir, "cgroup.freeze"), "1"
+		done = func(b []byte) bool { return strings.Contains(string(b), "frozen 1") }
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return fmt.Errorf("freeze %s: %w", d.dir, err)
+	}
+	if pids, err := subtreePids([]cgroupMount{d}); err == nil && alone > 0 && len(pids) == 1 && pids[0] == alone {
+		return nil
+	}
+	check := file
+	if !d.freezer {
+		check = filepath.Join(d.dir, "cgroup.events")
+	}
+	// Frozen once each process got the CPU to stop: the poll starts short
+	// and stays short, as a wait of a busy machine's scheduling delay
+	// (milliseconds) is overshot by no more than a step.
+	delay := 20 * time.Microsecond
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		b, err := os.ReadFile(check)
+		if err != nil {
+			return fmt.Errorf("freeze %s: %w", d.dir, err)
+		}
+		if done(b) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freeze %s: not frozen after 2s: %w", d.dir, errdefs.ErrUnavailable)
+		}
+		time.Sleep(delay)
+		if delay < 160*time.Microsecond {
+			delay *= 2
+		}
+	}
+}
+
+// freezerKey is a child cgroup of a sandbox's, empty and frozen (v1
+// freezer) while the sandbox has branches loaded: the kernel turns its
+// freezer on and off (a static key, patched into running code on every
+// CPU) as the first cgroup starts freezing and the last thaws, which
+// costs milliseconds on a busy machine; held on, freezing and thawing a
+// branch for a commit only counts.
+const freezerKey = ".freezer-key"
+
+// holdFreezerKey freezes an empty child of cgroup path on the v1 freezer
+// hierarchy, if there is one.
+func holdFreezerKey(ms []cgroupMount, path string) {
+	for _, d := range dirsIn(ms, path) {
+		if !d.freezer {
+			continue
+		}
+		key := filepath.Join(d.dir, freezerKey)
+		if err := os.Mkdir(key, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return
+		}
+		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("FROZEN"), 0)
+	}
+}
+
+// releaseFreezerKey thaws and removes what holdFreezerKey made.
+func releaseFreezerKey(ms []cgroupMount, path string) {
+	for _, d := range dirsIn(ms, path) {
+		if !d.freezer {
+			continue
+		}
+		key := filepath.Join(d.dir, freezerKey)
+		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("THAWED"), 0)
+		_ = unix.Rmdir(key)
+	}
+}
+
+// thawAll undoes freezeAll.
+func thawAll(dirs []cgroupMount) error {
+	d, ok := freezerOf(dirs)
+	if !ok {
+		return nil
+	}
+	file, value := filepath.Join(d.dir, "freezer.state"), "THAWED"
+	if !d.freezer {
+		file, value = filepath.Join(d.dir, "cgroup.freeze"), "0"
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("thaw %s: %w", d.dir, err)
+	}
+	return nil
+}
