@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/branchbox/branchbox/shim/ocirt"
 	"github.com/branchbox/branchbox/shim/sandbox"
 )
@@ -336,7 +337,7 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	// ocirt recognises that command line.
 	opts.BinaryName = s.self
 	if spec, err := sandbox.ReadSpec(r.Bundle); err == nil && spec.Linux != nil {
-		sandbox.KeyDriverOnSpec(ctx, r.ID, spec.Linux.CgroupsPath, opts)
+		cgroup.KeyDriverOnSpec(ctx, r.ID, spec.Linux.CgroupsPath, opts)
 	}
 	if opts.Root == "" {
 		opts.Root = sandbox.DefaultRoot

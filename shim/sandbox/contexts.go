@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/branchbox/branchbox/client/branchapi"
+	"github.com/branchbox/branchbox/shim/cgroup"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -99,28 +100,12 @@ type Service struct {
 	nodeBounds    bounds
 	nodeBoundsErr error
 
-	// cloneMu makes the clones into cgroups under a process limit on a
-	// v1 pids hierarchy one at a time: the thread that forks each is
-	// moved in unchecked first (clonein.go).
-	cloneMu sync.Mutex
-
-	// The host's cgroup hierarchies, read once: they are mounted at boot,
-	// and reading the mount table at every fork, commit and listing
-	// costs more than the rest of a listing.
-	hierOnce sync.Once
-	hierList []cgroupMount
+	// The host's cgroup hierarchies, and the clones into limited cgroups.
+	cgroups cgroup.Host
 }
 
 // hier is the host's cgroup hierarchies.
-func (c *Service) hier() ([]cgroupMount, error) {
-	c.hierOnce.Do(func() {
-		c.hierList, _ = cgroupMounts()
-	})
-	if len(c.hierList) == 0 {
-		return cgroupMounts()
-	}
-	return c.hierList, nil
-}
+func (c *Service) hier() ([]cgroup.Dir, error) { return c.cgroups.Mounts() }
 
 // sandbox is a container this shim created, and its branch contexts.
 type sandbox struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/cgroup"
 
 	"github.com/containerd/console"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -188,7 +189,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 			break
 		}
 	}
-	if err := prepareBranchParent(ctx, parent.cgroup); err != nil {
+	if err := cgroup.PrepareBranchParent(ctx, parent.cgroup); err != nil {
 		return nil, fmt.Errorf("fork %s of %s: make room for branch cgroups: %w", parentID, sb.id, err)
 	}
 	errs := make([]error, len(infos))
@@ -200,7 +201,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	if c.init != "" {
 		par = 4
 	}
-	if runtimePath && len(pidsLimits(ms, parent.cgroup)) > 0 {
+	if runtimePath && len(cgroup.PidsLimits(ms, parent.cgroup)) > 0 {
 		// The runtime moves its init's first process into the cgroup
 		// unchecked (a v1 move), then forks from it: one at a time, the
 		// room counted up front (pidsRoom) holds for each.
@@ -227,7 +228,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 		if runtimePath {
 			slack = runtimeStartPids
 		}
-		if pl := asPidsLimit(errs, pidsLimits(ms, parent.cgroup), slack); pl != nil {
+		if pl := cgroup.AsPidsLimit(errs, cgroup.PidsLimits(ms, parent.cgroup), slack); pl != nil {
 			// One line, not the runtime's story of each failed start.
 			return nil, sb.pidsRefusal(parent, pl)
 		}
@@ -599,7 +600,7 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 	// SIGKILL with OOM kills counted in the branch's memory cgroup.
 	if status == 128+int(unix.SIGKILL) {
 		if ms, err := c.hier(); err == nil {
-			resp.OomKilled = oomKillsIn(dirsIn(ms, n.cgroup)) > 0
+			resp.OomKilled = cgroup.OOMKillsIn(cgroup.DirsIn(ms, n.cgroup)) > 0
 		}
 	}
 	if req.ExecId != "" {
@@ -725,13 +726,13 @@ func (c *Service) describe(sb *sandbox, n *bctx, info *branch.Info, readProcs bo
 		d.Pids = []uint32{uint32(procs.Pid())}
 	} else if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
 		if ms, err := c.hier(); err == nil {
-			dirs := dirsIn(ms, n.cgroup)
-			pids := pidsIn(oneHierarchy(dirs))
+			dirs := cgroup.DirsIn(ms, n.cgroup)
+			pids := cgroup.PidsIn(cgroup.OneHierarchy(dirs))
 			sort.Ints(pids)
 			for _, p := range pids {
 				d.Pids = append(d.Pids, uint32(p))
 			}
-			d.OomKilled = oomKillsIn(dirs) > 0
+			d.OomKilled = cgroup.OOMKillsIn(dirs) > 0
 		}
 	}
 	if procs != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/cgroup"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
@@ -51,11 +52,11 @@ func (c *Service) AddSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 			}
 		}
 	}
-	cgroup := ""
+	cgPath := ""
 	if spec, err := ReadSpec(r.Bundle); err == nil && spec.Linux != nil {
 		// Not resolvable: no cgroup of its own to look at (prepare
 		// refuses its branches and says why).
-		cgroup, _ = sandboxCgroup(spec.Linux.CgroupsPath)
+		cgPath, _ = cgroup.SandboxPath(spec.Linux.CgroupsPath)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -63,7 +64,7 @@ func (c *Service) AddSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 		return // added before its creation, to settle it (Create)
 	}
 	c.sandboxes[r.ID] = &sandbox{
-		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgroup, stoppedCh: make(chan struct{}),
+		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgPath, stoppedCh: make(chan struct{}),
 		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
 	}
 }
@@ -126,7 +127,7 @@ func (c *Service) prepare(ctx context.Context, sb *sandbox) error {
 		client.Close()
 		return err
 	}
-	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
 	if err != nil {
 		client.Close()
 		return fmt.Errorf("sandbox %s: %w", sb.id, err)
@@ -138,7 +139,7 @@ func (c *Service) prepare(ctx context.Context, sb *sandbox) error {
 	sb.kick, sb.done = kick, make(chan struct{})
 	go c.settle(context.WithoutCancel(ctx), sb)
 	if ms, err := c.hier(); err == nil {
-		holdFreezerKey(ms, cg)
+		cgroup.HoldFreezerKey(ms, cg)
 	}
 	return nil
 }
@@ -415,7 +416,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 			live = append(live, n)
 		}
 	}
-	dirs := make([][]cgroupMount, len(live))
+	dirs := make([][]cgroup.Dir, len(live))
 	// A branch frozen for its children may have frozen descendants among
 	// ns, whose processes the kill of any of them reaches.
 	frozen := false
@@ -424,7 +425,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 	}
 	var wg sync.WaitGroup
 	for i, n := range live {
-		dirs[i] = dirsIn(ms, n.cgroup)
+		dirs[i] = cgroup.DirsIn(ms, n.cgroup)
 		if n.fast != nil {
 			// The branch runs on its own clone of the rootfs mount, so the
 			// host's can go at once: its RCU grace period then overlaps
@@ -440,16 +441,16 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 		if n.held && len(dirs[i]) > 0 {
 			// Signalled while still frozen, it dies as it thaws, without
 			// running another instruction.
-			err := signalAll(ctx, dirs[i])
+			err := cgroup.SignalAll(ctx, dirs[i])
 			if err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("kill held branch processes at once")
 			}
-			if err == nil && n.fast != nil && heldFrozen(dirs[i]) {
+			if err == nil && n.fast != nil && cgroup.HeldFrozen(dirs[i]) {
 				// Frozen whole (a frozen cgroup's list of processes is
 				// complete, and none can fork), so nothing of it runs
 				// again: their exits are waited for by release, in the
 				// background, rather than before the reply.
-				thaw(dirs[i])
+				cgroup.Thaw(dirs[i])
 				continue
 			}
 		}
@@ -460,10 +461,10 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			kill := func() error { return killDirs(ctx, n.cgroup, dirs[i]) }
+			kill := func() error { return cgroup.KillDirs(ctx, n.cgroup, dirs[i]) }
 			if pidfd >= 0 {
 				defer unix.Close(pidfd)
-				kill = func() error { return killBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
+				kill = func() error { return cgroup.KillBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
 			}
 			if err := kill(); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
@@ -528,16 +529,16 @@ func (c *Service) detach(ctx context.Context, n *bctx) ctxProcs {
 // runtime state is destroyed in process (libcontainer needs no child
 // process for a stopped container), which spares a run of the runtime
 // binary per branch.
-func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxProcs, cgroupDirs []cgroupMount) {
+func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxProcs, cgDirs []cgroup.Dir) {
 	c.closeSelf(sb.id, n.id)
 	if fc, ok := procs.(*fastCtx); ok {
 		fc.close()
-		// killBranch looked at one hierarchy; a process put into the
+		// KillBranch looked at one hierarchy; a process put into the
 		// cgroup from outside the branch may be in the others.
-		if err := killLoop(ctx, n.cgroup, cgroupDirs, cgroupDirs); err != nil {
+		if err := cgroup.KillLoop(ctx, n.cgroup, cgDirs, cgDirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill what is left in a branch cgroup")
 		}
-		if err := removeDirs(cgroupDirs); err != nil {
+		if err := cgroup.RemoveDirs(cgDirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 		}
 		go func() {
@@ -549,7 +550,7 @@ func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxPr
 		}()
 		return
 	}
-	c.dropRuntimeState(ctx, sb, n, procs.(*runc.Container), cgroupDirs, func() {
+	c.dropRuntimeState(ctx, sb, n, procs.(*runc.Container), cgDirs, func() {
 		removeBundle(ctx, n.bundle)
 	})
 }
@@ -558,7 +559,7 @@ func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxPr
 // detached context the runtime ran; what is left (stdio copiers, exec'd
 // process records) holds nothing of the branch's and goes in the
 // background, followed by then.
-func (c *Service) dropRuntimeState(ctx context.Context, sb *sandbox, n *bctx, container *runc.Container, cgroupDirs []cgroupMount, then func()) {
+func (c *Service) dropRuntimeState(ctx context.Context, sb *sandbox, n *bctx, container *runc.Container, cgDirs []cgroup.Dir, then func()) {
 	root := DefaultRoot
 	if sb.opts != nil && sb.opts.Root != "" {
 		root = sb.opts.Root
@@ -570,7 +571,7 @@ func (c *Service) dropRuntimeState(ctx context.Context, sb *sandbox, n *bctx, co
 	} else if !errors.Is(err, libcontainer.ErrNotExist) {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("load branch runtime state")
 	}
-	if err := removeDirs(cgroupDirs); err != nil {
+	if err := cgroup.RemoveDirs(cgDirs); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 	}
 	go func() {
@@ -599,7 +600,7 @@ func (c *Service) unsealIfIdle(ctx context.Context, sb *sandbox, n *bctx) {
 		}
 	}
 	if n.frozen {
-		if err := thawOwn(ctx, n.cgroup); err != nil {
+		if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
 			log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw sealed context")
 		}
 		n.frozen = false
@@ -688,13 +689,13 @@ func (c *Service) endAll(ctx context.Context, sb *sandbox) {
 		}
 	}
 	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
-		_ = thawOwn(ctx, root.cgroup)
+		_ = cgroup.ThawOwn(ctx, root.cgroup)
 		root.frozen = false
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()
 	if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
-		releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
+		cgroup.ReleaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 	}
 }
 
@@ -735,7 +736,7 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 	if err != nil || spec.Linux == nil {
 		return
 	}
-	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
 	if err != nil {
 		return
 	}
@@ -749,11 +750,11 @@ func removeBranchCgroups(ctx context.Context, bundle string) {
 	if err != nil || spec.Linux == nil {
 		return
 	}
-	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
 	if err != nil {
 		return
 	}
-	ms, err := cgroupMounts()
+	ms, err := cgroup.Mounts()
 	if err != nil {
 		return
 	}
@@ -763,12 +764,12 @@ func removeBranchCgroups(ctx context.Context, bundle string) {
 	var err2 error
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var errs []error
-		for _, d := range dirsIn(ms, cg) {
-			entries, _ := os.ReadDir(d.dir)
+		for _, d := range cgroup.DirsIn(ms, cg) {
+			entries, _ := os.ReadDir(d.Path)
 			for _, e := range entries {
 				// The sandbox's own leaves go with the sandbox's cgroup.
-				if e.IsDir() && e.Name() != ownLeaf && e.Name() != sealLeaf {
-					errs = append(errs, removeDirs(dirsIn(ms, cg+"/"+e.Name())))
+				if e.IsDir() && e.Name() != cgroup.OwnLeaf && e.Name() != cgroup.SealLeaf {
+					errs = append(errs, cgroup.RemoveDirs(cgroup.DirsIn(ms, cg+"/"+e.Name())))
 				}
 			}
 		}
@@ -782,34 +783,34 @@ func removeBranchCgroups(ctx context.Context, bundle string) {
 }
 
 // killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath (a
-// cgroupfs path: sandboxCgroup's).
+// cgroupfs path: SandboxPath's).
 func killCgroupsBelow(ctx context.Context, sbPath string) {
-	ms, err := cgroupMounts()
+	ms, err := cgroup.Mounts()
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
 		return
 	}
-	sbDirs := dirsIn(ms, sbPath)
-	if len(sbDirs) > 0 && cgroupFrozen(sbDirs) {
+	sbDirs := cgroup.DirsIn(ms, sbPath)
+	if len(sbDirs) > 0 && cgroup.Frozen(sbDirs) {
 		// Paused: thawing a branch below the frozen sandbox does nothing.
 		// Everything is killed while frozen (a frozen task takes a
 		// pending SIGKILL as it thaws, before it runs again), then
 		// thawed; the force delete that follows kills the sandbox anyway.
-		if err := signalAll(ctx, sbDirs); err != nil {
+		if err := cgroup.SignalAll(ctx, sbDirs); err != nil {
 			log.G(ctx).WithError(err).Warn("kill the processes of a paused sandbox at once")
 		}
-		thaw(sbDirs)
+		cgroup.Thaw(sbDirs)
 	}
 	seen := map[string]bool{}
 	for _, d := range sbDirs {
-		entries, _ := os.ReadDir(d.dir)
+		entries, _ := os.ReadDir(d.Path)
 		for _, e := range entries {
 			if !e.IsDir() || seen[e.Name()] {
 				continue
 			}
 			seen[e.Name()] = true
 			path := sbPath + "/" + e.Name()
-			if err := killDirs(ctx, path, dirsIn(ms, path)); err != nil {
+			if err := cgroup.KillDirs(ctx, path, cgroup.DirsIn(ms, path)); err != nil {
 				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/branchbox/branchbox/shim/cgroup"
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -116,7 +117,7 @@ func stopDeadGroup(ctx context.Context, r *runcC.Runc, stateRoot, id, address st
 func stopMember(ctx context.Context, r *runcC.Runc, stateRoot, cid string, m member) {
 	l := log.G(ctx).WithField("container", cid)
 	l.Info("ending a container of the dead shim")
-	if cg, err := sandboxCgroup(m.CgroupsPath); err == nil {
+	if cg, err := cgroup.SandboxPath(m.CgroupsPath); err == nil {
 		killCgroupsBelow(ctx, cg)
 	}
 	// Branches run by the runtime have their own runtime state.

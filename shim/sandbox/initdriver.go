@@ -27,59 +27,12 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // The branch init's driver: an init spawned in its cgroups, configured over
 // its socket, and the processes it starts and reports.
-
-// setLimits writes the limits given at fork into a branch's cgroup.
-func setLimits(paths map[string]string, l *shimv1.Limits) error {
-	if l == nil {
-		return nil
-	}
-	write := func(ctrl, file, v string) error {
-		dir, ok := paths[ctrl]
-		if !ok {
-			return fmt.Errorf("no %s cgroup for limit %s: %w", ctrl, file, errdefs.ErrNotImplemented)
-		}
-		return cgroups.WriteFile(dir, file, v)
-	}
-	v2 := cgroups.IsCgroup2UnifiedMode()
-	if l.Memory > 0 {
-		m := strconv.FormatInt(l.Memory, 10)
-		if v2 {
-			if err := write("", "memory.max", m); err != nil {
-				return err
-			}
-		} else if err := write("memory", "memory.limit_in_bytes", m); err != nil {
-			return err
-		}
-	}
-	if l.Cpus > 0 {
-		quota := strconv.FormatInt(int64(l.Cpus*100000), 10)
-		if v2 {
-			if err := write("", "cpu.max", quota+" 100000"); err != nil {
-				return err
-			}
-		} else if err := write("cpu", "cpu.cfs_period_us", "100000"); err != nil {
-			return err
-		} else if err := write("cpu", "cpu.cfs_quota_us", quota); err != nil {
-			return err
-		}
-	}
-	if l.Pids > 0 {
-		ctrl := "pids"
-		if v2 {
-			ctrl = ""
-		}
-		if err := write(ctrl, "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // fastCtx is a branch context run by the init: the init's control socket,
 // and the processes it started for the shim.
@@ -114,10 +67,10 @@ type spawned struct {
 // inside the cgroup's pids and memory cgroups (startIn), so that the
 // process limits above it hold from its first instant. On the other v1
 // hierarchies it is moved in the background while it can already build
-// a root; a fork refused by a process limit is a *pidsLimit.
+// a root; a fork refused by a process limit is a *PidsLimit.
 func (c *Service) spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *spawned, retErr error) {
 	// Also done by the fork; the pool starts inits between forks.
-	if err := prepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
+	if err := cgroup.PrepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
 		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
 	}
 	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
@@ -155,7 +108,7 @@ func (c *Service) spawn(ctx context.Context, cgroupPath string, flags uintptr) (
 	started := time.Now()
 	pidfd := -1
 	paths := cgm.GetPaths()
-	pid, born, err := c.startIn(ctx, cgroupPath, paths, c.init, []string{"brinit"}, &syscall.ProcAttr{
+	pid, born, err := c.cgroups.StartIn(ctx, cgroupPath, paths, c.init, []string{"brinit"}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   []string{},
 		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
@@ -163,7 +116,7 @@ func (c *Service) spawn(ctx context.Context, cgroupPath string, flags uintptr) (
 	})
 	if err != nil {
 		ctl.Close()
-		var pl *pidsLimit
+		var pl *cgroup.PidsLimit
 		if errors.As(err, &pl) {
 			return nil, err
 		}
@@ -296,7 +249,7 @@ func (c *Service) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawne
 			s.discard(ctx)
 		}
 	}()
-	if err := setLimits(s.paths, n.limits); err != nil {
+	if err := cgroup.SetLimits(s.paths, n.limits); err != nil {
 		return nil, fmt.Errorf("branch %s: set limits: %w", n.id, err)
 	}
 	var prog *compiledSeccomp
@@ -391,10 +344,10 @@ func (c *Service) configure(ctx context.Context, sb *sandbox, n *bctx, s *spawne
 		}
 	}
 	if err := initReply(ctl, 'O'); err != nil {
-		if ms, herr := c.hier(); herr == nil && eagainText(err) {
+		if ms, herr := c.hier(); herr == nil && cgroup.EAGAINText(err) {
 			// Its fork of the command was refused: by a limit above it,
 			// or by the branch's own.
-			if pl := asPidsLimit([]error{err}, pidsLimits(ms, n.cgroup), 0); pl != nil {
+			if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0); pl != nil {
 				return nil, pl
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"path"
 	"sync"
 
+	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/containerd/log"
 )
 
@@ -154,8 +155,8 @@ func (p *initPool) roomFor() bool {
 	if err != nil {
 		return false
 	}
-	for _, l := range pidsLimits(ms, p.parent) {
-		if l.room()-1 < l.max/2 {
+	for _, l := range cgroup.PidsLimits(ms, p.parent) {
+		if l.Room()-1 < l.Max/2 {
 			return false
 		}
 	}

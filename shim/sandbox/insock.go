@@ -31,6 +31,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 const (
@@ -97,7 +98,7 @@ func (c *Service) ListenSelfRoot(ctx context.Context, id, bundle string) error {
 	if spec.Linux == nil {
 		return fmt.Errorf("%s: %s needs a linux section in the spec: %w", id, SocketAnnotation, errdefs.ErrInvalidArgument)
 	}
-	cg, err := sandboxCgroup(spec.Linux.CgroupsPath)
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", id, SocketAnnotation, err)
 	}

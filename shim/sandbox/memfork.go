@@ -30,6 +30,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // CriuBinary is the name of the CRIU binary, looked for beside the shim
@@ -117,9 +118,9 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx
 		return err
 	}
 	var own []int
-	for _, d := range oneHierarchy(dirsIn(ms, parent.cgroup)) {
-		for _, dir := range ownDirs(d.dir) {
-			own = append(own, readPids(dir)...)
+	for _, d := range cgroup.OneHierarchy(cgroup.DirsIn(ms, parent.cgroup)) {
+		for _, dir := range cgroup.OwnDirs(d.Path) {
+			own = append(own, cgroup.ReadPids(dir)...)
 		}
 	}
 	if problems := unforkable(initPid, own, sharedNet); len(problems) > 0 {
@@ -152,9 +153,9 @@ func (c *Service) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx, wha
 	// 100ms poll for.
 	freeze := ""
 	if parent.frozen {
-		for _, d := range dirsIn(ms, parent.cgroup) {
-			if d.freezer || (d.v2 && cgroups.IsCgroup2UnifiedMode()) {
-				freeze = filepath.Join(d.dir, sealLeaf)
+		for _, d := range cgroup.DirsIn(ms, parent.cgroup) {
+			if d.Freezer || (d.V2 && cgroups.IsCgroup2UnifiedMode()) {
+				freeze = filepath.Join(d.Path, cgroup.SealLeaf)
 				break
 			}
 		}
@@ -373,13 +374,13 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *sandbox, n *bctx, na
 		return branch.Checkpoint{}, err
 	}
 	if !n.frozen {
-		if err := freezeOwn(ctx, n.cgroup); err != nil {
+		if err := cgroup.FreezeOwn(ctx, n.cgroup); err != nil {
 			return branch.Checkpoint{}, fmt.Errorf("%s: freeze its processes: %w", what, err)
 		}
 		n.frozen = true
 		defer func() {
 			n.frozen = false
-			if err := thawOwn(ctx, n.cgroup); err != nil {
+			if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
 				log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw after a checkpoint with memory")
 				if retErr == nil {
 					retErr = fmt.Errorf("%s: taken, but its processes could not all be thawed: %w", what, err)
@@ -434,8 +435,8 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *sandbox, n *bctx, ck b
 	if err != nil {
 		return err
 	}
-	dirs := dirsIn(ms, n.cgroup)
-	if err := killDirs(ctx, n.cgroup, dirs); err != nil {
+	dirs := cgroup.DirsIn(ms, n.cgroup)
+	if err := cgroup.KillDirs(ctx, n.cgroup, dirs); err != nil {
 		return fmt.Errorf("%s: kill its processes: %w", what, err)
 	}
 	sb.keepEnded(n.id, n.container.ExecdProcesses())

@@ -3,15 +3,12 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
@@ -52,46 +49,7 @@ func (c *Service) Paused(sb *sandbox) bool {
 	// Only the hierarchies that can freeze are looked at: this is asked
 	// before every operation, and a stat of each v1 hierarchy cost more
 	// than the answer.
-	return cgroupFrozen(dirsIn(freezers(ms), sb.cgroup))
-}
-
-// freezers is the hierarchies of ms that freeze: the v1 freezer, cgroup2.
-func freezers(ms []cgroupMount) []cgroupMount {
-	var out []cgroupMount
-	for _, m := range ms {
-		if m.freezer || m.v2 {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// cgroupFrozen says whether a cgroup is frozen or being frozen, by itself
-// or by an ancestor: its v1 freezer's state (FROZEN or FREEZING; the
-// state of a child frozen by itself does not reach it), or on cgroup v2
-// its own cgroup.freeze or the frozen flag of cgroup.events.
-func cgroupFrozen(dirs []cgroupMount) bool {
-	d, ok := freezerOf(dirs)
-	if !ok {
-		return false
-	}
-	if d.freezer {
-		b, err := os.ReadFile(filepath.Join(d.dir, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(b)) != "THAWED"
-	}
-	if b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.freeze")); err == nil && strings.TrimSpace(string(b)) == "1" {
-		return true
-	}
-	b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
-	if err != nil {
-		return false
-	}
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if string(bytes.TrimSpace(l)) == "frozen 1" {
-			return true
-		}
-	}
-	return false
+	return cgroup.Frozen(cgroup.DirsIn(cgroup.Freezers(ms), sb.cgroup))
 }
 
 // starts counts the process starts of execs under way outside the

@@ -4,19 +4,16 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // The shim and the snapshotter must agree on which branches are live: a
@@ -72,7 +69,7 @@ func (c *Service) DropSandbox(ctx context.Context, id string) {
 		sb.snapshot.Close()
 		sb.initPath.close()
 		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
-			releaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
+			cgroup.ReleaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 		}
 	}
 }
@@ -238,16 +235,16 @@ func (c *Service) abortLost(ctx context.Context, sb *sandbox, state map[string]*
 		}
 		cur = in.Parent
 	}
-	cgroup := root.cgroup
+	cgPath := root.cgroup
 	for _, c := range chain {
-		cgroup = branchCgroup(cgroup, c)
+		cgPath = branchCgroup(cgPath, c)
 	}
 	if ms, err := c.hier(); err == nil {
-		dirs := dirsIn(ms, cgroup)
-		if err := killDirs(ctx, cgroup, dirs); err != nil {
+		dirs := cgroup.DirsIn(ms, cgPath)
+		if err := cgroup.KillDirs(ctx, cgPath, dirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", id).Error("kill processes of a lost branch")
 		}
-		if err := removeDirs(dirs); err != nil {
+		if err := cgroup.RemoveDirs(dirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", id).Warn("remove cgroup of a lost branch")
 		}
 	}
@@ -289,27 +286,12 @@ func (c *Service) hold(ctx context.Context, n *bctx) error {
 	if n.fast != nil && !n.hasCommand {
 		alone = n.fast.Pid()
 	}
-	if err := freezeAll(dirsIn(ms, n.cgroup), alone); err != nil {
-		_ = thawAll(dirsIn(ms, n.cgroup))
+	if err := cgroup.FreezeAll(cgroup.DirsIn(ms, n.cgroup), alone); err != nil {
+		_ = cgroup.ThawAll(cgroup.DirsIn(ms, n.cgroup))
 		return err
 	}
 	n.held = true
 	return nil
-}
-
-// heldFrozen says whether a held branch is frozen by now: every process of
-// it stopped, so the list of its processes is complete.
-func heldFrozen(dirs []cgroupMount) bool {
-	d, ok := freezerOf(dirs)
-	if !ok {
-		return false
-	}
-	if d.freezer {
-		b, err := os.ReadFile(filepath.Join(d.dir, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
-	}
-	b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
-	return err == nil && strings.Contains(string(b), "frozen 1")
 }
 
 // unhold thaws a branch held for a commit that was not made.
@@ -320,118 +302,7 @@ func (c *Service) unhold(ctx context.Context, n *bctx) {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
 		return
 	}
-	if err := thawAll(dirsIn(ms, n.cgroup)); err != nil {
+	if err := cgroup.ThawAll(cgroup.DirsIn(ms, n.cgroup)); err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
 	}
-}
-
-// freezerOf picks the directory of a cgroup that freezes it whole: the v1
-// freezer's if there is one, else the cgroup2 one.
-func freezerOf(dirs []cgroupMount) (cgroupMount, bool) {
-	for _, d := range dirs {
-		if d.freezer {
-			return d, true
-		}
-	}
-	for _, d := range dirs {
-		if d.v2 {
-			return d, true
-		}
-	}
-	return cgroupMount{}, false
-}
-
-// freezeAll freezes a cgroup and everything below it, and waits until it
-// is frozen, unless its only process is alone (not 0).
-func freezeAll(dirs []cgroupMount, alone int) error {
-	d, ok := freezerOf(dirs)
-	if !ok {
-		return fmt.Errorf("no freezer for cgroup: %w", errdefs.ErrNotImplemented)
-	}
-	file, value, done := filepath.Join(d.dir, "freezer.state"), "FROZEN", func(b []byte) bool { return strings.TrimSpace(string(b)) == "FROZEN" }
-	if !d.freezer {
-		file, value = filepath.Join(d.dir, "cgroup.freeze"), "1"
-		done = func(b []byte) bool { return strings.Contains(string(b), "frozen 1") }
-	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
-		return fmt.Errorf("freeze %s: %w", d.dir, err)
-	}
-	if pids, err := subtreePids([]cgroupMount{d}); err == nil && alone > 0 && len(pids) == 1 && pids[0] == alone {
-		return nil
-	}
-	check := file
-	if !d.freezer {
-		check = filepath.Join(d.dir, "cgroup.events")
-	}
-	// Frozen once each process got the CPU to stop: the poll starts short
-	// and stays short, as a wait of a busy machine's scheduling delay
-	// (milliseconds) is overshot by no more than a step.
-	delay := 20 * time.Microsecond
-	for deadline := time.Now().Add(2 * time.Second); ; {
-		b, err := os.ReadFile(check)
-		if err != nil {
-			return fmt.Errorf("freeze %s: %w", d.dir, err)
-		}
-		if done(b) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("freeze %s: not frozen after 2s: %w", d.dir, errdefs.ErrUnavailable)
-		}
-		time.Sleep(delay)
-		if delay < 160*time.Microsecond {
-			delay *= 2
-		}
-	}
-}
-
-// freezerKey is a child cgroup of a sandbox's, empty and frozen (v1
-// freezer) while the sandbox has branches loaded: the kernel turns its
-// freezer on and off (a static key, patched into running code on every
-// CPU) as the first cgroup starts freezing and the last thaws, which
-// costs milliseconds on a busy machine; held on, freezing and thawing a
-// branch for a commit only counts.
-const freezerKey = ".freezer-key"
-
-// holdFreezerKey freezes an empty child of cgroup path on the v1 freezer
-// hierarchy, if there is one.
-func holdFreezerKey(ms []cgroupMount, path string) {
-	for _, d := range dirsIn(ms, path) {
-		if !d.freezer {
-			continue
-		}
-		key := filepath.Join(d.dir, freezerKey)
-		if err := os.Mkdir(key, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return
-		}
-		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("FROZEN"), 0)
-	}
-}
-
-// releaseFreezerKey thaws and removes what holdFreezerKey made.
-func releaseFreezerKey(ms []cgroupMount, path string) {
-	for _, d := range dirsIn(ms, path) {
-		if !d.freezer {
-			continue
-		}
-		key := filepath.Join(d.dir, freezerKey)
-		_ = os.WriteFile(filepath.Join(key, "freezer.state"), []byte("THAWED"), 0)
-		_ = unix.Rmdir(key)
-	}
-}
-
-// thawAll undoes freezeAll.
-func thawAll(dirs []cgroupMount) error {
-	d, ok := freezerOf(dirs)
-	if !ok {
-		return nil
-	}
-	file, value := filepath.Join(d.dir, "freezer.state"), "THAWED"
-	if !d.freezer {
-		file, value = filepath.Join(d.dir, "cgroup.freeze"), "0"
-	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("thaw %s: %w", d.dir, err)
-	}
-	return nil
 }

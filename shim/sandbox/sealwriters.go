@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/branchbox/branchbox/client/branchapi"
+	"github.com/branchbox/branchbox/shim/cgroup"
 
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
@@ -50,7 +51,7 @@ func (c *Service) sealFork(ctx context.Context, sb *sandbox, parent *bctx, initP
 	}()
 	if req.Seal == SealFreeze {
 		if !parent.frozen {
-			if err := freezeOwn(ctx, parent.cgroup); err != nil {
+			if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 				return nil, err
 			}
 			parent.frozen, froze = true, true
@@ -63,7 +64,7 @@ func (c *Service) sealFork(ctx context.Context, sb *sandbox, parent *bctx, initP
 	// are.
 	if parent.writers && !parent.frozen && !isSelfFork(ctx) {
 		if ownWriters(parent.cgroup, initPid) {
-			if err := freezeOwn(ctx, parent.cgroup); err != nil {
+			if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 				return nil, err
 			}
 			parent.frozen, froze = true, true
@@ -99,7 +100,7 @@ func (c *Service) sealFork(ctx context.Context, sb *sandbox, parent *bctx, initP
 		return nil, fmt.Errorf("fork %s of %s: %w", parent.id, sb.id, &branch.WritersError{Context: we.Context, Writers: outside})
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "context": parent.id, "writers": we.Writers}).Info("files are open for writing: freezing the parent's processes for its branches' lifetime instead of making its rootfs read-only")
-	if err := freezeOwn(ctx, parent.cgroup); err != nil {
+	if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 		return nil, err
 	}
 	parent.frozen, froze, parent.writers = true, true, true
@@ -110,7 +111,7 @@ func (c *Service) sealFork(ctx context.Context, sb *sandbox, parent *bctx, initP
 // writing on a mount, in initPid's mount namespace, of the filesystem that
 // is initPid's root: each descriptor's mount is one statx of its /proc
 // link, and only those on such a mount have their open flags read.
-func ownWriters(cgroup string, initPid int) bool {
+func ownWriters(cgPath string, initPid int) bool {
 	proc := "/proc/" + strconv.Itoa(initPid)
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, proc+"/root", 0, unix.STATX_MNT_ID, &stx); err != nil {
@@ -136,12 +137,12 @@ func ownWriters(cgroup string, initPid int) bool {
 			}
 		}
 	}
-	dirs, err := cgroupDirs(cgroup)
+	dirs, err := cgroup.Dirs(cgPath)
 	if err != nil {
 		return true
 	}
-	for _, d := range oneHierarchy(dirs) {
-		for _, pid := range readPids(d.dir) {
+	for _, d := range cgroup.OneHierarchy(dirs) {
+		for _, pid := range cgroup.ReadPids(d.Path) {
 			fdDir := "/proc/" + strconv.Itoa(pid) + "/fd/"
 			fd, err := os.Open(fdDir)
 			if err != nil {
@@ -173,19 +174,19 @@ func ownWriters(cgroup string, initPid int) bool {
 // writersOutside returns the writers that are not processes of cgroup's
 // own (on the hierarchy that lists them all: the freezer's, or v2), which
 // freezing that cgroup would not stop.
-func writersOutside(cgroup string, writers []branch.Writer) []branch.Writer {
+func writersOutside(cgPath string, writers []branch.Writer) []branch.Writer {
 	own := map[int]bool{}
-	dirs, err := cgroupDirs(cgroup)
+	dirs, err := cgroup.Dirs(cgPath)
 	if err == nil {
-		for _, d := range oneHierarchy(dirs) {
-			for _, pid := range readPids(d.dir) {
+		for _, d := range cgroup.OneHierarchy(dirs) {
+			for _, pid := range cgroup.ReadPids(d.Path) {
 				own[pid] = true
 			}
 		}
 	}
 	var out []branch.Writer
 	for _, w := range writers {
-		if !own[w.Pid] && !inCgroup(w.Pid, cgroup) {
+		if !own[w.Pid] && !inCgroup(w.Pid, cgPath) {
 			out = append(out, w)
 		}
 	}
@@ -195,15 +196,15 @@ func writersOutside(cgroup string, writers []branch.Writer) []branch.Writer {
 // inCgroup says whether pid is in cgroup (or its seal or v2 leaf) on some
 // hierarchy, or is gone: a writer that ended (a short-lived child that
 // inherited a descriptor, such as a sleep in a shell loop) is no writer.
-func inCgroup(pid int, cgroup string) bool {
+func inCgroup(pid int, cgPath string) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
 	}
-	cgroup = filepath.Clean("/" + cgroup)
+	cgPath = filepath.Clean("/" + cgPath)
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && (parts[2] == cgroup || parts[2] == cgroup+"/"+sealLeaf || parts[2] == cgroup+"/"+ownLeaf) {
+		if len(parts) == 3 && (parts[2] == cgPath || parts[2] == cgPath+"/"+cgroup.SealLeaf || parts[2] == cgPath+"/"+cgroup.OwnLeaf) {
 			return true
 		}
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package cgroup
 
 import (
 	"context"
@@ -28,9 +28,9 @@ func TestSandboxCgroup(t *testing.T) {
 		{"relative/sb", "", errdefs.ErrNotImplemented},
 		{"a:b", "", errdefs.ErrNotImplemented},
 	} {
-		got, err := sandboxCgroup(c.in)
+		got, err := SandboxPath(c.in)
 		if got != c.want || (c.err == nil) != (err == nil) || (c.err != nil && !errors.Is(err, c.err)) {
-			t.Errorf("sandboxCgroup(%q) = %q, %v; want %q, %v", c.in, got, err, c.want, c.err)
+			t.Errorf("SandboxPath(%q) = %q, %v; want %q, %v", c.in, got, err, c.want, c.err)
 		}
 	}
 }

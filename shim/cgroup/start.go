@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package cgroup
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/branchbox/branchbox/internal/lockedthread"
 )
 
-// startIn starts argv inside its cgroup (paths: a cgroup manager's
+// StartIn starts argv inside its cgroup (paths: a cgroup manager's
 // directories by controller), so that the process limit of the cgroup and
 // of every one above it holds from its first instant. On cgroup2 (the
 // unified hierarchy, also that of a hybrid host) it is cloned into it
@@ -30,9 +30,9 @@ import (
 // (checked first, and clones into limited cgroups go one at a time, so
 // that the thread's own unchecked move never takes a cgroup past its
 // limit). It returns the child's pid and the directories it was born in;
-// a fork refused by a process limit is a *pidsLimit.
-func (c *Service) startIn(ctx context.Context, cgroupPath string, paths map[string]string, argv0 string, argv []string, attr *syscall.ProcAttr) (int, map[string]bool, error) {
-	ms, err := c.hier()
+// a fork refused by a process limit is a *PidsLimit.
+func (h *Host) StartIn(ctx context.Context, cgroupPath string, paths map[string]string, argv0 string, argv []string, attr *syscall.ProcAttr) (int, map[string]bool, error) {
+	ms, err := h.Mounts()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -49,8 +49,8 @@ func (c *Service) startIn(ctx context.Context, cgroupPath string, paths map[stri
 			continue
 		}
 		for _, m := range ms {
-			if !m.v2 && ((ctrl == "pids" && m.pids) || (ctrl == "memory" && m.memory)) {
-				join = append(join, threadMove{ctrl: ctrl, root: m.dir, to: dir})
+			if !m.V2 && ((ctrl == "pids" && m.Pids) || (ctrl == "memory" && m.Memory)) {
+				join = append(join, threadMove{ctrl: ctrl, root: m.Path, to: dir})
 				born[dir] = true
 				break
 			}
@@ -71,13 +71,13 @@ func (c *Service) startIn(ctx context.Context, cgroupPath string, paths map[stri
 	need := int64(1)
 	if len(join) > 0 && join[0].ctrl == "pids" {
 		need = 2
-		if levels := pidsLimits(ms, cgroupPath); len(levels) > 0 {
-			c.cloneMu.Lock()
-			defer c.cloneMu.Unlock()
+		if levels := PidsLimits(ms, cgroupPath); len(levels) > 0 {
+			h.cloneMu.Lock()
+			defer h.cloneMu.Unlock()
 			// Read again under the lock: a clone that went before took
 			// room.
-			if t := tightest(pidsLimits(ms, cgroupPath), need); t != nil {
-				return 0, nil, &pidsLimit{pidsLevel: *t}
+			if t := Tightest(PidsLimits(ms, cgroupPath), need); t != nil {
+				return 0, nil, &PidsLimit{PidsLevel: *t}
 			}
 		}
 	}
@@ -91,11 +91,11 @@ func (c *Service) startIn(ctx context.Context, cgroupPath string, paths map[stri
 	}
 	if err != nil {
 		if errors.Is(err, unix.EAGAIN) {
-			levels := pidsLimits(ms, cgroupPath)
-			if t := tightest(levels, need); t != nil {
-				return 0, nil, &pidsLimit{pidsLevel: *t}
+			levels := PidsLimits(ms, cgroupPath)
+			if t := Tightest(levels, need); t != nil {
+				return 0, nil, &PidsLimit{PidsLevel: *t}
 			}
-			if pl := asPidsLimit([]error{err}, levels, 0); pl != nil {
+			if pl := AsPidsLimit([]error{err}, levels, 0); pl != nil {
 				return 0, nil, pl
 			}
 		}
@@ -180,12 +180,12 @@ func leaveThread(back []string) error {
 	return errors.Join(errs...)
 }
 
-// pidsOnV1 says the pids controller is on a v1 hierarchy, where a fork
+// PidsOnV1 says the pids controller is on a v1 hierarchy, where a fork
 // into a limited cgroup needs room for the thread that forks too.
-func pidsOnV1(ms []cgroupMount) bool {
+func PidsOnV1(ms []Dir) bool {
 	for _, m := range ms {
-		if m.pids {
-			return !m.v2
+		if m.Pids {
+			return !m.V2
 		}
 	}
 	return false

@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package cgroup
 
 import (
 	"context"
@@ -27,17 +27,17 @@ import (
 // the scope's stop kills and removes them with it. Units of their own
 // could not nest (a scope has no child units), so they are not used.
 
-// isSystemdCgroupPath says whether a spec's cgroupsPath is in the systemd
+// IsSystemdPath says whether a spec's cgroupsPath is in the systemd
 // driver's "slice:prefix:name" form.
-func isSystemdCgroupPath(p string) bool {
+func IsSystemdPath(p string) bool {
 	return strings.Count(p, ":") == 2 && !strings.HasPrefix(p, "/")
 }
 
-// sandboxCgroup resolves a sandbox's linux.cgroupsPath to its directory in
+// SandboxPath resolves a sandbox's linux.cgroupsPath to its directory in
 // the cgroup filesystem (relative to each hierarchy's mount point), under
 // either driver, or says why branch cgroups cannot nest under it.
-func sandboxCgroup(p string) (string, error) {
-	if isSystemdCgroupPath(p) {
+func SandboxPath(p string) (string, error) {
+	if IsSystemdPath(p) {
 		return systemdScopePath(p)
 	}
 	if p == "" || strings.Contains(p, ":") || !strings.HasPrefix(p, "/") {
@@ -83,7 +83,7 @@ func systemdScopePath(p string) (string, error) {
 // handlers only), the spec always does, and the cgroupfs driver would
 // take that path for a directory name.
 func KeyDriverOnSpec(ctx context.Context, id, cgroupsPath string, opts *options.Options) {
-	if isSystemdCgroupPath(cgroupsPath) && !opts.SystemdCgroup {
+	if IsSystemdPath(cgroupsPath) && !opts.SystemdCgroup {
 		log.G(ctx).WithField("id", id).WithField("cgroup", cgroupsPath).Debug("systemd cgroup path: using the systemd cgroup driver")
 		opts.SystemdCgroup = true
 	}

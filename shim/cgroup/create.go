@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package cgroup
 
 import (
 	"context"
@@ -18,29 +18,29 @@ import (
 	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
-// ownLeaf is the child cgroup, on cgroup v2, that a context's own
+// OwnLeaf is the child cgroup, on cgroup v2, that a context's own
 // processes (not its branches') live in once it has branch cgroups: the
 // kernel's no-internal-process rule lets a cgroup that holds processes
 // give its children no domain controller (memory, io, and cpu on older
 // kernels), and libcontainer then makes a branch's cgroup threaded, where
 // memory limits, the OOM count, cgroup.kill and the process list are all
 // missing. The runtime's exec into the context goes into this leaf too.
-const ownLeaf = ocirt.OwnLeaf
+const OwnLeaf = ocirt.OwnLeaf
 
-// ownDirs lists the cgroup directories that hold a context's own
+// OwnDirs lists the cgroup directories that hold a context's own
 // processes on one hierarchy (its directory dir): dir itself, its v2 leaf
 // and its seal leaf.
-func ownDirs(dir string) []string {
-	return []string{dir, filepath.Join(dir, ownLeaf), filepath.Join(dir, sealLeaf)}
+func OwnDirs(dir string) []string {
+	return []string{dir, filepath.Join(dir, OwnLeaf), filepath.Join(dir, SealLeaf)}
 }
 
-// prepareBranchParent makes the cgroup of a context (path) ready to hold
+// PrepareBranchParent makes the cgroup of a context (path) ready to hold
 // branch cgroups as domain cgroups, on cgroup v2: its processes move into
-// its leaf (ownLeaf) and the controllers it has are enabled for its
+// its leaf (OwnLeaf) and the controllers it has are enabled for its
 // children. It is done once per context, before its first branch cgroup;
 // on v1 (and a hybrid host, whose unified hierarchy has no controllers)
 // there is nothing to do.
-func prepareBranchParent(ctx context.Context, path string) error {
+func PrepareBranchParent(ctx context.Context, path string) error {
 	if !cgroups.IsCgroup2UnifiedMode() {
 		return nil
 	}
@@ -53,8 +53,8 @@ func prepareBranchParent(ctx context.Context, path string) error {
 	if len(want) == 0 {
 		return nil
 	}
-	leaf := filepath.Join(dir, ownLeaf)
-	if have, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); err == nil && isDir(leaf) && len(strings.Fields(string(have))) == len(want) {
+	leaf := filepath.Join(dir, OwnLeaf)
+	if have, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); err == nil && IsDir(leaf) && len(strings.Fields(string(have))) == len(want) {
 		return nil // done by an earlier fork
 	}
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -88,7 +88,7 @@ func prepareBranchParent(ctx context.Context, path string) error {
 // none is left (a process can fork while the others are moved).
 func moveAll(dir, to string) error {
 	for i := 0; i < 100; i++ {
-		pids, err := readPidsErr(dir)
+		pids, err := ReadPidsErr(dir)
 		if err != nil {
 			return err
 		}
@@ -104,7 +104,7 @@ func moveAll(dir, to string) error {
 	return fmt.Errorf("processes still in %s after 100 rounds of moves: %w", dir, unix.EAGAIN)
 }
 
-func isDir(p string) bool {
+func IsDir(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.IsDir()
 }

@@ -15,6 +15,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // TestPidsRefusal: a fork refused by a process limit is one line naming
@@ -26,7 +27,7 @@ func TestPidsRefusal(t *testing.T) {
 		"3":           {id: "3", parent: branch.RootID, cgroup: "/ns/sb/b3"},
 	}}
 	root, b3 := sb.nodes[branch.RootID], sb.nodes["3"]
-	levels := []pidsLevel{{cgroup: "/ns/sb/b3", max: 4, current: 2}, {cgroup: "/ns/sb", max: 8, current: 7}, {cgroup: "/ns", max: 100, current: 20}}
+	levels := []cgroup.PidsLevel{{Cgroup: "/ns/sb/b3", Max: 4, Current: 2}, {Cgroup: "/ns/sb", Max: 8, Current: 7}, {Cgroup: "/ns", Max: 100, Current: 20}}
 	for _, c := range []struct {
 		name   string
 		parent *bctx
@@ -34,15 +35,15 @@ func TestPidsRefusal(t *testing.T) {
 		slack  int64
 		want   string // "" for not a process limit
 	}{
-		{"the init path's clone", root, []error{nil, &pidsLimit{pidsLevel: levels[1]}},
+		{"the init path's clone", root, []error{nil, &cgroup.PidsLimit{PidsLevel: levels[1]}},
 			0, "fork of sandbox sb: the sandbox's process limit (pids.max 8) is reached: resource exhausted"},
-		{"up front, with counts", root, []error{&pidsLimit{pidsLevel: levels[1], need: 3}},
+		{"up front, with counts", root, []error{&cgroup.PidsLimit{PidsLevel: levels[1], Need: 3}},
 			0, "fork of sandbox sb: the sandbox's process limit (pids.max 8) is reached (1 free, the fork needs 3): resource exhausted"},
-		{"a parent branch's limit", b3, []error{&pidsLimit{pidsLevel: levels[0]}},
+		{"a parent branch's limit", b3, []error{&cgroup.PidsLimit{PidsLevel: levels[0]}},
 			0, "fork of branch sb/3: branch 3's process limit (pids.max 4) is reached: resource exhausted"},
-		{"the new branch's own", b3, []error{&pidsLimit{pidsLevel: pidsLevel{cgroup: "/ns/sb/b3/b9", max: 1, current: 1}}},
+		{"the new branch's own", b3, []error{&cgroup.PidsLimit{PidsLevel: cgroup.PidsLevel{Cgroup: "/ns/sb/b3/b9", Max: 1, Current: 1}}},
 			0, "fork of branch sb/3: the new branch's own process limit (pids.max 1) is reached: resource exhausted"},
-		{"above the sandbox", root, []error{&pidsLimit{pidsLevel: levels[2]}},
+		{"above the sandbox", root, []error{&cgroup.PidsLimit{PidsLevel: levels[2]}},
 			0, "fork of sandbox sb: cgroup /ns's (above the sandbox) process limit (pids.max 100) is reached: resource exhausted"},
 		{"the runtime's EAGAIN, many lines", root, []error{errors.New("create its init: runc: nsexec-1[42]: failed to clone:\nResource temporarily unavailable\n...")},
 			0, "least room"},
@@ -55,7 +56,7 @@ func TestPidsRefusal(t *testing.T) {
 		{"another runtime failure with room", root, []error{errors.New("procReady not received")}, 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pl := asPidsLimit(c.errs, levels, c.slack)
+			pl := cgroup.AsPidsLimit(c.errs, levels, c.slack)
 			if c.want == "" {
 				if pl != nil {
 					t.Fatalf("taken for a process limit: %v", pl)
@@ -86,7 +87,7 @@ func TestPidsRefusal(t *testing.T) {
 // TestPidsRoom: the up-front count of a fork, against pids.max and
 // pids.current files of the sandbox's cgroup and the one above it: one
 // process per branch, two per branch given a command on the init path, one
-// for the forking thread on v1; the tightest limit is named.
+// for the forking thread on v1; the Tightest limit is named.
 func TestPidsRoom(t *testing.T) {
 	root := t.TempDir()
 	write := func(rel, file, v string) {
@@ -102,7 +103,7 @@ func TestPidsRoom(t *testing.T) {
 	write("ns", "pids.max", "max")
 	write("ns", "pids.current", "50")
 	write("ns/sb", "pids.max", "10")
-	ms := []cgroupMount{{dir: root, pids: true}}
+	ms := []cgroup.Dir{{Path: root, Pids: true}}
 	sb := &sandbox{id: "sb", nodes: map[string]*bctx{branch.RootID: {id: branch.RootID, cgroup: "/ns/sb"}}}
 	for _, c := range []struct {
 		count   uint32

@@ -1,4 +1,4 @@
-package sandbox
+package cgroup
 
 import (
 	"fmt"
@@ -8,27 +8,27 @@ import (
 	"testing"
 )
 
-// TestSubdirs: subdirs lists a cgroup and every one below it, parents
+// TestSubdirs: Subdirs lists a cgroup and every one below it, parents
 // first, on every hierarchy of the host; a leaf is itself alone (the link
 // count shortcut) and a cgroup that is gone has none.
 func TestSubdirs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test makes cgroups and must run as root (make test does)")
 	}
-	ms, err := cgroupMounts()
+	ms, err := Mounts()
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("cgroup hierarchies: %v %v", ms, err)
 	}
 	for _, m := range ms {
-		top := filepath.Join(m.dir, fmt.Sprintf("bbx-subdirs-%d", os.Getpid()))
+		top := filepath.Join(m.Path, fmt.Sprintf("bbx-subdirs-%d", os.Getpid()))
 		want := []string{top, top + "/a", top + "/a/x", top + "/b"}
 		for _, d := range want {
 			if err := os.Mkdir(d, 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}
-		got := subdirs(top)
-		leaf := subdirs(top + "/b")
+		got := Subdirs(top)
+		leaf := Subdirs(top + "/b")
 		for i := len(want) - 1; i >= 0; i-- {
 			if err := os.Remove(want[i]); err != nil {
 				t.Error(err)
@@ -36,18 +36,18 @@ func TestSubdirs(t *testing.T) {
 		}
 		for i, d := range got {
 			if d != top && !slices.Contains(got[:i], filepath.Dir(d)) {
-				t.Errorf("%s: subdirs = %v: %s comes before its parent", m.dir, got, d)
+				t.Errorf("%s: Subdirs = %v: %s comes before its parent", m.Path, got, d)
 			}
 		}
 		slices.Sort(got)
 		if !slices.Equal(got, want) {
-			t.Errorf("%s: subdirs = %v, want %v", m.dir, got, want)
+			t.Errorf("%s: Subdirs = %v, want %v", m.Path, got, want)
 		}
 		if !slices.Equal(leaf, []string{top + "/b"}) {
-			t.Errorf("%s: subdirs of a leaf = %v, want itself", m.dir, leaf)
+			t.Errorf("%s: Subdirs of a leaf = %v, want itself", m.Path, leaf)
 		}
-		if gone := subdirs(top); gone != nil {
-			t.Errorf("%s: subdirs of a removed cgroup = %v, want none", m.dir, gone)
+		if gone := Subdirs(top); gone != nil {
+			t.Errorf("%s: Subdirs of a removed cgroup = %v, want none", m.Path, gone)
 		}
 	}
 }
