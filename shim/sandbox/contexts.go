@@ -18,6 +18,7 @@ import (
 
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -73,8 +74,8 @@ func RuntimeID(sandbox, b string) string { return sandbox + ".b" + b }
 type Service struct {
 	ctx       context.Context
 	self      string
-	runtime   string // the binary branch containers are run with
-	init      string // the branch init, "" to run every branch with the runtime
+	runtime   string             // the binary branch containers are run with
+	inits     *initdriver.Driver // starts branches with the branch init
 	publisher cshim.Publisher
 	task      taskAPI.TTRPCTaskService
 	platform  stdio.Platform
@@ -124,9 +125,9 @@ type sandbox struct {
 	mu       sync.Mutex
 	nodes    map[string]*bctx // branch contexts by id, and "0"
 	snapshot *branchapi.Client
-	pool     *initPool // inits started ahead of forks of the root, or nil
-	nextID   uint64    // the branch id the snapshotter likely gives next (0: not known)
-	initPath initPath  // how its branches start (initpath.go)
+	pool     *initdriver.Pool // inits started ahead of forks of the root, or nil
+	nextID   uint64           // the branch id the snapshotter likely gives next (0: not known)
+	initPath initdriver.Path  // how its branches start (initpath.go)
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; Teardown waits for them.
 	releasing sync.WaitGroup
@@ -190,10 +191,10 @@ type bctx struct {
 	net        string
 	seal       string // how this context is sealed while it has children
 	frozen     bool
-	writers    bool            // its last fork found its processes writing (sealwriters.go)
-	container  *runc.Container // run by the runtime; nil for the sandbox
-	fast       *fastCtx        // run by the branch init; nil for the sandbox
-	limits     *shimv1.Limits  // given at fork
+	writers    bool               // its last fork found its processes writing (sealwriters.go)
+	container  *runc.Container    // run by the runtime; nil for the sandbox
+	fast       *initdriver.Branch // run by the branch init; nil for the sandbox
+	limits     *shimv1.Limits     // given at fork
 	hasCommand bool
 	memory     bool // its processes were restored from a memory fork
 	exited     bool
@@ -207,6 +208,11 @@ type bctx struct {
 type ctxProcs interface {
 	Pid() int
 	Process(execID string) (process.Process, error)
+}
+
+// initConfig is what the branch init's driver needs of branch n of sb.
+func (n *bctx) initConfig(sb *sandbox) initdriver.Config {
+	return initdriver.Config{ID: n.id, Spec: n.spec, Cgroup: n.cgroup, Limits: n.limits, HasCommand: n.hasCommand, Path: &sb.initPath}
 }
 
 // procs is the context's processes, nil for the sandbox or a context whose
@@ -227,12 +233,13 @@ func NewService(ctx context.Context, self string, publisher cshim.Publisher, tas
 		return nil, fmt.Errorf("branch contexts: console platform: %w", err)
 	}
 	c := &Service{
-		ctx: ctx, self: self, runtime: branchRuntime(self), init: fastInit(self), publisher: publisher, task: task, platform: platform,
+		ctx: ctx, self: self, runtime: branchRuntime(self), publisher: publisher, task: task, platform: platform,
 		sandboxes: map[string]*sandbox{},
 		pids:      map[int]process.Process{},
 		pending:   map[int]pendingExit{},
 		events:    make(chan queuedEvent, 1024),
 	}
+	c.inits = &initdriver.Driver{Binary: initdriver.FindBinary(self), Cgroups: &c.cgroups, Watch: c.watch}
 	c.nodeBounds, c.nodeBoundsErr = readNodeBounds()
 	ec := reaper.Default.Subscribe()
 	go c.reap(ec)

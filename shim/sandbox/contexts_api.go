@@ -15,6 +15,7 @@ import (
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
 
 	"github.com/containerd/console"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -103,7 +104,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	}
 	ms, _ := c.hier()
 	// A memory branch is restored by the runtime, not the branch init.
-	runtimePath := req.Memory || c.init == "" || fastUnsupported(parent.spec) != ""
+	runtimePath := req.Memory || c.inits.Binary == "" || initdriver.Unsupported(parent.spec) != ""
 	if err := c.pidsRoom(sb, parent, ms, runtimePath, req); err != nil {
 		return nil, err
 	}
@@ -114,10 +115,10 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	// Inits started ahead are taken now, their cgroups renamed to the
 	// names the next branch ids give while the snapshotter makes the
 	// branches; each start claims its own (start).
-	var aheads []*ahead
+	var aheads []*initdriver.Ahead
 	if !runtimePath && parentID == branch.RootID && req.Net == NetShared && sb.pool != nil && sb.nextID > 0 {
 		for i := range uint64(req.Count) {
-			a := sb.pool.takeAhead(ctx, branchCgroup(parent.cgroup, strconv.FormatUint(sb.nextID+i, 10)))
+			a := sb.pool.TakeAhead(ctx, branchCgroup(parent.cgroup, strconv.FormatUint(sb.nextID+i, 10)))
 			if a == nil {
 				break
 			}
@@ -126,7 +127,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	}
 	defer func() {
 		for _, a := range aheads {
-			a.release(ctx)
+			a.Release(ctx)
 		}
 	}()
 	// The snapshotter's answer is waited for even if the caller gives up
@@ -177,13 +178,13 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 		defer img.remove(context.WithoutCancel(ctx))
 	}
 	for i, a := range aheads {
-		if i >= len(infos) || a.guess != branchCgroup(parent.cgroup, infos[i].ID) {
+		if i >= len(infos) || a.Guess != branchCgroup(parent.cgroup, infos[i].ID) {
 			// A wrong guess (ids used behind the shim's back): the
 			// guessed names may be other branches' of this fork, so
 			// every init taken ahead goes, cgroup and all, before any
 			// start makes one.
 			for _, a := range aheads {
-				a.release(ctx)
+				a.Release(ctx)
 			}
 			aheads = nil
 			break
@@ -198,7 +199,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	// and more in parallel only queue on the CPUs); four with the branch
 	// init, whose starts mostly wait (cgroup moves, mounts).
 	par := 2
-	if c.init != "" {
+	if c.inits.Binary != "" {
 		par = 4
 	}
 	if runtimePath && len(cgroup.PidsLimits(ms, parent.cgroup)) > 0 {
@@ -215,7 +216,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			var a *ahead
+			var a *initdriver.Ahead
 			if i < len(aheads) {
 				a = aheads[i]
 			}
@@ -241,9 +242,9 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	}
 	if parentID == branch.RootID && req.Net == NetShared && made[0].fast != nil {
 		if sb.pool == nil {
-			sb.pool = newInitPool(c, parent.cgroup, brinit.CloneFlags(made[0].spec), prepOf(ctx, made[0].spec))
+			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
 		}
-		sb.pool.fill(ctx, int(req.Count))
+		sb.pool.Fill(ctx, int(req.Count))
 	}
 	parent.seal = req.Seal
 	if parent.frozen {
@@ -510,7 +511,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 	defer sb.starting.done()
 	if fc := n.fast; fc != nil {
 		sb.mu.Unlock()
-		p, err := fc.exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
+		p, err := fc.Exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
 		if err != nil {
 			return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, err)
 		}
@@ -560,7 +561,7 @@ func (c *Service) proc(ctx context.Context, sandboxID, id, execID string, write 
 	var remove func(string)
 	switch {
 	case n.fast != nil:
-		remove = n.fast.remove
+		remove = n.fast.Remove
 	case n.container != nil:
 		remove = n.container.ProcessRemove
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
@@ -168,7 +169,7 @@ func (c *Service) initPid(ctx context.Context, sb *sandbox, n *bctx) (int, error
 // init, through the same runtime path as any container of this shim.
 // An init taken ahead for it (nil: none) is claimed or released. With a
 // memory image (nil: none) the runtime restores its processes from it.
-func (c *Service) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, join joinNS, req *shimv1.ForkRequest, warm *ahead, img *memoryImage) (_ *bctx, retErr error) {
+func (c *Service) start(ctx context.Context, sb *sandbox, parent *bctx, info branch.Info, join joinNS, req *shimv1.ForkRequest, warm *initdriver.Ahead, img *memoryImage) (_ *bctx, retErr error) {
 	n := &bctx{
 		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
 		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
@@ -208,7 +209,7 @@ func (c *Service) start(ctx context.Context, sb *sandbox, parent *bctx, info bra
 		return nil, err
 	}
 	if img == nil && c.useInit(ctx, sb, spec) {
-		var pool *initPool
+		var pool *initdriver.Pool
 		if parent.id == branch.RootID {
 			pool = sb.pool
 		}
@@ -323,31 +324,31 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *sandbox, n *bctx, mounts
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
 // the rest. The init is warm's if given, else taken from pool if it has
 // one (nil: none), else started.
-func (c *Service) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, pool *initPool, warm *ahead) (retErr error) {
+func (c *Service) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info branch.Info, pool *initdriver.Pool, warm *initdriver.Ahead) (retErr error) {
 	// The init is taken from the pool (its cgroup renamed to the
 	// branch's), or started, while the rootfs is mounted.
 	type spawnResult struct {
-		s   *spawned
+		s   *initdriver.Spawned
 		err error
 	}
 	spawnDone := make(chan spawnResult, 1)
 	go func() {
 		flags := brinit.CloneFlags(n.spec)
 		if warm != nil {
-			if s := warm.claim(ctx, n.cgroup); s != nil {
-				if s.flags == flags {
+			if s := warm.Claim(ctx, n.cgroup); s != nil {
+				if s.Flags == flags {
 					spawnDone <- spawnResult{s: s}
 					return
 				}
-				s.discard(ctx)
+				s.Discard(ctx)
 			}
 		} else if pool != nil {
-			if s := pool.take(ctx, flags, n.cgroup); s != nil {
+			if s := pool.Take(ctx, flags, n.cgroup); s != nil {
 				spawnDone <- spawnResult{s: s}
 				return
 			}
 		}
-		s, err := c.spawn(ctx, n.cgroup, flags)
+		s, err := c.inits.Spawn(ctx, n.cgroup, flags)
 		spawnDone <- spawnResult{s, err}
 	}()
 	rootfs := filepath.Join(n.bundle, "rootfs")
@@ -364,7 +365,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info 
 	sr := <-spawnDone
 	if err != nil || sr.err != nil {
 		if sr.s != nil {
-			sr.s.discard(ctx)
+			sr.s.Discard(ctx)
 		}
 		if err == nil {
 			_ = unix.Unmount(rootfs, unix.MNT_DETACH)
@@ -372,7 +373,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info 
 		}
 		return err
 	}
-	fc, err := c.configure(ctx, sb, n, sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
+	fc, err := c.inits.Configure(ctx, n.initConfig(sb), sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
 	if err != nil {
 		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
 			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")
@@ -382,7 +383,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *sandbox, n *bctx, info 
 	n.fast = fc
 	if n.hasCommand {
 		go func() {
-			_ = fc.init.Wait(context.WithoutCancel(ctx))
+			_ = fc.Init().Wait(context.WithoutCancel(ctx))
 			sb.mu.Lock()
 			n.exited = true
 			sb.mu.Unlock()
@@ -456,7 +457,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 		}
 		pidfd := -1
 		if n.fast != nil {
-			pidfd = n.fast.init.dupPidfd()
+			pidfd = n.fast.Init().DupPidfd()
 		}
 		wg.Add(1)
 		go func() {
@@ -476,7 +477,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 	for i, n := range live {
 		switch {
 		case n.fast != nil:
-			sb.keepEnded(n.id, n.fast.execd())
+			sb.keepEnded(n.id, n.fast.Execd())
 		case n.container != nil:
 			sb.keepEnded(n.id, n.container.ExecdProcesses())
 		}
@@ -504,7 +505,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *sandbox, ns []*bctx) (wait
 func (c *Service) detach(ctx context.Context, n *bctx) ctxProcs {
 	container := n.procs()
 	n.container, n.fast = nil, nil
-	if _, ok := container.(*fastCtx); ok {
+	if _, ok := container.(*initdriver.Branch); ok {
 		// Its processes are gone from its cgroup, so they are dead: the
 		// init's exit status (from the reaper) is not needed to go on.
 		// Its host mount, which has nothing below it (the init mounted
@@ -531,8 +532,8 @@ func (c *Service) detach(ctx context.Context, n *bctx) ctxProcs {
 // binary per branch.
 func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxProcs, cgDirs []cgroup.Dir) {
 	c.closeSelf(sb.id, n.id)
-	if fc, ok := procs.(*fastCtx); ok {
-		fc.close()
+	if fc, ok := procs.(*initdriver.Branch); ok {
+		fc.Close()
 		// KillBranch looked at one hierarchy; a process put into the
 		// cgroup from outside the branch may be in the others.
 		if err := cgroup.KillLoop(ctx, n.cgroup, cgDirs, cgDirs); err != nil {
@@ -543,7 +544,7 @@ func (c *Service) release(ctx context.Context, sb *sandbox, n *bctx, procs ctxPr
 		}
 		go func() {
 			ctx := context.WithoutCancel(ctx)
-			for _, p := range fc.execd() {
+			for _, p := range fc.Execd() {
 				_ = p.Delete(ctx) // its exit came with the init's
 			}
 			removeBundle(ctx, n.bundle)
@@ -675,10 +676,10 @@ func (c *Service) endAll(ctx context.Context, sb *sandbox) {
 	sb.closed = true
 	close(sb.done)
 	if sb.pool != nil {
-		sb.pool.close(ctx)
+		sb.pool.Close(ctx)
 		sb.pool = nil
 	}
-	defer sb.initPath.close()
+	defer sb.initPath.Close()
 	for _, d := range sb.descendants(branch.RootID) {
 		c.destroy(ctx, sb, d)
 		delete(sb.nodes, d.id)

@@ -18,6 +18,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/initdriver"
 )
 
 // defaultBranchSpec is a branch spec derived from containerd's default
@@ -61,7 +62,7 @@ func ops(t *testing.T, conf []byte) [][]string {
 
 func TestPlanFast(t *testing.T) {
 	spec := defaultBranchSpec(t, "/proc/42/ns/net")
-	if r := fastUnsupported(spec); r != "" {
+	if r := initdriver.Unsupported(spec); r != "" {
 		t.Fatalf("containerd's default spec needs the runtime: %s", r)
 	}
 	paths := map[string]string{"memory": "/sys/fs/cgroup/memory/test/sb/b1", "cpu": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct/test/sb/b1"}
@@ -144,7 +145,7 @@ func TestFastUnsupported(t *testing.T) {
 	} {
 		s := defaultBranchSpec(t, "/proc/1/ns/net")
 		mod(s)
-		if r := fastUnsupported(s); r == "" {
+		if r := initdriver.Unsupported(s); r == "" {
 			t.Errorf("%s: the branch init would run it", name)
 		}
 	}

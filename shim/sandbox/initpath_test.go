@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/initdriver"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -20,7 +21,7 @@ func TestSchedPlan(t *testing.T) {
 	spec.Process.ExecCPUAffinity = &specs.CPUAffinity{Final: "1,3"}
 	spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.TimeNamespace})
 	spec.Linux.TimeOffsets = map[string]specs.LinuxTimeOffset{"boottime": {Secs: 7, Nanosecs: 9}}
-	if r := fastUnsupported(spec); r != "" {
+	if r := initdriver.Unsupported(spec); r != "" {
 		t.Fatalf("the branch init does not take it: %s", r)
 	}
 	p, err := brinit.NewPlan(spec, "/r", nil, nil)
@@ -59,7 +60,7 @@ func TestSchedPlan(t *testing.T) {
 func TestAppArmorPlan(t *testing.T) {
 	spec := defaultBranchSpec(t, "/proc/1/ns/net")
 	spec.Process.ApparmorProfile = "cri-containerd.apparmor.d"
-	if r := fastUnsupported(spec); r != "" {
+	if r := initdriver.Unsupported(spec); r != "" {
 		t.Fatalf("the branch init does not take it: %s", r)
 	}
 	p, err := brinit.NewPlan(spec, "/r", nil, nil)

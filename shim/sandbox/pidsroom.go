@@ -76,7 +76,7 @@ func (c *Service) pidsRoom(sb *sandbox, parent *bctx, ms []cgroup.Dir, runtimePa
 	}
 	need := int64(req.Count) * per
 	if !runtimePath && parent.id == branch.RootID && req.Net == NetShared && sb.pool != nil {
-		need -= int64(min(sb.pool.count(), int(req.Count)))
+		need -= int64(min(sb.pool.Count(), int(req.Count)))
 	}
 	if need > 0 && cgroup.PidsOnV1(ms) {
 		need++

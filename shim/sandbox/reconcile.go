@@ -67,7 +67,7 @@ func (c *Service) DropSandbox(ctx context.Context, id string) {
 		sb.closed = true
 		close(sb.done)
 		sb.snapshot.Close()
-		sb.initPath.close()
+		sb.initPath.Close()
 		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
 			cgroup.ReleaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 		}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package initdriver
 
 import (
 	"context"
@@ -22,11 +22,11 @@ import (
 // the runtime's init and exec processes of containerd's runc shim): its pid,
 // exit, signals and stdio.
 
-// fastProc is a process of a branch run by the init (or the init itself),
+// Process is a process of a branch run by the init (or the init itself),
 // as the shim's process code sees processes.
-type fastProc struct {
+type Process struct {
 	id    string
-	fc    *fastCtx
+	fc    *Branch
 	stdio stdio.Stdio
 
 	startedCh chan struct{}
@@ -50,11 +50,11 @@ type fastProc struct {
 	ioDone    sync.WaitGroup
 }
 
-func newFastProc(id string, fc *fastCtx) *fastProc {
-	return &fastProc{id: id, fc: fc, startedCh: make(chan struct{}), exited: make(chan struct{}), pidfd: -1}
+func newProcess(id string, fc *Branch) *Process {
+	return &Process{id: id, fc: fc, startedCh: make(chan struct{}), exited: make(chan struct{}), pidfd: -1}
 }
 
-func (p *fastProc) setPid(pid int) {
+func (p *Process) setPid(pid int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pid = pid
@@ -69,8 +69,8 @@ func (p *fastProc) setPid(pid int) {
 	}
 }
 
-// dupPidfd returns a pidfd of the process of its own, or -1.
-func (p *fastProc) dupPidfd() int {
+// DupPidfd returns a pidfd of the process of its own, or -1.
+func (p *Process) DupPidfd() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.pidfd < 0 {
@@ -83,27 +83,27 @@ func (p *fastProc) dupPidfd() int {
 	return fd
 }
 
-func (p *fastProc) ID() string { return p.id }
+func (p *Process) ID() string { return p.id }
 
-func (p *fastProc) Pid() int {
+func (p *Process) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.pid
 }
 
-func (p *fastProc) ExitStatus() int {
+func (p *Process) ExitStatus() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.status
 }
 
-func (p *fastProc) ExitedAt() time.Time {
+func (p *Process) ExitedAt() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.exitedAt
 }
 
-func (p *fastProc) Stdin() io.Closer {
+func (p *Process) Stdin() io.Closer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stdinHold == nil {
@@ -112,9 +112,9 @@ func (p *fastProc) Stdin() io.Closer {
 	return p.stdinHold
 }
 
-func (p *fastProc) Stdio() stdio.Stdio { return p.stdio }
+func (p *Process) Stdio() stdio.Stdio { return p.stdio }
 
-func (p *fastProc) Status(context.Context) (string, error) {
+func (p *Process) Status(context.Context) (string, error) {
 	select {
 	case <-p.exited:
 		return "stopped", nil
@@ -123,7 +123,7 @@ func (p *fastProc) Status(context.Context) (string, error) {
 	}
 }
 
-func (p *fastProc) Wait(ctx context.Context) error {
+func (p *Process) Wait(ctx context.Context) error {
 	select {
 	case <-p.exited:
 		return nil
@@ -132,23 +132,23 @@ func (p *fastProc) Wait(ctx context.Context) error {
 	}
 }
 
-func (p *fastProc) Resize(ws console.WinSize) error {
+func (p *Process) Resize(ws console.WinSize) error {
 	if p.console == nil {
 		return fmt.Errorf("process %s has no terminal: %w", p.id, errdefs.ErrFailedPrecondition)
 	}
 	return unix.IoctlSetWinsize(int(p.console.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: ws.Height, Col: ws.Width})
 }
 
-func (p *fastProc) Start(context.Context) error { return nil }
+func (p *Process) Start(context.Context) error { return nil }
 
 // Delete lets go of the process's stdio once its output is copied.
-func (p *fastProc) Delete(context.Context) error {
+func (p *Process) Delete(context.Context) error {
 	p.ioDone.Wait()
 	p.closeIO()
 	return nil
 }
 
-func (p *fastProc) Kill(_ context.Context, sig uint32, _ bool) error {
+func (p *Process) Kill(_ context.Context, sig uint32, _ bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
@@ -170,7 +170,7 @@ func (p *fastProc) Kill(_ context.Context, sig uint32, _ bool) error {
 	return err
 }
 
-func (p *fastProc) SetExited(status int) {
+func (p *Process) SetExited(status int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
@@ -187,7 +187,7 @@ func (p *fastProc) SetExited(status int) {
 	close(p.exited)
 }
 
-func (p *fastProc) closeIO() {
+func (p *Process) closeIO() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range []io.Closer{p.stdinHold, p.stdinIn} {
@@ -206,7 +206,7 @@ func (p *fastProc) closeIO() {
 // feeds from the caller's FIFO (so that closing it, or the FIFO's end,
 // ends the process's input), and stdout and stderr as the caller's FIFOs
 // themselves, which the process writes straight into.
-func (p *fastProc) openIO(ctx context.Context) ([]*os.File, error) {
+func (p *Process) openIO(ctx context.Context) ([]*os.File, error) {
 	if p.stdio.Terminal {
 		return nil, nil
 	}
@@ -316,7 +316,7 @@ func openWriteFifo(ctx context.Context, path string) (*os.File, error) {
 }
 
 // copyConsole copies between the caller's FIFOs and the terminal's master.
-func (p *fastProc) copyConsole(ctx context.Context) error {
+func (p *Process) copyConsole(ctx context.Context) error {
 	if p.stdio.Stdout != "" {
 		out, err := fifo.OpenFifo(context.WithoutCancel(ctx), p.stdio.Stdout, unix.O_WRONLY, 0)
 		if err != nil {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package initdriver
 
 import (
 	"bytes"
@@ -16,9 +16,9 @@ import (
 // An init started ahead of a fork does the early part of its plan
 // (brinit.SplitPrep) before the fork.
 
-// prepOf is the early part of the plan of a branch with spec, for the
+// PrepOf is the early part of the plan of a branch with spec, for the
 // inits started ahead of forks like it; nil if none.
-func prepOf(ctx context.Context, spec *specs.Spec) []byte {
+func PrepOf(ctx context.Context, spec *specs.Spec) []byte {
 	// The rootfs, cgroup and seccomp program are the late part's.
 	plan, err := brinit.NewPlan(spec, "/", map[string]string{}, nil)
 	if err != nil {
@@ -34,7 +34,7 @@ func prepOf(ctx context.Context, spec *specs.Spec) []byte {
 
 // prep sends a spawned init the early part of a plan and waits for it to
 // be done.
-func (s *spawned) prep(early []byte) error {
+func (s *Spawned) prep(early []byte) error {
 	msg := append([]byte{'P'}, early...)
 	if _, err := s.ctl.Write(msg); err != nil {
 		return fmt.Errorf("send the branch init its early set-up: %w", err)

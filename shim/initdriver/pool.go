@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package initdriver
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const maxWarm = 16
 // that takes one renames it to its own name.
 const poolPrefix = "bbx-pool-"
 
-// initPool keeps branch inits started ahead of the forks of a sandbox's
+// Pool keeps branch inits started ahead of the forks of a sandbox's
 // root: in the namespaces a branch of it gets and in a cgroup under the
 // sandbox's, waiting for their instructions. A fork takes them, so that a
 // branch starts with only its root to build: making its cgroup on every
@@ -28,8 +28,8 @@ const poolPrefix = "bbx-pool-"
 // cgroup (counted by its pids limit), and the pool holds as many as the
 // largest fork asked for, up to maxWarm, and only while half of any
 // process limit above the sandbox stays free (roomFor).
-type initPool struct {
-	c      *Service
+type Pool struct {
+	d      *Driver
 	parent string  // the sandbox's cgroup
 	flags  uintptr // the namespaces its inits are cloned with
 	// prep is the early part of a branch's plan (splitPrep) that each
@@ -37,7 +37,7 @@ type initPool struct {
 	prep []byte
 
 	mu      sync.Mutex
-	ready   []*spawned
+	ready   []*Spawned
 	want    int
 	next    int
 	filling bool
@@ -45,14 +45,14 @@ type initPool struct {
 	filler  sync.WaitGroup
 }
 
-func newInitPool(c *Service, parentCgroup string, flags uintptr, prep []byte) *initPool {
-	return &initPool{c: c, parent: parentCgroup, flags: flags, prep: prep}
+func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
+	return &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
 }
 
-// take returns a started init for a branch cloned with flags, in its
+// Take returns a started init for a branch cloned with flags, in its
 // cgroup and with that cgroup renamed to cgroup; or nil, and the branch
 // starts one of its own.
-func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spawned {
+func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned {
 	s := p.takeReady(ctx, flags)
 	if s == nil {
 		return nil
@@ -63,10 +63,10 @@ func (p *initPool) take(ctx context.Context, flags uintptr, cgroup string) *spaw
 // renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
 // returns it, or discards it if the rename fails (nil: the branch starts
 // an init of its own).
-func (s *spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *spawned {
+func (s *Spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *Spawned {
 	if err := s.rename(cgroup); err != nil {
 		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
-		s.discard(ctx)
+		s.Discard(ctx)
 		return nil
 	}
 	return s
@@ -74,7 +74,7 @@ func (s *spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *spawne
 
 // takeReady takes a started init cloned with flags out of the pool, or
 // returns nil.
-func (p *initPool) takeReady(ctx context.Context, flags uintptr) *spawned {
+func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
 	p.mu.Lock()
 	if p.closed || flags != p.flags || len(p.ready) == 0 {
 		p.mu.Unlock()
@@ -87,60 +87,60 @@ func (p *initPool) takeReady(ctx context.Context, flags uintptr) *spawned {
 	// cgroup's files by their path; an init that died while it waited
 	// (the sandbox's OOM killer, say) is no use.
 	if err := s.waitJoined(); err != nil || s.ended() {
-		s.discard(ctx)
+		s.Discard(ctx)
 		return nil
 	}
 	return s
 }
 
-// ahead is an init taken from the pool before the snapshotter named its
+// Ahead is an init taken from the pool before the snapshotter named its
 // branch: its cgroup is renamed, meanwhile, to the name the branch id the
 // sandbox gives next would have (guess). The rename, a third of a start
 // on a v1 host, then overlaps the snapshotter's work.
-type ahead struct {
-	s       *spawned
-	guess   string
+type Ahead struct {
+	s       *Spawned
+	Guess   string
 	renamed chan error
 	claimed bool
 }
 
-// takeAhead takes an init for a branch whose cgroup will likely be guess
+// TakeAhead takes an init for a branch whose cgroup will likely be guess
 // and starts renaming its cgroup to it; nil if the pool has none.
-func (p *initPool) takeAhead(ctx context.Context, guess string) *ahead {
+func (p *Pool) TakeAhead(ctx context.Context, guess string) *Ahead {
 	s := p.takeReady(ctx, p.flags)
 	if s == nil {
 		return nil
 	}
-	a := &ahead{s: s, guess: guess, renamed: make(chan error, 1)}
+	a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
 	go func() { a.renamed <- s.rename(guess) }()
 	return a
 }
 
-// claim returns the init for the branch whose cgroup is cgroup (the
+// Claim returns the init for the branch whose cgroup is cgroup (the
 // guess: Fork drops every init taken ahead if one guess is wrong), renamed
 // again if its rename failed; nil if it cannot be used, and it is
 // discarded.
-func (a *ahead) claim(ctx context.Context, cgroup string) *spawned {
+func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
 	a.claimed = true
 	err := <-a.renamed
-	if err == nil && a.guess == cgroup {
+	if err == nil && a.Guess == cgroup {
 		return a.s
 	}
 	return a.s.renamedOrDiscarded(ctx, cgroup)
 }
 
-// release discards an init taken ahead that no branch claimed.
-func (a *ahead) release(ctx context.Context) {
+// Release discards an init taken ahead that no branch claimed.
+func (a *Ahead) Release(ctx context.Context) {
 	if a.claimed {
 		return
 	}
 	a.claimed = true
 	<-a.renamed
-	a.s.discard(ctx)
+	a.s.Discard(ctx)
 }
 
-// count is how many started inits the pool holds.
-func (p *initPool) count() int {
+// Count is how many started inits the pool holds.
+func (p *Pool) Count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.ready)
@@ -150,8 +150,8 @@ func (p *initPool) count() int {
 // process limits above the sandbox: it is counted there like any process
 // of the sandbox, so the pool grows only while at least half of each limit
 // stays free for the sandbox's own processes and its forks.
-func (p *initPool) roomFor() bool {
-	ms, err := p.c.hier()
+func (p *Pool) roomFor() bool {
+	ms, err := p.d.Cgroups.Mounts()
 	if err != nil {
 		return false
 	}
@@ -163,9 +163,9 @@ func (p *initPool) roomFor() bool {
 	return true
 }
 
-// fill asks for at least n inits and starts what is missing in the
+// Fill asks for at least n inits and starts what is missing in the
 // background.
-func (p *initPool) fill(ctx context.Context, n int) {
+func (p *Pool) Fill(ctx context.Context, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if n > maxWarm {
@@ -182,7 +182,7 @@ func (p *initPool) fill(ctx context.Context, n int) {
 	go p.run(context.WithoutCancel(ctx))
 }
 
-func (p *initPool) run(ctx context.Context) {
+func (p *Pool) run(ctx context.Context) {
 	defer p.filler.Done()
 	for {
 		p.mu.Lock()
@@ -194,12 +194,12 @@ func (p *initPool) run(ctx context.Context) {
 		p.next++
 		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
 		p.mu.Unlock()
-		s, err := p.c.spawn(ctx, cg, p.flags)
+		s, err := p.d.Spawn(ctx, cg, p.flags)
 		if err == nil && p.prep != nil {
 			if perr := s.prep(p.prep); perr != nil {
 				// Inits from now on build all of their roots at the fork.
 				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
-				s.discard(ctx)
+				s.Discard(ctx)
 				p.mu.Lock()
 				p.prep = nil
 				p.mu.Unlock()
@@ -213,7 +213,7 @@ func (p *initPool) run(ctx context.Context) {
 			if err != nil {
 				log.G(ctx).WithError(err).Warn("start a branch init ahead of a fork")
 			} else {
-				s.discard(ctx)
+				s.Discard(ctx)
 			}
 			return
 		}
@@ -222,8 +222,8 @@ func (p *initPool) run(ctx context.Context) {
 	}
 }
 
-// close ends the pool and every init waiting in it.
-func (p *initPool) close(ctx context.Context) {
+// Close ends the pool and every init waiting in it.
+func (p *Pool) Close(ctx context.Context) {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
@@ -233,6 +233,6 @@ func (p *initPool) close(ctx context.Context) {
 	p.ready = nil
 	p.mu.Unlock()
 	for _, s := range ready {
-		s.discard(ctx)
+		s.Discard(ctx)
 	}
 }

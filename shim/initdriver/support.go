@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package initdriver
 
 // The branch init (package brinit: its C and its plan; built as
 // cmd/containerd-shim-branch-v1/init): where it is and which specs it
@@ -24,8 +24,8 @@ import (
 // spares two runs of a Go binary and libcontainer's set-up per branch.
 const InitBinary = "containerd-shim-branch-v1-init"
 
-// fastInit is the init binary beside self, or "" if it is not installed.
-func fastInit(self string) string {
+// FindBinary is the init binary beside self, or "" if it is not installed.
+func FindBinary(self string) string {
 	p := filepath.Join(filepath.Dir(self), InitBinary)
 	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
 		return p
@@ -33,7 +33,7 @@ func fastInit(self string) string {
 	return ""
 }
 
-// fastUnsupported says why a branch of this spec must be run by the
+// Unsupported says why a branch of this spec must be run by the
 // runtime (libcontainer) instead of the init, or "" if the init can.
 // recursiveMountAttr says whether o is a mount option the runtime applies
 // to a mount and every mount below it (mount_setattr AT_RECURSIVE), as
@@ -49,7 +49,7 @@ func recursiveMountAttr(o string) bool {
 	return false
 }
 
-func fastUnsupported(s *specs.Spec) string {
+func Unsupported(s *specs.Spec) string {
 	if s.Process == nil || s.Linux == nil {
 		return "no process or linux section"
 	}
