@@ -176,7 +176,7 @@ func readNodeBounds() (bounds, error) { return nodeBounds(os.Getenv) }
 // checkBranches refuses a fork of count branches of parent that would
 // pass the sandbox's bounds (under sb.mu, with sb loaded): nothing is
 // changed.
-func (sb *sandbox) checkBranches(parent *bctx, count int) error {
+func (sb *Sandbox) checkBranches(parent *Branch, count int) error {
 	b := sb.bounds
 	if count > b.maxBranches {
 		return fmt.Errorf("fork: count %d is more than sandbox %s may have live, %d (%s): give 1 to %d: %w",
@@ -215,7 +215,7 @@ func newForkLimiter(b bounds) *rate.Limiter {
 // in-sandbox forks, waiting up to selfForkMaxWait for them. A fork the
 // bounds then refuse has spent them too: a loop of refused forks costs
 // the shim as well.
-func (sb *sandbox) throttleSelfFork(ctx context.Context, count int) error {
+func (sb *Sandbox) throttleSelfFork(ctx context.Context, count int) error {
 	if count < 1 || count > sb.bounds.maxBranches {
 		return nil // refused by Fork, with the reason
 	}

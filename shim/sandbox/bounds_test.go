@@ -52,7 +52,7 @@ func TestBounds(t *testing.T) {
 func TestCheckBranches(t *testing.T) {
 	b := defaultBounds()
 	b.maxBranches, b.maxDepth = 4, 2
-	sb := &sandbox{id: "sb", bounds: b, nodes: map[string]*bctx{"0": {id: "0"}}}
+	sb := &Sandbox{id: "sb", bounds: b, nodes: map[string]*Branch{"0": {id: "0"}}}
 	root := sb.nodes["0"]
 	if err := sb.checkBranches(root, 4); err != nil {
 		t.Fatal(err)
@@ -60,8 +60,8 @@ func TestCheckBranches(t *testing.T) {
 	if err := sb.checkBranches(root, 5); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("count over the maximum: %v", err)
 	}
-	sb.nodes["1"] = &bctx{id: "1", parent: "0"}
-	sb.nodes["2"] = &bctx{id: "2", parent: "1"}
+	sb.nodes["1"] = &Branch{id: "1", parent: "0"}
+	sb.nodes["2"] = &Branch{id: "2", parent: "1"}
 	if err := sb.checkBranches(sb.nodes["1"], 2); err != nil {
 		t.Fatalf("depth 2 under 1: %v", err)
 	}
@@ -71,8 +71,8 @@ func TestCheckBranches(t *testing.T) {
 	if err := sb.checkBranches(root, 3); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "would make 5") {
 		t.Fatalf("2 live + 3: %v", err)
 	}
-	sb.nodes["3"] = &bctx{id: "3", parent: "0"}
-	sb.nodes["4"] = &bctx{id: "4", parent: "0"}
+	sb.nodes["3"] = &Branch{id: "3", parent: "0"}
+	sb.nodes["4"] = &Branch{id: "4", parent: "0"}
 	want := "sandbox sb has 4 live branches, its maximum (the default; annotation io.branchbox.max-branches sets it): abort some first"
 	if err := sb.checkBranches(root, 1); !errdefs.IsResourceExhausted(err) || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("at the maximum: %v", err)

@@ -207,3 +207,121 @@ func StopDead(ctx context.Context, r *runcC.Runc, stateRoot, bundle, id string) 
 	stopBranches(ctx, r, bundle, id)
 	removeMemoryImages(ctx, bundle)
 }
+
+// stopBranches is the cleanup of a sandbox whose shim died: it force
+// deletes every branch context's runtime container (killing its processes
+// through its cgroup) and detaches its rootfs mount. It needs nothing from
+// the dead shim: the branches are found in the bundle.
+func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
+	killBranchCgroups(ctx, bundle)
+	// A branch the runtime was still creating or restoring when the shim
+	// died has cgroups but no state the runtime's delete finds: the
+	// branch cgroups, emptied above, are removed last.
+	defer removeBranchCgroups(ctx, bundle)
+	entries, _ := os.ReadDir(filepath.Join(bundle, branchesDir))
+	for _, e := range entries {
+		// Only a branch run by the runtime has its spec in its bundle;
+		// one run by the branch init ends with the shim's control socket.
+		if _, err := os.Stat(filepath.Join(bundle, branchesDir, e.Name(), "config.json")); err != nil {
+			// fall through to the unmount
+		} else if err := r.Delete(ctx, RuntimeID(id, e.Name()), &runcC.DeleteOpts{Force: true}); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("delete branch container")
+		}
+		if err := mount.UnmountRecursive(filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), unix.MNT_DETACH); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", e.Name()).Warn("unmount branch rootfs")
+		}
+		detachNetns(ctx, filepath.Join(bundle, branchesDir, e.Name()))
+	}
+}
+
+// killBranchCgroups kills every process in the cgroups below a sandbox's
+// (branches, warm inits, the seal leaf), thawing them first. The runtime's
+// force delete of the sandbox freezes, kills and thaws the sandbox's
+// cgroup, but on cgroup v1 a child frozen by itself (a branch held for a
+// commit when the shim died) stays frozen, and its processes with it,
+// ignoring SIGKILL. A paused sandbox is killed whole and thawed first.
+func killBranchCgroups(ctx context.Context, bundle string) {
+	spec, err := ReadSpec(bundle)
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
+	if err != nil {
+		return
+	}
+	killCgroupsBelow(ctx, cg)
+}
+
+// removeBranchCgroups removes the cgroups below a sandbox's (its branches',
+// their seal and own leaves), deepest first; their processes are gone.
+func removeBranchCgroups(ctx context.Context, bundle string) {
+	spec, err := ReadSpec(bundle)
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
+	if err != nil {
+		return
+	}
+	ms, err := cgroup.Mounts()
+	if err != nil {
+		return
+	}
+	// A killed task whose parent died too is reaped by the host's init,
+	// maybe late, and on cgroup v1 keeps its cgroup busy until then:
+	// tried for a while, within containerd's cleanup timeout.
+	var err2 error
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var errs []error
+		for _, d := range cgroup.DirsIn(ms, cg) {
+			entries, _ := os.ReadDir(d.Path)
+			for _, e := range entries {
+				// The sandbox's own leaves go with the sandbox's cgroup.
+				if e.IsDir() && e.Name() != cgroup.OwnLeaf && e.Name() != cgroup.SealLeaf {
+					errs = append(errs, cgroup.RemoveDirs(cgroup.DirsIn(ms, cg+"/"+e.Name())))
+				}
+			}
+		}
+		if err2 = errors.Join(errs...); err2 == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err2 != nil {
+		log.G(ctx).WithError(err2).Warn("remove branch cgroups")
+	}
+}
+
+// killCgroupsBelow is killBranchCgroups for the sandbox cgroup sbPath (a
+// cgroupfs path: SandboxPath's).
+func killCgroupsBelow(ctx context.Context, sbPath string) {
+	ms, err := cgroup.Mounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("list cgroup hierarchies")
+		return
+	}
+	sbDirs := cgroup.DirsIn(ms, sbPath)
+	if len(sbDirs) > 0 && cgroup.Frozen(sbDirs) {
+		// Paused: thawing a branch below the frozen sandbox does nothing.
+		// Everything is killed while frozen (a frozen task takes a
+		// pending SIGKILL as it thaws, before it runs again), then
+		// thawed; the force delete that follows kills the sandbox anyway.
+		if err := cgroup.SignalAll(ctx, sbDirs); err != nil {
+			log.G(ctx).WithError(err).Warn("kill the processes of a paused sandbox at once")
+		}
+		cgroup.Thaw(sbDirs)
+	}
+	seen := map[string]bool{}
+	for _, d := range sbDirs {
+		entries, _ := os.ReadDir(d.Path)
+		for _, e := range entries {
+			if !e.IsDir() || seen[e.Name()] {
+				continue
+			}
+			seen[e.Name()] = true
+			path := sbPath + "/" + e.Name()
+			if err := cgroup.KillDirs(ctx, path, cgroup.DirsIn(ms, path)); err != nil {
+				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
+			}
+		}
+	}
+}

@@ -65,7 +65,7 @@ func criuPath(self string) (string, error) {
 
 // checkMemoryFork refuses, before anything changes, a memory fork that
 // could not be restored, naming the process and the resource.
-func (c *Service) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bctx, initPid int, req *shimv1.ForkRequest) error {
+func (c *Service) checkMemoryFork(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, req *shimv1.ForkRequest) error {
 	what := fmt.Sprintf("memory fork of %s", sb.id)
 	if parent.id != branch.RootID {
 		what = fmt.Sprintf("memory fork of branch %s of %s", parent.id, sb.id)
@@ -87,7 +87,7 @@ func (c *Service) checkMemoryFork(ctx context.Context, sb *sandbox, parent *bctx
 // checkMemoryDump refuses, before anything changes, a dump of a context's
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
-func (c *Service) checkMemoryDump(ctx context.Context, sb *sandbox, parent *bctx, initPid int, what string, sharedNet bool) error {
+func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool) error {
 	if isSelfFork(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
@@ -135,7 +135,7 @@ func (c *Service) noCriu(what string) error {
 
 // dumpMemory dumps the parent's processes, leaving them running (or as
 // frozen as they were), into a new directory of the sandbox's bundle.
-func (c *Service) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx, what string) (*memoryImage, error) {
+func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, what string) (*memoryImage, error) {
 	c.removeMemoryImages(ctx, sb)
 	dir, err := os.MkdirTemp(sb.bundle, memoryImagePrefix)
 	if err != nil {
@@ -200,7 +200,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *sandbox, parent *bctx, wha
 
 // runtimeOf is the runtime command line the sandbox's containers are run
 // with (containerd's runc-v2 derives it the same way).
-func (c *Service) runtimeOf(sb *sandbox) *runcC.Runc {
+func (c *Service) runtimeOf(sb *Sandbox) *runcC.Runc {
 	root, systemd := DefaultRoot, false
 	if sb.opts != nil {
 		if sb.opts.Root != "" {
@@ -223,7 +223,7 @@ func (img *memoryImage) remove(ctx context.Context) {
 
 // removeMemoryImages removes the images of memory forks a killed shim left
 // in the sandbox's bundle.
-func (c *Service) removeMemoryImages(ctx context.Context, sb *sandbox) {
+func (c *Service) removeMemoryImages(ctx context.Context, sb *Sandbox) {
 	removeMemoryImages(ctx, sb.bundle)
 }
 
@@ -330,7 +330,7 @@ func criuErrors(logPath string) string {
 // mount namespace, where a link to them would not lead (and a copy would
 // cost as much as the dump); a restore writes only its statistics
 // (stats-restore) there.
-func (c *Service) checkpointImage(ctx context.Context, sb *sandbox, parent *bctx, name string) (*memoryImage, error) {
+func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Branch, name string) (*memoryImage, error) {
 	what := fmt.Sprintf("memory fork of %s from checkpoint %q", sb.id, name)
 	ck, err := c.checkpointNamed(ctx, sb, name)
 	if err != nil {
@@ -356,7 +356,7 @@ func keptImage(what string, ck branch.Checkpoint) (*memoryImage, error) {
 // checkpointMemory takes checkpoint name of context n with its processes:
 // they are frozen (if a seal has not already), dumped, and the rootfs is
 // checkpointed before they go on, so that image and files are one instant.
-func (c *Service) checkpointMemory(ctx context.Context, sb *sandbox, n *bctx, name string) (_ branch.Checkpoint, retErr error) {
+func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, name string) (_ branch.Checkpoint, retErr error) {
 	what := fmt.Sprintf("checkpoint %q of %s with memory", name, sb.id)
 	if n.id != branch.RootID {
 		what = fmt.Sprintf("checkpoint %q of branch %s of %s with memory", name, n.id, sb.id)
@@ -403,7 +403,7 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *sandbox, n *bctx, na
 // checkpoint's processes are restored in their place, in the same bundle,
 // cgroup and network namespace. If the restore fails the branch keeps the
 // checkpoint's files with no process running (commit or abort it).
-func (c *Service) rollbackMemory(ctx context.Context, sb *sandbox, n *bctx, ck branch.Checkpoint) error {
+func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck branch.Checkpoint) error {
 	what := fmt.Sprintf("rollback of branch %s of %s to %q", n.id, sb.id, ck.Name)
 	if c.Paused(sb) {
 		return PausedError(sb)

@@ -33,12 +33,12 @@ import (
 const pauseDrain = 10 * time.Second
 
 // PausedError is the refusal of a branch operation on a paused sandbox.
-func PausedError(sb *sandbox) error {
+func PausedError(sb *Sandbox) error {
 	return fmt.Errorf("sandbox %s is paused: resume it first (ctr task resume, nerdctl unpause): %w", sb.id, errdefs.ErrFailedPrecondition)
 }
 
 // Paused says whether a sandbox's cgroup is frozen or freezing.
-func (c *Service) Paused(sb *sandbox) bool {
+func (c *Service) Paused(sb *Sandbox) bool {
 	if sb.cgroup == "" {
 		return false
 	}

@@ -24,7 +24,7 @@ const runtimeStartPids = 8
 // pidsRefusal is a fork refused by a process limit, in one line in the
 // user's terms: whose limit (the sandbox's, a branch's, the new branch's
 // own, or a cgroup's above the sandbox) and its value.
-func (sb *sandbox) pidsRefusal(parent *bctx, pl *cgroup.PidsLimit) error {
+func (sb *Sandbox) pidsRefusal(parent *Branch, pl *cgroup.PidsLimit) error {
 	what := "fork of sandbox " + sb.id
 	if parent.id != branch.RootID {
 		what = "fork of branch " + sb.id + "/" + parent.id
@@ -65,7 +65,7 @@ func (sb *sandbox) pidsRefusal(parent *bctx, pl *cgroup.PidsLimit) error {
 // fork that passes can still be refused by the kernel, as the sandbox's
 // own processes fork meanwhile or the runtime's helper processes need
 // more; the branches it made so far are then rolled back (Fork).
-func (c *Service) pidsRoom(sb *sandbox, parent *bctx, ms []cgroup.Dir, runtimePath bool, req *shimv1.ForkRequest) error {
+func (c *Service) pidsRoom(sb *Sandbox, parent *Branch, ms []cgroup.Dir, runtimePath bool, req *shimv1.ForkRequest) error {
 	levels := cgroup.PidsLimits(ms, parent.cgroup)
 	if len(levels) == 0 {
 		return nil

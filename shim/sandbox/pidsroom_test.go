@@ -22,7 +22,7 @@ import (
 // whose limit it is, resource exhausted, whichever start of the fork saw
 // it and however the runtime worded it.
 func TestPidsRefusal(t *testing.T) {
-	sb := &sandbox{id: "sb", nodes: map[string]*bctx{
+	sb := &Sandbox{id: "sb", nodes: map[string]*Branch{
 		branch.RootID: {id: branch.RootID, cgroup: "/ns/sb"},
 		"3":           {id: "3", parent: branch.RootID, cgroup: "/ns/sb/b3"},
 	}}
@@ -30,7 +30,7 @@ func TestPidsRefusal(t *testing.T) {
 	levels := []cgroup.PidsLevel{{Cgroup: "/ns/sb/b3", Max: 4, Current: 2}, {Cgroup: "/ns/sb", Max: 8, Current: 7}, {Cgroup: "/ns", Max: 100, Current: 20}}
 	for _, c := range []struct {
 		name   string
-		parent *bctx
+		parent *Branch
 		errs   []error
 		slack  int64
 		want   string // "" for not a process limit
@@ -104,7 +104,7 @@ func TestPidsRoom(t *testing.T) {
 	write("ns", "pids.current", "50")
 	write("ns/sb", "pids.max", "10")
 	ms := []cgroup.Dir{{Path: root, Pids: true}}
-	sb := &sandbox{id: "sb", nodes: map[string]*bctx{branch.RootID: {id: branch.RootID, cgroup: "/ns/sb"}}}
+	sb := &Sandbox{id: "sb", nodes: map[string]*Branch{branch.RootID: {id: branch.RootID, cgroup: "/ns/sb"}}}
 	for _, c := range []struct {
 		count   uint32
 		args    []string

@@ -86,7 +86,7 @@ func wake(kick chan struct{}) {
 // connection was lost since it last was. A snapshotter that does not
 // answer is left to the settle loop: the operation under way reports its
 // own error if it needs the snapshotter.
-func (c *Service) sync(ctx context.Context, sb *sandbox) {
+func (c *Service) sync(ctx context.Context, sb *Sandbox) {
 	if sb.reconciled && sb.snapshot.Generation() == sb.gen {
 		return
 	}
@@ -100,7 +100,7 @@ func (c *Service) sync(ctx context.Context, sb *sandbox) {
 // was lost, or a commit's outcome is unknown), retrying until the
 // snapshotter answers, so that the losers of a commit decided before a
 // crash die as soon as the snapshotter is back, with no call needed.
-func (c *Service) settle(ctx context.Context, sb *sandbox) {
+func (c *Service) settle(ctx context.Context, sb *Sandbox) {
 	for {
 		select {
 		case <-sb.done:
@@ -141,7 +141,7 @@ func (c *Service) settle(ctx context.Context, sb *sandbox) {
 
 // reconcile reads the snapshotter's tree and makes sb's contexts agree
 // with it (under sb.mu).
-func (c *Service) reconcile(ctx context.Context, sb *sandbox) error {
+func (c *Service) reconcile(ctx context.Context, sb *Sandbox) error {
 	if c.Paused(sb) {
 		// Its branches can neither be killed nor thawed until it is
 		// resumed, which wakes the settle loop.
@@ -165,12 +165,12 @@ func (c *Service) reconcile(ctx context.Context, sb *sandbox) error {
 // which unseals its parent; a branch live there that no context here runs
 // (its shim died, or a call failed midway) is killed through its cgroup
 // and aborted. It returns the results of the commits it finished.
-func (c *Service) reconcileWith(ctx context.Context, sb *sandbox, infos []branch.Info) map[string]branch.CommitResult {
+func (c *Service) reconcileWith(ctx context.Context, sb *Sandbox, infos []branch.Info) map[string]branch.CommitResult {
 	state := make(map[string]*branch.Info, len(infos))
 	for i := range infos {
 		state[infos[i].ID] = &infos[i]
 	}
-	var gone []*bctx
+	var gone []*Branch
 	for id, n := range sb.nodes {
 		if id == branch.RootID {
 			continue
@@ -223,7 +223,7 @@ func (c *Service) reconcileWith(ctx context.Context, sb *sandbox, infos []branch
 // abortLost kills whatever runs in the cgroup a branch no context here
 // runs would have, removes that cgroup and the branch's bundle, and aborts
 // the branch in the snapshotter.
-func (c *Service) abortLost(ctx context.Context, sb *sandbox, state map[string]*branch.Info, id string) {
+func (c *Service) abortLost(ctx context.Context, sb *Sandbox, state map[string]*branch.Info, id string) {
 	root := sb.nodes[branch.RootID]
 	// Its cgroup nests in its ancestors' as start makes them.
 	var chain []string
@@ -264,45 +264,4 @@ func (c *Service) abortLost(ctx context.Context, sb *sandbox, state map[string]*
 		parent = in.Parent
 	}
 	c.publish(ctx, TopicAbort, &branchEvent{Sandbox: sb.id, Parent: parent, Branches: aborted})
-}
-
-// hold freezes every process of a branch for its commit: the snapshotter
-// must read a layer nobody writes to, and the branch must be able to run
-// on if the commit is not made.
-func (c *Service) hold(ctx context.Context, n *bctx) error {
-	if n.procs() == nil {
-		n.held = true
-		return nil
-	}
-	ms, err := c.hier()
-	if err != nil {
-		return err
-	}
-	// A branch whose only process is its waiting init (the branch init,
-	// which never writes to the rootfs) need not be waited for: anything
-	// it starts from now on is born frozen. That wait is a scheduling
-	// delay, milliseconds on a busy machine.
-	alone := 0
-	if n.fast != nil && !n.hasCommand {
-		alone = n.fast.Pid()
-	}
-	if err := cgroup.FreezeAll(cgroup.DirsIn(ms, n.cgroup), alone); err != nil {
-		_ = cgroup.ThawAll(cgroup.DirsIn(ms, n.cgroup))
-		return err
-	}
-	n.held = true
-	return nil
-}
-
-// unhold thaws a branch held for a commit that was not made.
-func (c *Service) unhold(ctx context.Context, n *bctx) {
-	n.held = false
-	ms, err := c.hier()
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
-		return
-	}
-	if err := cgroup.ThawAll(cgroup.DirsIn(ms, n.cgroup)); err != nil {
-		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
-	}
 }

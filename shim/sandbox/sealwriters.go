@@ -42,7 +42,7 @@ import (
 //
 // The parent is thawed by unsealIfIdle when its last branch ends, or here
 // if the fork fails.
-func (c *Service) sealFork(ctx context.Context, sb *sandbox, parent *bctx, initPid int, req *shimv1.ForkRequest) (_ []branch.Info, retErr error) {
+func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, req *shimv1.ForkRequest) (_ []branch.Info, retErr error) {
 	froze := false
 	defer func() {
 		if retErr != nil && froze {

@@ -14,7 +14,7 @@ import (
 // sandbox's snapshot for it, holding the sandbox's lock so that a checkpoint
 // or rollback never interleaves with a fork, commit or abort from this shim.
 
-func (c *Service) lockedSandbox(ctx context.Context, id string) (*sandbox, context.Context, func(), error) {
+func (c *Service) lockedSandbox(ctx context.Context, id string) (*Sandbox, context.Context, func(), error) {
 	sb, err := c.Sandbox(id)
 	if err != nil {
 		return nil, ctx, nil, err
@@ -122,7 +122,7 @@ func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ 
 }
 
 // checkpointNamed is the sandbox's checkpoint name.
-func (c *Service) checkpointNamed(ctx context.Context, sb *sandbox, name string) (branch.Checkpoint, error) {
+func (c *Service) checkpointNamed(ctx context.Context, sb *Sandbox, name string) (branch.Checkpoint, error) {
 	list, err := sb.snapshot.Checkpoints(ctx, sb.root())
 	if err != nil {
 		return branch.Checkpoint{}, err
@@ -136,7 +136,7 @@ func (c *Service) checkpointNamed(ctx context.Context, sb *sandbox, name string)
 }
 
 // memoryCheckpoint is Checkpoint with the context's processes.
-func (c *Service) memoryCheckpoint(ctx context.Context, sb *sandbox, id, name string) (branch.Checkpoint, error) {
+func (c *Service) memoryCheckpoint(ctx context.Context, sb *Sandbox, id, name string) (branch.Checkpoint, error) {
 	if c.Paused(sb) {
 		return branch.Checkpoint{}, PausedError(sb)
 	}

@@ -1,0 +1,61 @@
+//go:build linux
+
+package sandbox
+
+import (
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/initdriver"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
+	"github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Branch is one context: the sandbox itself ("0") or a branch.
+type Branch struct {
+	id, parent string
+	runtimeID  string
+	bundle     string
+	cgroup     string
+	spec       *specs.Spec
+	net        string
+	seal       string // how this context is sealed while it has children
+	frozen     bool
+	writers    bool               // its last fork found its processes writing (sealwriters.go)
+	container  *runc.Container    // run by the runtime; nil for the sandbox
+	init       *initdriver.Branch // run by the branch init; nil for the sandbox
+	limits     *shimv1.Limits     // given at fork
+	hasCommand bool
+	memory     bool // its processes were restored from a memory fork
+	exited     bool
+	// held: frozen for a commit whose outcome is not known yet; killed
+	// once the snapshotter decided it, thawed if it did not.
+	held bool
+}
+
+// branchProcs is what a running context's processes are kept by: the
+// runtime's container or the branch init.
+type branchProcs interface {
+	Pid() int
+	Process(execID string) (process.Process, error)
+}
+
+// initConfig is what the branch init's driver needs of branch n of sb.
+func (n *Branch) initConfig(sb *Sandbox) initdriver.Config {
+	return initdriver.Config{ID: n.id, Spec: n.spec, Cgroup: n.cgroup, Limits: n.limits, HasCommand: n.hasCommand, Path: &sb.initPath}
+}
+
+// procs is the context's processes, nil for the sandbox or a context whose
+// processes are gone.
+func (n *Branch) procs() branchProcs {
+	switch {
+	case n.init != nil:
+		return n.init
+	case n.container != nil:
+		return n.container
+	}
+	return nil
+}
+
+// branchCgroup is the cgroup of branch id whose parent context's cgroup
+// is parent (abortLost finds a lost branch's by the same rule).
+func branchCgroup(parent, id string) string { return parent + "/b" + id }
