@@ -44,62 +44,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wa
 			live = append(live, n)
 		}
 	}
-	dirs := make([][]cgroup.Dir, len(live))
-	// A branch frozen for its children may have frozen descendants among
-	// ns, whose processes the kill of any of them reaches.
-	frozen := false
-	for _, n := range live {
-		frozen = frozen || n.frozen || n.held
-	}
-	var wg sync.WaitGroup
-	for i, n := range live {
-		dirs[i] = cgroup.DirsIn(ms, n.cgroup)
-		if n.init != nil {
-			// The branch runs on its own clone of the rootfs mount, so the
-			// host's can go at once: its RCU grace period then overlaps
-			// the one of the branch's mount namespace as it dies.
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-					log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
-				}
-			}()
-		}
-		if n.held && len(dirs[i]) > 0 {
-			// Signalled while still frozen, it dies as it thaws, without
-			// running another instruction.
-			err := cgroup.SignalAll(ctx, dirs[i])
-			if err != nil {
-				log.G(ctx).WithError(err).WithField("branch", n.id).Warn("kill held branch processes at once")
-			}
-			if err == nil && n.init != nil && cgroup.HeldFrozen(dirs[i]) {
-				// Frozen whole (a frozen cgroup's list of processes is
-				// complete, and none can fork), so nothing of it runs
-				// again: their exits are waited for by release, in the
-				// background, rather than before the reply.
-				cgroup.Thaw(dirs[i])
-				continue
-			}
-		}
-		pidfd := -1
-		if n.init != nil {
-			pidfd = n.init.Init().DupPidfd()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			kill := func() error { return cgroup.KillDirs(ctx, n.cgroup, dirs[i]) }
-			if pidfd >= 0 {
-				defer unix.Close(pidfd)
-				kill = func() error { return cgroup.KillBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
-			}
-			if err := kill(); err != nil {
-				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
-			}
-		}()
-	}
-	wg.Wait()
+	dirs := killAll(ctx, ms, live)
 	containers := make([]branchProcs, len(live))
 	for i, n := range live {
 		switch {
@@ -124,6 +69,73 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wa
 		}
 	}()
 	return func() { <-done }
+}
+
+// killAll kills every process of the live branches, together, and
+// returns each one's cgroup directories.
+func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Dir {
+	dirs := make([][]cgroup.Dir, len(live))
+	// A branch frozen for its children may have frozen descendants among
+	// live, whose processes the kill of any of them reaches.
+	frozen := false
+	for _, n := range live {
+		frozen = frozen || n.frozen || n.held
+	}
+	var wg sync.WaitGroup
+	for i, n := range live {
+		dirs[i] = cgroup.DirsIn(ms, n.cgroup)
+		if n.init != nil {
+			// The branch runs on its own clone of the rootfs mount, so the
+			// host's can go at once: its RCU grace period then overlaps
+			// the one of the branch's mount namespace as it dies.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+					log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+				}
+			}()
+		}
+		if n.held && len(dirs[i]) > 0 && killHeld(ctx, n, dirs[i]) {
+			continue
+		}
+		pidfd := -1
+		if n.init != nil {
+			pidfd = n.init.Init().DupPidfd()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kill := func() error { return cgroup.KillDirs(ctx, n.cgroup, dirs[i]) }
+			if pidfd >= 0 {
+				defer unix.Close(pidfd)
+				kill = func() error { return cgroup.KillBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
+			}
+			if err := kill(); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
+			}
+		}()
+	}
+	wg.Wait()
+	return dirs
+}
+
+// killHeld signals every process of a branch held for its commit: still
+// frozen, it dies as it thaws, without running another instruction. It
+// says whether that is all: the branch was frozen whole (a frozen
+// cgroup's list of processes is complete, and none can fork), so nothing
+// of it runs again, and its exits are waited for by release, in the
+// background, rather than before the reply.
+func killHeld(ctx context.Context, n *Branch, dirs []cgroup.Dir) bool {
+	err := cgroup.SignalAll(ctx, dirs)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("kill held branch processes at once")
+	}
+	if err == nil && n.init != nil && cgroup.HeldFrozen(dirs) {
+		cgroup.Thaw(dirs)
+		return true
+	}
+	return false
 }
 
 // detach takes a context whose processes are dead off its init and rootfs:

@@ -117,10 +117,9 @@ func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info b
 	return n, nil
 }
 
-// runOnRuntime runs context n's init with the runtime, in its bundle (spec
-// written) on rootfs mounts: waiting, or running args, or restored from a
-// memory image (nil: none).
-func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage, args []string) error {
+// createRequest is the task service's request that creates branch n's
+// init with the runtime, run as its sandbox is.
+func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage) (*taskAPI.CreateTaskRequest, error) {
 	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
 	if sb.opts != nil {
 		if sb.opts.Root != "" {
@@ -131,7 +130,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var rootfs []*types.Mount
 	for _, m := range mounts {
@@ -155,9 +154,20 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 		// not the host's /dev/null the shim would give instead.
 		stdin := filepath.Join(n.bundle, "stdin")
 		if err := unix.Mkfifo(stdin, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
+			return nil, fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
 		}
 		cr.Stdin = stdin
+	}
+	return cr, nil
+}
+
+// runOnRuntime runs context n's init with the runtime, in its bundle (spec
+// written) on rootfs mounts: waiting, or running args, or restored from a
+// memory image (nil: none).
+func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage, args []string) error {
+	cr, err := c.createRequest(sb, n, mounts, img)
+	if err != nil {
+		return err
 	}
 	started := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
