@@ -254,67 +254,15 @@ func (d *Driver) Configure(ctx context.Context, b Config, s *Spawned, rootfs str
 			s.Discard(ctx)
 		}
 	}()
-	if err := cgroup.SetLimits(s.paths, b.Limits); err != nil {
-		return nil, fmt.Errorf("branch %s: set limits: %w", b.ID, err)
-	}
-	var prog *Seccomp
-	if b.Spec.Linux.Seccomp != nil {
-		// Compiled when the sandbox chose the init (useInit).
-		var err error
-		if prog, err = b.Path.Seccomp(ctx, b.Spec.Linux.Seccomp); err != nil {
-			return nil, fmt.Errorf("branch %s: %w", b.ID, err)
-		}
-	}
-	var sc *brinit.Seccomp
-	if prog != nil {
-		sc = &prog.Seccomp
-	}
-	plan, err := brinit.NewPlan(b.Spec, rootfs, s.paths, sc)
+	plan, prog, err := d.plan(ctx, b, s, rootfs)
 	if err != nil {
-		return nil, fmt.Errorf("branch %s: %w", b.ID, err)
+		return nil, err
 	}
-	if plan.Clone != s.Flags {
-		return nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", b.ID, s.Flags, plan.Clone, errdefs.ErrInternal)
-	}
-	// The init attaches a clone of the shim's rootfs mount: it may have
-	// been started (its mount namespace copied) before the rootfs was
-	// mounted.
-	rootMnt, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	conf, fds, closeFds, err := setUp(ctx, b, s, plan, prog, rootfs, cmdLog)
 	if err != nil {
-		return nil, fmt.Errorf("branch %s: clone its rootfs mount: %w", b.ID, err)
+		return nil, err
 	}
-	defer unix.Close(rootMnt)
-	fds := []int{rootMnt}
-	conf := &plan.Conf
-	if s.prepped != nil {
-		// An init started ahead did the early part already: if it is
-		// this plan's (it is, unless the sandbox's namespaces moved), it
-		// gets the rest; otherwise all of it, and drops what it made.
-		if early, late, ok := brinit.SplitPrep(plan.Conf.Ops()); ok && bytes.Equal(early.Bytes(), s.prepped) {
-			conf = &late
-			log.G(ctx).WithField("branch", b.ID).Debug("the branch's init, started ahead, made the early part of its root")
-		}
-	}
-	if b.HasCommand {
-		if err := brinit.WriteProc(conf, b.Spec.Process, plan.Cfg, false); err != nil {
-			return nil, err
-		}
-		conf.Op("run")
-		null, err := os.Open(os.DevNull)
-		if err != nil {
-			return nil, err
-		}
-		defer null.Close()
-		out, err := os.OpenFile(cmdLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("branch %s: command log: %w", b.ID, err)
-		}
-		defer out.Close()
-		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
-	}
-	if prog != nil {
-		fds = append(fds, int(prog.file.Fd())) // last: the seccomp op (brinit.NewPlan)
-	}
+	defer closeFds()
 	oob := unix.UnixRights(fds...)
 	ctl := s.ctl
 	// An init in its cgroups already (one started ahead) goes on from its
@@ -336,16 +284,114 @@ func (d *Driver) Configure(ctx context.Context, b Config, s *Spawned, rootfs str
 	} else {
 		_ = ctl.SetReadDeadline(time.Now().Add(time.Minute))
 	}
+	if err := d.awaitReady(b, s, joined); err != nil {
+		return nil, err
+	}
+	_ = ctl.SetReadDeadline(time.Time{})
+	fc := &Branch{initProc: s.init, ctl: ctl, cfg: plan.Cfg, byID: map[string]*Process{}, byPid: map[int]*Process{}}
+	go fc.read(context.WithoutCancel(ctx))
+	return fc, nil
+}
+
+// plan sets a branch's limits on its cgroup and plans its init's work,
+// with the sandbox's seccomp program (nil: none).
+func (d *Driver) plan(ctx context.Context, b Config, s *Spawned, rootfs string) (*brinit.Plan, *Seccomp, error) {
+	if err := cgroup.SetLimits(s.paths, b.Limits); err != nil {
+		return nil, nil, fmt.Errorf("branch %s: set limits: %w", b.ID, err)
+	}
+	var prog *Seccomp
+	if b.Spec.Linux.Seccomp != nil {
+		// Compiled when the sandbox chose the init (useInit).
+		var err error
+		if prog, err = b.Path.Seccomp(ctx, b.Spec.Linux.Seccomp); err != nil {
+			return nil, nil, fmt.Errorf("branch %s: %w", b.ID, err)
+		}
+	}
+	var sc *brinit.Seccomp
+	if prog != nil {
+		sc = &prog.Seccomp
+	}
+	plan, err := brinit.NewPlan(b.Spec, rootfs, s.paths, sc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("branch %s: %w", b.ID, err)
+	}
+	if plan.Clone != s.Flags {
+		return nil, nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", b.ID, s.Flags, plan.Clone, errdefs.ErrInternal)
+	}
+	return plan, prog, nil
+}
+
+// setUp is the set-up a spawned init is sent: the config (the part of the
+// plan it has not made yet) and the descriptors it takes, which
+// closeFds closes once they are sent.
+func setUp(ctx context.Context, b Config, s *Spawned, plan *brinit.Plan, prog *Seccomp, rootfs, cmdLog string) (_ *brinit.Config, fds []int, closeFds func(), retErr error) {
+	var closers []func()
+	closeFds = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			closeFds()
+		}
+	}()
+	// The init attaches a clone of the shim's rootfs mount: it may have
+	// been started (its mount namespace copied) before the rootfs was
+	// mounted.
+	rootMnt, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("branch %s: clone its rootfs mount: %w", b.ID, err)
+	}
+	closers = append(closers, func() { unix.Close(rootMnt) })
+	fds = []int{rootMnt}
+	conf := &plan.Conf
+	if s.prepped != nil {
+		// An init started ahead did the early part already: if it is
+		// this plan's (it is, unless the sandbox's namespaces moved), it
+		// gets the rest; otherwise all of it, and drops what it made.
+		if early, late, ok := brinit.SplitPrep(plan.Conf.Ops()); ok && bytes.Equal(early.Bytes(), s.prepped) {
+			conf = &late
+			log.G(ctx).WithField("branch", b.ID).Debug("the branch's init, started ahead, made the early part of its root")
+		}
+	}
+	if b.HasCommand {
+		if err := brinit.WriteProc(conf, b.Spec.Process, plan.Cfg, false); err != nil {
+			return nil, nil, nil, err
+		}
+		conf.Op("run")
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		closers = append(closers, func() { null.Close() })
+		out, err := os.OpenFile(cmdLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("branch %s: command log: %w", b.ID, err)
+		}
+		closers = append(closers, func() { out.Close() })
+		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
+	}
+	if prog != nil {
+		fds = append(fds, int(prog.file.Fd())) // last: the seccomp op (brinit.NewPlan)
+	}
+	return conf, fds, closeFds, nil
+}
+
+// awaitReady waits for a configured init to say its branch is ready: an
+// init not yet in its cgroups builds the root while it is moved there,
+// and is told to go on once it is.
+func (d *Driver) awaitReady(b Config, s *Spawned, joined bool) error {
+	ctl := s.ctl
 	if !joined {
-		// The init builds the root while it is moved into its cgroup.
 		if err := s.waitJoined(); err != nil {
-			return nil, fmt.Errorf("branch %s: %w", b.ID, err)
+			return fmt.Errorf("branch %s: %w", b.ID, err)
 		}
 		if err := initReply(ctl, 'R'); err != nil {
-			return nil, fmt.Errorf("branch %s: %w", b.ID, err)
+			return fmt.Errorf("branch %s: %w", b.ID, err)
 		}
 		if _, err := ctl.Write([]byte{'G'}); err != nil {
-			return nil, fmt.Errorf("branch %s: start its init: %w", b.ID, err)
+			return fmt.Errorf("branch %s: start its init: %w", b.ID, err)
 		}
 	}
 	if err := initReply(ctl, 'O'); err != nil {
@@ -353,15 +399,12 @@ func (d *Driver) Configure(ctx context.Context, b Config, s *Spawned, rootfs str
 			// Its fork of the command was refused: by a limit above it,
 			// or by the branch's own.
 			if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, b.Cgroup), 0); pl != nil {
-				return nil, pl
+				return pl
 			}
 		}
-		return nil, fmt.Errorf("branch %s: %w", b.ID, err)
+		return fmt.Errorf("branch %s: %w", b.ID, err)
 	}
-	_ = ctl.SetReadDeadline(time.Time{})
-	fc := &Branch{initProc: s.init, ctl: ctl, cfg: plan.Cfg, byID: map[string]*Process{}, byPid: map[int]*Process{}}
-	go fc.read(context.WithoutCancel(ctx))
-	return fc, nil
+	return nil
 }
 
 // initReply reads the init's next word, which must be want (or say why
