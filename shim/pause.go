@@ -11,7 +11,7 @@ import (
 )
 
 // Pause freezes a container once its branch operations under way are
-// done (see contexts.pause); its branches are frozen with it.
+// done (see branches.pause); its branches are frozen with it.
 func (s *taskService) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	var resp *ptypes.Empty
 	err := s.contexts.Pause(ctx, r.ID, func() (err error) {

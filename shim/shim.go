@@ -272,7 +272,7 @@ func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
-// Delete removes a sandbox's branch contexts before the sandbox itself:
+// Delete removes a sandbox's branches before the sandbox itself:
 // they live in its cgroup and bundle, and nothing of theirs may outlive it.
 func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	if r.ExecID == "" {

@@ -18,26 +18,26 @@ import (
 	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
-// OwnLeaf is the child cgroup, on cgroup v2, that a context's own
+// OwnLeaf is the child cgroup, on cgroup v2, that a branch's own
 // processes (not its branches') live in once it has branch cgroups: the
 // kernel's no-internal-process rule lets a cgroup that holds processes
 // give its children no domain controller (memory, io, and cpu on older
 // kernels), and libcontainer then makes a branch's cgroup threaded, where
 // memory limits, the OOM count, cgroup.kill and the process list are all
-// missing. The runtime's exec into the context goes into this leaf too.
+// missing. The runtime's exec into the branch goes into this leaf too.
 const OwnLeaf = ocirt.OwnLeaf
 
-// OwnDirs lists the cgroup directories that hold a context's own
+// OwnDirs lists the cgroup directories that hold a branch's own
 // processes on one hierarchy (its directory dir): dir itself, its v2 leaf
 // and its seal leaf.
 func OwnDirs(dir string) []string {
 	return []string{dir, filepath.Join(dir, OwnLeaf), filepath.Join(dir, SealLeaf)}
 }
 
-// PrepareBranchParent makes the cgroup of a context (path) ready to hold
+// PrepareBranchParent makes the cgroup of a branch (path) ready to hold
 // branch cgroups as domain cgroups, on cgroup v2: its processes move into
 // its leaf (OwnLeaf) and the controllers it has are enabled for its
-// children. It is done once per context, before its first branch cgroup;
+// children. It is done once per branch, before its first branch cgroup;
 // on v1 (and a hybrid host, whose unified hierarchy has no controllers)
 // there is nothing to do.
 func PrepareBranchParent(ctx context.Context, path string) error {
@@ -61,7 +61,7 @@ func PrepareBranchParent(ctx context.Context, path string) error {
 		return fmt.Errorf("make leaf cgroup of %s: %w", path, err)
 	}
 	enable := "+" + strings.Join(want, " +")
-	// A process of the context may fork while the others are moved: the
+	// A process of the branch may fork while the others are moved: the
 	// kernel then refuses the controllers (EBUSY), and the move repeats.
 	for try := 0; ; try++ {
 		if err := moveAll(dir, leaf); err != nil {

@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SealLeaf is the child cgroup a context's own processes are moved into
-// to freeze them (--seal freeze): freezing the context's cgroup itself
+// SealLeaf is the child cgroup a branch's own processes are moved into
+// to freeze them (--seal freeze): freezing the branch's cgroup itself
 // would freeze its branches too, since they are nested below it.
 const SealLeaf = ".sealed"
 
@@ -59,9 +59,9 @@ func SetFreezer(m Dir, dir string, state cgroups.FreezerState) error {
 // FreezeOwn freezes the processes that are directly in a cgroup path (not
 // its children's, which are branches) by moving them into a child leaf
 // (SealLeaf) and freezing that; the freeze is done once the kernel says
-// so. On cgroup v2 they come from the leaf they live in once the context
-// has branches (OwnLeaf), into which an exec into the context still goes,
-// unfrozen, as one into the context's own cgroup does on v1.
+// so. On cgroup v2 they come from the leaf they live in once the branch
+// has branches (OwnLeaf), into which an exec into the branch still goes,
+// unfrozen, as one into the branch's own cgroup does on v1.
 func FreezeOwn(ctx context.Context, path string) error {
 	dirs, err := Dirs(path)
 	if err != nil {
@@ -96,7 +96,7 @@ func FreezeOwn(ctx context.Context, path string) error {
 			if err := moveAll(from, leaf); err != nil {
 				return fmt.Errorf("freeze %s: %w", path, err)
 			}
-			// One that got into the context's own cgroup before its
+			// One that got into the branch's own cgroup before its
 			// controllers were enabled.
 			if err := moveAll(d.Path, leaf); err != nil {
 				return fmt.Errorf("freeze %s: %w", path, err)
@@ -145,7 +145,7 @@ func waitFrozen(m Dir, dir string) error {
 	return fmt.Errorf("%s has no %q after 2s: %w", filepath.Join(dir, file), want, errdefs.ErrUnavailable)
 }
 
-// ThawOwn undoes FreezeOwn: the processes go back to the context's cgroup
+// ThawOwn undoes FreezeOwn: the processes go back to the branch's cgroup
 // (on cgroup v2 its leaf).
 func ThawOwn(ctx context.Context, path string) error {
 	dirs, err := Dirs(path)

@@ -110,8 +110,8 @@ func DirsIn(ms []Dir, path string) []Dir {
 }
 
 // OneHierarchy picks, of a cgroup's directories, the one a listing of its
-// processes reads: every process of a context is in it on every hierarchy
-// (the runtime and the branch init put it there, and a context cannot
+// processes reads: every process of a branch is in it on every hierarchy
+// (the runtime and the branch init put it there, and a branch cannot
 // write to cgroupfs), so one hierarchy answers; the freezer's, which
 // --seal freeze moves processes in, is preferred.
 func OneHierarchy(dirs []Dir) []Dir {

@@ -41,7 +41,7 @@ func SandboxPath(p string) (string, error) {
 		return systemdScopePath(p)
 	}
 	if p == "" || strings.Contains(p, ":") || !strings.HasPrefix(p, "/") {
-		return "", fmt.Errorf("sandbox cgroup path %q is neither a cgroupfs path (\"/a/b\") nor a systemd one (\"slice:prefix:name\"); branch contexts nest their cgroups under the sandbox's and need one of them: %w", p, errdefs.ErrNotImplemented)
+		return "", fmt.Errorf("sandbox cgroup path %q is neither a cgroupfs path (\"/a/b\") nor a systemd one (\"slice:prefix:name\"); branches nest their cgroups under the sandbox's and need one of them: %w", p, errdefs.ErrNotImplemented)
 	}
 	return p, nil
 }

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Branch is a branch context run by the init: the init's control socket,
+// Branch is a branch run by the init: the init's control socket,
 // and the processes it started for the shim.
 type Branch struct {
 	initProc *Process // the init; its exit comes from the shim's reaper

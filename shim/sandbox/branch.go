@@ -10,7 +10,8 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// Branch is one context: the sandbox itself ("0") or a branch.
+// Branch is one node of a sandbox's tree: the sandbox itself (its root,
+// "0") or a branch.
 type Branch struct {
 	id, parent string
 	runtimeID  string
@@ -18,7 +19,7 @@ type Branch struct {
 	cgroup     string
 	spec       *specs.Spec
 	net        string
-	seal       string // how this context is sealed while it has children
+	seal       string // how this branch is sealed while it has children
 	frozen     bool
 	writers    bool               // its last fork found its processes writing (sealwriters.go)
 	container  *runc.Container    // run by the runtime; nil for the sandbox
@@ -32,7 +33,7 @@ type Branch struct {
 	held bool
 }
 
-// branchProcs is what a running context's processes are kept by: the
+// branchProcs is what a running branch's processes are kept by: the
 // runtime's container or the branch init.
 type branchProcs interface {
 	Pid() int
@@ -44,7 +45,7 @@ func (n *Branch) initConfig(sb *Sandbox) initdriver.Config {
 	return initdriver.Config{ID: n.id, Spec: n.spec, Cgroup: n.cgroup, Limits: n.limits, HasCommand: n.hasCommand, Path: &sb.initPath}
 }
 
-// procs is the context's processes, nil for the sandbox or a context whose
+// procs is the branch's processes, nil for the sandbox or a branch whose
 // processes are gone.
 func (n *Branch) procs() branchProcs {
 	switch {
@@ -56,6 +57,6 @@ func (n *Branch) procs() branchProcs {
 	return nil
 }
 
-// branchCgroup is the cgroup of branch id whose parent context's cgroup
+// branchCgroup is the cgroup of branch id whose parent branch's cgroup
 // is parent (abortLost finds a lost branch's by the same rule).
 func branchCgroup(parent, id string) string { return parent + "/b" + id }

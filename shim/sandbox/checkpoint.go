@@ -29,7 +29,7 @@ func (c *Service) lockedSandbox(ctx context.Context, id string) (*Sandbox, conte
 	return sb, ctx, sb.mu.Unlock, nil
 }
 
-// Checkpoint records the state of a context of the sandbox.
+// Checkpoint records the state of a branch of the sandbox.
 func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest) (_ *shimv1.CheckpointResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
 	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
@@ -49,7 +49,7 @@ func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest)
 	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(ck)}, nil
 }
 
-// ListCheckpoints lists the checkpoints of the sandbox's contexts.
+// ListCheckpoints lists the checkpoints of the sandbox's branches.
 func (c *Service) ListCheckpoints(ctx context.Context, req *shimv1.ListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
 	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
@@ -82,7 +82,7 @@ func (c *Service) DeleteCheckpoint(ctx context.Context, req *shimv1.DeleteCheckp
 	return &shimv1.Empty{}, nil
 }
 
-// Rollback brings a context of the sandbox back to a checkpoint, through
+// Rollback brings a branch of the sandbox back to a checkpoint, through
 // its live rootfs mount: its running processes see it at once.
 func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ *shimv1.Empty, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
@@ -135,7 +135,7 @@ func (c *Service) checkpointNamed(ctx context.Context, sb *Sandbox, name string)
 	return branch.Checkpoint{}, fmt.Errorf("no checkpoint named %q in %s: %w", name, sb.id, errdefs.ErrNotFound)
 }
 
-// memoryCheckpoint is Checkpoint with the context's processes.
+// memoryCheckpoint is Checkpoint with the branch's processes.
 func (c *Service) memoryCheckpoint(ctx context.Context, sb *Sandbox, id, name string) (branch.Checkpoint, error) {
 	if c.Paused(sb) {
 		return branch.Checkpoint{}, PausedError(sb)
@@ -145,7 +145,7 @@ func (c *Service) memoryCheckpoint(ctx context.Context, sb *Sandbox, id, name st
 		if _, err := sb.snapshot.Mounts(ctx, sb.ref(id)); err != nil {
 			return branch.Checkpoint{}, err
 		}
-		return branch.Checkpoint{}, fmt.Errorf("branch %s of %s has no running context: %w", id, sb.id, errdefs.ErrNotFound)
+		return branch.Checkpoint{}, fmt.Errorf("branch %s of %s is not running: %w", id, sb.id, errdefs.ErrNotFound)
 	}
 	return c.checkpointMemory(ctx, sb, n, name)
 }

@@ -99,7 +99,7 @@ func (c *Service) committed(ctx context.Context, sb *Sandbox, winner, parentID s
 // the commit call failed with callErr (its fate unknown), or for a branch
 // this shim no longer runs (callErr nil): a commit that was made returns
 // its result, one decided but not finished is finished, and one that was
-// not made returns why. Every context is reconciled with the tree on the
+// not made returns why. Every branch is reconciled with the tree on the
 // way, so the losers of a decided commit die here. If the snapshotter
 // cannot say, a held winner stays frozen and the settle loop takes over.
 func (c *Service) commitOutcome(ctx context.Context, sb *Sandbox, id string, callErr error) (*shimv1.CommitResponse, error) {
@@ -142,13 +142,13 @@ func (c *Service) commitOutcome(ctx context.Context, sb *Sandbox, id string, cal
 	case callErr != nil:
 		return nil, fmt.Errorf("commit %s/%s: %w", sb.id, id, callErr)
 	case info != nil && info.State == branch.Live:
-		return nil, fmt.Errorf("branch %s of %s had no running context here (lost by a crash) and was aborted: %w", id, sb.id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("branch %s of %s was not running here (lost by a crash) and was aborted: %w", id, sb.id, errdefs.ErrNotFound)
 	}
 	// Let the snapshotter say what became of it (stale, aborted...).
 	if _, err := sb.snapshot.Mounts(ctx, sb.ref(id)); err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("branch %s of %s has no running context: %w", id, sb.id, errdefs.ErrNotFound)
+	return nil, fmt.Errorf("branch %s of %s is not running: %w", id, sb.id, errdefs.ErrNotFound)
 }
 
 // hold freezes every process of a branch for its commit: the snapshotter

@@ -209,7 +209,7 @@ func StopDead(ctx context.Context, r *runcC.Runc, stateRoot, bundle, id string) 
 }
 
 // stopBranches is the cleanup of a sandbox whose shim died: it force
-// deletes every branch context's runtime container (killing its processes
+// deletes every branch's runtime container (killing its processes
 // through its cgroup) and detaches its rootfs mount. It needs nothing from
 // the dead shim: the branches are found in the bundle.
 func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {

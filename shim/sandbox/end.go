@@ -19,13 +19,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// destroy kills every process of a context (and of any context nested in
+// destroy kills every process of a branch (and of any branch nested in
 // it), then removes its init, its rootfs mount, cgroup and bundle.
 func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
 	c.destroyAll(ctx, sb, []*Branch{n})()
 }
 
-// destroyAll destroys contexts together: their processes are all killed
+// destroyAll destroys branches together: their processes are all killed
 // first, so that none of them runs on while another is taken down, then
 // their rootfs mounts are detached. It returns once that is done, which is
 // all the snapshotter needs before it commits or discards their layers,
@@ -138,7 +138,7 @@ func killHeld(ctx context.Context, n *Branch, dirs []cgroup.Dir) bool {
 	return false
 }
 
-// detach takes a context whose processes are dead off its init and rootfs:
+// detach takes a branch whose processes are dead off its init and rootfs:
 // it waits for the init's exit (from the shim's reaper) and unmounts the
 // rootfs, after which the branch's layers are the snapshotter's alone.
 func (c *Service) detach(ctx context.Context, n *Branch) branchProcs {
@@ -165,7 +165,7 @@ func (c *Service) detach(ctx context.Context, n *Branch) branchProcs {
 	return container
 }
 
-// release removes a detached context's runtime state and cgroups. The
+// release removes a detached branch's runtime state and cgroups. The
 // runtime state is destroyed in process (libcontainer needs no child
 // process for a stopped container), which spares a run of the runtime
 // binary per branch.
@@ -196,7 +196,7 @@ func (c *Service) release(ctx context.Context, sb *Sandbox, n *Branch, procs bra
 }
 
 // dropRuntimeState removes the runtime's state and the cgroups of a
-// detached context the runtime ran; what is left (stdio copiers, exec'd
+// detached branch the runtime ran; what is left (stdio copiers, exec'd
 // process records) holds nothing of the branch's and goes in the
 // background, followed by then.
 func (c *Service) dropRuntimeState(ctx context.Context, sb *Sandbox, n *Branch, container *runc.Container, cgDirs []cgroup.Dir, then func()) {
@@ -232,7 +232,7 @@ func (c *Service) dropRuntimeState(ctx context.Context, sb *Sandbox, n *Branch, 
 	}()
 }
 
-// unsealIfIdle thaws a context frozen for its children when it has none.
+// unsealIfIdle thaws a branch frozen for its children when it has none.
 func (c *Service) unsealIfIdle(ctx context.Context, sb *Sandbox, n *Branch) {
 	for _, o := range sb.nodes {
 		if o.parent == n.id && o.id != branch.RootID {
@@ -241,7 +241,7 @@ func (c *Service) unsealIfIdle(ctx context.Context, sb *Sandbox, n *Branch) {
 	}
 	if n.frozen {
 		if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
-			log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw sealed context")
+			log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw sealed branch")
 		}
 		n.frozen = false
 	}

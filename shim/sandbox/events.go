@@ -27,7 +27,7 @@ type pendingExit struct {
 	at time.Time
 }
 
-// forward publishes queued events in order until the shim's context ends.
+// forward publishes queued events in order until the shim's branch ends.
 func (c *Service) forward() {
 	for {
 		select {
@@ -66,6 +66,6 @@ func (c *Service) publish(ctx context.Context, topic string, ev *branchEvent) {
 		labels["branchbox.winner"] = ev.Winner
 		labels["branchbox.epoch"] = strconv.FormatUint(ev.Epoch, 10)
 	}
-	// The request's context ends with the reply; the event goes after it.
+	// The request's branch ends with the reply; the event goes after it.
 	c.events <- queuedEvent{ctx: context.WithoutCancel(ctx), topic: topic, ev: &eventstypes.ContainerUpdate{ID: ev.Sandbox, Labels: labels}}
 }

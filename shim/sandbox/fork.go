@@ -137,7 +137,7 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 		if _, err := sb.snapshot.Mounts(ctx, sb.ref(f.parentID)); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("branch %s of %s has no running context: %w", f.parentID, sb.id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("branch %s of %s is not running: %w", f.parentID, sb.id, errdefs.ErrNotFound)
 	}
 	f.parent = parent
 	if parent.held {

@@ -3,12 +3,12 @@
 package sandbox
 
 // The branch socket inside a sandbox: with the annotation
-// io.branchbox.socket=true on its container, each context of the sandbox
+// io.branchbox.socket=true on its container, each branch of the sandbox
 // (the sandbox itself and every branch) gets a socket of its own, served by
-// this shim and bind-mounted read-only into that context at
+// this shim and bind-mounted read-only into that branch at
 // /run/branchbox/branch.sock. The listener a connection arrives on is what
-// names the caller's context (no request names a sandbox), and every
-// branch id a request carries must be that context or one of its
+// names the caller's branch (no request names a sandbox), and every
+// branch id a request carries must be that branch or one of its
 // descendants. The peer's cgroup is checked as well, in case a socket is
 // ever reachable from elsewhere.
 
@@ -37,12 +37,12 @@ import (
 const (
 	// SocketAnnotation on a sandbox's container turns its sockets on.
 	SocketAnnotation = "io.branchbox.socket"
-	// SelfSocketDir is where a context sees its socket's directory.
+	// SelfSocketDir is where a branch sees its socket's directory.
 	SelfSocketDir = "/run/branchbox"
 	// SelfSocketName is the socket's name in that directory.
 	SelfSocketName = "branch.sock"
 
-	// selfDir is the socket's directory in a context's bundle.
+	// selfDir is the socket's directory in a branch's bundle.
 	selfDir = "selfsock"
 	// selfExecMax bounds the processes started through the sockets of one
 	// sandbox and not yet waited for, since the shim keeps their output
@@ -57,7 +57,7 @@ const (
 // processes started through them.
 type selfSocks struct {
 	mu    sync.Mutex
-	socks map[string]*selfSock // by sandbox id and context id
+	socks map[string]*selfSock // by sandbox id and branch id
 	execs map[string]*selfExec // by sandbox id and exec id
 	seq   uint64
 }
@@ -67,7 +67,7 @@ type selfSock struct {
 	server *ttrpc.Server
 }
 
-// selfExec is a process started through a socket: its context and the
+// selfExec is a process started through a socket: its branch and the
 // output the shim keeps for Wait.
 type selfExec struct {
 	target         string
@@ -124,15 +124,15 @@ func (c *Service) listenSelfBranch(ctx context.Context, sb *Sandbox, n *Branch) 
 	return c.listenSelf(ctx, sb.id, n.id, n.bundle, n.cgroup, n.spec)
 }
 
-// listenSelf makes <bundle>/selfsock/branch.sock, serves the context's API
+// listenSelf makes <bundle>/selfsock/branch.sock, serves the branch's API
 // on it, and mounts the directory read-only at /run/branchbox in spec.
 func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup string, spec *specs.Spec) (retErr error) {
 	dir := filepath.Join(bundle, selfDir)
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("context %s/%s: clear socket directory: %w", sandboxID, id, err)
+		return fmt.Errorf("branch %s/%s: clear socket directory: %w", sandboxID, id, err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("context %s/%s: make socket directory: %w", sandboxID, id, err)
+		return fmt.Errorf("branch %s/%s: make socket directory: %w", sandboxID, id, err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -142,7 +142,7 @@ func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup 
 	uid, gid := socketOwner(spec)
 	l, err := listenIn(dir, SelfSocketName, uid, gid)
 	if err != nil {
-		return fmt.Errorf("context %s/%s: listen on its branch socket: %w", sandboxID, id, err)
+		return fmt.Errorf("branch %s/%s: listen on its branch socket: %w", sandboxID, id, err)
 	}
 	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
 		return peerIn(int(uc.Pid), cgroup)
@@ -177,7 +177,7 @@ func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup 
 	}
 	go func() {
 		if err := server.Serve(context.WithoutCancel(c.ctx), l); err != nil && err != ttrpc.ErrServerClosed {
-			log.G(ctx).WithError(err).WithField("context", key).Warn("branch socket stopped serving")
+			log.G(ctx).WithError(err).WithField("branch", key).Warn("branch socket stopped serving")
 		}
 	}()
 	return nil
@@ -198,8 +198,8 @@ func listenIn(dir, name string, uid, gid int) (*net.UnixListener, error) {
 	// The file is removed with its directory (closeSelf): the name above
 	// means nothing once d is closed.
 	l.SetUnlinkOnClose(false)
-	// Only the context's own user (and its root) may connect: what the
-	// socket runs, it runs as that user, so another user of the context
+	// Only the branch's own user (and its root) may connect: what the
+	// socket runs, it runs as that user, so another user of the branch
 	// must not be able to use it to act as that one.
 	p := filepath.Join(dir, name)
 	if err := os.Chown(p, uid, gid); err != nil {
@@ -213,7 +213,7 @@ func listenIn(dir, name string, uid, gid int) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// socketOwner is the context's process user as the host sees it (through
+// socketOwner is the branch's process user as the host sees it (through
 // the spec's user namespace mappings, if any).
 func socketOwner(spec *specs.Spec) (int, int) {
 	var uid, gid uint32
@@ -236,8 +236,8 @@ func mapID(id uint32, m []specs.LinuxIDMapping) uint32 {
 	return id
 }
 
-// closeSelf stops serving a context's socket, removes it, and drops the
-// processes started in that context through any socket.
+// closeSelf stops serving a branch's socket, removes it, and drops the
+// processes started in that branch through any socket.
 func (c *Service) closeSelf(sandboxID, id string) {
 	c.insock.mu.Lock()
 	key := selfKey(sandboxID, id)
@@ -259,11 +259,11 @@ func (c *Service) closeSelf(sandboxID, id string) {
 	if s == nil {
 		return
 	}
-	// Close does not wait for calls in flight: a context committing itself
+	// Close does not wait for calls in flight: a branch committing itself
 	// closes its own socket from within a call on it.
 	_ = s.server.Close()
 	if err := os.RemoveAll(s.dir); err != nil {
-		log.G(c.ctx).WithError(err).WithField("context", key).Warn("remove branch socket")
+		log.G(c.ctx).WithError(err).WithField("branch", key).Warn("remove branch socket")
 	}
 }
 
@@ -282,7 +282,7 @@ func (c *Service) CloseSelfAll(sandboxID string) {
 	}
 }
 
-// peerIn checks that a connecting process belongs to the context whose
+// peerIn checks that a connecting process belongs to the branch whose
 // cgroup is cg: in it (or a leaf of its: .sealed, .leaf on cgroup v2), and not in one of its
 // branches' cgroups (b<id>), whose processes have sockets of their own.
 func peerIn(pid int, cg string) error {
@@ -298,12 +298,12 @@ func peerIn(pid int, cg string) error {
 		}
 		first, _, _ := strings.Cut(strings.TrimPrefix(rel, "/"), "/")
 		if isBranchCgroup(first) {
-			return fmt.Errorf("peer %d is in branch cgroup %s, not in context %s: %w", pid, p, cg, errdefs.ErrPermissionDenied)
+			return fmt.Errorf("peer %d is in branch cgroup %s, not in branch %s: %w", pid, p, cg, errdefs.ErrPermissionDenied)
 		}
 		in = true
 	}
 	if !in {
-		return fmt.Errorf("peer %d is not in the context's cgroup %s: %w", pid, cg, errdefs.ErrPermissionDenied)
+		return fmt.Errorf("peer %d is not in the branch's cgroup %s: %w", pid, cg, errdefs.ErrPermissionDenied)
 	}
 	return nil
 }

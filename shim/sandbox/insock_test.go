@@ -42,15 +42,15 @@ func TestPeerIn(t *testing.T) {
 	if err := peerIn(pid, own); err != nil {
 		t.Fatalf("own cgroup %s: %v", own, err)
 	}
-	// A process in a leaf below the context (its .sealed cgroup) belongs
+	// A process in a leaf below the branch (its .sealed cgroup) belongs
 	// to it; one in a branch's cgroup (b<id>) does not.
 	if i := strings.LastIndex(own, "/"); i > 0 {
 		err := peerIn(pid, own[:i])
 		if isBranchCgroup(own[i+1:]) != errdefs.IsPermissionDenied(err) {
-			t.Fatalf("context %s, process in %s: %v", own[:i], own, err)
+			t.Fatalf("branch %s, process in %s: %v", own[:i], own, err)
 		}
 	}
-	for _, cg := range []string{own + "/b1", "/no/such/context", own + "x"} {
+	for _, cg := range []string{own + "/b1", "/no/such/branch", own + "x"} {
 		if err := peerIn(pid, cg); !errdefs.IsPermissionDenied(err) {
 			t.Errorf("cgroup %s: %v, want permission denied", cg, err)
 		}

@@ -43,7 +43,7 @@ const CriuBinary = "criu"
 // sandbox's deletion (the bundle goes).
 const memoryImagePrefix = ".memory-fork-"
 
-// memoryImage is one dump of a context's processes, restored into each
+// memoryImage is one dump of a branch's processes, restored into each
 // branch of the fork.
 type memoryImage struct {
 	dir   string
@@ -84,7 +84,7 @@ func (c *Service) checkMemoryFork(ctx context.Context, sb *Sandbox, parent *Bran
 	return c.checkMemoryDump(ctx, sb, parent, initPid, what, req.Net != NetIsolated)
 }
 
-// checkMemoryDump refuses, before anything changes, a dump of a context's
+// checkMemoryDump refuses, before anything changes, a dump of a branch's
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
 func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool) error {
@@ -194,7 +194,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		}
 		return nil
 	})
-	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "context": parent.id, "pause": img.pause, "dump": img.dump, "bytes": img.size}).Debug("memory fork: dumped")
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": parent.id, "pause": img.pause, "dump": img.dump, "bytes": img.size}).Debug("memory fork: dumped")
 	return img, nil
 }
 
@@ -337,7 +337,7 @@ func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Bran
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if ck.Context != parent.id {
-		return nil, fmt.Errorf("%s: it is a state of context %s, not of %s: %w", what, ck.Context, parent.id, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s: it is a state of branch %s, not of %s: %w", what, ck.Context, parent.id, errdefs.ErrInvalidArgument)
 	}
 	return keptImage(what, ck)
 }
@@ -353,7 +353,7 @@ func keptImage(what string, ck branch.Checkpoint) (*memoryImage, error) {
 	return &memoryImage{dir: ck.MemoryDir, size: ck.MemoryBytes, kept: true}, nil
 }
 
-// checkpointMemory takes checkpoint name of context n with its processes:
+// checkpointMemory takes checkpoint name of branch n with its processes:
 // they are frozen (if a seal has not already), dumped, and the rootfs is
 // checkpointed before they go on, so that image and files are one instant.
 func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, name string) (_ branch.Checkpoint, retErr error) {
@@ -381,7 +381,7 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 		defer func() {
 			n.frozen = false
 			if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
-				log.G(ctx).WithError(err).WithField("context", n.id).Error("thaw after a checkpoint with memory")
+				log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw after a checkpoint with memory")
 				if retErr == nil {
 					retErr = fmt.Errorf("%s: taken, but its processes could not all be thawed: %w", what, err)
 				}
@@ -412,7 +412,7 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
 	}
 	if ck.Context != n.id {
-		return fmt.Errorf("%s: it is a state of context %s: %w", what, ck.Context, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: it is a state of branch %s: %w", what, ck.Context, errdefs.ErrInvalidArgument)
 	}
 	var kids []string
 	for _, o := range sb.nodes {

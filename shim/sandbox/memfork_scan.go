@@ -15,7 +15,7 @@ import (
 
 // unforkable lists what a memory fork of the process tree of initPid
 // could not carry, each naming the process and the resource: a process of
-// the context's own (own) outside the tree, a TCP connection or a bound
+// the branch's own (own) outside the tree, a TCP connection or a bound
 // port (the branches share the parent's network namespace, where the
 // parent holds them), a terminal or another device than the harmless
 // ones. CRIU refuses more (an external unix socket, say); its errors are

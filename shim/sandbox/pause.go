@@ -159,5 +159,5 @@ func (c *Service) Resumed(ctx context.Context, id string) {
 }
 
 // StatusPaused is the status the tree gives a paused sandbox, and each of
-// its contexts whose processes run (they are frozen with it).
+// its branches whose processes run (they are frozen with it).
 const StatusPaused = "paused"

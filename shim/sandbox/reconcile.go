@@ -20,7 +20,7 @@ import (
 // branch the snapshotter holds but the shim lost would keep its parent
 // sealed for ever, and one the snapshotter ended (a loser of a commit
 // decided before a crash) must not keep running. The shim reconciles its
-// contexts with the snapshotter's tree on first use of a sandbox, after
+// branches with the snapshotter's tree on first use of a sandbox, after
 // every reconnection to the snapshotter, and whenever an operation finds
 // them apart.
 
@@ -91,7 +91,7 @@ func (c *Service) sync(ctx context.Context, sb *Sandbox) {
 		return
 	}
 	if err := c.reconcile(ctx, sb); err != nil {
-		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: snapshotter not answering; retrying in the background")
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branches: snapshotter not answering; retrying in the background")
 		wake(sb.kick)
 	}
 }
@@ -124,7 +124,7 @@ func (c *Service) settle(ctx context.Context, sb *Sandbox) {
 				// after a thaw done behind containerd's back.
 				break
 			}
-			log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branch contexts: retrying")
+			log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branches: retrying")
 			select {
 			case <-sb.done:
 				return
@@ -139,7 +139,7 @@ func (c *Service) settle(ctx context.Context, sb *Sandbox) {
 	}
 }
 
-// reconcile reads the snapshotter's tree and makes sb's contexts agree
+// reconcile reads the snapshotter's tree and makes sb's branches agree
 // with it (under sb.mu).
 func (c *Service) reconcile(ctx context.Context, sb *Sandbox) error {
 	if c.Paused(sb) {
@@ -157,12 +157,12 @@ func (c *Service) reconcile(ctx context.Context, sb *Sandbox) error {
 	return nil
 }
 
-// reconcileWith makes sb's contexts agree with the snapshotter's tree
-// infos (under sb.mu): a context whose branch is no longer live there
+// reconcileWith makes sb's branches agree with the snapshotter's tree
+// infos (under sb.mu): a branch whose branch is no longer live there
 // (committed, invalidated, aborted, unknown) has every process killed and
 // is removed; one held for a commit that was not made is thawed; a commit
 // decided but not finished (its caller went away midway) is finished,
-// which unseals its parent; a branch live there that no context here runs
+// which unseals its parent; a branch live there that is not running here
 // (its shim died, or a call failed midway) is killed through its cgroup
 // and aborted. It returns the results of the commits it finished.
 func (c *Service) reconcileWith(ctx context.Context, sb *Sandbox, infos []branch.Info) map[string]branch.CommitResult {
@@ -220,8 +220,8 @@ func (c *Service) reconcileWith(ctx context.Context, sb *Sandbox, infos []branch
 	return finished
 }
 
-// abortLost kills whatever runs in the cgroup a branch no context here
-// runs would have, removes that cgroup and the branch's bundle, and aborts
+// abortLost kills whatever runs in the cgroup that a branch not running
+// here would have, removes that cgroup and the branch's bundle, and aborts
 // the branch in the snapshotter.
 func (c *Service) abortLost(ctx context.Context, sb *Sandbox, state map[string]*branch.Info, id string) {
 	root := sb.nodes[branch.RootID]
@@ -255,10 +255,10 @@ func (c *Service) abortLost(ctx context.Context, sb *Sandbox, state map[string]*
 	removeBundle(ctx, bundle)
 	aborted, err := sb.snapshot.Abort(ctx, sb.ref(id))
 	if err != nil {
-		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": id}).Warn("abort a branch no context runs")
+		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "branch": id}).Warn("abort a branch that is not running here")
 		return
 	}
-	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "aborted": aborted}).Info("aborted branches no context runs (lost by a crash)")
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "aborted": aborted}).Info("aborted branches that were not running here (lost by a crash)")
 	parent := branch.RootID
 	if in := state[id]; in != nil {
 		parent = in.Parent

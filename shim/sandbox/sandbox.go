@@ -25,7 +25,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Sandbox is a container this shim created, and its branch contexts.
+// Sandbox is a container this shim created, and its branches.
 type Sandbox struct {
 	id, ns, bundle string
 	upper          string
@@ -40,7 +40,7 @@ type Sandbox struct {
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
 	mu       sync.Mutex
-	nodes    map[string]*Branch // branch contexts by id, and "0"
+	nodes    map[string]*Branch // branches by id, and "0"
 	snapshot *branchapi.Client
 	pool     *initdriver.Pool // inits started ahead of forks of the root, or nil
 	nextID   uint64           // the branch id the snapshotter likely gives next (0: not known)
@@ -52,7 +52,7 @@ type Sandbox struct {
 	// waits for them.
 	starting starts
 
-	// gen is the snapshotter client's generation when the contexts were
+	// gen is the snapshotter client's generation when the branches were
 	// last reconciled with the snapshotter's tree (reconciled says they
 	// ever were); a change means the snapshotter restarted since, and may
 	// have finished decided commits. kick asks the settle loop to
@@ -111,7 +111,7 @@ func withNS(ctx context.Context, sb *Sandbox) context.Context {
 	return namespaces.WithNamespace(ctx, sb.ns)
 }
 
-// descendants lists id's descendants among the running contexts, deepest
+// descendants lists id's descendants among the running branches, deepest
 // first.
 func (sb *Sandbox) descendants(id string) []*Branch {
 	parents := make(map[string]string, len(sb.nodes))
@@ -137,7 +137,7 @@ func ids(ns []*Branch) string {
 	return strings.Join(s, ", ")
 }
 
-// branchFor finds a running branch context; with lock, it returns with the
+// branchFor finds a running branch; with lock, it returns with the
 // sandbox locked. A branch that is not running gets the snapshotter's word
 // on what became of it (stale, naming the winner; committed; aborted).
 // With write, the operation needs the branch's processes, and a paused
@@ -166,9 +166,9 @@ func (c *Service) branchFor(ctx context.Context, sandboxID, id string, lock, wri
 			// Live there, unknown here: a mismatch, which reconciling
 			// settles (it aborts the branch).
 			if rerr := c.reconcile(withNS(ctx, sb), sb); rerr != nil {
-				log.G(ctx).WithError(rerr).WithField("sandbox", sb.id).Warn("reconcile branch contexts with the snapshotter")
+				log.G(ctx).WithError(rerr).WithField("sandbox", sb.id).Warn("reconcile branches with the snapshotter")
 			}
-			err = fmt.Errorf("branch %s of %s had no running context here (lost by a crash, or made outside this shim) and was aborted: %w", id, sandboxID, errdefs.ErrNotFound)
+			err = fmt.Errorf("branch %s of %s was not running here (lost by a crash, or made outside this shim) and was aborted: %w", id, sandboxID, errdefs.ErrNotFound)
 		}
 		sb.mu.Unlock()
 		return nil, nil, err
@@ -209,7 +209,7 @@ func (c *Service) AddSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 }
 
 // load prepares a sandbox for an operation on its branches (under sb.mu):
-// the snapshotter connection and the root context, reconciled with the
+// the snapshotter connection and the root branch, reconciled with the
 // snapshotter's tree on first use and after every reconnection. A paused
 // sandbox is refused (pause.go), and so is a caller that gave up while
 // the operation waited for the sandbox.
@@ -240,7 +240,7 @@ func (c *Service) view(ctx context.Context, sb *Sandbox) error {
 	return nil
 }
 
-// prepare dials the snapshotter and makes the root context, once.
+// prepare dials the snapshotter and makes the root branch, once.
 func (c *Service) prepare(ctx context.Context, sb *Sandbox) error {
 	if sb.nodes != nil {
 		return nil

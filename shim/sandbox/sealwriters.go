@@ -59,7 +59,7 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 		return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 	}
 	// A refused seal costs a scan of every open file on the host (to name
-	// the writers): a context whose last fork found its own processes
+	// the writers): a branch whose last fork found its own processes
 	// writing has just theirs checked, and is frozen at once if they still
 	// are.
 	if parent.writers && !parent.frozen && !isSelfFork(ctx) {
@@ -99,7 +99,7 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 	if outside := writersOutside(parent.cgroup, we.Writers); len(outside) > 0 || len(we.Writers) == 0 {
 		return nil, fmt.Errorf("fork %s of %s: %w", parent.id, sb.id, &branch.WritersError{Context: we.Context, Writers: outside})
 	}
-	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "context": parent.id, "writers": we.Writers}).Info("files are open for writing: freezing the parent's processes for its branches' lifetime instead of making its rootfs read-only")
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": parent.id, "writers": we.Writers}).Info("files are open for writing: freezing the parent's processes for its branches' lifetime instead of making its rootfs read-only")
 	if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func inCgroup(pid int, cgPath string) bool {
 	return false
 }
 
-// selfForkKey marks a fork asked for through a context's own socket.
+// selfForkKey marks a fork asked for through a branch's own socket.
 type selfForkKey struct{}
 
 func withSelfFork(ctx context.Context) context.Context {

@@ -15,16 +15,16 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// selfService is the API served on one context's socket. Requests go to
-// the shim's own context API once their ids are resolved from self.
+// selfService is the API served on one branch's socket. Requests go to
+// the shim's own branch API once their ids are resolved from self.
 type selfService struct {
 	c       *Service
 	sandbox string
 	self    string
 }
 
-// resolve returns id ("" meaning the caller's context) if it is the
-// caller's context or one of its descendants, live or ended.
+// resolve returns id ("" meaning the caller's branch) if it is the
+// caller's branch or one of its descendants, live or ended.
 func (s *selfService) resolve(ctx context.Context, id string) (string, error) {
 	if id == "" || id == s.self {
 		return s.self, nil
@@ -61,7 +61,7 @@ func (s *selfService) resolve(ctx context.Context, id string) (string, error) {
 			}
 		}
 	}
-	return "", fmt.Errorf("context %q is not this context (%s) or one of its descendants; a branch socket reaches only its own context and what was forked from it: %w", id, s.self, errdefs.ErrPermissionDenied)
+	return "", fmt.Errorf("branch %q is not this branch (%s) or one of its descendants; a branch socket reaches only its own branch and what was forked from it: %w", id, s.self, errdefs.ErrPermissionDenied)
 }
 
 // hide clears what only makes sense on the host: host pids and cgroup paths.
@@ -238,7 +238,7 @@ func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (
 	return s.c.Abort(context.WithoutCancel(ctx), &shimv1.AbortRequest{Sandbox: s.sandbox, Branch: target})
 }
 
-// subtree is the caller's context and its descendants among nodes.
+// subtree is the caller's branch and its descendants among nodes.
 func (s *selfService) subtree(nodes []*shimv1.Context) map[string]bool {
 	parents := map[string]string{}
 	for _, n := range nodes {

@@ -2,8 +2,8 @@
 
 package sandbox
 
-// The branch contexts of the shim's sandboxes: the state the shim keeps
-// for each sandbox and each of its contexts. The API is contexts_api.go,
+// The branches of the shim's sandboxes: the state the shim keeps
+// for each sandbox and each of its branches. The API is contexts_api.go,
 // their life contexts_lifecycle.go, events and the reaper beside them.
 
 import (
@@ -39,7 +39,7 @@ const (
 // /run/containerd/runc), under a directory per containerd namespace.
 const DefaultRoot = "/run/containerd/branch"
 
-// branchesDir is where, inside the sandbox's bundle, each branch context
+// branchesDir is where, inside the sandbox's bundle, each branch
 // has its own bundle (config.json, rootfs mount point, pid files).
 const branchesDir = "branches"
 
@@ -47,7 +47,7 @@ const branchesDir = "branches"
 // (cmd/containerd-shim-branch-v1/runtime), looked for beside the shim.
 const RuntimeBinary = "containerd-shim-branch-v1-runtime"
 
-// branchRuntime is the binary that runs branch contexts: the runtime-only
+// branchRuntime is the binary that runs branches: the runtime-only
 // build beside the shim if there is one, for it starts in about half the
 // time, and this binary (which is a runtime too) otherwise.
 func branchRuntime(self string) string {
@@ -61,7 +61,7 @@ func branchRuntime(self string) string {
 // RuntimeID is the runtime container id of branch b of sandbox id.
 func RuntimeID(sandbox, b string) string { return sandbox + ".b" + b }
 
-// Service serves the branch context API of every sandbox this shim runs.
+// Service serves the branch API of every sandbox this shim runs.
 type Service struct {
 	ctx       context.Context
 	self      string
@@ -102,7 +102,7 @@ func (c *Service) hier() ([]cgroup.Dir, error) { return c.cgroups.Mounts() }
 func NewService(ctx context.Context, self string, publisher cshim.Publisher, task taskAPI.TTRPCTaskService) (*Service, error) {
 	platform, err := runc.NewPlatform()
 	if err != nil {
-		return nil, fmt.Errorf("branch contexts: console platform: %w", err)
+		return nil, fmt.Errorf("branches: console platform: %w", err)
 	}
 	c := &Service{
 		ctx: ctx, self: self, runtime: branchRuntime(self), publisher: publisher, task: task, platform: platform,

@@ -20,7 +20,7 @@ const (
 	NetIsolated = "isolated"
 )
 
-// Seal modes of a context with children.
+// Seal modes of a branch with children.
 const (
 	SealReadOnly = "ro"
 	SealFreeze   = "freeze"
@@ -51,7 +51,7 @@ func writeSpec(bundle string, s *specs.Spec) error {
 // its user namespace (joined when the parent's spec made one of its own).
 type joinNS struct{ net, user string }
 
-// branchSpec derives a branch context's spec from its parent's: the same
+// branchSpec derives a branch's spec from its parent's: the same
 // process, mounts, capabilities and limits, but its own rootfs (the
 // branch's overlay, mounted at <bundle>/rootfs), its own PID and mount
 // namespaces, a cgroup nested under the parent's, and the parent's network

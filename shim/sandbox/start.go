@@ -31,11 +31,11 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// The life of a sandbox's contexts: a sandbox added and prepared, a branch
+// The life of a sandbox's branches: a sandbox added and prepared, a branch
 // started (by a branch init or the runtime), destroyed and released, and
 // every branch ended with its sandbox.
 
-// initPid is the pid of a context's init on the host.
+// initPid is the pid of a branch's init on the host.
 func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, error) {
 	procs := n.procs()
 	if procs == nil {
@@ -55,7 +55,7 @@ func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, err
 	return pid, nil
 }
 
-// start creates one branch context: its bundle, its rootfs mount and its
+// start creates one branch: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
 // An init taken ahead for it (nil: none) is claimed or released. With a
 // memory image (nil: none) the runtime restores its processes from it.
@@ -161,7 +161,7 @@ func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, im
 	return cr, nil
 }
 
-// runOnRuntime runs context n's init with the runtime, in its bundle (spec
+// runOnRuntime runs branch n's init with the runtime, in its bundle (spec
 // written) on rootfs mounts: waiting, or running args, or restored from a
 // memory image (nil: none).
 func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage, args []string) error {
@@ -209,7 +209,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 		go func() {
 			_ = init.Wait(context.WithoutCancel(ctx))
 			sb.mu.Lock()
-			// Not if the context runs another init meanwhile (a rollback
+			// Not if the branch runs another init meanwhile (a rollback
 			// with memory restored one).
 			if n.container == container {
 				n.exited = true
@@ -220,7 +220,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 	return nil
 }
 
-// startWithInit starts a branch context with the branch init: its rootfs
+// startWithInit starts a branch with the branch init: its rootfs
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
 // the rest. The init is warm's if given, else taken from pool if it has
 // one (nil: none), else started.

@@ -10,7 +10,7 @@ import (
 	"github.com/containerd/log"
 )
 
-// Teardown removes every branch context of a sandbox whose task is being
+// Teardown removes every branch of a sandbox whose task is being
 // deleted, and unseals its rootfs, so that nothing outlives it.
 func (c *Service) Teardown(ctx context.Context, id string) {
 	defer c.CloseSelfAll(id)

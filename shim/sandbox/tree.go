@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Tree lists every context of a sandbox: the snapshotter's tree (states,
+// Tree lists every branch of a sandbox: the snapshotter's tree (states,
 // epochs, upper sizes, ended branches) with what this shim runs.
 func (c *Service) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1.TreeResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
@@ -50,7 +50,7 @@ func (c *Service) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1.
 		}
 	}
 	if paused {
-		// Frozen with the sandbox: every context whose processes run.
+		// Frozen with the sandbox: every branch whose processes run.
 		for _, d := range resp.Nodes {
 			if d.Status != "" && d.Status != "exited" {
 				d.Status = StatusPaused
@@ -60,7 +60,7 @@ func (c *Service) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1.
 	return resp, nil
 }
 
-// describe is a context as the API reports it. Without readProcs, its
+// describe is a branch as the API reports it. Without readProcs, its
 // processes are not read from its cgroup: a branch just started without a
 // command has its init alone, and has had no OOM kill.
 func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs bool) *shimv1.Context {
