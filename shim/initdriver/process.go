@@ -262,7 +262,7 @@ func (p *Process) openIO(ctx context.Context) ([]*os.File, error) {
 }
 
 // openStdinFifo opens the caller's stdin FIFO for reading, and a writer
-// of it the shim holds until CloseIO (fastProc.stdinHold).
+// of it the shim holds until CloseIO (Process.stdinHold).
 func openStdinFifo(ctx context.Context, path string) (in, hold io.ReadWriteCloser, err error) {
 	in, err = fifo.OpenFifo(context.WithoutCancel(ctx), path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {

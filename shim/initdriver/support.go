@@ -5,8 +5,8 @@ package initdriver
 // The branch init (package brinit: its C and its plan; built as
 // cmd/containerd-shim-branch-v1/init): where it is and which specs it
 // takes; the runtime runs the branches of the others. Its driver is
-// initdriver.go, its processes initproc.go, its pool of inits started
-// ahead initpool.go and initprep.go.
+// driver.go, a branch it runs branch.go, its processes process.go, its
+// pool of inits started ahead pool.go and prep.go.
 
 import (
 	"os"

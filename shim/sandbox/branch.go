@@ -20,17 +20,62 @@ type Branch struct {
 	spec       *specs.Spec
 	net        string
 	seal       string // how this branch is sealed while it has children
-	frozen     bool
+	state      state
 	writers    bool               // its last fork found its processes writing (sealwriters.go)
 	container  *runc.Container    // run by the runtime; nil for the sandbox
 	init       *initdriver.Branch // run by the branch init; nil for the sandbox
 	limits     *shimv1.Limits     // given at fork
 	hasCommand bool
 	memory     bool // its processes were restored from a memory fork
-	exited     bool
+}
+
+// state is where a branch is in its life, beyond running: conditions
+// that can hold together (a branch whose command exited can be held for
+// its commit; the processes of a parent frozen for its branches can be
+// killed, and its command exit), each set and cleared under the
+// sandbox's lock.
+type state uint8
+
+const (
+	// sealFrozen: its own processes are frozen while it has branches
+	// (--seal freeze, or a fork that found them writing: sealwriters.go);
+	// unsealIfIdle thaws them when its last branch ends.
+	sealFrozen state = 1 << iota
 	// held: frozen for a commit whose outcome is not known yet; killed
-	// once the snapshotter decided it, thawed if it did not.
-	held bool
+	// once the snapshotter decided it, thawed if it did not (commit.go).
+	held
+	// exited: the command it was forked with (or restored) exited, and
+	// nothing of it runs; a rollback with memory runs it again.
+	exited
+)
+
+// has says whether any of the conditions of c holds.
+func (s state) has(c state) bool { return s&c != 0 }
+
+func (s *state) set(c state)   { *s |= c }
+func (s *state) clear(c state) { *s &^= c }
+
+// status is the branch's processes in a word, as the tree reports them:
+// waiting (its init waits for an exec), running (its command, or
+// processes restored from memory), exited, or frozen (sealed with its
+// processes frozen, or held for a commit); "" for the sandbox, whose
+// task says.
+func (n *Branch) status() string {
+	s := ""
+	if n.procs() != nil {
+		switch {
+		case n.state.has(exited):
+			s = "exited"
+		case n.hasCommand || n.memory:
+			s = "running"
+		default:
+			s = "waiting"
+		}
+	}
+	if n.state.has(sealFrozen | held) {
+		s = "frozen"
+	}
+	return s
 }
 
 // branchProcs is what a running branch's processes are kept by: the

@@ -47,7 +47,7 @@ func (c *Service) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *shi
 	if kids := sb.descendants(n.id); len(kids) > 0 {
 		return nil, fmt.Errorf("commit %s/%s: it has live branches (%s); commit or abort them first: %w", sb.id, n.id, ids(kids), errdefs.ErrFailedPrecondition)
 	}
-	if !n.held {
+	if !n.state.has(held) {
 		if err := c.hold(ctx, n); err != nil {
 			return nil, fmt.Errorf("commit %s/%s: freeze its processes: %w", sb.id, n.id, err)
 		}
@@ -156,7 +156,7 @@ func (c *Service) commitOutcome(ctx context.Context, sb *Sandbox, id string, cal
 // on if the commit is not made.
 func (c *Service) hold(ctx context.Context, n *Branch) error {
 	if n.procs() == nil {
-		n.held = true
+		n.state.set(held)
 		return nil
 	}
 	ms, err := c.hier()
@@ -175,13 +175,13 @@ func (c *Service) hold(ctx context.Context, n *Branch) error {
 		_ = cgroup.ThawAll(cgroup.DirsIn(ms, n.cgroup))
 		return err
 	}
-	n.held = true
+	n.state.set(held)
 	return nil
 }
 
 // unhold thaws a branch held for a commit that was not made.
 func (c *Service) unhold(ctx context.Context, n *Branch) {
-	n.held = false
+	n.state.clear(held)
 	ms, err := c.hier()
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")

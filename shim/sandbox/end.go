@@ -79,7 +79,7 @@ func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Di
 	// live, whose processes the kill of any of them reaches.
 	frozen := false
 	for _, n := range live {
-		frozen = frozen || n.frozen || n.held
+		frozen = frozen || n.state.has(sealFrozen|held)
 	}
 	var wg sync.WaitGroup
 	for i, n := range live {
@@ -96,7 +96,7 @@ func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Di
 				}
 			}()
 		}
-		if n.held && len(dirs[i]) > 0 && killHeld(ctx, n, dirs[i]) {
+		if n.state.has(held) && len(dirs[i]) > 0 && killHeld(ctx, n, dirs[i]) {
 			continue
 		}
 		pidfd := -1
@@ -239,11 +239,11 @@ func (c *Service) unsealIfIdle(ctx context.Context, sb *Sandbox, n *Branch) {
 			return
 		}
 	}
-	if n.frozen {
+	if n.state.has(sealFrozen) {
 		if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw sealed branch")
 		}
-		n.frozen = false
+		n.state.clear(sealFrozen)
 	}
 	n.seal = SealReadOnly
 }

@@ -35,15 +35,15 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 		return nil, err
 	}
 	ctx = withNS(ctx, sb)
-	if n.exited {
+	if n.state.has(exited) {
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
-	if n.held {
+	if n.state.has(held) {
 		sb.mu.Unlock()
 		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
 	}
-	if n.frozen && n.init != nil {
+	if n.state.has(sealFrozen) && n.init != nil {
 		// Its init, which starts its processes, is frozen with the rest:
 		// the request would wait for the thaw, and run after its caller
 		// gave up.

@@ -140,7 +140,7 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 		return nil, fmt.Errorf("branch %s of %s is not running: %w", f.parentID, sb.id, errdefs.ErrNotFound)
 	}
 	f.parent = parent
-	if parent.held {
+	if parent.state.has(held) {
 		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", f.parentID, sb.id, errdefs.ErrFailedPrecondition)
 	}
 	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
@@ -327,7 +327,7 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 		sb.pool.Fill(ctx, int(req.Count))
 	}
 	parent.seal = req.Seal
-	if parent.frozen {
+	if parent.state.has(sealFrozen) {
 		parent.seal = SealFreeze // by request, or for files open for writing
 	}
 	resp := &shimv1.ForkResponse{}

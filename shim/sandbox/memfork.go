@@ -152,7 +152,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	// stopped with ptrace alone, which CRIU's freezer path would pay a
 	// 100ms poll for.
 	freeze := ""
-	if parent.frozen {
+	if parent.state.has(sealFrozen) {
 		for _, d := range cgroup.DirsIn(ms, parent.cgroup) {
 			if d.Freezer || (d.V2 && cgroups.IsCgroup2UnifiedMode()) {
 				freeze = filepath.Join(d.Path, cgroup.SealLeaf)
@@ -228,7 +228,7 @@ func (c *Service) removeMemoryImages(ctx context.Context, sb *Sandbox) {
 }
 
 // removeMemoryImages removes the memory fork images in a bundle: those of a
-// killed shim, which containerd's cleanup of it (shim.go) does not find.
+// killed shim, which containerd's cleanup of it (shim/shim.go) does not find.
 func removeMemoryImages(ctx context.Context, bundle string) {
 	left, _ := filepath.Glob(filepath.Join(bundle, memoryImagePrefix+"*"))
 	for _, d := range left {
@@ -361,7 +361,7 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 	if n.id != branch.RootID {
 		what = fmt.Sprintf("checkpoint %q of branch %s of %s with memory", name, n.id, sb.id)
 	}
-	if n.held {
+	if n.state.has(held) {
 		return branch.Checkpoint{}, fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
 	}
 	pid, err := c.initPid(ctx, sb, n)
@@ -373,13 +373,13 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 	if err := c.checkMemoryDump(ctx, sb, n, pid, what, true); err != nil {
 		return branch.Checkpoint{}, err
 	}
-	if !n.frozen {
+	if !n.state.has(sealFrozen) {
 		if err := cgroup.FreezeOwn(ctx, n.cgroup); err != nil {
 			return branch.Checkpoint{}, fmt.Errorf("%s: freeze its processes: %w", what, err)
 		}
-		n.frozen = true
+		n.state.set(sealFrozen)
 		defer func() {
-			n.frozen = false
+			n.state.clear(sealFrozen)
 			if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw after a checkpoint with memory")
 				if retErr == nil {
@@ -408,7 +408,7 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	if c.Paused(sb) {
 		return PausedError(sb)
 	}
-	if n.held {
+	if n.state.has(held) {
 		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
 	}
 	if ck.Context != n.id {
@@ -446,7 +446,7 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	dropped := make(chan struct{})
 	c.dropRuntimeState(ctx, sb, n, old, dirs, func() { close(dropped) })
 	<-dropped
-	n.exited = true // until the restore below runs its processes again
+	n.state.set(exited) // until the restore below runs its processes again
 	if err := sb.snapshot.Rollback(ctx, sb.ref(n.id), ck.Name, branch.WithProcesses()); err != nil {
 		return fmt.Errorf("%s: its processes were ended: %w", what, err)
 	}
@@ -458,6 +458,6 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	if err := c.runOnRuntime(ctx, sb, n, mounts, img, nil); err != nil {
 		return fmt.Errorf("%s: its files are the checkpoint's, but %w", what, err)
 	}
-	n.exited = false
+	n.state.clear(exited)
 	return nil
 }

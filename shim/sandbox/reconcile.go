@@ -176,7 +176,7 @@ func (c *Service) reconcileWith(ctx context.Context, sb *Sandbox, infos []branch
 			continue
 		}
 		if in := state[id]; in != nil && in.State == branch.Live {
-			if n.held {
+			if n.state.has(held) {
 				c.unhold(ctx, n)
 			}
 			continue

@@ -44,7 +44,7 @@ type Sandbox struct {
 	snapshot *branchapi.Client
 	pool     *initdriver.Pool // inits started ahead of forks of the root, or nil
 	nextID   uint64           // the branch id the snapshotter likely gives next (0: not known)
-	initPath initdriver.Path  // how its branches start (initpath.go)
+	initPath initdriver.Path  // how its branches start (initdriver.Path, start.go's useInit)
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; Teardown waits for them.
 	releasing sync.WaitGroup

@@ -50,11 +50,12 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 		}
 	}()
 	if req.Seal == SealFreeze {
-		if !parent.frozen {
+		if !parent.state.has(sealFrozen) {
 			if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 				return nil, err
 			}
-			parent.frozen, froze = true, true
+			parent.state.set(sealFrozen)
+			froze = true
 		}
 		return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 	}
@@ -62,12 +63,13 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 	// the writers): a branch whose last fork found its own processes
 	// writing has just theirs checked, and is frozen at once if they still
 	// are.
-	if parent.writers && !parent.frozen && !isSelfFork(ctx) {
+	if parent.writers && !parent.state.has(sealFrozen) && !isSelfFork(ctx) {
 		if ownWriters(parent.cgroup, initPid) {
 			if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 				return nil, err
 			}
-			parent.frozen, froze = true, true
+			parent.state.set(sealFrozen)
+			froze = true
 			return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 		}
 		parent.writers = false
@@ -87,7 +89,7 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 			break
 		}
 	}
-	if err == nil || we == nil || parent.frozen {
+	if err == nil || we == nil || parent.state.has(sealFrozen) {
 		return infos, err
 	}
 	if isSelfFork(ctx) {
@@ -103,7 +105,8 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 	if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
 		return nil, err
 	}
-	parent.frozen, froze, parent.writers = true, true, true
+	parent.state.set(sealFrozen)
+	froze, parent.writers = true, true
 	return sb.snapshot.ForkFrom(ctx, sb.ref(parent.id), int(req.Count), req.FromCheckpoint, branchapi.WithParentFrozen())
 }
 

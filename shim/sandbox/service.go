@@ -2,9 +2,10 @@
 
 package sandbox
 
-// The branches of the shim's sandboxes: the state the shim keeps
-// for each sandbox and each of its branches. The API is contexts_api.go,
-// their life contexts_lifecycle.go, events and the reaper beside them.
+// The service of the shim's sandboxes and their branches (the ttrpc API
+// shimv1.Contexts): what the shim keeps for all of them. A sandbox is
+// sandbox.go, a branch branch.go; the operations are fork.go, start.go,
+// commit.go, abort.go and end.go, checkpoint.go, exec.go and tree.go.
 
 import (
 	"context"

@@ -49,7 +49,7 @@ func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, err
 		return int(st.Pid), nil
 	}
 	pid := procs.Pid()
-	if n.exited || pid <= 0 {
+	if n.state.has(exited) || pid <= 0 {
 		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
 	}
 	return pid, nil
@@ -125,7 +125,7 @@ func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, im
 		if sb.opts.Root != "" {
 			opts.Root = sb.opts.Root
 		}
-		// A branch is run as its sandbox is (runcopts.go).
+		// A branch is run as its sandbox is (shim/runcopts.go).
 		opts.NoPivotRoot, opts.NoNewKeyring = sb.opts.NoPivotRoot, sb.opts.NoNewKeyring
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
@@ -212,7 +212,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			// Not if the branch runs another init meanwhile (a rollback
 			// with memory restored one).
 			if n.container == container {
-				n.exited = true
+				n.state.set(exited)
 			}
 			sb.mu.Unlock()
 		}()
@@ -285,7 +285,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, inf
 		go func() {
 			_ = fc.Init().Wait(context.WithoutCancel(ctx))
 			sb.mu.Lock()
-			n.exited = true
+			n.state.set(exited)
 			sb.mu.Unlock()
 		}()
 	}

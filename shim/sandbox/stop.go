@@ -90,9 +90,9 @@ func (c *Service) endAll(ctx context.Context, sb *Sandbox) {
 			}
 		}
 	}
-	if root := sb.nodes[branch.RootID]; root != nil && root.frozen {
+	if root := sb.nodes[branch.RootID]; root != nil && root.state.has(sealFrozen) {
 		_ = cgroup.ThawOwn(ctx, root.cgroup)
-		root.frozen = false
+		root.state.clear(sealFrozen)
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()

@@ -99,20 +99,12 @@ func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs 
 	}
 	if procs != nil {
 		d.InitPid = uint32(procs.Pid())
-		switch {
-		case n.exited:
-			d.Status = "exited"
+		if n.state.has(exited) {
 			if p, err := procs.Process(""); err == nil {
 				d.ExitStatus = int32(p.ExitStatus())
 			}
-		case n.hasCommand || n.memory:
-			d.Status = "running"
-		default:
-			d.Status = "waiting"
 		}
 	}
-	if n.frozen || n.held {
-		d.Status = "frozen"
-	}
+	d.Status = n.status()
 	return d
 }
