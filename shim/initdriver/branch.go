@@ -175,23 +175,11 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 			f.Close()
 		}
 	}()
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	reply, replyTheirs, err := replySocket()
 	if err != nil {
 		return nil, err
 	}
-	replyTheirs := os.NewFile(uintptr(sp[1]), "reply-child")
 	defer replyTheirs.Close()
-	if err := unix.SetsockoptInt(sp[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
-		unix.Close(sp[0])
-		return nil, err
-	}
-	replyFile := os.NewFile(uintptr(sp[0]), "reply")
-	rc, err := net.FileConn(replyFile)
-	replyFile.Close()
-	if err != nil {
-		return nil, err
-	}
-	reply := rc.(*net.UnixConn)
 	defer reply.Close()
 	var rights []int
 	for _, f := range files {
@@ -200,24 +188,9 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 	rights = append(rights, int(replyTheirs.Fd()))
 	msg := append([]byte{'E'}, w.Bytes()...)
 
-	fc.sendMu.Lock()
-	fc.mu.Lock()
-	fc.waiting = append(fc.waiting, p)
-	fc.mu.Unlock()
-	_, _, err = fc.ctl.WriteMsgUnix(msg, unix.UnixRights(rights...), nil)
-	if err != nil {
-		fc.mu.Lock()
-		for i, q := range fc.waiting {
-			if q == p {
-				fc.waiting = append(fc.waiting[:i], fc.waiting[i+1:]...)
-				break
-			}
-		}
-		fc.mu.Unlock()
-		fc.sendMu.Unlock()
+	if err := fc.send(p, msg, rights); err != nil {
 		return nil, fmt.Errorf("ask the branch's init to start %v: %w", ps.Args, err)
 	}
-	fc.sendMu.Unlock()
 	for _, f := range files {
 		f.Close()
 	}
@@ -231,8 +204,61 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 	if strings.HasPrefix(p.startErr, "-1") {
 		return nil, fmt.Errorf("start %v: %s: %w", ps.Args, strings.TrimSpace(strings.TrimPrefix(p.startErr, "-1")), errdefs.ErrUnknown)
 	}
-	// The process reports its host pid, its terminal, and an exec error
-	// if there is one; the socket closes when it execs.
+	if err := p.awaitExec(ctx, reply, ps); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// replySocket is the socket pair a process the init starts reports on:
+// the shim's end, which takes its credentials, and the process's.
+func replySocket() (*net.UnixConn, *os.File, error) {
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	theirs := os.NewFile(uintptr(sp[1]), "reply-child")
+	if err := unix.SetsockoptInt(sp[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(sp[0])
+		theirs.Close()
+		return nil, nil, err
+	}
+	replyFile := os.NewFile(uintptr(sp[0]), "reply")
+	rc, err := net.FileConn(replyFile)
+	replyFile.Close()
+	if err != nil {
+		theirs.Close()
+		return nil, nil, err
+	}
+	return rc.(*net.UnixConn), theirs, nil
+}
+
+// send sends the init an exec request for p, which then waits for the
+// init's report of its start; requests and reports go in the same order.
+func (fc *Branch) send(p *Process, msg []byte, rights []int) error {
+	fc.sendMu.Lock()
+	defer fc.sendMu.Unlock()
+	fc.mu.Lock()
+	fc.waiting = append(fc.waiting, p)
+	fc.mu.Unlock()
+	if _, _, err := fc.ctl.WriteMsgUnix(msg, unix.UnixRights(rights...), nil); err != nil {
+		fc.mu.Lock()
+		for i, q := range fc.waiting {
+			if q == p {
+				fc.waiting = append(fc.waiting[:i], fc.waiting[i+1:]...)
+				break
+			}
+		}
+		fc.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// awaitExec reads what a process the init started reports on reply: its
+// host pid, its terminal, and an exec error if there is one; the socket
+// closes when it execs.
+func (p *Process) awaitExec(ctx context.Context, reply *net.UnixConn, ps *specs.Process) error {
 	buf := make([]byte, 2048)
 	oob := make([]byte, 256)
 	for {
@@ -262,20 +288,20 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 			}
 		case 'E':
 			_ = p.Wait(ctx)
-			return nil, fmt.Errorf("exec in branch: %s: %w", buf[1:k], errdefs.ErrNotFound)
+			return fmt.Errorf("exec in branch: %s: %w", buf[1:k], errdefs.ErrNotFound)
 		}
 	}
 	if p.Pid() <= 0 {
 		_ = p.Wait(ctx)
-		return nil, fmt.Errorf("start %v: the process ended before it ran: %w", ps.Args, errdefs.ErrUnknown)
+		return fmt.Errorf("start %v: the process ended before it ran: %w", ps.Args, errdefs.ErrUnknown)
 	}
 	if ps.Terminal {
 		if p.console == nil {
-			return nil, fmt.Errorf("start %v: no terminal came back: %w", ps.Args, errdefs.ErrUnknown)
+			return fmt.Errorf("start %v: no terminal came back: %w", ps.Args, errdefs.ErrUnknown)
 		}
 		if err := p.copyConsole(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return p, nil
+	return nil
 }
