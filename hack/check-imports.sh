@@ -21,6 +21,12 @@ forbid() {
 # client/branchapi, and nothing else of client/.
 forbid ./shim/... "^$m/(snapshotter|patterns|client/oci|httpapi|mcpserver|internal/ops)(/|$)|^$m/client$" "the shim and the snapshotter are peers; the clients are above both"
 forbid ./snapshotter/... "^$m/(shim|client|patterns|httpapi|mcpserver|internal/ops)(/|$)" "the shim and the snapshotter are peers; the clients are above both"
+# Inside the shim, from the top: shim (the task service and the wiring)
+# over shim/sandbox (sandboxes, branches and their operations) over
+# shim/initdriver (the branch init) over shim/cgroup (docs/design.md).
+forbid ./shim/sandbox/... "^$m/shim$" "the sandboxes are below the task service that serves them"
+forbid ./shim/initdriver/... "^$m/shim(/sandbox)?$" "the branch init's driver is below the sandboxes that use it"
+forbid ./shim/cgroup/... "^$m/shim(/sandbox|/initdriver)?$" "the cgroup work is below the branch init and the sandboxes"
 # The HTTP API and the MCP server are fronts on the clients (through
 # internal/ops for what they share), and the clients know nothing of them.
 forbid "./httpapi/... ./mcpserver/... ./internal/ops/..." "^$m/(shim|snapshotter|patterns|internal/daemons|integration|cmd)(/|$)" "the servers are fronts on the clients, below the commands"

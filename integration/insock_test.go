@@ -264,7 +264,7 @@ func TestInsock(t *testing.T) {
 		{"fork", "--parent", "0"}, {"fork", "--parent", b}, {"checkpoint", "--branch", b, "x"},
 		{"rollback", "--branch", "0", "x"}, {"abort", "999"},
 	} {
-		if out, err := selfIn(a, args...); err == nil || !strings.Contains(err.Error(), "permission denied") || !strings.Contains(err.Error(), "not this context") {
+		if out, err := selfIn(a, args...); err == nil || !strings.Contains(err.Error(), "permission denied") || !strings.Contains(err.Error(), "not this branch") {
 			t.Fatalf("branchctl self %v in branch %s: %q %v; want permission denied", args, a, out, err)
 		}
 	}

@@ -3,211 +3,18 @@
 package shim
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
-	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
-	"github.com/containerd/log"
 )
 
-// A paused sandbox (containerd's task Pause: nerdctl pause, ctr task
-// pause) has its cgroup frozen, and every branch with it: branch cgroups
-// nest under the sandbox's, and a frozen parent keeps its children frozen
-// whatever they are set to. Nothing of a branch can then start, answer,
-// freeze on its own or die, so a branch operation would wait for the
-// resume, and finish after its caller gave up. Instead every operation
-// that needs a branch's processes (fork, exec, commit, abort, kill) is
-// refused at once while the sandbox's cgroup is frozen, whoever froze it
-// (containerd, or runc pause, or a write to its freezer, behind the
-// shim's back); the tree answers, showing the sandbox paused; checkpoints
-// are the snapshotter's alone and are made as usual. A Pause through this
-// shim first waits for the branch operations under way, so that none is
-// caught halfway by the freeze.
-
-// pauseDrain bounds how long a Pause waits for the branch operations under
-// way before it gives up, unpaused: they take milliseconds, or seconds
-// for a large fork.
-const pauseDrain = 10 * time.Second
-
-// pausedError is the refusal of a branch operation on a paused sandbox.
-func pausedError(sb *sandbox) error {
-	return fmt.Errorf("sandbox %s is paused: resume it first (ctr task resume, nerdctl unpause): %w", sb.id, errdefs.ErrFailedPrecondition)
-}
-
-// paused says whether a sandbox's cgroup is frozen or freezing.
-func (c *contexts) paused(sb *sandbox) bool {
-	if sb.cgroup == "" {
-		return false
-	}
-	ms, err := c.hier()
-	if err != nil {
-		return false
-	}
-	// Only the hierarchies that can freeze are looked at: this is asked
-	// before every operation, and a stat of each v1 hierarchy cost more
-	// than the answer.
-	return cgroupFrozen(dirsIn(freezers(ms), sb.cgroup))
-}
-
-// freezers is the hierarchies of ms that freeze: the v1 freezer, cgroup2.
-func freezers(ms []cgroupMount) []cgroupMount {
-	var out []cgroupMount
-	for _, m := range ms {
-		if m.freezer || m.v2 {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// cgroupFrozen says whether a cgroup is frozen or being frozen, by itself
-// or by an ancestor: its v1 freezer's state (FROZEN or FREEZING; the
-// state of a child frozen by itself does not reach it), or on cgroup v2
-// its own cgroup.freeze or the frozen flag of cgroup.events.
-func cgroupFrozen(dirs []cgroupMount) bool {
-	d, ok := freezerOf(dirs)
-	if !ok {
-		return false
-	}
-	if d.freezer {
-		b, err := os.ReadFile(filepath.Join(d.dir, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(b)) != "THAWED"
-	}
-	if b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.freeze")); err == nil && strings.TrimSpace(string(b)) == "1" {
-		return true
-	}
-	b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.events"))
-	if err != nil {
-		return false
-	}
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if string(bytes.TrimSpace(l)) == "frozen 1" {
-			return true
-		}
-	}
-	return false
-}
-
-// starts counts the process starts of execs under way outside the
-// sandbox's lock, which a Pause waits for too.
-type starts struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while n is 0
-}
-
-func (s *starts) add() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.n == 0 {
-		s.idle = make(chan struct{})
-	}
-	s.n++
-}
-
-func (s *starts) done() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.n--
-	if s.n == 0 {
-		close(s.idle)
-		s.idle = nil
-	}
-}
-
-// wait waits until no start is under way, or until deadline.
-func (s *starts) wait(deadline time.Time) bool {
-	s.mu.Lock()
-	idle := s.idle
-	s.mu.Unlock()
-	if idle == nil {
-		return true
-	}
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case <-idle:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// lockWithin locks mu unless that takes longer than d; a lock obtained
-// after that is released at once.
-func lockWithin(mu *sync.Mutex, d time.Duration) bool {
-	if mu.TryLock() {
-		return true
-	}
-	locked := make(chan struct{})
-	go func() {
-		mu.Lock()
-		close(locked)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-locked:
-		return true
-	case <-t.C:
-		go func() {
-			<-locked
-			mu.Unlock()
-		}()
-		return false
-	}
-}
-
-// pause runs containerd's Pause of a container (do) once the branch
-// operations under way on it are done, holding its lock meanwhile so that
-// none starts before its cgroup is frozen; after that they see it frozen
-// and are refused. If they do not finish within pauseDrain, the container
-// is not paused.
-func (c *contexts) pause(ctx context.Context, id string, do func() error) error {
-	sb, err := c.sandbox(id)
-	if err != nil {
-		return do() // not one of ours to branch: nothing to wait for
-	}
-	deadline := time.Now().Add(pauseDrain)
-	if !lockWithin(&sb.mu, pauseDrain) {
-		return fmt.Errorf("pause %s: a branch operation under way did not finish within %s; not paused, try again: %w", id, pauseDrain, errdefs.ErrUnavailable)
-	}
-	defer sb.mu.Unlock()
-	if !sb.starting.wait(deadline) {
-		return fmt.Errorf("pause %s: a process start in one of its branches did not finish within %s; not paused, try again: %w", id, pauseDrain, errdefs.ErrUnavailable)
-	}
-	return do()
-}
-
-// resumed wakes the settle loop of a sandbox that was resumed: reconciling
-// waits while the sandbox is paused (it may have to kill branches).
-func (c *contexts) resumed(ctx context.Context, id string) {
-	sb, err := c.sandbox(id)
-	if err != nil {
-		return
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.kick != nil && !sb.closed {
-		wake(sb.kick)
-	}
-	log.G(ctx).WithField("sandbox", id).Debug("sandbox resumed: branch operations allowed again")
-}
-
 // Pause freezes a container once its branch operations under way are
-// done (see contexts.pause); its branches are frozen with it.
+// done (see branches.pause); its branches are frozen with it.
 func (s *taskService) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	var resp *ptypes.Empty
-	err := s.contexts.pause(ctx, r.ID, func() (err error) {
+	err := s.contexts.Pause(ctx, r.ID, func() (err error) {
 		resp, err = s.TTRPCTaskService.Pause(ctx, r)
 		return err
 	})
@@ -221,10 +28,6 @@ func (s *taskService) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptyp
 // operations deferred while it was paused (reconciling) go on.
 func (s *taskService) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
 	resp, err := s.TTRPCTaskService.Resume(ctx, r)
-	s.contexts.resumed(ctx, r.ID)
+	s.contexts.Resumed(ctx, r.ID)
 	return resp, err
 }
-
-// StatusPaused is the status the tree gives a paused sandbox, and each of
-// its contexts whose processes run (they are frozen with it).
-const StatusPaused = "paused"

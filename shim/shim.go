@@ -51,12 +51,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/branchbox/branchbox/shim/ocirt"
+	"github.com/branchbox/branchbox/shim/sandbox"
 )
-
-// DefaultRoot is where the runtime keeps container state (runc's is
-// /run/containerd/runc), under a directory per containerd namespace.
-const DefaultRoot = "/run/containerd/branch"
 
 // NewManager returns the shim manager: runc-v2's, for starting shims,
 // with the cleanup path (Stop) and Info pointed at this runtime.
@@ -87,7 +85,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if err != nil {
 		return cshim.StopStatus{}, fmt.Errorf("read runtime options of %s: %w", id, err)
 	}
-	root := DefaultRoot
+	root := sandbox.DefaultRoot
 	if opts != nil && opts.Root != "" {
 		root = opts.Root
 	}
@@ -96,14 +94,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 		return cshim.StopStatus{}, fmt.Errorf("find own executable: %w", err)
 	}
 	r := process.NewRunc(root, path, ns, self, false)
-	// A dead shim served other containers too (a pod's): containerd runs
-	// this only for the one it started the shim for (deadshim.go).
-	if address, err := shimAddress(path); err == nil && !shimServed(address) {
-		stopDeadGroup(ctx, r, filepath.Join(root, ns), id, address)
-	}
-	killCriuOf(ctx, path)
-	stopBranches(ctx, r, path, id)
-	removeMemoryImages(ctx, path)
+	sandbox.StopDead(ctx, r, filepath.Join(root, ns), path, id)
 	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
 		log.G(ctx).WithError(err).Warn("failed to remove container")
 	}
@@ -144,7 +135,7 @@ func unmountDeadRootfs(ctx context.Context, rootfs string) {
 // its debug socket. A socket something still answers on is a live shim's
 // (one shim may serve several containers) and is left.
 func removeDeadSockets(ctx context.Context, bundle, id string) {
-	address, err := shimAddress(bundle)
+	address, err := sandbox.ShimAddress(bundle)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).Warn("read shim address")
@@ -184,32 +175,12 @@ func removeDeadSockets(ctx context.Context, bundle, id string) {
 	}
 }
 
-// shimAddress is the shim's socket address as containerd recorded it in
-// the bundle: bootstrap.json (containerd 2), or the older address file.
-func shimAddress(bundle string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
-	if err == nil {
-		var params cshim.BootstrapParams
-		if err := json.Unmarshal(b, &params); err != nil {
-			return "", fmt.Errorf("read %s/bootstrap.json: %w", bundle, err)
-		}
-		if params.Address == "" {
-			return "", fmt.Errorf("no address in %s/bootstrap.json: %w", bundle, cshim.ErrNoAddress)
-		}
-		return params.Address, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	return cshim.ReadAddress(filepath.Join(bundle, "address"))
-}
-
 // shimGroups lists what a container's shim socket may be named after: the
 // groups of its spec's annotations (as the manager looks them up) and the
 // container itself.
 func shimGroups(bundle, id string) []string {
 	var out []string
-	if spec, err := readSpec(bundle); err == nil {
+	if spec, err := sandbox.ReadSpec(bundle); err == nil {
 		for _, k := range []string{"io.kubernetes.cri.sandbox-id", "io.containerd.runc.v2.group"} {
 			if g := spec.Annotations[k]; g != "" {
 				out = append(out, g)
@@ -258,7 +229,7 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			cs, err := newContexts(ic.Context, self, pp.(cshim.Publisher), inner)
+			cs, err := sandbox.NewService(ic.Context, self, pp.(cshim.Publisher), inner)
 			if err != nil {
 				return nil, err
 			}
@@ -274,13 +245,13 @@ func Register() {
 // only once nothing of it runs.
 type exitPublisher struct {
 	cshim.Publisher
-	contexts atomic.Pointer[contexts]
+	contexts atomic.Pointer[sandbox.Service]
 }
 
 func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.Event) error {
 	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID {
 		if c := p.contexts.Load(); c != nil {
-			c.sandboxExited(ctx, e.ContainerID)
+			c.SandboxExited(ctx, e.ContainerID)
 		}
 	}
 	return p.Publisher.Publish(ctx, topic, event)
@@ -292,7 +263,7 @@ func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.
 type taskService struct {
 	taskAPI.TTRPCTaskService
 	self     string
-	contexts *contexts
+	contexts *sandbox.Service
 }
 
 func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
@@ -301,16 +272,16 @@ func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 	return nil
 }
 
-// Delete removes a sandbox's branch contexts before the sandbox itself:
+// Delete removes a sandbox's branches before the sandbox itself:
 // they live in its cgroup and bundle, and nothing of theirs may outlive it.
 func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	if r.ExecID == "" {
 		// runc-v2 refuses to delete a paused container; its branches,
 		// frozen with it, could not be killed either.
-		if sb, err := s.contexts.sandbox(r.ID); err == nil && s.contexts.paused(sb) {
-			return nil, errgrpc.ToGRPC(fmt.Errorf("delete %s: %w", r.ID, pausedError(sb)))
+		if sb, err := s.contexts.Sandbox(r.ID); err == nil && s.contexts.Paused(sb) {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("delete %s: %w", r.ID, sandbox.PausedError(sb)))
 		}
-		s.contexts.teardown(ctx, r.ID)
+		s.contexts.Teardown(ctx, r.ID)
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
 }
@@ -323,7 +294,7 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 func (s *taskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
 	resp, err := s.TTRPCTaskService.Kill(ctx, r)
 	if err == nil && r.ExecID == "" && r.Signal == uint32(unix.SIGKILL) {
-		s.contexts.thawSealForKill(ctx, r.ID)
+		s.contexts.ThawSealForKill(ctx, r.ID)
 	}
 	return resp, err
 }
@@ -335,7 +306,7 @@ func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAP
 	if err != nil || r.ExecID != "" {
 		return resp, err
 	}
-	if err := s.contexts.waitStopped(ctx, r.ID); err != nil {
+	if err := s.contexts.WaitStopped(ctx, r.ID); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("wait for the branches of %s to end: %w", r.ID, err))
 	}
 	return resp, nil
@@ -365,22 +336,22 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	// The task service runs its "runc" as BinaryName with --root first;
 	// ocirt recognises that command line.
 	opts.BinaryName = s.self
-	if spec, err := readSpec(r.Bundle); err == nil && spec.Linux != nil {
-		keyDriverOnSpec(ctx, r.ID, spec.Linux.CgroupsPath, opts)
+	if spec, err := sandbox.ReadSpec(r.Bundle); err == nil && spec.Linux != nil {
+		cgroup.KeyDriverOnSpec(ctx, r.ID, spec.Linux.CgroupsPath, opts)
 	}
 	if opts.Root == "" {
-		opts.Root = DefaultRoot
+		opts.Root = sandbox.DefaultRoot
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
 	}
 	r.Options = anyOpts
-	b, err := s.contexts.boundsFor(r.Bundle)
+	b, err := s.contexts.BoundsFor(r.Bundle)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
-	if err := s.contexts.listenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
+	if err := s.contexts.ListenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
 	if sealedRootfs(r.Rootfs) {
@@ -389,21 +360,21 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		// mounted, and the rootfs is then mounted writable, as the
 		// snapshotter would now mount it: a mount made read-only stays so
 		// in the container's mount namespace whatever its superblock does.
-		s.contexts.addSandbox(ctx, r, opts, b)
-		if s.contexts.settleNew(ctx, r.ID) {
+		s.contexts.AddSandbox(ctx, r, opts, b)
+		if s.contexts.SettleNew(ctx, r.ID) {
 			r.Rootfs = writable(r.Rootfs)
 		}
 	}
 	resp, err := s.TTRPCTaskService.Create(ctx, r)
 	if err == nil {
 		ns, _ := namespaces.Namespace(ctx)
-		if err := recordMember(filepath.Join(opts.Root, ns), r.ID, r.Bundle); err != nil {
+		if err := sandbox.RecordMember(filepath.Join(opts.Root, ns), r.ID, r.Bundle); err != nil {
 			log.G(ctx).WithError(err).WithField("container", r.ID).Error("container not recorded: if this shim is killed, its cleanup will not find it")
 		}
-		s.contexts.addSandbox(ctx, r, opts, b)
+		s.contexts.AddSandbox(ctx, r, opts, b)
 	} else {
-		s.contexts.dropSandbox(ctx, r.ID)
-		s.contexts.closeSelfAll(r.ID)
+		s.contexts.DropSandbox(ctx, r.ID)
+		s.contexts.CloseSelfAll(r.ID)
 	}
 	return resp, err
 }

@@ -279,6 +279,40 @@ func NewPlan(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, sec
 	p := &Plan{Cfg: cfg, Clone: CloneFlags(spec)}
 	w := &p.Conf
 	newUTS, newNet := p.Clone&unix.CLONE_NEWUTS != 0, p.Clone&unix.CLONE_NEWNET != 0
+	if err := namespacesPlan(w, cfg); err != nil {
+		return nil, err
+	}
+	mountsPlan(w, cfg, rootfs, cgroupPaths)
+	w.Op("pivot")
+	for _, m := range cfg.MaskPaths {
+		w.Op("mask", m)
+	}
+	for _, r := range cfg.ReadonlyPaths {
+		w.Op("readonly", r)
+	}
+	for k, v := range cfg.Sysctl {
+		w.Op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), v)
+	}
+	if newUTS && cfg.Hostname != "" {
+		w.Op("hostname", cfg.Hostname)
+	}
+	if newUTS && cfg.Domainname != "" {
+		w.Op("domainname", cfg.Domainname)
+	}
+	if newNet {
+		w.Op("lo")
+	}
+	if cfg.Readonlyfs {
+		w.Op("rootro")
+	}
+	seccompPlan(w, seccomp)
+	return p, nil
+}
+
+// namespacesPlan is the init's work for the spec's namespaces beyond its
+// own new PID and mount namespaces: the cgroup and time namespaces it
+// makes, then the namespaces it joins.
+func namespacesPlan(w *Config, cfg *configs.Config) error {
 	var joins []string
 	for _, n := range cfg.Namespaces {
 		switch n.Type {
@@ -307,12 +341,19 @@ func NewPlan(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, sec
 			}
 			w.Op("timens", offsets.String())
 		default:
-			return nil, fmt.Errorf("namespace %s: %w", n.Type, errdefs.ErrNotImplemented)
+			return fmt.Errorf("namespace %s: %w", n.Type, errdefs.ErrNotImplemented)
 		}
 	}
 	for _, j := range joins {
 		w.Op("setns", j)
 	}
+	return nil
+}
+
+// mountsPlan is the init's work on the branch's root before it pivots
+// into it: the rootfs, the spec's mounts and, on a /dev tmpfs, its
+// devices and links.
+func mountsPlan(w *Config, cfg *configs.Config, rootfs string, cgroupPaths map[string]string) {
 	w.Op("root", rootfs)
 	devTmpfs := false
 	for _, m := range cfg.Mounts {
@@ -349,30 +390,6 @@ func NewPlan(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, sec
 			w.Op("symlink", l[0], l[1])
 		}
 	}
-	w.Op("pivot")
-	for _, m := range cfg.MaskPaths {
-		w.Op("mask", m)
-	}
-	for _, r := range cfg.ReadonlyPaths {
-		w.Op("readonly", r)
-	}
-	for k, v := range cfg.Sysctl {
-		w.Op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), v)
-	}
-	if newUTS && cfg.Hostname != "" {
-		w.Op("hostname", cfg.Hostname)
-	}
-	if newUTS && cfg.Domainname != "" {
-		w.Op("domainname", cfg.Domainname)
-	}
-	if newNet {
-		w.Op("lo")
-	}
-	if cfg.Readonlyfs {
-		w.Op("rootro")
-	}
-	seccompPlan(w, seccomp)
-	return p, nil
 }
 
 func boolStr(b bool) string {

@@ -1,0 +1,196 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/opencontainers/cgroups"
+	"golang.org/x/sys/unix"
+)
+
+// KillDirs SIGKILLs every process in a cgroup (its directories on every
+// hierarchy, dirs) and below it, until none is left. Processes are found by
+// the kernel's accounting, so a process cannot escape by forking,
+// double-forking, changing session or entering a nested PID namespace.
+func KillDirs(ctx context.Context, path string, dirs []Dir) error {
+	if len(dirs) == 0 {
+		return nil
+	}
+	Thaw(dirs)
+	return KillLoop(ctx, path, dirs, dirs[:1])
+}
+
+// KillBranch is KillDirs for a branch whose processes all live in the PID
+// namespace of its init, of which initPidfd is a pidfd: the kernel kills
+// the rest of the namespace as the init dies and reports the init's exit
+// only once they are all gone, so that is waited for rather than polled.
+// The cgroup is then checked on one hierarchy (on cgroup v2 its populated
+// flag covers the subtree in one read), not on all of them as KillDirs
+// does; only a process put into it from outside the namespace could be
+// elsewhere, and release kills those before it removes the cgroup. frozen
+// says the shim froze the branch or a part of it, which is thawed first:
+// a frozen task on cgroup v1 ignores SIGKILL.
+func KillBranch(ctx context.Context, path string, dirs []Dir, initPidfd int, frozen bool) error {
+	if len(dirs) == 0 {
+		return nil
+	}
+	if frozen {
+		Thaw(dirs)
+	}
+	if err := SignalAll(ctx, dirs); err == nil && WaitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
+		return nil
+	} else if err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once; killing them one by one")
+	}
+	// The init is not gone (frozen by someone else?), something outside
+	// its namespace is in the cgroup, or the kill at once failed: the slow
+	// way, which fails unless the cgroup is seen empty.
+	return KillDirs(ctx, path, dirs)
+}
+
+// SignalAll kills every process of a cgroup once: all at once where
+// cgroup.kill exists (cgroup v2, Linux 5.14), one by one on the first v1
+// hierarchy.
+func SignalAll(ctx context.Context, dirs []Dir) error {
+	if err := killV2(dirs); err != nil {
+		return err
+	}
+	if !dirs[0].V2 {
+		pids, err := SubtreePids(dirs[:1])
+		if err != nil {
+			return err
+		}
+		KillPids(ctx, pids)
+	}
+	return nil
+}
+
+// killV2 writes cgroup.kill (Linux 5.14) on the v2 directories of dirs,
+// which kills each whole subtree atomically. A kernel without it (no such
+// file) is left to the kill one by one; any other failure (a threaded
+// cgroup refuses it) is an error.
+func killV2(dirs []Dir) error {
+	var errs []error
+	for _, d := range dirs {
+		if !d.V2 {
+			continue
+		}
+		// cgroups.WriteFile, as it does not create: os.WriteFile's
+		// O_CREAT makes a missing file EACCES, not ENOENT.
+		err := cgroups.WriteFile(d.Path, "cgroup.kill", "1")
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("kill cgroup %s: %w", d.Path, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func KillPids(ctx context.Context, pids []int) {
+	for _, pid := range pids {
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			log.G(ctx).WithError(err).WithField("pid", pid).Warn("kill branch process")
+		}
+	}
+}
+
+// populated says whether a cgroup or one below it holds a process, as its
+// v2 directory's cgroup.events says, or else the first v1 hierarchy.
+func populated(dirs []Dir) bool {
+	for _, d := range dirs {
+		if !d.V2 {
+			continue
+		}
+		s, err := cgroups.ReadFile(d.Path, "cgroup.events")
+		if err != nil {
+			break
+		}
+		return !strings.Contains(s, "populated 0")
+	}
+	pids, err := SubtreePids(dirs[:1])
+	return err != nil || len(pids) > 0 // unreadable: maybe populated
+}
+
+// KillLoop kills the processes of dirs until none is left, watching the
+// hierarchies of watch while they die and checking all before it returns.
+func KillLoop(ctx context.Context, path string, dirs, watch []Dir) error {
+	if err := killV2(dirs); err != nil {
+		// The processes are still killed one by one below, and the
+		// cgroup must be seen empty.
+		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once")
+	}
+	// Every process is in every hierarchy, so one hierarchy is watched
+	// while they die, and all of them are checked before returning. The
+	// poll starts short: a killed branch is usually gone within a
+	// millisecond, and a long first sleep would be most of a commit.
+	delay := 50 * time.Microsecond
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		pids, err := SubtreePids(watch)
+		if err != nil {
+			return fmt.Errorf("kill the processes of cgroup %s: %w", path, err)
+		}
+		if len(pids) == 0 {
+			if len(watch) == len(dirs) {
+				return nil
+			}
+			watch = dirs
+			continue
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v still in cgroup %s after 10s of SIGKILL: %w", pids, path, errdefs.ErrUnavailable)
+		}
+		KillPids(ctx, pids)
+		time.Sleep(delay)
+		if delay < 10*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// WaitExit waits until the process of pidfd has exited, or deadline, and
+// says whether it has.
+func WaitExit(pidfd int, deadline time.Time) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return false
+		}
+		n, err := unix.Poll(fds, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n == 1 && fds[0].Revents&unix.POLLIN != 0
+	}
+}
+
+// RemoveDirs removes a cgroup (its directories on every hierarchy) and its
+// descendants, deepest first. Its processes must be gone.
+func RemoveDirs(dirs []Dir) error {
+	var errs []error
+	for _, d := range dirs {
+		list := Subdirs(d.Path)
+		for i := len(list) - 1; i >= 0; i-- {
+			var lastErr error
+			for try := 0; try < 50; try++ {
+				// An exiting task can keep a cgroup busy for a moment.
+				if lastErr = unix.Rmdir(list[i]); lastErr == nil || errors.Is(lastErr, unix.ENOENT) {
+					lastErr = nil
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if lastErr != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", list[i], lastErr))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,238 @@
+//go:build linux
+
+package initdriver
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"sync"
+
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/containerd/log"
+)
+
+// maxWarm bounds the inits kept started for one sandbox.
+const maxWarm = 16
+
+// poolPrefix names the cgroups of inits started ahead of a fork; a branch
+// that takes one renames it to its own name.
+const poolPrefix = "bbx-pool-"
+
+// Pool keeps branch inits started ahead of the forks of a sandbox's
+// root: in the namespaces a branch of it gets and in a cgroup under the
+// sandbox's, waiting for their instructions. A fork takes them, so that a
+// branch starts with only its root to build: making its cgroup on every
+// hierarchy and starting a process in new namespaces inside it are done
+// between forks. Each waiting init is one small process in the sandbox's
+// cgroup (counted by its pids limit), and the pool holds as many as the
+// largest fork asked for, up to maxWarm, and only while half of any
+// process limit above the sandbox stays free (roomFor).
+type Pool struct {
+	d      *Driver
+	parent string  // the sandbox's cgroup
+	flags  uintptr // the namespaces its inits are cloned with
+	// prep is the early part of a branch's plan (splitPrep) that each
+	// init runs once started, or nil.
+	prep []byte
+
+	mu      sync.Mutex
+	ready   []*Spawned
+	want    int
+	next    int
+	filling bool
+	closed  bool
+	filler  sync.WaitGroup
+}
+
+func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
+	return &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
+}
+
+// Take returns a started init for a branch cloned with flags, in its
+// cgroup and with that cgroup renamed to cgroup; or nil, and the branch
+// starts one of its own.
+func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned {
+	s := p.takeReady(ctx, flags)
+	if s == nil {
+		return nil
+	}
+	return s.renamedOrDiscarded(ctx, cgroup)
+}
+
+// renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
+// returns it, or discards it if the rename fails (nil: the branch starts
+// an init of its own).
+func (s *Spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *Spawned {
+	if err := s.rename(cgroup); err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
+		s.Discard(ctx)
+		return nil
+	}
+	return s
+}
+
+// takeReady takes a started init cloned with flags out of the pool, or
+// returns nil.
+func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
+	p.mu.Lock()
+	if p.closed || flags != p.flags || len(p.ready) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	s := p.ready[0]
+	p.ready = p.ready[1:]
+	p.mu.Unlock()
+	// A rename waits for the move into the cgroup, which writes to the
+	// cgroup's files by their path; an init that died while it waited
+	// (the sandbox's OOM killer, say) is no use.
+	if err := s.waitJoined(); err != nil || s.ended() {
+		s.Discard(ctx)
+		return nil
+	}
+	return s
+}
+
+// Ahead is an init taken from the pool before the snapshotter named its
+// branch: its cgroup is renamed, meanwhile, to the name the branch id the
+// sandbox gives next would have (guess). The rename, a third of a start
+// on a v1 host, then overlaps the snapshotter's work.
+type Ahead struct {
+	s       *Spawned
+	Guess   string
+	renamed chan error
+	claimed bool
+}
+
+// TakeAhead takes an init for a branch whose cgroup will likely be guess
+// and starts renaming its cgroup to it; nil if the pool has none.
+func (p *Pool) TakeAhead(ctx context.Context, guess string) *Ahead {
+	s := p.takeReady(ctx, p.flags)
+	if s == nil {
+		return nil
+	}
+	a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
+	go func() { a.renamed <- s.rename(guess) }()
+	return a
+}
+
+// Claim returns the init for the branch whose cgroup is cgroup (the
+// guess: Fork drops every init taken ahead if one guess is wrong), renamed
+// again if its rename failed; nil if it cannot be used, and it is
+// discarded.
+func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
+	a.claimed = true
+	err := <-a.renamed
+	if err == nil && a.Guess == cgroup {
+		return a.s
+	}
+	return a.s.renamedOrDiscarded(ctx, cgroup)
+}
+
+// Release discards an init taken ahead that no branch claimed.
+func (a *Ahead) Release(ctx context.Context) {
+	if a.claimed {
+		return
+	}
+	a.claimed = true
+	<-a.renamed
+	a.s.Discard(ctx)
+}
+
+// Count is how many started inits the pool holds.
+func (p *Pool) Count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+// roomFor says whether one more init may be started ahead under the
+// process limits above the sandbox: it is counted there like any process
+// of the sandbox, so the pool grows only while at least half of each limit
+// stays free for the sandbox's own processes and its forks.
+func (p *Pool) roomFor() bool {
+	ms, err := p.d.Cgroups.Mounts()
+	if err != nil {
+		return false
+	}
+	for _, l := range cgroup.PidsLimits(ms, p.parent) {
+		if l.Room()-1 < l.Max/2 {
+			return false
+		}
+	}
+	return true
+}
+
+// Fill asks for at least n inits and starts what is missing in the
+// background.
+func (p *Pool) Fill(ctx context.Context, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > maxWarm {
+		n = maxWarm
+	}
+	if n > p.want {
+		p.want = n
+	}
+	if p.filling || p.closed || len(p.ready) >= p.want {
+		return
+	}
+	p.filling = true
+	p.filler.Add(1)
+	go p.run(context.WithoutCancel(ctx))
+}
+
+func (p *Pool) run(ctx context.Context) {
+	defer p.filler.Done()
+	for {
+		p.mu.Lock()
+		if p.closed || len(p.ready) >= p.want || !p.roomFor() {
+			p.filling = false
+			p.mu.Unlock()
+			return
+		}
+		p.next++
+		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
+		p.mu.Unlock()
+		s, err := p.d.Spawn(ctx, cg, p.flags)
+		if err == nil && p.prep != nil {
+			if perr := s.prep(p.prep); perr != nil {
+				// Inits from now on build all of their roots at the fork.
+				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
+				s.Discard(ctx)
+				p.mu.Lock()
+				p.prep = nil
+				p.mu.Unlock()
+				continue
+			}
+		}
+		p.mu.Lock()
+		if err != nil || p.closed {
+			p.filling = false
+			p.mu.Unlock()
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("start a branch init ahead of a fork")
+			} else {
+				s.Discard(ctx)
+			}
+			return
+		}
+		p.ready = append(p.ready, s)
+		p.mu.Unlock()
+	}
+}
+
+// Close ends the pool and every init waiting in it.
+func (p *Pool) Close(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.filler.Wait() // what it starts now, it discards
+	p.mu.Lock()
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	for _, s := range ready {
+		s.Discard(ctx)
+	}
+}

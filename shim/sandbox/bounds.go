@@ -1,0 +1,243 @@
+//go:build linux
+
+package sandbox
+
+// The bounds on what one sandbox may make this shim hold: live branches,
+// their depth, and how fast its own processes may fork through its branch
+// socket. Each branch costs the host a mount, a cgroup per hierarchy and
+// an init, outside the sandbox's own limits, so a sandbox must not be able
+// to make them without end. Each bound is set per sandbox by an annotation
+// on its container, per node by the shim's environment (containerd's: the
+// shim inherits it), and otherwise has a default (docs/limits.md).
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/time/rate"
+)
+
+// The annotations that set a sandbox's bounds.
+const (
+	MaxBranchesAnnotation = "io.branchbox.max-branches"
+	MaxDepthAnnotation    = "io.branchbox.max-depth"
+	ForkRateAnnotation    = "io.branchbox.fork-rate"
+)
+
+// The environment variables that set the node's defaults.
+const (
+	MaxBranchesEnv = "BRANCHBOX_MAX_BRANCHES"
+	MaxDepthEnv    = "BRANCHBOX_MAX_DEPTH"
+	ForkRateEnv    = "BRANCHBOX_FORK_RATE"
+)
+
+// The defaults, and the ranges a setting must be in.
+const (
+	// DefaultMaxBranches is how many branches a sandbox may have live at
+	// once, counting every level.
+	DefaultMaxBranches = 64
+	// MaxMaxBranches is the most a setting may allow: the most one fork
+	// may make.
+	MaxMaxBranches = 1024
+	// DefaultMaxDepth is how deep branches may nest: a branch of the
+	// sandbox is at depth 1.
+	DefaultMaxDepth = 32
+	// MaxMaxDepth is the snapshotter's own bound (each level is one more
+	// overlay layer under the branch).
+	MaxMaxDepth = 256
+	// DefaultForkRate is how many branches a second a sandbox's processes
+	// may make through its branch socket, after a burst of its
+	// max-branches. Forks from the host are not rate-limited.
+	DefaultForkRate = 100
+	// MaxForkRate is the highest rate a setting may give.
+	MaxForkRate = 10000
+	// selfForkMaxWait is how long an in-sandbox fork over the rate waits
+	// for its turn; one that would wait longer is refused at once.
+	selfForkMaxWait = time.Second
+)
+
+// bounds are one sandbox's (or the node's default) bounds, and where each
+// came from, for the messages that enforce them.
+type bounds struct {
+	maxBranches, maxDepth int
+	forkRate              float64
+	branchesFrom          string
+	depthFrom             string
+	rateFrom              string
+}
+
+// defaultBounds are the built-in defaults.
+func defaultBounds() bounds {
+	const from = "the default"
+	return bounds{
+		maxBranches: DefaultMaxBranches, maxDepth: DefaultMaxDepth, forkRate: DefaultForkRate,
+		branchesFrom: from + "; annotation " + MaxBranchesAnnotation + " sets it",
+		depthFrom:    from + "; annotation " + MaxDepthAnnotation + " sets it",
+		rateFrom:     from + "; annotation " + ForkRateAnnotation + " sets it",
+	}
+}
+
+// boundSetting is one bound: where it is read from and its range.
+type boundSetting struct {
+	env, annotation string
+	from            *string
+	set             func(v float64)
+	integer         bool
+	min, max        float64
+}
+
+func (b *bounds) settings() []boundSetting {
+	return []boundSetting{
+		{MaxBranchesEnv, MaxBranchesAnnotation, &b.branchesFrom, func(v float64) { b.maxBranches = int(v) }, true, 1, MaxMaxBranches},
+		{MaxDepthEnv, MaxDepthAnnotation, &b.depthFrom, func(v float64) { b.maxDepth = int(v) }, true, 1, MaxMaxDepth},
+		{ForkRateEnv, ForkRateAnnotation, &b.rateFrom, func(v float64) { b.forkRate = v }, false, 0.01, MaxForkRate},
+	}
+}
+
+// parseBound reads one setting's value, refusing anything out of range.
+func parseBound(s boundSetting, what, value string) (float64, error) {
+	var v float64
+	var err error
+	if s.integer {
+		var i int64
+		i, err = strconv.ParseInt(value, 10, 32)
+		v = float64(i)
+	} else {
+		v, err = strconv.ParseFloat(value, 64)
+	}
+	if err != nil || math.IsNaN(v) || v < s.min || v > s.max {
+		kind := "a number"
+		if s.integer {
+			kind = "a whole number"
+		}
+		return 0, fmt.Errorf("%s = %q: want %s from %v to %v: %w", what, value, kind, s.min, s.max, errdefs.ErrInvalidArgument)
+	}
+	return v, nil
+}
+
+// nodeBounds are the defaults with the node's environment applied.
+func nodeBounds(getenv func(string) string) (bounds, error) {
+	b := defaultBounds()
+	for _, s := range b.settings() {
+		value := getenv(s.env)
+		if value == "" {
+			continue
+		}
+		v, err := parseBound(s, s.env+" in the shim's environment", value)
+		if err != nil {
+			return defaultBounds(), err
+		}
+		s.set(v)
+		*s.from = fmt.Sprintf("set for the node by %s; annotation %s sets it per sandbox", s.env, s.annotation)
+	}
+	return b, nil
+}
+
+// sandboxBounds are node with a sandbox's annotations applied.
+func sandboxBounds(node bounds, spec *specs.Spec) (bounds, error) {
+	b := node
+	for _, s := range b.settings() {
+		value, ok := spec.Annotations[s.annotation]
+		if !ok {
+			continue
+		}
+		v, err := parseBound(s, "annotation "+s.annotation, value)
+		if err != nil {
+			return node, err
+		}
+		s.set(v)
+		*s.from = "annotation " + s.annotation
+	}
+	return b, nil
+}
+
+// BoundsFor are the bounds of the sandbox whose bundle this is; a bad
+// setting (of the node or the sandbox) fails its creation.
+func (c *Service) BoundsFor(bundle string) (bounds, error) {
+	if c.nodeBoundsErr != nil {
+		return bounds{}, c.nodeBoundsErr
+	}
+	spec, err := ReadSpec(bundle)
+	if err != nil {
+		return bounds{}, err
+	}
+	return sandboxBounds(c.nodeBounds, spec)
+}
+
+// readNodeBounds reads the node's bounds from the shim's environment.
+func readNodeBounds() (bounds, error) { return nodeBounds(os.Getenv) }
+
+// checkBranches refuses a fork of count branches of parent that would
+// pass the sandbox's bounds (under sb.mu, with sb loaded): nothing is
+// changed.
+func (sb *Sandbox) checkBranches(parent *Branch, count int) error {
+	b := sb.bounds
+	if count > b.maxBranches {
+		return fmt.Errorf("fork: count %d is more than sandbox %s may have live, %d (%s): give 1 to %d: %w",
+			count, sb.id, b.maxBranches, b.branchesFrom, b.maxBranches, errdefs.ErrInvalidArgument)
+	}
+	live := len(sb.nodes) - 1 // all but the sandbox itself
+	if live+count > b.maxBranches {
+		if live >= b.maxBranches {
+			return fmt.Errorf("sandbox %s has %d live branches, its maximum (%s): abort some first: %w",
+				sb.id, live, b.branchesFrom, errdefs.ErrResourceExhausted)
+		}
+		return fmt.Errorf("sandbox %s has %d live branches and a fork of %d would make %d, over its maximum of %d (%s): abort some first: %w",
+			sb.id, live, count, live+count, b.maxBranches, b.branchesFrom, errdefs.ErrResourceExhausted)
+	}
+	depth := 0
+	for n := parent; n != nil && n.parent != ""; n = sb.nodes[n.parent] {
+		depth++
+		if depth > MaxMaxDepth {
+			break // a broken parent chain; the snapshotter has the last word
+		}
+	}
+	if depth+1 > b.maxDepth {
+		return fmt.Errorf("sandbox %s: branch %s is %d levels deep, and its branches would be deeper than the maximum of %d (%s): %w",
+			sb.id, parent.id, depth, b.maxDepth, b.depthFrom, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// newForkLimiter is a sandbox's bucket of in-sandbox forks: its rate, and
+// a burst of its max-branches, so that any fork it allows can be made.
+func newForkLimiter(b bounds) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(b.forkRate), b.maxBranches)
+}
+
+// throttleSelfFork takes count branches from the sandbox's bucket of
+// in-sandbox forks, waiting up to selfForkMaxWait for them. A fork the
+// bounds then refuse has spent them too: a loop of refused forks costs
+// the shim as well.
+func (sb *Sandbox) throttleSelfFork(ctx context.Context, count int) error {
+	if count < 1 || count > sb.bounds.maxBranches {
+		return nil // refused by Fork, with the reason
+	}
+	r := sb.forks.ReserveN(time.Now(), count)
+	if !r.OK() {
+		return fmt.Errorf("fork: count %d is more than sandbox %s may fork at once: %w", count, sb.id, errdefs.ErrInvalidArgument)
+	}
+	d := r.Delay()
+	if d > selfForkMaxWait {
+		r.Cancel()
+		return fmt.Errorf("sandbox %s forks from inside at most %v branches a second (%s), and %d more would wait %v: retry later: %w",
+			sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, count, d.Round(time.Millisecond), errdefs.ErrResourceExhausted)
+	}
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			r.Cancel()
+			return ctx.Err()
+		}
+	}
+	return nil
+}

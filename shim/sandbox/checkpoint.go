@@ -1,0 +1,158 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// Checkpoints are the snapshotter's business: the shim only names the
+// sandbox's snapshot for it, holding the sandbox's lock so that a checkpoint
+// or rollback never interleaves with a fork, commit or abort from this shim.
+
+func (c *Service) lockedSandbox(ctx context.Context, id string) (*Sandbox, context.Context, func(), error) {
+	sb, err := c.Sandbox(id)
+	if err != nil {
+		return nil, ctx, nil, err
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	// The snapshotter's business alone: done as well on a paused sandbox.
+	if err := c.view(ctx, sb); err != nil {
+		sb.mu.Unlock()
+		return nil, ctx, nil, err
+	}
+	return sb, ctx, sb.mu.Unlock, nil
+}
+
+// Checkpoint records the state of a branch of the sandbox.
+func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest) (_ *shimv1.CheckpointResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var ck branch.Checkpoint
+	if req.Memory {
+		ck, err = c.memoryCheckpoint(ctx, sb, rootOr(req.Branch), req.Name)
+	} else {
+		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(ck)}, nil
+}
+
+// ListCheckpoints lists the checkpoints of the sandbox's branches.
+func (c *Service) ListCheckpoints(ctx context.Context, req *shimv1.ListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	list, err := sb.snapshot.Checkpoints(ctx, sb.root())
+	if err != nil {
+		return nil, err
+	}
+	resp := &shimv1.ListCheckpointsResponse{}
+	for _, ck := range list {
+		resp.Checkpoints = append(resp.Checkpoints, branch.CheckpointToProto(ck))
+	}
+	return resp, nil
+}
+
+// DeleteCheckpoint removes a checkpoint of the sandbox.
+func (c *Service) DeleteCheckpoint(ctx context.Context, req *shimv1.DeleteCheckpointRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := sb.snapshot.DeleteCheckpoint(ctx, sb.root(), req.Name); err != nil {
+		return nil, err
+	}
+	return &shimv1.Empty{}, nil
+}
+
+// Rollback brings a branch of the sandbox back to a checkpoint, through
+// its live rootfs mount: its running processes see it at once.
+func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	id := rootOr(req.Branch)
+	if n := sb.nodes[id]; n != nil && n.container != nil {
+		// Its processes are the runtime's: a checkpoint with memory
+		// brings them back too.
+		ck, err := c.checkpointNamed(ctx, sb, req.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ck.MemoryBytes > 0 {
+			if err := c.rollbackMemory(ctx, sb, n, ck); err != nil {
+				return nil, err
+			}
+			return &shimv1.Empty{}, nil
+		}
+	}
+	err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
+	if errdefs.IsFailedPrecondition(err) {
+		if ck, lerr := c.checkpointNamed(ctx, sb, req.Name); lerr == nil && ck.MemoryBytes > 0 {
+			if id == branch.RootID {
+				return nil, fmt.Errorf("rollback of %s to %q: it holds the sandbox's processes, which cannot be replaced: the sandbox's init is the task containerd (and nerdctl, the kubelet) watch; fork --from %s --memory continues from it in a branch: %w", sb.id, req.Name, req.Name, errdefs.ErrNotImplemented)
+			}
+			return nil, fmt.Errorf("rollback of branch %s of %s to %q: it holds processes, and the branch runs on the branch init, whose processes cannot be restored: %w", id, sb.id, req.Name, errdefs.ErrNotImplemented)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &shimv1.Empty{}, nil
+}
+
+// checkpointNamed is the sandbox's checkpoint name.
+func (c *Service) checkpointNamed(ctx context.Context, sb *Sandbox, name string) (branch.Checkpoint, error) {
+	list, err := sb.snapshot.Checkpoints(ctx, sb.root())
+	if err != nil {
+		return branch.Checkpoint{}, err
+	}
+	for _, ck := range list {
+		if ck.Name == name {
+			return ck, nil
+		}
+	}
+	return branch.Checkpoint{}, fmt.Errorf("no checkpoint named %q in %s: %w", name, sb.id, errdefs.ErrNotFound)
+}
+
+// memoryCheckpoint is Checkpoint with the branch's processes.
+func (c *Service) memoryCheckpoint(ctx context.Context, sb *Sandbox, id, name string) (branch.Checkpoint, error) {
+	if c.Paused(sb) {
+		return branch.Checkpoint{}, PausedError(sb)
+	}
+	n, ok := sb.nodes[id]
+	if !ok {
+		if _, err := sb.snapshot.Mounts(ctx, sb.ref(id)); err != nil {
+			return branch.Checkpoint{}, err
+		}
+		return branch.Checkpoint{}, fmt.Errorf("branch %s of %s is not running: %w", id, sb.id, errdefs.ErrNotFound)
+	}
+	return c.checkpointMemory(ctx, sb, n, name)
+}
+
+func rootOr(id string) string {
+	if id == "" {
+		return branch.RootID
+	}
+	return id
+}

@@ -1,0 +1,249 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/log"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+)
+
+// destroy kills every process of a branch (and of any branch nested in
+// it), then removes its init, its rootfs mount, cgroup and bundle.
+func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
+	c.destroyAll(ctx, sb, []*Branch{n})()
+}
+
+// destroyAll destroys branches together: their processes are all killed
+// first, so that none of them runs on while another is taken down, then
+// their rootfs mounts are detached. It returns once that is done, which is
+// all the snapshotter needs before it commits or discards their layers,
+// and all a caller needs before it replies: nothing of the branches runs
+// any more. The rest (runtime state, cgroups, bundles) goes on in the
+// background, counted in sb.releasing; the returned wait blocks until it
+// is done.
+func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wait func()) {
+	ms, err := c.hier()
+	if err != nil {
+		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
+	}
+	var live []*Branch
+	for _, n := range ns {
+		if n.procs() != nil {
+			live = append(live, n)
+		}
+	}
+	dirs := killAll(ctx, ms, live)
+	containers := make([]branchProcs, len(live))
+	for i, n := range live {
+		switch {
+		case n.init != nil:
+			sb.keepEnded(n.id, n.init.Execd())
+		case n.container != nil:
+			sb.keepEnded(n.id, n.container.ExecdProcesses())
+		}
+		containers[i] = c.detach(ctx, n)
+		// An isolated memory branch's network namespace goes with its
+		// processes, before the reply, as its rootfs mount does.
+		detachNetns(ctx, n.bundle)
+	}
+	done := make(chan struct{})
+	sb.releasing.Add(1)
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer sb.releasing.Done()
+		defer close(done)
+		for i, n := range live {
+			c.release(ctx, sb, n, containers[i], dirs[i])
+		}
+	}()
+	return func() { <-done }
+}
+
+// killAll kills every process of the live branches, together, and
+// returns each one's cgroup directories.
+func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Dir {
+	dirs := make([][]cgroup.Dir, len(live))
+	// A branch frozen for its children may have frozen descendants among
+	// live, whose processes the kill of any of them reaches.
+	frozen := false
+	for _, n := range live {
+		frozen = frozen || n.state.has(sealFrozen|held)
+	}
+	var wg sync.WaitGroup
+	for i, n := range live {
+		dirs[i] = cgroup.DirsIn(ms, n.cgroup)
+		if n.init != nil {
+			// The branch runs on its own clone of the rootfs mount, so the
+			// host's can go at once: its RCU grace period then overlaps
+			// the one of the branch's mount namespace as it dies.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := unix.Unmount(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+					log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+				}
+			}()
+		}
+		if n.state.has(held) && len(dirs[i]) > 0 && killHeld(ctx, n, dirs[i]) {
+			continue
+		}
+		pidfd := -1
+		if n.init != nil {
+			pidfd = n.init.Init().DupPidfd()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kill := func() error { return cgroup.KillDirs(ctx, n.cgroup, dirs[i]) }
+			if pidfd >= 0 {
+				defer unix.Close(pidfd)
+				kill = func() error { return cgroup.KillBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
+			}
+			if err := kill(); err != nil {
+				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
+			}
+		}()
+	}
+	wg.Wait()
+	return dirs
+}
+
+// killHeld signals every process of a branch held for its commit: still
+// frozen, it dies as it thaws, without running another instruction. It
+// says whether that is all: the branch was frozen whole (a frozen
+// cgroup's list of processes is complete, and none can fork), so nothing
+// of it runs again, and its exits are waited for by release, in the
+// background, rather than before the reply.
+func killHeld(ctx context.Context, n *Branch, dirs []cgroup.Dir) bool {
+	err := cgroup.SignalAll(ctx, dirs)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("kill held branch processes at once")
+	}
+	if err == nil && n.init != nil && cgroup.HeldFrozen(dirs) {
+		cgroup.Thaw(dirs)
+		return true
+	}
+	return false
+}
+
+// detach takes a branch whose processes are dead off its init and rootfs:
+// it waits for the init's exit (from the shim's reaper) and unmounts the
+// rootfs, after which the branch's layers are the snapshotter's alone.
+func (c *Service) detach(ctx context.Context, n *Branch) branchProcs {
+	container := n.procs()
+	n.container, n.init = nil, nil
+	if _, ok := container.(*initdriver.Branch); ok {
+		// Its processes are gone from its cgroup, so they are dead: the
+		// init's exit status (from the reaper) is not needed to go on.
+		// Its host mount, which has nothing below it (the init mounted
+		// the rest in the branch's own namespace, gone with it), was
+		// detached with the kill.
+		return container
+	}
+	if init, err := container.Process(""); err == nil {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := init.Wait(wctx); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
+		}
+		cancel()
+	}
+	if err := mount.UnmountRecursive(filepath.Join(n.bundle, "rootfs"), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("unmount branch rootfs")
+	}
+	return container
+}
+
+// release removes a detached branch's runtime state and cgroups. The
+// runtime state is destroyed in process (libcontainer needs no child
+// process for a stopped container), which spares a run of the runtime
+// binary per branch.
+func (c *Service) release(ctx context.Context, sb *Sandbox, n *Branch, procs branchProcs, cgDirs []cgroup.Dir) {
+	c.closeSelf(sb.id, n.id)
+	if fc, ok := procs.(*initdriver.Branch); ok {
+		fc.Close()
+		// KillBranch looked at one hierarchy; a process put into the
+		// cgroup from outside the branch may be in the others.
+		if err := cgroup.KillLoop(ctx, n.cgroup, cgDirs, cgDirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill what is left in a branch cgroup")
+		}
+		if err := cgroup.RemoveDirs(cgDirs); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
+		}
+		go func() {
+			ctx := context.WithoutCancel(ctx)
+			for _, p := range fc.Execd() {
+				_ = p.Delete(ctx) // its exit came with the init's
+			}
+			removeBundle(ctx, n.bundle)
+		}()
+		return
+	}
+	c.dropRuntimeState(ctx, sb, n, procs.(*runc.Container), cgDirs, func() {
+		removeBundle(ctx, n.bundle)
+	})
+}
+
+// dropRuntimeState removes the runtime's state and the cgroups of a
+// detached branch the runtime ran; what is left (stdio copiers, exec'd
+// process records) holds nothing of the branch's and goes in the
+// background, followed by then.
+func (c *Service) dropRuntimeState(ctx context.Context, sb *Sandbox, n *Branch, container *runc.Container, cgDirs []cgroup.Dir, then func()) {
+	root := DefaultRoot
+	if sb.opts != nil && sb.opts.Root != "" {
+		root = sb.opts.Root
+	}
+	if lc, err := libcontainer.Load(filepath.Join(root, sb.ns), n.runtimeID); err == nil {
+		if err := lc.Destroy(); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("destroy branch runtime state")
+		}
+	} else if !errors.Is(err, libcontainer.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("load branch runtime state")
+	}
+	if err := cgroup.RemoveDirs(cgDirs); err != nil {
+		log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
+	}
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		for _, p := range container.ExecdProcesses() {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := p.Wait(wctx); err == nil {
+				_ = p.Delete(ctx)
+			}
+			cancel()
+		}
+		if init, err := container.Process(""); err == nil {
+			_ = init.Delete(ctx) // the runtime says "does not exist"; this closes its stdio
+		}
+		if then != nil {
+			then()
+		}
+	}()
+}
+
+// unsealIfIdle thaws a branch frozen for its children when it has none.
+func (c *Service) unsealIfIdle(ctx context.Context, sb *Sandbox, n *Branch) {
+	for _, o := range sb.nodes {
+		if o.parent == n.id && o.id != branch.RootID {
+			return
+		}
+	}
+	if n.state.has(sealFrozen) {
+		if err := cgroup.ThawOwn(ctx, n.cgroup); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw sealed branch")
+		}
+		n.state.clear(sealFrozen)
+	}
+	n.seal = SealReadOnly
+}

@@ -1,0 +1,205 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/containerd/console"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Exec starts a process in a branch context.
+func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.ExecResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if len(req.Args) == 0 {
+		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.ExecId == "" {
+		return nil, fmt.Errorf("exec: no exec id given: %w", errdefs.ErrInvalidArgument)
+	}
+	sb, n, err := c.branchFor(ctx, req.Sandbox, req.Branch, true, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	if n.state.has(exited) {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: its command exited, so its namespaces are gone; abort it or fork again: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	if n.state.has(held) {
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	if n.state.has(sealFrozen) && n.init != nil {
+		// Its init, which starts its processes, is frozen with the rest:
+		// the request would wait for the thaw, and run after its caller
+		// gave up.
+		sb.mu.Unlock()
+		return nil, fmt.Errorf("exec in %s/%s: its processes are frozen while it has branches (forked with --seal freeze); commit or abort its branches first: %w", sb.id, n.id, errdefs.ErrFailedPrecondition)
+	}
+	ps := *n.spec.Process
+	ps.Args = req.Args
+	ps.Env = append(append([]string{}, ps.Env...), req.Env...)
+	if req.Cwd != "" {
+		ps.Cwd = req.Cwd
+	}
+	ps.Terminal = req.Terminal
+	// The process starts outside the sandbox's lock; a Pause waits for it,
+	// as a process starting in a frozen branch would wait for the resume.
+	sb.starting.add()
+	defer sb.starting.done()
+	if fc := n.init; fc != nil {
+		sb.mu.Unlock()
+		p, err := fc.Exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
+		if err != nil {
+			return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, err)
+		}
+		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
+	}
+	b, err := json.Marshal(&ps)
+	if err != nil {
+		sb.mu.Unlock()
+		return nil, err
+	}
+	container := n.container
+	// The sandbox stays unlocked while the process starts: a commit waits
+	// only for the bookkeeping, and kills what it finds in the cgroup.
+	ok, cancel := container.ReserveProcess(req.ExecId)
+	sb.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("exec id %s already used in %s/%s: %w", req.ExecId, sb.id, n.id, errdefs.ErrAlreadyExists)
+	}
+	p, err := container.Exec(ctx, &taskAPI.ExecProcessRequest{
+		ID: n.runtimeID, ExecID: req.ExecId, Terminal: req.Terminal,
+		Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr,
+		Spec: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/Process", Value: b},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("exec in %s/%s: %w", sb.id, n.id, errgrpc.ToNative(err))
+	}
+	cancel()
+	started := time.Now()
+	if err := p.Start(ctx); err != nil {
+		container.ProcessRemove(req.ExecId)
+		return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, errgrpc.ToNative(err))
+	}
+	c.watch(p, started)
+	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
+}
+
+// proc finds an exec'd process ("" is the branch's init); with write
+// (a signal), not in a paused sandbox.
+// The returned remove forgets an exec'd process once it is waited for.
+func (c *Service) proc(ctx context.Context, sandboxID, id, execID string, write bool) (*Branch, func(string), process.Process, error) {
+	sb, n, err := c.branchFor(ctx, sandboxID, id, true, write)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	procs := n.procs()
+	var remove func(string)
+	switch {
+	case n.init != nil:
+		remove = n.init.Remove
+	case n.container != nil:
+		remove = n.container.ProcessRemove
+	}
+	sb.mu.Unlock()
+	if procs == nil {
+		return nil, nil, nil, fmt.Errorf("branch %s of %s is gone: %w", id, sandboxID, errdefs.ErrNotFound)
+	}
+	p, err := procs.Process(execID)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("process %q of %s/%s: %w", execID, sandboxID, id, errdefs.ErrNotFound)
+	}
+	return n, remove, p, nil
+}
+
+// Wait waits for an exec'd process to exit and reports whether the kernel's
+// OOM killer ended it.
+func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.WaitResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
+	if err != nil {
+		if sb, serr := c.Sandbox(req.Sandbox); serr == nil && req.ExecId != "" {
+			if p := sb.takeEnded(req.Branch, req.ExecId); p != nil {
+				// Its branch ended (and killed it) before this Wait came.
+				if err := p.Wait(ctx); err != nil {
+					return nil, err
+				}
+				return &shimv1.WaitResponse{ExitStatus: uint32(p.ExitStatus()), ExitedAt: timestamppb.New(p.ExitedAt())}, nil
+			}
+		}
+		return nil, err
+	}
+	if err := p.Wait(ctx); err != nil {
+		return nil, err
+	}
+	status := p.ExitStatus()
+	resp := &shimv1.WaitResponse{ExitStatus: uint32(status), ExitedAt: timestamppb.New(p.ExitedAt())}
+	// SIGKILL with OOM kills counted in the branch's memory cgroup.
+	if status == 128+int(unix.SIGKILL) {
+		if ms, err := c.hier(); err == nil {
+			resp.OomKilled = cgroup.OOMKillsIn(cgroup.DirsIn(ms, n.cgroup)) > 0
+		}
+	}
+	if req.ExecId != "" {
+		_ = p.Delete(ctx)
+		remove(req.ExecId)
+	}
+	return resp, nil
+}
+
+func (c *Service) ResizePty(ctx context.Context, req *shimv1.ResizePtyRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Resize(console.WinSize{Width: uint16(req.Width), Height: uint16(req.Height)}); err != nil {
+		return nil, err
+	}
+	return &shimv1.Empty{}, nil
+}
+
+func (c *Service) CloseIO(ctx context.Context, req *shimv1.CloseIORequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
+	if err != nil {
+		return nil, err
+	}
+	if stdin := p.Stdin(); stdin != nil {
+		if err := stdin.Close(); err != nil {
+			return nil, fmt.Errorf("close stdin: %w", err)
+		}
+	}
+	return &shimv1.Empty{}, nil
+}
+
+func (c *Service) Kill(ctx context.Context, req *shimv1.KillRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if err := checkSignal(req.Signal); err != nil {
+		return nil, err
+	}
+	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Kill(ctx, req.Signal, false); err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	return &shimv1.Empty{}, nil
+}

@@ -1,0 +1,345 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/branchbox/branchbox/client/branchapi"
+	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// A fork: the request checked, the parent sealed and its branches made by
+// the snapshotter, each branch started (start.go), the whole undone if one
+// fails.
+
+// fork is one fork request under way, under the sandbox's lock.
+type fork struct {
+	sb          *Sandbox
+	req         *shimv1.ForkRequest
+	parentID    string
+	parent      *Branch
+	pid         int          // the parent's init, whose namespaces the branches join
+	img         *memoryImage // the memory the branches are restored from, or nil
+	ms          []cgroup.Dir // the host's cgroup hierarchies
+	runtimePath bool         // the branches are started by the runtime, not the branch init
+	join        joinNS       // the parent's namespaces the branches join
+	aheads      []*initdriver.Ahead
+	infos       []branch.Info // the branches the snapshotter made
+	made        []*Branch     // the branches started, by the index of infos
+	restoring   time.Time     // when the starts began
+}
+
+// Fork makes branches, each with its init running (waiting, or the given
+// command), and seals the parent.
+func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.ForkResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	if err := checkFork(req); err != nil {
+		return nil, err
+	}
+	sb, err := c.Sandbox(req.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, sb)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := c.load(ctx, sb); err != nil {
+		return nil, err
+	}
+	f, err := c.planFork(ctx, sb, req)
+	if err != nil {
+		return nil, err
+	}
+	if f.img != nil { // a checkpoint's
+		defer f.img.remove(context.WithoutCancel(ctx))
+	}
+	f.takeAhead(ctx)
+	defer f.releaseAhead(ctx)
+	if err := c.sealForFork(ctx, f); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			c.undoFork(ctx, f)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", f.parentID, sb.id, err)
+	}
+	if req.Memory && f.img == nil {
+		// Sealed first: the image and the branches' lower layer are
+		// the same instant.
+		if f.img, err = c.dumpMemory(ctx, sb, f.parent, fmt.Sprintf("memory fork of %s", sb.id)); err != nil {
+			return nil, err
+		}
+		defer f.img.remove(context.WithoutCancel(ctx))
+	}
+	if err := c.startBranches(ctx, f); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Its caller is gone and would never learn of these branches:
+		// they are undone rather than left to appear unasked.
+		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", f.parentID, sb.id, err)
+	}
+	return c.forked(ctx, f), nil
+}
+
+// checkFork checks a fork request's numbers and words, and fills in the
+// defaults.
+func checkFork(req *shimv1.ForkRequest) error {
+	if req.Count < 1 || req.Count > 1024 {
+		return fmt.Errorf("fork: count must be 1 to 1024, got %d: %w", req.Count, errdefs.ErrInvalidArgument)
+	}
+	switch req.Seal {
+	case "":
+		req.Seal = SealReadOnly
+	case SealReadOnly, SealFreeze:
+	default:
+		return fmt.Errorf("fork: seal %q: want %q or %q: %w", req.Seal, SealReadOnly, SealFreeze, errdefs.ErrInvalidArgument)
+	}
+	switch req.Net {
+	case "":
+		req.Net = NetShared
+	case NetShared, NetIsolated:
+	default:
+		return fmt.Errorf("fork: net %q: want %q or %q: %w", req.Net, NetShared, NetIsolated, errdefs.ErrInvalidArgument)
+	}
+	return checkLimits(req.Limits)
+}
+
+// planFork finds the parent of a fork and checks, before anything is made
+// or sealed, that the fork can be made: the parent runs and is not held
+// for a commit, the sandbox's bounds and process limits have room, and a
+// memory fork's processes can be dumped.
+func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkRequest) (*fork, error) {
+	f := &fork{sb: sb, req: req, parentID: req.Parent}
+	if f.parentID == "" {
+		f.parentID = branch.RootID
+	}
+	parent, ok := sb.nodes[f.parentID]
+	if !ok {
+		// Let the snapshotter say what became of it (stale, committed...).
+		if _, err := sb.snapshot.Mounts(ctx, sb.ref(f.parentID)); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("branch %s of %s is not running: %w", f.parentID, sb.id, errdefs.ErrNotFound)
+	}
+	f.parent = parent
+	if parent.state.has(held) {
+		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", f.parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
+		return nil, err
+	}
+	pid, err := c.initPid(ctx, sb, parent)
+	if err != nil {
+		return nil, err
+	}
+	f.pid = pid
+	if req.Memory {
+		if err := c.checkMemoryFork(ctx, sb, parent, pid, req); err != nil {
+			return nil, err
+		}
+		if req.FromCheckpoint != "" {
+			if f.img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint); err != nil {
+				return nil, err
+			}
+		}
+	}
+	f.ms, _ = c.hier()
+	// A memory branch is restored by the runtime, not the branch init.
+	f.runtimePath = req.Memory || c.inits.Binary == "" || initdriver.Unsupported(parent.spec) != ""
+	if err := c.pidsRoom(sb, parent, f.ms, f.runtimePath, req); err != nil {
+		if f.img != nil {
+			f.img.remove(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	f.join = joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
+	if req.Net == NetShared {
+		f.join.net = fmt.Sprintf("/proc/%d/ns/net", pid)
+	}
+	return f, nil
+}
+
+// takeAhead takes inits started ahead, their cgroups renamed to the names
+// the next branch ids give while the snapshotter makes the branches; each
+// start claims its own (start).
+func (f *fork) takeAhead(ctx context.Context) {
+	sb := f.sb
+	if f.runtimePath || f.parentID != branch.RootID || f.req.Net != NetShared || sb.pool == nil || sb.nextID == 0 {
+		return
+	}
+	for i := range uint64(f.req.Count) {
+		a := sb.pool.TakeAhead(ctx, branchCgroup(f.parent.cgroup, strconv.FormatUint(sb.nextID+i, 10)))
+		if a == nil {
+			break
+		}
+		f.aheads = append(f.aheads, a)
+	}
+}
+
+// releaseAhead discards the inits taken ahead that no start claimed.
+func (f *fork) releaseAhead(ctx context.Context) {
+	for _, a := range f.aheads {
+		a.Release(ctx)
+	}
+}
+
+// sealForFork seals the parent and has the snapshotter make the branches.
+// The snapshotter's answer is waited for even if the caller gives up
+// meanwhile: branches it made are then undone rather than left live
+// there, sealing the parent, with no branch running them.
+func (c *Service) sealForFork(ctx context.Context, f *fork) error {
+	sb := f.sb
+	sctx, answered := answerCtx(ctx, answerGrace)
+	infos, err := c.sealFork(sctx, sb, f.parent, f.pid, f.req)
+	answered()
+	for _, in := range infos {
+		if id, err := strconv.ParseUint(in.ID, 10, 64); err == nil && id >= sb.nextID {
+			sb.nextID = id + 1
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil || (errdefs.IsUnavailable(err) && !errors.Is(err, branchapi.ErrNotSent)) {
+			// Not answered: what it did there is reconciled.
+			wake(sb.kick)
+		}
+		return err
+	}
+	f.infos, f.made = infos, make([]*Branch, len(infos))
+	return nil
+}
+
+// undoFork ends the branches of a failed fork, in the shim and in the
+// snapshotter, and unseals the parent if it has no other branch. It is
+// done even if the fork failed because its caller gave up: a branch it
+// leaves would appear later with nobody knowing it.
+func (c *Service) undoFork(ctx context.Context, f *fork) {
+	ctx = context.WithoutCancel(ctx)
+	sb := f.sb
+	for i, info := range f.infos {
+		if f.made[i] != nil {
+			c.destroy(ctx, sb, f.made[i])
+		}
+		if _, err := sb.snapshot.Abort(ctx, sb.ref(info.ID)); err != nil {
+			log.G(ctx).WithError(err).WithField("branch", info.ID).Warn("abort branch of a failed fork")
+		}
+	}
+	c.unsealIfIdle(ctx, sb, f.parent)
+}
+
+// startBranches starts the branches the snapshotter made, a few at a
+// time; a start refused by a process limit fails the fork in one line.
+func (c *Service) startBranches(ctx context.Context, f *fork) error {
+	sb, parent := f.sb, f.parent
+	f.checkAhead(ctx)
+	if err := cgroup.PrepareBranchParent(ctx, parent.cgroup); err != nil {
+		return fmt.Errorf("fork %s of %s: make room for branch cgroups: %w", f.parentID, sb.id, err)
+	}
+	errs := make([]error, len(f.infos))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, c.startsAtOnce(f))
+	f.restoring = time.Now()
+	for i, info := range f.infos {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var a *initdriver.Ahead
+			if i < len(f.aheads) {
+				a = f.aheads[i]
+			}
+			f.made[i], errs[i] = c.start(ctx, sb, parent, info, f.join, f.req, a, f.img)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		slack := int64(0)
+		if f.runtimePath {
+			slack = runtimeStartPids
+		}
+		if pl := cgroup.AsPidsLimit(errs, cgroup.PidsLimits(f.ms, parent.cgroup), slack); pl != nil {
+			// One line, not the runtime's story of each failed start.
+			return sb.pidsRefusal(parent, pl)
+		}
+		return fmt.Errorf("fork %s of %s: %w", f.parentID, sb.id, err)
+	}
+	return nil
+}
+
+// checkAhead drops every init taken ahead if a guess was wrong (ids used
+// behind the shim's back): the guessed names may be other branches' of
+// this fork, so every init taken ahead goes, cgroup and all, before any
+// start makes one.
+func (f *fork) checkAhead(ctx context.Context) {
+	for i, a := range f.aheads {
+		if i >= len(f.infos) || a.Guess != branchCgroup(f.parent.cgroup, f.infos[i].ID) {
+			f.releaseAhead(ctx)
+			f.aheads = nil
+			return
+		}
+	}
+}
+
+// startsAtOnce is how many branches of a fork start at once: two with the
+// runtime (each start runs a Go binary twice, and more in parallel only
+// queue on the CPUs); four with the branch init, whose starts mostly wait
+// (cgroup moves, mounts).
+func (c *Service) startsAtOnce(f *fork) int {
+	par := 2
+	if c.inits.Binary != "" {
+		par = 4
+	}
+	if f.runtimePath && len(cgroup.PidsLimits(f.ms, f.parent.cgroup)) > 0 {
+		// The runtime moves its init's first process into the cgroup
+		// unchecked (a v1 move), then forks from it: one at a time, the
+		// room counted up front (pidsRoom) holds for each.
+		par = 1
+	}
+	return par
+}
+
+// forked records the started branches in the sandbox, fills the pool of
+// inits started ahead, marks the parent sealed, and publishes the fork.
+func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
+	sb, parent, req, made := f.sb, f.parent, f.req, f.made
+	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
+		if sb.pool == nil {
+			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
+		}
+		sb.pool.Fill(ctx, int(req.Count))
+	}
+	parent.seal = req.Seal
+	if parent.state.has(sealFrozen) {
+		parent.seal = SealFreeze // by request, or for files open for writing
+	}
+	resp := &shimv1.ForkResponse{}
+	if img := f.img; img != nil {
+		resp.Memory = &shimv1.MemoryFork{PauseNs: int64(img.pause), DumpNs: int64(img.dump), RestoreNs: int64(time.Since(f.restoring)), ImageBytes: img.size}
+	}
+	ids := make([]string, len(made))
+	for i, n := range made {
+		sb.nodes[n.id] = n
+		ids[i] = n.id
+		resp.Branches = append(resp.Branches, c.describe(sb, n, &f.infos[i], n.hasCommand || n.memory))
+	}
+	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
+	return resp
+}

@@ -1,0 +1,60 @@
+package sandbox
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/containerd/errdefs"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+)
+
+// The bounds of the limits a fork asks for, checked where they enter so
+// that a bad number is refused at once, not by the kernel or the OOM
+// killer once the branch runs.
+const (
+	// MinBranchMemory is the smallest memory limit of a branch: Docker's
+	// minimum, below which a process cannot even start.
+	MinBranchMemory = 6 << 20
+	// MinBranchCPUs is the smallest CPU limit: the kernel's minimum CFS
+	// quota (1 ms) over the 100 ms period branches use.
+	MinBranchCPUs = 0.01
+	// MaxBranchCPUs keeps the quota (CPUs x 100,000 us) well inside the
+	// kernel's maximum CFS quota.
+	MaxBranchCPUs = 1 << 20
+	// MaxBranchPids is the kernel's PID_MAX_LIMIT.
+	MaxBranchPids = 1 << 22
+	// maxSignal is the kernel's highest signal number (_NSIG, SIGRTMAX).
+	maxSignal = 64
+)
+
+// checkLimits refuses limits that are out of range; zero means "the
+// parent's".
+func checkLimits(l *shimv1.Limits) error {
+	if l == nil {
+		return nil
+	}
+	if l.Memory != 0 && l.Memory < MinBranchMemory {
+		return fmt.Errorf("fork: memory limit %d bytes is below the minimum of %d (6 MiB): %w", l.Memory, MinBranchMemory, errdefs.ErrInvalidArgument)
+	}
+	if math.IsNaN(l.Cpus) || math.IsInf(l.Cpus, 0) {
+		return fmt.Errorf("fork: CPU limit %v is not a number of CPUs: %w", l.Cpus, errdefs.ErrInvalidArgument)
+	}
+	if l.Cpus != 0 && (l.Cpus < MinBranchCPUs || l.Cpus > MaxBranchCPUs) {
+		return fmt.Errorf("fork: CPU limit %v is out of range: give %v to %d CPUs (the kernel's smallest quota is 1 ms per 100 ms): %w", l.Cpus, MinBranchCPUs, MaxBranchCPUs, errdefs.ErrInvalidArgument)
+	}
+	if l.Pids < 0 || l.Pids > MaxBranchPids {
+		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// checkSignal refuses a signal number the kernel does not have (it would
+// answer EINVAL, reported as an internal error); 0 is not a signal to send
+// either: it only asks whether the process exists.
+func checkSignal(sig uint32) error {
+	if sig < 1 || sig > maxSignal {
+		return fmt.Errorf("kill: signal %d is out of range: give 1 to %d: %w", sig, maxSignal, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}

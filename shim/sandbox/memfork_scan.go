@@ -1,0 +1,180 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// unforkable lists what a memory fork of the process tree of initPid
+// could not carry, each naming the process and the resource: a process of
+// the branch's own (own) outside the tree, a TCP connection or a bound
+// port (the branches share the parent's network namespace, where the
+// parent holds them), a terminal or another device than the harmless
+// ones. CRIU refuses more (an external unix socket, say); its errors are
+// passed on as they come.
+func unforkable(initPid int, own []int, sharedNet bool) []string {
+	tree := processTree(initPid)
+	var out []string
+	for _, pid := range own {
+		// One that ended since the listing, or that a process of the
+		// tree forked since it was read, is no stranger.
+		if !tree[pid] && alive(pid) && !descends(pid, tree) {
+			out = append(out, fmt.Sprintf("process %d (%s) was exec'd into it rather than started by its init, and a memory fork carries only the init's process tree (end it first)", pid, comm(pid)))
+		}
+	}
+	socks := inetSockets(initPid, sharedNet)
+	for pid := range tree {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			p := fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())
+			link, err := os.Readlink(p)
+			if err != nil {
+				continue
+			}
+			if ino, ok := strings.CutPrefix(link, "socket:["); ok {
+				if what, bad := socks[strings.TrimSuffix(ino, "]")]; bad {
+					out = append(out, fmt.Sprintf("process %d (%s) %s", pid, comm(pid), what))
+				}
+				continue
+			}
+			if !strings.HasPrefix(link, "/dev/") {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+				continue
+			}
+			switch link {
+			case "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom":
+				continue
+			}
+			if strings.HasPrefix(link, "/dev/pts/") || link == "/dev/console" || link == "/dev/tty" {
+				out = append(out, fmt.Sprintf("process %d (%s) holds the terminal %s open (descriptor %s), whose other end is outside the sandbox", pid, comm(pid), link, fd.Name()))
+				continue
+			}
+			out = append(out, fmt.Sprintf("process %d (%s) holds the device %s open (descriptor %s)", pid, comm(pid), link, fd.Name()))
+		}
+	}
+	return out
+}
+
+// descends says whether pid is a descendant of a process of tree, from
+// the parent pids in /proc.
+func descends(pid int, tree map[int]bool) bool {
+	for i := 0; i < 64 && pid > 1; i++ {
+		_, ppid, ok := procStat(pid)
+		if !ok {
+			return false
+		}
+		if pid = ppid; tree[pid] {
+			return true
+		}
+	}
+	return false
+}
+
+// procStat is a process's state letter and parent pid, from
+// /proc/PID/stat (after the command name, which may hold spaces).
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	_, rest, found := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !found || len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	if ppid, err = strconv.Atoi(f[1]); err != nil {
+		return 0, 0, false
+	}
+	return f[0][0], ppid, true
+}
+
+// processTree is pid and its descendants, from each thread's children.
+func processTree(pid int) map[int]bool {
+	tree := map[int]bool{}
+	todo := []int{pid}
+	for len(todo) > 0 {
+		p := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if tree[p] {
+			continue
+		}
+		tree[p] = true
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(t)
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					todo = append(todo, c)
+				}
+			}
+		}
+	}
+	return tree
+}
+
+// inetSockets maps the inode of each TCP and UDP socket of pid's network
+// namespace that a restored copy could not have to why: a listener or a
+// bound UDP port (the copy could not bind it beside the parent's), or a
+// connection (one peer cannot talk to N copies).
+func inetSockets(pid int, sharedNet bool) map[string]string {
+	out := map[string]string{}
+	for _, proto := range []string{"tcp", "tcp6", "udp", "udp6"} {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, proto))
+		if err != nil {
+			continue
+		}
+		s := bufio.NewScanner(f)
+		s.Scan() // the header
+		for s.Scan() {
+			fs := strings.Fields(s.Text())
+			if len(fs) < 10 {
+				continue
+			}
+			local, remote, state, ino := fs[1], fs[2], fs[3], fs[9]
+			port := hexPort(local)
+			switch {
+			case strings.HasPrefix(proto, "tcp") && state == "0A":
+				if !sharedNet {
+					continue // bound again in the branch's own namespace
+				}
+				out[ino] = fmt.Sprintf("listens on TCP port %d, which its branches could not bind beside it in the network namespace they share", port)
+			case strings.HasPrefix(proto, "tcp") && state != "07":
+				out[ino] = fmt.Sprintf("has a TCP connection from port %d to port %d, which cannot be copied", port, hexPort(remote))
+			case strings.HasPrefix(proto, "udp") && port != 0:
+				if !sharedNet {
+					continue
+				}
+				out[ino] = fmt.Sprintf("has a UDP socket bound to port %d, which its branches could not bind beside it in the network namespace they share", port)
+			}
+		}
+		f.Close()
+	}
+	return out
+}
+
+// hexPort is the port of a /proc/net address ("0100007F:1F90").
+func hexPort(addr string) int {
+	_, p, _ := strings.Cut(addr, ":")
+	n, _ := strconv.ParseUint(p, 16, 16)
+	return int(n)
+}
+
+// comm is a process's command name, for messages.
+func comm(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,93 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// netnsFile is, in a branch's bundle, the network namespace of an isolated
+// memory branch, bind-mounted there: CRIU restores the branch's processes
+// into an existing namespace (the runtime hands it over as the one their
+// dump recorded as external), so it is made before the restore rather
+// than by the runtime, as an isolated branch's is otherwise.
+const netnsFile = "netns"
+
+// makeIsolatedNetns makes a new network namespace with its loopback up,
+// bind-mounted at path.
+func makeIsolatedNetns(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("make network namespace file: %w", err)
+	}
+	f.Close()
+	done := make(chan error, 1)
+	go func() {
+		// The thread is never unlocked: it ends with this goroutine, and
+		// its namespace with it, rather than going back to the scheduler
+		// in the wrong one.
+		runtime.LockOSThread()
+		done <- newNetnsAt(path)
+	}()
+	if err := <-done; err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		_ = os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// newNetnsAt moves the calling (locked) thread into a new network
+// namespace, brings its loopback up and bind-mounts it at path.
+func newNetnsAt(path string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("make network namespace: %w", err)
+	}
+	self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+	if err := unix.Mount(self, path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("keep network namespace at %s: %w", path, err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring loopback up: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring loopback up: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring loopback up: %w", err)
+	}
+	return nil
+}
+
+// removeBundle removes a branch's bundle, detaching the network namespace
+// an isolated memory branch keeps there first (a mounted file cannot be
+// removed, and the namespace would outlive the branch).
+func removeBundle(ctx context.Context, bundle string) {
+	detachNetns(ctx, bundle)
+	if err := os.RemoveAll(bundle); err != nil {
+		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("remove branch bundle")
+	}
+}
+
+// detachNetns detaches the network namespace a branch's bundle keeps, if
+// it keeps one.
+func detachNetns(ctx context.Context, bundle string) {
+	if err := unix.Unmount(filepath.Join(bundle, netnsFile), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("detach branch network namespace")
+	}
+}

@@ -1,0 +1,34 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/containerd/log"
+	"github.com/opencontainers/cgroups"
+)
+
+// ThawSealForKill thaws the seal leaf of a sandbox being killed, so that
+// the signal lands; its processes stay in the leaf, where the sandbox's
+// end finds them.
+func (c *Service) ThawSealForKill(ctx context.Context, id string) {
+	sb, err := c.Sandbox(id)
+	if err != nil || sb.cgroup == "" {
+		return
+	}
+	ms, err := c.hier()
+	if err != nil {
+		return
+	}
+	for _, d := range cgroup.DirsIn(ms, sb.cgroup) {
+		leaf := filepath.Join(d.Path, cgroup.SealLeaf)
+		if (d.Freezer || d.V2) && cgroup.IsDir(leaf) {
+			if err := cgroup.SetFreezer(d, leaf, cgroups.Thawed); err != nil {
+				log.G(ctx).WithError(err).WithField("sandbox", id).Warn("thaw the sealed processes of a killed sandbox")
+			}
+		}
+	}
+}

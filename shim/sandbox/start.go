@@ -1,0 +1,311 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/initdriver"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
+)
+
+// The life of a sandbox's branches: a sandbox added and prepared, a branch
+// started (by a branch init or the runtime), destroyed and released, and
+// every branch ended with its sandbox.
+
+// initPid is the pid of a branch's init on the host.
+func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, error) {
+	procs := n.procs()
+	if procs == nil {
+		st, err := c.task.State(ctx, &taskAPI.StateRequest{ID: sb.id})
+		if err != nil {
+			return 0, errgrpc.ToNative(err)
+		}
+		if st.Status != tasktypes.Status_RUNNING && st.Status != tasktypes.Status_PAUSED {
+			return 0, fmt.Errorf("sandbox %s is %s, not running: start its task first: %w", sb.id, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition)
+		}
+		return int(st.Pid), nil
+	}
+	pid := procs.Pid()
+	if n.state.has(exited) || pid <= 0 {
+		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
+	}
+	return pid, nil
+}
+
+// start creates one branch: its bundle, its rootfs mount and its
+// init, through the same runtime path as any container of this shim.
+// An init taken ahead for it (nil: none) is claimed or released. With a
+// memory image (nil: none) the runtime restores its processes from it.
+func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info branch.Info, join joinNS, req *shimv1.ForkRequest, warm *initdriver.Ahead, img *memoryImage) (_ *Branch, retErr error) {
+	n := &Branch{
+		id: info.ID, parent: parent.id, runtimeID: RuntimeID(sb.id, info.ID),
+		bundle: filepath.Join(sb.bundle, branchesDir, info.ID),
+		cgroup: branchCgroup(parent.cgroup, info.ID),
+		net:    req.Net, seal: SealReadOnly, hasCommand: len(req.Args) > 0, limits: req.Limits,
+		memory: img != nil,
+	}
+	spec, err := branchSpec(parent.spec, n.cgroup, join, req)
+	if err != nil {
+		return nil, err
+	}
+	n.spec = spec
+	// Searchable, not listable, as containerd makes bundles: root of a
+	// user namespace (a host uid of its range) must reach the rootfs.
+	if err := os.MkdirAll(n.bundle, 0o711); err != nil {
+		return nil, fmt.Errorf("branch %s: make bundle: %w", info.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			c.closeSelf(sb.id, n.id)
+			removeBundle(ctx, n.bundle)
+		}
+	}()
+	if img != nil && req.Net == NetIsolated {
+		// Its processes are restored into a namespace that exists.
+		ns := filepath.Join(n.bundle, netnsFile)
+		if err := makeIsolatedNetns(ns); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", info.ID, err)
+		}
+		for i := range spec.Linux.Namespaces {
+			if spec.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = ns
+			}
+		}
+	}
+	if err := c.listenSelfBranch(ctx, sb, n); err != nil {
+		return nil, err
+	}
+	if img == nil && c.useInit(ctx, sb, spec) {
+		var pool *initdriver.Pool
+		if parent.id == branch.RootID {
+			pool = sb.pool
+		}
+		if err := c.startWithInit(ctx, sb, n, info, pool, warm); err != nil {
+			return nil, err
+		}
+		return n, nil
+	}
+	if err := writeSpec(n.bundle, spec); err != nil {
+		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
+	}
+	if err := c.runOnRuntime(ctx, sb, n, info.Mounts, img, req.Args); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// createRequest is the task service's request that creates branch n's
+// init with the runtime, run as its sandbox is.
+func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage) (*taskAPI.CreateTaskRequest, error) {
+	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
+	if sb.opts != nil {
+		if sb.opts.Root != "" {
+			opts.Root = sb.opts.Root
+		}
+		// A branch is run as its sandbox is (shim/runcopts.go).
+		opts.NoPivotRoot, opts.NoNewKeyring = sb.opts.NoPivotRoot, sb.opts.NoNewKeyring
+	}
+	anyOpts, err := typeurl.MarshalAnyToProto(opts)
+	if err != nil {
+		return nil, err
+	}
+	var rootfs []*types.Mount
+	for _, m := range mounts {
+		rootfs = append(rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	cr := &taskAPI.CreateTaskRequest{ID: n.runtimeID, Bundle: n.bundle, Rootfs: rootfs, Options: anyOpts}
+	if img != nil {
+		// Created from the image: the runtime restores it at Start.
+		cr.Checkpoint = img.dir
+	}
+	if n.hasCommand || n.memory {
+		// The command's output is kept with the branch (init.log).
+		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
+		cr.Stderr = cr.Stdout
+	}
+	if img != nil {
+		// Restored processes get a pipe as their stdin, as containerd
+		// gives a sandbox's init: the runtime maps a dumped pipe to the
+		// one it is given, and a later dump of this branch (a nested
+		// memory fork, a checkpoint with memory) can carry a pipe, but
+		// not the host's /dev/null the shim would give instead.
+		stdin := filepath.Join(n.bundle, "stdin")
+		if err := unix.Mkfifo(stdin, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
+		}
+		cr.Stdin = stdin
+	}
+	return cr, nil
+}
+
+// runOnRuntime runs branch n's init with the runtime, in its bundle (spec
+// written) on rootfs mounts: waiting, or running args, or restored from a
+// memory image (nil: none).
+func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage, args []string) error {
+	cr, err := c.createRequest(sb, n, mounts, img)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	// Not cut short when the caller gives up: a runtime killed midway
+	// leaves its state for a container nobody knows of; the fork undoes
+	// the whole branch instead.
+	container, err := runc.NewContainer(context.WithoutCancel(ctx), c.platform, cr)
+	if err != nil {
+		return fmt.Errorf("branch %s: create its init: %w", n.id, errgrpc.ToNative(err))
+	}
+	n.container = container
+	init, _ := container.Process("")
+	if !n.memory {
+		c.watch(init, started)
+	}
+	if n.hasCommand || n.memory {
+		sctx := ctx
+		if n.memory {
+			// A restore is not cut short either: the runtime killed
+			// midway would leave CRIU restoring on.
+			sctx = context.WithoutCancel(ctx)
+		}
+		if _, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
+			why := ""
+			if n.memory {
+				why = criuErrors(filepath.Join(n.bundle, "work", "restore.log")) // read before the bundle goes
+			}
+			c.destroy(ctx, sb, n)
+			if n.memory {
+				return fmt.Errorf("branch %s: restore its processes from the memory image: %w%s", n.id, errgrpc.ToNative(err), why)
+			}
+			return fmt.Errorf("branch %s: start %v: %w", n.id, args, errgrpc.ToNative(err))
+		}
+		if n.memory {
+			// A restored init has its pid only now (a created one has
+			// it from its create, above); an exit that came first is
+			// pending since started.
+			c.watch(init, started)
+		}
+		go func() {
+			_ = init.Wait(context.WithoutCancel(ctx))
+			sb.mu.Lock()
+			// Not if the branch runs another init meanwhile (a rollback
+			// with memory restored one).
+			if n.container == container {
+				n.state.set(exited)
+			}
+			sb.mu.Unlock()
+		}()
+	}
+	return nil
+}
+
+// startWithInit starts a branch with the branch init: its rootfs
+// is mounted at <bundle>/rootfs as the runtime would, then the init builds
+// the rest. The init is warm's if given, else taken from pool if it has
+// one (nil: none), else started.
+func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, info branch.Info, pool *initdriver.Pool, warm *initdriver.Ahead) (retErr error) {
+	// The init is taken from the pool (its cgroup renamed to the
+	// branch's), or started, while the rootfs is mounted.
+	type spawnResult struct {
+		s   *initdriver.Spawned
+		err error
+	}
+	spawnDone := make(chan spawnResult, 1)
+	go func() {
+		flags := brinit.CloneFlags(n.spec)
+		if warm != nil {
+			if s := warm.Claim(ctx, n.cgroup); s != nil {
+				if s.Flags == flags {
+					spawnDone <- spawnResult{s: s}
+					return
+				}
+				s.Discard(ctx)
+			}
+		} else if pool != nil {
+			if s := pool.Take(ctx, flags, n.cgroup); s != nil {
+				spawnDone <- spawnResult{s: s}
+				return
+			}
+		}
+		s, err := c.inits.Spawn(ctx, n.cgroup, flags)
+		spawnDone <- spawnResult{s, err}
+	}()
+	rootfs := filepath.Join(n.bundle, "rootfs")
+	var ms []mount.Mount
+	for _, m := range info.Mounts {
+		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	err := os.Mkdir(rootfs, 0o711)
+	if err != nil && !os.IsExist(err) {
+		err = fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
+	} else if err = mount.All(ms, rootfs); err != nil {
+		err = fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
+	}
+	sr := <-spawnDone
+	if err != nil || sr.err != nil {
+		if sr.s != nil {
+			sr.s.Discard(ctx)
+		}
+		if err == nil {
+			_ = unix.Unmount(rootfs, unix.MNT_DETACH)
+			err = fmt.Errorf("branch %s: %w", n.id, sr.err)
+		}
+		return err
+	}
+	fc, err := c.inits.Configure(ctx, n.initConfig(sb), sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
+	if err != nil {
+		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")
+		}
+		return err
+	}
+	n.init = fc
+	if n.hasCommand {
+		go func() {
+			_ = fc.Init().Wait(context.WithoutCancel(ctx))
+			sb.mu.Lock()
+			n.state.set(exited)
+			sb.mu.Unlock()
+		}()
+	}
+	return nil
+}
+
+// useInit says whether the branch of spec is started by the branch init,
+// and logs, once per sandbox (and again if the answer changes), which way
+// its branches go and why.
+func (c *Service) useInit(ctx context.Context, sb *Sandbox, spec *specs.Spec) bool {
+	reason := ""
+	if c.inits.Binary == "" {
+		reason = "the branch init (" + initdriver.InitBinary + ") is not installed beside the shim"
+	} else if sb.opts != nil && sb.opts.NoPivotRoot {
+		reason = "runtime option NoPivotRoot: the branch init always pivots"
+	} else if reason = initdriver.Unsupported(spec); reason == "" && spec.Linux.Seccomp != nil {
+		if _, err := sb.initPath.Seccomp(ctx, spec.Linux.Seccomp); err != nil {
+			reason = "seccomp profile not compiled for the branch init: " + err.Error()
+		}
+	}
+	sb.initPath.Log(ctx, sb.id, reason, spec.Linux.Seccomp != nil)
+	return reason == ""
+}
