@@ -35,18 +35,28 @@ func DialSelf(ctx context.Context, path string) (*SelfClient, error) {
 	if path == "" {
 		path = branch.SelfSocket
 	}
+	s := &SelfClient{path: path}
+	if err := s.dial(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// dial connects to the socket at s.path.
+func (s *SelfClient) dial(ctx context.Context) error {
 	var d net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := d.DialContext(dctx, "unix", path)
+	conn, err := d.DialContext(dctx, "unix", s.path)
 	if err != nil {
-		if _, serr := os.Stat(path); serr != nil {
-			return nil, fmt.Errorf("no branch socket at %s: run the sandbox with the annotation io.branchbox.socket=true (and runtime io.containerd.branch.v1, snapshotter branch): %w", path, errdefs.ErrNotFound)
+		if _, serr := os.Stat(s.path); serr != nil {
+			return fmt.Errorf("no branch socket at %s: run the sandbox with the annotation io.branchbox.socket=true (and runtime io.containerd.branch.v1, snapshotter branch): %w", s.path, errdefs.ErrNotFound)
 		}
-		return nil, fmt.Errorf("connect to the branch socket %s: %v: %w", path, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("connect to the branch socket %s: %v: %w", s.path, err, errdefs.ErrUnavailable)
 	}
-	tc := ttrpc.NewClient(conn)
-	return &SelfClient{path: path, conn: tc, api: shimv1.NewSelfClient(tc)}, nil
+	s.conn = ttrpc.NewClient(conn)
+	s.api = shimv1.NewSelfClient(s.conn)
+	return nil
 }
 
 // Close closes the connection.

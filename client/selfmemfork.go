@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/ttrpc"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -66,7 +64,8 @@ func (s *SelfClient) awaitSelfFork(ctx context.Context, token string) (*shimv1.F
 	if err := json.Unmarshal(data, &out); err != nil {
 		return nil, fmt.Errorf("memory fork: its outcome: %v: %w", err, errdefs.ErrUnknown)
 	}
-	if err := s.redial(ctx); err != nil {
+	// Connected again: in a copy, to its own branch's socket.
+	if err := s.dial(ctx); err != nil {
 		return nil, err
 	}
 	switch {
@@ -86,18 +85,4 @@ func (s *SelfClient) awaitSelfFork(ctx context.Context, token string) (*shimv1.F
 		return &resp, nil
 	}
 	return nil, errors.New("memory fork: an empty outcome")
-}
-
-// redial connects again to the socket the client was made for.
-func (s *SelfClient) redial(ctx context.Context) error {
-	var d net.Dialer
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := d.DialContext(dctx, "unix", s.path)
-	if err != nil {
-		return fmt.Errorf("connect again to the branch socket %s: %v: %w", s.path, err, errdefs.ErrUnavailable)
-	}
-	s.conn = ttrpc.NewClient(conn)
-	s.api = shimv1.NewSelfClient(s.conn)
-	return nil
 }
