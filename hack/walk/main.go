@@ -39,8 +39,9 @@ func main() {
 	root := flag.String("from", "sandbox.Service.Fork", "the handler: package.Recv.Method or package.Func")
 	skip := flag.String("skip", defaultSkip, "functions not on the path, comma-separated")
 	verbose := flag.Bool("v", false, "list each function entered")
+	trivial := flag.Bool("trivial", false, "count one-statement functions that call nothing of the shim (accessors) as visits too")
 	flag.Parse()
-	if err := run(*dir, *root, *skip, *verbose); err != nil {
+	if err := run(*dir, *root, *skip, *verbose, *trivial); err != nil {
 		fmt.Fprintln(os.Stderr, "walk:", err)
 		os.Exit(1)
 	}
@@ -54,10 +55,11 @@ type walker struct {
 	seen    map[*types.Func]bool
 	files   []string // each file entered, in order, consecutive repeats merged
 	verbose bool
+	trivial bool
 	base    string
 }
 
-func run(dir, root, skip string, verbose bool) error {
+func run(dir, root, skip string, verbose, trivial bool) error {
 	cfg := &packages.Config{
 		Mode:       packages.NeedName | packages.NeedFiles | packages.NeedSyntax | packages.NeedTypes | packages.NeedTypesInfo,
 		Dir:        dir,
@@ -69,7 +71,7 @@ func run(dir, root, skip string, verbose bool) error {
 	}
 	abs, _ := filepath.Abs(dir)
 	w := &walker{fset: nil, decls: map[*types.Func]*ast.FuncDecl{}, infos: map[*types.Func]*types.Info{},
-		skip: map[string]bool{}, seen: map[*types.Func]bool{}, verbose: verbose, base: abs}
+		skip: map[string]bool{}, seen: map[*types.Func]bool{}, verbose: verbose, trivial: trivial, base: abs}
 	for _, s := range strings.Split(skip, ",") {
 		if s != "" {
 			w.skip[s] = true
@@ -154,6 +156,9 @@ func (w *walker) visit(f string) {
 func (w *walker) enter(fn *types.Func) {
 	w.seen[fn] = true
 	f := w.file(fn)
+	if !w.trivial && w.accessor(fn) {
+		return
+	}
 	w.visit(f)
 	if w.verbose {
 		fmt.Fprintf(os.Stderr, "%s %s\n", f, name(fn))
@@ -242,4 +247,32 @@ func failing(cond ast.Expr) bool {
 		return ok && ok2 && nl.Name == "nil" && (id.Name == "err" || id.Name == "retErr")
 	}
 	return false
+}
+
+// accessor is whether fn is one statement that calls no function of the
+// shim's packages: a getter or a flag test, not a step of the path.
+func (w *walker) accessor(fn *types.Func) bool {
+	body := w.decls[fn].Body
+	if len(body.List) > 1 {
+		return false
+	}
+	info, calls := w.infos[fn], false
+	ast.Inspect(body, func(n ast.Node) bool {
+		if c, ok := n.(*ast.CallExpr); ok {
+			var id *ast.Ident
+			switch fun := ast.Unparen(c.Fun).(type) {
+			case *ast.Ident:
+				id = fun
+			case *ast.SelectorExpr:
+				id = fun.Sel
+			}
+			if id != nil {
+				if f, ok := info.Uses[id].(*types.Func); ok && w.decls[f.Origin()] != nil {
+					calls = true
+				}
+			}
+		}
+		return !calls
+	})
+	return !calls
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/branchbox/branchbox/shim/brinit"
@@ -17,10 +16,8 @@ import (
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
-	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
@@ -34,26 +31,6 @@ import (
 // The life of a sandbox's branches: a sandbox added and prepared, a branch
 // started (by a branch init or the runtime), destroyed and released, and
 // every branch ended with its sandbox.
-
-// initPid is the pid of a branch's init on the host.
-func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, error) {
-	procs := n.procs()
-	if procs == nil {
-		st, err := c.task.State(ctx, &taskAPI.StateRequest{ID: sb.id})
-		if err != nil {
-			return 0, errgrpc.ToNative(err)
-		}
-		if st.Status != tasktypes.Status_RUNNING && st.Status != tasktypes.Status_PAUSED {
-			return 0, fmt.Errorf("sandbox %s is %s, not running: start its task first: %w", sb.id, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition)
-		}
-		return int(st.Pid), nil
-	}
-	pid := procs.Pid()
-	if n.state.has(exited) || pid <= 0 {
-		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
-	}
-	return pid, nil
-}
 
 // start creates one branch: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
