@@ -5,7 +5,10 @@
 // in source order (deferred calls at their function's end), once; calls
 // through interfaces and into other modules end the walk there. Functions
 // the ordinary fork does not run (a memory fork, the runtime's start, the
-// undo of a failed fork, error reports) are named in -skip.
+// undo of a failed fork, error reports) are named in -skip; one-statement
+// accessors are not counted (-trivial counts them). A return is a call
+// into a file the path had left; coming back from a call to the caller's
+// file is not one (-unwind counts those too).
 //
 //	cd hack/walk && go run . -C ../..
 package main
@@ -40,8 +43,9 @@ func main() {
 	skip := flag.String("skip", defaultSkip, "functions not on the path, comma-separated")
 	verbose := flag.Bool("v", false, "list each function entered")
 	trivial := flag.Bool("trivial", false, "count one-statement functions that call nothing of the shim (accessors) as visits too")
+	unwind := flag.Bool("unwind", false, "count coming back to a caller's file when a call ends as a return too, not only a new call into a file left")
 	flag.Parse()
-	if err := run(*dir, *root, *skip, *verbose, *trivial); err != nil {
+	if err := run(*dir, *root, *skip, *verbose, *trivial, *unwind); err != nil {
 		fmt.Fprintln(os.Stderr, "walk:", err)
 		os.Exit(1)
 	}
@@ -56,10 +60,11 @@ type walker struct {
 	files   []string // each file entered, in order, consecutive repeats merged
 	verbose bool
 	trivial bool
+	unwind  bool
 	base    string
 }
 
-func run(dir, root, skip string, verbose, trivial bool) error {
+func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 	cfg := &packages.Config{
 		Mode:       packages.NeedName | packages.NeedFiles | packages.NeedSyntax | packages.NeedTypes | packages.NeedTypesInfo,
 		Dir:        dir,
@@ -71,7 +76,7 @@ func run(dir, root, skip string, verbose, trivial bool) error {
 	}
 	abs, _ := filepath.Abs(dir)
 	w := &walker{fset: nil, decls: map[*types.Func]*ast.FuncDecl{}, infos: map[*types.Func]*types.Info{},
-		skip: map[string]bool{}, seen: map[*types.Func]bool{}, verbose: verbose, trivial: trivial, base: abs}
+		skip: map[string]bool{}, seen: map[*types.Func]bool{}, verbose: verbose, trivial: trivial, unwind: unwind, base: abs}
 	for _, s := range strings.Split(skip, ",") {
 		if s != "" {
 			w.skip[s] = true
@@ -201,7 +206,8 @@ func (w *walker) enter(fn *types.Func) {
 }
 
 // call enters the callee of c if it is a function of the shim's packages
-// not yet entered, and comes back to the caller's file.
+// not yet entered. Coming back to the caller's file is not a visit (a
+// reader has read that far already), unless -unwind.
 func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
 	var id *ast.Ident
 	switch fun := ast.Unparen(c.Fun).(type) {
@@ -228,7 +234,9 @@ func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
 		return
 	}
 	w.enter(fn)
-	w.visit(from)
+	if w.unwind {
+		w.visit(from)
+	}
 }
 
 // failing is whether cond tests for an error: err != nil, retErr != nil,

@@ -349,3 +349,15 @@ func Frozen(dirs []Dir) bool {
 	}
 	return false
 }
+
+// Frozen says whether the cgroup at path is frozen or freezing (Frozen).
+// Only the hierarchies that can freeze are looked at: this is asked
+// before every operation, and a stat of each v1 hierarchy cost more than
+// the answer.
+func (h *Host) Frozen(path string) bool {
+	ms, err := h.Mounts()
+	if err != nil {
+		return false
+	}
+	return Frozen(DirsIn(Freezers(ms), path))
+}

@@ -5,7 +5,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -14,6 +13,7 @@ import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/initdriver"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 )
@@ -21,27 +21,6 @@ import (
 // The checks of a fork request, before anything is made or sealed: its
 // limits, the sandbox's bounds, the parent's init, the process limits'
 // room. Here together so that a fork's path reads them in one file.
-
-// checkLimits refuses limits that are out of range; zero means "the
-// parent's".
-func checkLimits(l *shimv1.Limits) error {
-	if l == nil {
-		return nil
-	}
-	if l.Memory != 0 && l.Memory < MinBranchMemory {
-		return fmt.Errorf("fork: memory limit %d bytes is below the minimum of %d (6 MiB): %w", l.Memory, MinBranchMemory, errdefs.ErrInvalidArgument)
-	}
-	if math.IsNaN(l.Cpus) || math.IsInf(l.Cpus, 0) {
-		return fmt.Errorf("fork: CPU limit %v is not a number of CPUs: %w", l.Cpus, errdefs.ErrInvalidArgument)
-	}
-	if l.Cpus != 0 && (l.Cpus < MinBranchCPUs || l.Cpus > MaxBranchCPUs) {
-		return fmt.Errorf("fork: CPU limit %v is out of range: give %v to %d CPUs (the kernel's smallest quota is 1 ms per 100 ms): %w", l.Cpus, MinBranchCPUs, MaxBranchCPUs, errdefs.ErrInvalidArgument)
-	}
-	if l.Pids < 0 || l.Pids > MaxBranchPids {
-		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
 
 // checkBranches refuses a fork of count branches of parent that would
 // pass the sandbox's bounds (under sb.mu, with sb loaded): nothing is
@@ -118,4 +97,59 @@ func (c *Service) pidsRoom(sb *Sandbox, parent *Branch, ms []cgroup.Dir, runtime
 		return sb.pidsRefusal(parent, pl)
 	}
 	return nil
+}
+
+// planFork finds the parent of a fork and checks, before anything is made
+// or sealed, that the fork can be made: the parent runs and is not held
+// for a commit, the sandbox's bounds and process limits have room, and a
+// memory fork's processes can be dumped.
+func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkRequest) (*fork, error) {
+	f := &fork{sb: sb, req: req, parentID: req.Parent}
+	if f.parentID == "" {
+		f.parentID = branch.RootID
+	}
+	parent, ok := sb.nodes[f.parentID]
+	if !ok {
+		// Let the snapshotter say what became of it (stale, committed...).
+		if _, err := sb.snapshot.Mounts(ctx, sb.ref(f.parentID)); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("branch %s of %s is not running: %w", f.parentID, sb.id, errdefs.ErrNotFound)
+	}
+	f.parent = parent
+	if parent.state.has(held) {
+		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", f.parentID, sb.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
+		return nil, err
+	}
+	pid, err := c.initPid(ctx, sb, parent)
+	if err != nil {
+		return nil, err
+	}
+	f.pid = pid
+	if req.Memory {
+		if err := c.checkMemoryFork(ctx, sb, parent, pid, req); err != nil {
+			return nil, err
+		}
+		if req.FromCheckpoint != "" {
+			if f.img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint); err != nil {
+				return nil, err
+			}
+		}
+	}
+	f.ms, _ = c.hier()
+	// A memory branch is restored by the runtime, not the branch init.
+	f.runtimePath = req.Memory || c.inits.Binary == "" || initdriver.Unsupported(parent.spec) != ""
+	if err := c.pidsRoom(sb, parent, f.ms, f.runtimePath, req); err != nil {
+		if f.img != nil {
+			f.img.remove(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	f.join = joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
+	if req.Net == NetShared {
+		f.join.net = fmt.Sprintf("/proc/%d/ns/net", pid)
+	}
+	return f, nil
 }
