@@ -109,7 +109,7 @@ func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 		return fmt.Errorf("%s not found", root)
 	}
 	handler := w.file(start)
-	w.enter(start)
+	w.enter(start, "")
 	files, returns, left := map[string]bool{}, 0, map[string]bool{}
 	for i, f := range w.files {
 		fmt.Println(f)
@@ -157,14 +157,17 @@ func (w *walker) visit(f string) {
 	}
 }
 
-// enter runs fn: its file, then the functions it calls in order.
-func (w *walker) enter(fn *types.Func) {
+// enter runs fn, called from a function of file from: its file (a visit
+// if it is another), then the functions it calls in order.
+func (w *walker) enter(fn *types.Func, from string) {
 	w.seen[fn] = true
 	f := w.file(fn)
 	if !w.trivial && w.accessor(fn) {
 		return
 	}
-	w.visit(f)
+	if f != from || w.unwind {
+		w.visit(f)
+	}
 	if w.verbose {
 		fmt.Fprintf(os.Stderr, "%s %s\n", f, name(fn))
 	}
@@ -233,7 +236,7 @@ func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
 	if _, ok := w.decls[fn]; !ok || w.seen[fn] || w.skip[name(fn)] {
 		return
 	}
-	w.enter(fn)
+	w.enter(fn, from)
 	if w.unwind {
 		w.visit(from)
 	}
