@@ -31,7 +31,7 @@ import (
 // fail. Names are Recv.Method or Func, in any of the shim's packages.
 const defaultSkip = "Service.undoFork,Service.dumpMemory,Service.checkMemoryFork,Service.checkpointImage,memoryImage.remove," +
 	// once a sandbox: its first operation, the seccomp program's compile
-	"Service.prepare,Service.reconcile,Compile,Path.closeProg,NewPool," +
+	"Service.prepare,Service.reconcile,Compile,Path.closeProg,sealedProgram,Program.Bytes,NewPool,PrepOf," +
 	// other requests' options: an isolated network, the runtime's start
 	"makeIsolatedNetns,Service.runOnRuntime,writeSpec," +
 	// refusals and discards: a parent gone, no room, an init that died
