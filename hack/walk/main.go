@@ -32,8 +32,9 @@ import (
 const defaultSkip = "Service.undoFork,Service.dumpMemory,Service.checkMemoryFork,Service.checkpointImage,memoryImage.remove," +
 	// once a sandbox: its first operation, the seccomp program's compile
 	"Service.prepare,Service.reconcile,Compile,Path.closeProg,sealedProgram,Program.Bytes,NewPool,PrepOf," +
-	// other requests' options: an isolated network, the runtime's start
-	"makeIsolatedNetns,Service.runOnRuntime,writeSpec," +
+	// other requests' options: an isolated network, the runtime's start,
+	// --seal freeze or a parent with files open for writing, a command
+	"makeIsolatedNetns,Service.runOnRuntime,writeSpec,FreezeOwn,isSelfFork,ownWriters,writersOutside,PidsIn,OOMKillsIn," +
 	// refusals and discards: a parent gone, no room, an init that died
 	"Sandbox.ref,Sandbox.pidsRefusal,PausedError,Spawned.Discard"
 
