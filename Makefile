@@ -191,7 +191,7 @@ lint: check-version check-tidy check-proto check-imports $(BIN)/staticcheck
 # go.mod and go.sum say exactly what the code needs.
 check-tidy:
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
-	@for m in hack/kubernetes hack/etcd hack/critest; do \
+	@for m in hack/kubernetes hack/etcd hack/critest hack/walk; do \
 		(cd $$m && $(GO) mod tidy -diff) || { echo "$$m/go.mod or go.sum is not tidy: run go mod tidy there"; exit 1; }; \
 	done
 

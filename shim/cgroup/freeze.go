@@ -3,22 +3,16 @@
 package cgroup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
-
-	cgfs "github.com/opencontainers/cgroups/fs"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
-	"github.com/opencontainers/cgroups/fs2"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,7 +26,7 @@ const SealLeaf = ".sealed"
 // frozen when its parent thaws.
 func Thaw(dirs []Dir) {
 	for _, d := range dirs {
-		if !d.Freezer && !d.V2 {
+		if !d.Freezes() {
 			continue // no freezer here: nothing to walk
 		}
 		for _, dir := range Subdirs(d.Path) {
@@ -46,14 +40,7 @@ func Thaw(dirs []Dir) {
 // state the kernel reports after its write, and a freeze returns once
 // frozen (at once for an empty cgroup).
 func SetFreezer(m Dir, dir string, state cgroups.FreezerState) error {
-	if m.Freezer {
-		return (&cgfs.FreezerGroup{}).Set(dir, &cgroups.Resources{Freezer: state})
-	}
-	mgr, err := fs2.NewManager(&cgroups.Cgroup{Resources: &cgroups.Resources{}}, dir)
-	if err != nil {
-		return err
-	}
-	return mgr.Freeze(state)
+	return m.hier().setFreezer(dir, state)
 }
 
 // FreezeOwn freezes the processes that are directly in a cgroup path (not
@@ -128,20 +115,18 @@ func FreezeOwn(ctx context.Context, path string) error {
 // cgroup slow to freeze (letting sealed processes run), on v2 it polls
 // every 10ms, a sleep nearly every seal would pay.
 func waitFrozen(m Dir, dir string) error {
-	file, want := "freezer.state", "FROZEN"
-	if !m.Freezer {
-		file, want = "cgroup.events", "frozen 1"
-	}
+	h := m.hier()
 	for i := 0; i < 2000; i++ {
-		s, err := cgroups.ReadFile(dir, file)
+		frozen, err := h.frozen(dir)
 		if err != nil {
 			return err
 		}
-		if slices.Contains(strings.Split(s, "\n"), want) {
+		if frozen {
 			return nil
 		}
 		time.Sleep(time.Millisecond)
 	}
+	file, want := h.frozenMark()
 	return fmt.Errorf("%s has no %q after 2s: %w", filepath.Join(dir, file), want, errdefs.ErrUnavailable)
 }
 
@@ -162,7 +147,7 @@ func ThawOwn(ctx context.Context, path string) error {
 		if d.V2 && IsDir(filepath.Join(d.Path, OwnLeaf)) {
 			to = filepath.Join(d.Path, OwnLeaf)
 		}
-		if d.Freezer || d.V2 {
+		if d.Freezes() {
 			_ = SetFreezer(d, leaf, cgroups.Thawed)
 		}
 		// Thawed, they fork again: a child made while its parent was
@@ -192,12 +177,8 @@ func HeldFrozen(dirs []Dir) bool {
 	if !ok {
 		return false
 	}
-	if d.Freezer {
-		b, err := os.ReadFile(filepath.Join(d.Path, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
-	}
-	b, err := os.ReadFile(filepath.Join(d.Path, "cgroup.events"))
-	return err == nil && strings.Contains(string(b), "frozen 1")
+	frozen, err := d.hier().frozen(d.Path)
+	return err == nil && frozen
 }
 
 // freezerOf picks the directory of a cgroup that freezes it whole: the v1
@@ -223,31 +204,23 @@ func FreezeAll(dirs []Dir, alone int) error {
 	if !ok {
 		return fmt.Errorf("no freezer for cgroup: %w", errdefs.ErrNotImplemented)
 	}
-	file, value, done := filepath.Join(d.Path, "freezer.state"), "FROZEN", func(b []byte) bool { return strings.TrimSpace(string(b)) == "FROZEN" }
-	if !d.Freezer {
-		file, value = filepath.Join(d.Path, "cgroup.freeze"), "1"
-		done = func(b []byte) bool { return strings.Contains(string(b), "frozen 1") }
-	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+	h := d.hier()
+	if err := h.requestFreeze(d.Path, true); err != nil {
 		return fmt.Errorf("freeze %s: %w", d.Path, err)
 	}
 	if pids, err := SubtreePids([]Dir{d}); err == nil && alone > 0 && len(pids) == 1 && pids[0] == alone {
 		return nil
-	}
-	check := file
-	if !d.Freezer {
-		check = filepath.Join(d.Path, "cgroup.events")
 	}
 	// Frozen once each process got the CPU to stop: the poll starts short
 	// and stays short, as a wait of a busy machine's scheduling delay
 	// (milliseconds) is overshot by no more than a step.
 	delay := 20 * time.Microsecond
 	for deadline := time.Now().Add(2 * time.Second); ; {
-		b, err := os.ReadFile(check)
+		frozen, err := h.frozen(d.Path)
 		if err != nil {
 			return fmt.Errorf("freeze %s: %w", d.Path, err)
 		}
-		if done(b) {
+		if frozen {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -301,11 +274,7 @@ func ThawAll(dirs []Dir) error {
 	if !ok {
 		return nil
 	}
-	file, value := filepath.Join(d.Path, "freezer.state"), "THAWED"
-	if !d.Freezer {
-		file, value = filepath.Join(d.Path, "cgroup.freeze"), "0"
-	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := d.hier().requestFreeze(d.Path, false); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("thaw %s: %w", d.Path, err)
 	}
 	return nil
@@ -315,7 +284,7 @@ func ThawAll(dirs []Dir) error {
 func Freezers(ms []Dir) []Dir {
 	var out []Dir
 	for _, m := range ms {
-		if m.Freezer || m.V2 {
+		if m.Freezes() {
 			out = append(out, m)
 		}
 	}
@@ -331,21 +300,17 @@ func Frozen(dirs []Dir) bool {
 	if !ok {
 		return false
 	}
-	if d.Freezer {
-		b, err := os.ReadFile(filepath.Join(d.Path, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(b)) != "THAWED"
-	}
-	if b, err := os.ReadFile(filepath.Join(d.Path, "cgroup.freeze")); err == nil && strings.TrimSpace(string(b)) == "1" {
-		return true
-	}
-	b, err := os.ReadFile(filepath.Join(d.Path, "cgroup.events"))
+	return d.hier().freezing(d.Path)
+}
+
+// Frozen says whether the cgroup at path is frozen or freezing (Frozen).
+// Only the hierarchies that can freeze are looked at: this is asked
+// before every operation, and a stat of each v1 hierarchy cost more than
+// the answer.
+func (h *Host) Frozen(path string) bool {
+	ms, err := h.Mounts()
 	if err != nil {
 		return false
 	}
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if string(bytes.TrimSpace(l)) == "frozen 1" {
-			return true
-		}
-	}
-	return false
+	return Frozen(DirsIn(Freezers(ms), path))
 }

@@ -6,13 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,10 +57,10 @@ func KillBranch(ctx context.Context, path string, dirs []Dir, initPidfd int, fro
 // cgroup.kill exists (cgroup v2, Linux 5.14), one by one on the first v1
 // hierarchy.
 func SignalAll(ctx context.Context, dirs []Dir) error {
-	if err := killV2(dirs); err != nil {
+	if err := killAtOnce(dirs); err != nil {
 		return err
 	}
-	if !dirs[0].V2 {
+	if !dirs[0].hier().killsAtOnce() {
 		pids, err := SubtreePids(dirs[:1])
 		if err != nil {
 			return err
@@ -73,21 +70,15 @@ func SignalAll(ctx context.Context, dirs []Dir) error {
 	return nil
 }
 
-// killV2 writes cgroup.kill (Linux 5.14) on the v2 directories of dirs,
-// which kills each whole subtree atomically. A kernel without it (no such
-// file) is left to the kill one by one; any other failure (a threaded
-// cgroup refuses it) is an error.
-func killV2(dirs []Dir) error {
+// killAtOnce kills each whole subtree of dirs atomically where the
+// hierarchy can (cgroup.kill on v2, Linux 5.14; hierarchy.kill). A kernel
+// without it is left to the kill one by one; any other failure (a
+// threaded cgroup refuses it) is an error.
+func killAtOnce(dirs []Dir) error {
 	var errs []error
 	for _, d := range dirs {
-		if !d.V2 {
-			continue
-		}
-		// cgroups.WriteFile, as it does not create: os.WriteFile's
-		// O_CREAT makes a missing file EACCES, not ENOENT.
-		err := cgroups.WriteFile(d.Path, "cgroup.kill", "1")
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("kill cgroup %s: %w", d.Path, err))
+		if err := d.hier().kill(d.Path); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -105,14 +96,13 @@ func KillPids(ctx context.Context, pids []int) {
 // v2 directory's cgroup.events says, or else the first v1 hierarchy.
 func populated(dirs []Dir) bool {
 	for _, d := range dirs {
-		if !d.V2 {
-			continue
-		}
-		s, err := cgroups.ReadFile(d.Path, "cgroup.events")
+		p, known, err := d.hier().populated(d.Path)
 		if err != nil {
 			break
 		}
-		return !strings.Contains(s, "populated 0")
+		if known {
+			return p
+		}
 	}
 	pids, err := SubtreePids(dirs[:1])
 	return err != nil || len(pids) > 0 // unreadable: maybe populated
@@ -121,7 +111,7 @@ func populated(dirs []Dir) bool {
 // KillLoop kills the processes of dirs until none is left, watching the
 // hierarchies of watch while they die and checking all before it returns.
 func KillLoop(ctx context.Context, path string, dirs, watch []Dir) error {
-	if err := killV2(dirs); err != nil {
+	if err := killAtOnce(dirs); err != nil {
 		// The processes are still killed one by one below, and the
 		// cgroup must be seen empty.
 		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once")

@@ -116,7 +116,7 @@ func DirsIn(ms []Dir, path string) []Dir {
 // --seal freeze moves processes in, is preferred.
 func OneHierarchy(dirs []Dir) []Dir {
 	for i, d := range dirs {
-		if d.Freezer || d.V2 {
+		if d.Freezes() {
 			return dirs[i : i+1]
 		}
 	}

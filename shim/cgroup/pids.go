@@ -148,3 +148,31 @@ func AsPidsLimit(errs []error, levels []PidsLevel, slack int64) *PidsLimit {
 	}
 	return nil
 }
+
+// PidsOnV1 says the pids controller is on a v1 hierarchy, where a fork
+// into a limited cgroup needs room for the thread that forks too.
+func PidsOnV1(ms []Dir) bool {
+	for _, m := range ms {
+		if m.Pids {
+			return !m.V2
+		}
+	}
+	return false
+}
+
+// PidsShort is the tightest process limit above path that has no room for
+// need more processes, and one more on a v1 hierarchy for the thread that
+// forks (nil: every limit has room): a fork's check, in one call.
+func PidsShort(ms []Dir, path string, need int64) *PidsLimit {
+	levels := PidsLimits(ms, path)
+	if len(levels) == 0 {
+		return nil
+	}
+	if need > 0 && PidsOnV1(ms) {
+		need++
+	}
+	if t := Tightest(levels, need); t != nil {
+		return &PidsLimit{PidsLevel: *t, Need: need}
+	}
+	return nil
+}

@@ -179,14 +179,3 @@ func leaveThread(back []string) error {
 	}
 	return errors.Join(errs...)
 }
-
-// PidsOnV1 says the pids controller is on a v1 hierarchy, where a fork
-// into a limited cgroup needs room for the thread that forks too.
-func PidsOnV1(ms []Dir) bool {
-	for _, m := range ms {
-		if m.Pids {
-			return !m.V2
-		}
-	}
-	return false
-}

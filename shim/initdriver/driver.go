@@ -3,28 +3,22 @@
 package initdriver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"syscall"
 	"time"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
-	cgmanager "github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
@@ -68,109 +62,12 @@ type Spawned struct {
 	prepped []byte
 }
 
-// Spawn makes a cgroup and starts an init in new namespaces (flags),
-// inside the cgroup's pids and memory cgroups (startIn), so that the
-// process limits above it hold from its first instant. On the other v1
-// hierarchies it is moved in the background while it can already build
-// a root; a fork refused by a process limit is a *PidsLimit.
-func (d *Driver) Spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *Spawned, retErr error) {
-	// Also done by the fork; the pool starts inits between forks.
-	if err := cgroup.PrepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
-		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
-	}
-	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
-	if err != nil {
-		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
-	}
-	// The new cgroup (devices included) starts with what its parent
-	// allows, and its parent's limits bound it.
-	if err := cgm.Apply(-1); err != nil {
-		return nil, fmt.Errorf("make cgroup %s: %w", cgroupPath, err)
-	}
-	defer func() {
-		if retErr != nil {
-			_ = cgm.Destroy()
-		}
-	}()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	mine, theirs := os.NewFile(uintptr(fds[0]), "branch-ctl"), os.NewFile(uintptr(fds[1]), "branch-ctl-init")
-	defer theirs.Close()
-	conn, err := net.FileConn(mine)
-	mine.Close()
-	if err != nil {
-		return nil, err
-	}
-	ctl := conn.(*net.UnixConn)
-	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		ctl.Close()
-		return nil, err
-	}
-	defer null.Close()
-	started := time.Now()
-	pidfd := -1
-	paths := cgm.GetPaths()
-	pid, born, err := d.Cgroups.StartIn(ctx, cgroupPath, paths, d.Binary, []string{"brinit"}, &syscall.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
-		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), theirs.Fd()},
-		Sys:   &syscall.SysProcAttr{Cloneflags: flags, PidFD: &pidfd},
-	})
-	if err != nil {
-		ctl.Close()
-		var pl *cgroup.PidsLimit
-		if errors.As(err, &pl) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("start the branch init: %w", err)
-	}
-	init := newProcess("", nil)
-	init.pid, init.pidfd = pid, pidfd
-	d.Watch(init, started)
-	s := &Spawned{init: init, ctl: ctl, cgroup: cgroupPath, paths: paths, Flags: flags, joined: make(chan error, 1)}
-	var rest []string // the hierarchies it was not born in
-	for _, dir := range paths {
-		if !born[dir] && !slices.Contains(rest, dir) {
-			rest = append(rest, dir)
-		}
-	}
-	if len(rest) == 0 {
-		s.joined <- nil
-		return s, nil
-	}
-	go func() {
-		for _, dir := range rest {
-			if err := cgroups.WriteCgroupProc(dir, pid); err != nil {
-				s.joined <- fmt.Errorf("put the branch init in cgroup %s: %w", dir, err)
-				return
-			}
-		}
-		s.joined <- nil
-	}()
-	return s, nil
-}
-
 // waitJoined waits for the init's move into its cgroup and says how it
 // went; the answer stays for later callers.
 func (s *Spawned) waitJoined() error {
 	err := <-s.joined
 	s.joined <- err
 	return err
-}
-
-// joinedYet says, without waiting, whether the init's move into its
-// cgroup is done, and how it went.
-func (s *Spawned) joinedYet() (bool, error) {
-	select {
-	case err := <-s.joined:
-		s.joined <- err
-		return true, err
-	default:
-		return false, nil
-	}
 }
 
 // ended says whether the init has exited (killed while it waited, say by
@@ -244,181 +141,4 @@ func moveInto(dir, nd string, pid int) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// Configure has a spawned init build a branch's root and start its
-// command; it returns once the branch is ready or the init said why not.
-func (d *Driver) Configure(ctx context.Context, b Config, s *Spawned, rootfs string, cmdLog string) (_ *Branch, retErr error) {
-	defer func() {
-		if retErr != nil {
-			s.Discard(ctx)
-		}
-	}()
-	plan, prog, err := d.plan(ctx, b, s, rootfs)
-	if err != nil {
-		return nil, err
-	}
-	conf, fds, closeFds, err := setUp(ctx, b, s, plan, prog, rootfs, cmdLog)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFds()
-	oob := unix.UnixRights(fds...)
-	ctl := s.ctl
-	// An init in its cgroups already (one started ahead) goes on from its
-	// root to the command without waiting for a word: one round trip
-	// less.
-	joined, err := s.joinedYet()
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: %w", b.ID, err)
-	}
-	if joined {
-		conf.Op("joined")
-	}
-	msg := append([]byte{'C'}, conf.Bytes()...)
-	if _, _, err := ctl.WriteMsgUnix(msg, oob, nil); err != nil {
-		return nil, fmt.Errorf("branch %s: send its init the branch's set-up: %w", b.ID, err)
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = ctl.SetReadDeadline(dl)
-	} else {
-		_ = ctl.SetReadDeadline(time.Now().Add(time.Minute))
-	}
-	if err := d.awaitReady(b, s, joined); err != nil {
-		return nil, err
-	}
-	_ = ctl.SetReadDeadline(time.Time{})
-	fc := &Branch{initProc: s.init, ctl: ctl, cfg: plan.Cfg, byID: map[string]*Process{}, byPid: map[int]*Process{}}
-	go fc.read(context.WithoutCancel(ctx))
-	return fc, nil
-}
-
-// plan sets a branch's limits on its cgroup and plans its init's work,
-// with the sandbox's seccomp program (nil: none).
-func (d *Driver) plan(ctx context.Context, b Config, s *Spawned, rootfs string) (*brinit.Plan, *Seccomp, error) {
-	if err := cgroup.SetLimits(s.paths, b.Limits); err != nil {
-		return nil, nil, fmt.Errorf("branch %s: set limits: %w", b.ID, err)
-	}
-	var prog *Seccomp
-	if b.Spec.Linux.Seccomp != nil {
-		// Compiled when the sandbox chose the init (useInit).
-		var err error
-		if prog, err = b.Path.Seccomp(ctx, b.Spec.Linux.Seccomp); err != nil {
-			return nil, nil, fmt.Errorf("branch %s: %w", b.ID, err)
-		}
-	}
-	var sc *brinit.Seccomp
-	if prog != nil {
-		sc = &prog.Seccomp
-	}
-	plan, err := brinit.NewPlan(b.Spec, rootfs, s.paths, sc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("branch %s: %w", b.ID, err)
-	}
-	if plan.Clone != s.Flags {
-		return nil, nil, fmt.Errorf("branch %s: its init was started with namespaces %#x, the spec wants %#x: %w", b.ID, s.Flags, plan.Clone, errdefs.ErrInternal)
-	}
-	return plan, prog, nil
-}
-
-// setUp is the set-up a spawned init is sent: the config (the part of the
-// plan it has not made yet) and the descriptors it takes, which
-// closeFds closes once they are sent.
-func setUp(ctx context.Context, b Config, s *Spawned, plan *brinit.Plan, prog *Seccomp, rootfs, cmdLog string) (_ *brinit.Config, fds []int, closeFds func(), retErr error) {
-	var closers []func()
-	closeFds = func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
-	defer func() {
-		if retErr != nil {
-			closeFds()
-		}
-	}()
-	// The init attaches a clone of the shim's rootfs mount: it may have
-	// been started (its mount namespace copied) before the rootfs was
-	// mounted.
-	rootMnt, err := unix.OpenTree(unix.AT_FDCWD, rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("branch %s: clone its rootfs mount: %w", b.ID, err)
-	}
-	closers = append(closers, func() { unix.Close(rootMnt) })
-	fds = []int{rootMnt}
-	conf := &plan.Conf
-	if s.prepped != nil {
-		// An init started ahead did the early part already: if it is
-		// this plan's (it is, unless the sandbox's namespaces moved), it
-		// gets the rest; otherwise all of it, and drops what it made.
-		if early, late, ok := brinit.SplitPrep(plan.Conf.Ops()); ok && bytes.Equal(early.Bytes(), s.prepped) {
-			conf = &late
-			log.G(ctx).WithField("branch", b.ID).Debug("the branch's init, started ahead, made the early part of its root")
-		}
-	}
-	if b.HasCommand {
-		if err := brinit.WriteProc(conf, b.Spec.Process, plan.Cfg, false); err != nil {
-			return nil, nil, nil, err
-		}
-		conf.Op("run")
-		null, err := os.Open(os.DevNull)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		closers = append(closers, func() { null.Close() })
-		out, err := os.OpenFile(cmdLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("branch %s: command log: %w", b.ID, err)
-		}
-		closers = append(closers, func() { out.Close() })
-		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
-	}
-	if prog != nil {
-		fds = append(fds, int(prog.file.Fd())) // last: the seccomp op (brinit.NewPlan)
-	}
-	return conf, fds, closeFds, nil
-}
-
-// awaitReady waits for a configured init to say its branch is ready: an
-// init not yet in its cgroups builds the root while it is moved there,
-// and is told to go on once it is.
-func (d *Driver) awaitReady(b Config, s *Spawned, joined bool) error {
-	ctl := s.ctl
-	if !joined {
-		if err := s.waitJoined(); err != nil {
-			return fmt.Errorf("branch %s: %w", b.ID, err)
-		}
-		if err := initReply(ctl, 'R'); err != nil {
-			return fmt.Errorf("branch %s: %w", b.ID, err)
-		}
-		if _, err := ctl.Write([]byte{'G'}); err != nil {
-			return fmt.Errorf("branch %s: start its init: %w", b.ID, err)
-		}
-	}
-	if err := initReply(ctl, 'O'); err != nil {
-		if ms, herr := d.Cgroups.Mounts(); herr == nil && cgroup.EAGAINText(err) {
-			// Its fork of the command was refused: by a limit above it,
-			// or by the branch's own.
-			if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, b.Cgroup), 0); pl != nil {
-				return pl
-			}
-		}
-		return fmt.Errorf("branch %s: %w", b.ID, err)
-	}
-	return nil
-}
-
-// initReply reads the init's next word, which must be want (or say why
-// not).
-func initReply(ctl *net.UnixConn, want byte) error {
-	buf := make([]byte, 2048)
-	k, err := ctl.Read(buf)
-	switch {
-	case err != nil:
-		return fmt.Errorf("its init ended before it was ready (%v): %w", err, errdefs.ErrUnknown)
-	case k > 0 && buf[0] == 'F':
-		return fmt.Errorf("set up: %s: %w", buf[1:k], errdefs.ErrFailedPrecondition)
-	case k == 0 || buf[0] != want:
-		return fmt.Errorf("unexpected reply from its init %q: %w", buf[:k], errdefs.ErrUnknown)
-	}
-	return nil
 }

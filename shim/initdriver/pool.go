@@ -49,29 +49,6 @@ func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
 	return &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
 }
 
-// Take returns a started init for a branch cloned with flags, in its
-// cgroup and with that cgroup renamed to cgroup; or nil, and the branch
-// starts one of its own.
-func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned {
-	s := p.takeReady(ctx, flags)
-	if s == nil {
-		return nil
-	}
-	return s.renamedOrDiscarded(ctx, cgroup)
-}
-
-// renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
-// returns it, or discards it if the rename fails (nil: the branch starts
-// an init of its own).
-func (s *Spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *Spawned {
-	if err := s.rename(cgroup); err != nil {
-		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
-		s.Discard(ctx)
-		return nil
-	}
-	return s
-}
-
 // takeReady takes a started init cloned with flags out of the pool, or
 // returns nil.
 func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
@@ -114,19 +91,6 @@ func (p *Pool) TakeAhead(ctx context.Context, guess string) *Ahead {
 	a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
 	go func() { a.renamed <- s.rename(guess) }()
 	return a
-}
-
-// Claim returns the init for the branch whose cgroup is cgroup (the
-// guess: Fork drops every init taken ahead if one guess is wrong), renamed
-// again if its rename failed; nil if it cannot be used, and it is
-// discarded.
-func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
-	a.claimed = true
-	err := <-a.renamed
-	if err == nil && a.Guess == cgroup {
-		return a.s
-	}
-	return a.s.renamedOrDiscarded(ctx, cgroup)
 }
 
 // Release discards an init taken ahead that no branch claimed.

@@ -99,3 +99,17 @@ func Unsupported(s *specs.Spec) string {
 	}
 	return ""
 }
+
+// seccompNotifies says whether a profile hands syscalls to a user-space
+// agent, which the runtime connects to the filter's listener.
+func seccompNotifies(s *specs.LinuxSeccomp) bool {
+	if s.ListenerPath != "" || s.DefaultAction == specs.ActNotify {
+		return true
+	}
+	for _, c := range s.Syscalls {
+		if c.Action == specs.ActNotify {
+			return true
+		}
+	}
+	return false
+}

@@ -70,18 +70,7 @@ func prepareCriu() {
 // refreezes after the dump.
 func checkpoint(c *cmdline) error {
 	prepareCriu()
-	container, err := getContainer(c)
-	if err != nil {
-		return err
-	}
-	status, err := container.Status()
-	if err != nil {
-		return err
-	}
-	if status != libcontainer.Running && status != libcontainer.Paused {
-		return fmt.Errorf("container cannot be checkpointed in %s state", status)
-	}
-	st, err := container.State()
+	container, st, err := checkpointable(c)
 	if err != nil {
 		return err
 	}
@@ -98,6 +87,59 @@ func checkpoint(c *cmdline) error {
 	}
 	defer imageDir.Close()
 	config := container.Config()
+	opts, closeWork, err := dumpOpts(c, &config, st, imageDir, images)
+	if err != nil {
+		return err
+	}
+	defer closeWork()
+	fds, err := json.Marshal(st.ExternalDescriptors)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(images, descriptorsFile), fds, 0o600); err != nil {
+		return err
+	}
+	cr := criu.MakeCriu()
+	if err := cr.Dump(opts, criu.NoNotify{}); err != nil {
+		// Its log (dump.log in the work directory) says why; the shim
+		// reads it before the image goes.
+		return fmt.Errorf("criu dump: %w", err)
+	}
+	return nil
+}
+
+// checkpointable is the container to checkpoint and its state, if it
+// runs or is paused.
+func checkpointable(c *cmdline) (*libcontainer.Container, *libcontainer.State, error) {
+	container, err := getContainer(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	status, err := container.Status()
+	if err != nil {
+		return nil, nil, err
+	}
+	if status != libcontainer.Running && status != libcontainer.Paused {
+		return nil, nil, fmt.Errorf("container cannot be checkpointed in %s state", status)
+	}
+	st, err := container.State()
+	if err != nil {
+		return nil, nil, err
+	}
+	return container, st, nil
+}
+
+// dumpOpts is CRIU's dump of the container of config and state st into
+// imageDir (the directory images): the options the command gives, its
+// work directory (closeWork closes it once dumped), its external network
+// namespace and mounts, and its cgroups left alone if they are flat.
+func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images string) (_ *criurpc.CriuOpts, closeWork func(), retErr error) {
+	closeWork = func() {}
+	defer func() {
+		if retErr != nil {
+			closeWork()
+		}
+	}()
 	opts := &criurpc.CriuOpts{
 		ImagesDirFd:     proto.Int32(int32(imageDir.Fd())),
 		LogLevel:        proto.Int32(4),
@@ -119,20 +161,20 @@ func checkpoint(c *cmdline) error {
 	}
 	if w := c.str("work-path"); w != "" {
 		if err := os.MkdirAll(w, 0o700); err != nil {
-			return err
+			return nil, closeWork, err
 		}
 		workDir, err := os.Open(w)
 		if err != nil {
-			return err
+			return nil, closeWork, err
 		}
-		defer workDir.Close()
+		closeWork = func() { workDir.Close() }
 		opts.WorkDirFd = proto.Int32(int32(workDir.Fd()))
 	}
 	// The init's network namespace, whoever made it, is external: a
 	// branch restored from the image joins the one it is given.
 	var netns unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.InitProcessPid), &netns); err != nil {
-		return fmt.Errorf("checkpoint: network namespace of the init: %w", err)
+		return nil, closeWork, fmt.Errorf("checkpoint: network namespace of the init: %w", err)
 	}
 	opts.External = append(opts.External, fmt.Sprintf("net[%d]:%s", netns.Ino, ExtNetNSKey))
 	// Without --freeze-cgroup, CRIU stops the processes with ptrace alone:
@@ -141,29 +183,16 @@ func checkpoint(c *cmdline) error {
 	if freeze := c.str("freeze-cgroup"); freeze != "" {
 		opts.FreezeCgroup = proto.String(freeze)
 	}
-	if err := addDumpMounts(opts, &config, st.InitProcessPid); err != nil {
-		return err
+	if err := addDumpMounts(opts, config, st.InitProcessPid); err != nil {
+		return nil, closeWork, err
 	}
 	if cgroupsFlat(st.InitProcessPid) {
 		opts.ManageCgroups = proto.Bool(false)
 		if err := os.WriteFile(filepath.Join(images, cgroupsIgnored), nil, 0o600); err != nil {
-			return err
+			return nil, closeWork, err
 		}
 	}
-	fds, err := json.Marshal(st.ExternalDescriptors)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(images, descriptorsFile), fds, 0o600); err != nil {
-		return err
-	}
-	cr := criu.MakeCriu()
-	if err := cr.Dump(opts, criu.NoNotify{}); err != nil {
-		// Its log (dump.log in the work directory) says why; the shim
-		// reads it before the image goes.
-		return fmt.Errorf("criu dump: %w", err)
-	}
-	return nil
+	return opts, closeWork, nil
 }
 
 // addDumpMounts marks the mounts CRIU cannot dump as external, under the

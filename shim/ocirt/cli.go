@@ -90,8 +90,36 @@ func Main(args []string) int {
 
 func parse(args []string) (*cmdline, error) {
 	c := &cmdline{flags: map[string]string{}}
+	i, err := c.parseGlobal(args)
+	if err != nil {
+		return nil, err
+	}
+	if i >= len(args) {
+		return nil, errors.New("no command given")
+	}
+	c.name = args[i]
+	if i, err = c.parseFlags(args, i+1); err != nil {
+		return nil, err
+	}
+	c.args = args[i:]
+	if c.g.root == "" {
+		c.g.root = "/run/containerd/branch"
+	}
+	root, err := filepath.Abs(c.g.root)
+	if err != nil {
+		return nil, err
+	}
+	if root == "/" {
+		return nil, errors.New("option --root argument should not be set to /")
+	}
+	c.g.root = root
+	return c, nil
+}
+
+// parseGlobal reads the global flags, up to the command name, and returns
+// the command name's index.
+func (c *cmdline) parseGlobal(args []string) (int, error) {
 	i := 0
-	// Global flags, up to the command name.
 	for ; i < len(args) && strings.HasPrefix(args[i], "-"); i++ {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 		needVal := func() (string, error) {
@@ -121,17 +149,18 @@ func parse(args []string) (*cmdline, error) {
 				_, err = needVal()
 			}
 		default:
-			return nil, fmt.Errorf("unknown global flag %q", args[i])
+			return 0, fmt.Errorf("unknown global flag %q", args[i])
 		}
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
-	if i >= len(args) {
-		return nil, errors.New("no command given")
-	}
-	c.name = args[i]
-	i++
+	return i, nil
+}
+
+// parseFlags reads the command's flags from args[i:] and returns the index
+// of its first positional argument.
+func (c *cmdline) parseFlags(args []string, i int) (int, error) {
 	// Command flags come before the positional arguments (go-runc's order);
 	// "--" or the first non-flag ends them.
 	for ; i < len(args); i++ {
@@ -153,22 +182,10 @@ func parse(args []string) (*cmdline, error) {
 			i++
 			c.flags[name] = args[i]
 		default:
-			return nil, fmt.Errorf("flag %s needs a value", a)
+			return 0, fmt.Errorf("flag %s needs a value", a)
 		}
 	}
-	c.args = args[i:]
-	if c.g.root == "" {
-		c.g.root = "/run/containerd/branch"
-	}
-	root, err := filepath.Abs(c.g.root)
-	if err != nil {
-		return nil, err
-	}
-	if root == "/" {
-		return nil, errors.New("option --root argument should not be set to /")
-	}
-	c.g.root = root
-	return c, nil
+	return i, nil
 }
 
 // configureLogging is runc's configLogrus: libcontainer logs through
@@ -200,26 +217,16 @@ func logsToStderr() bool {
 }
 
 func run(c *cmdline) error {
-	want := func(n int) error {
-		if len(c.args) != n {
-			return fmt.Errorf("%q requires exactly %d argument(s), got %d", c.name, n, len(c.args))
+	if cmd := oneID(c.name); cmd != nil {
+		if len(c.args) != 1 {
+			return fmt.Errorf("%q requires exactly %d argument(s), got %d", c.name, 1, len(c.args))
 		}
-		if n > 0 && c.args[0] == "" {
+		if c.args[0] == "" {
 			return errors.New("container id cannot be empty")
 		}
-		return nil
+		return cmd(c)
 	}
 	switch c.name {
-	case "create":
-		if err := want(1); err != nil {
-			return err
-		}
-		return create(c)
-	case "start":
-		if err := want(1); err != nil {
-			return err
-		}
-		return start(c)
 	case "exec":
 		if len(c.args) < 1 || c.args[0] == "" {
 			return errors.New("container id cannot be empty")
@@ -230,54 +237,42 @@ func run(c *cmdline) error {
 			return fmt.Errorf("%q requires 1 or 2 arguments, got %d", c.name, len(c.args))
 		}
 		return kill(c)
-	case "delete":
-		if err := want(1); err != nil {
-			return err
-		}
-		return deleteContainer(c)
-	case "state":
-		if err := want(1); err != nil {
-			return err
-		}
-		return state(c)
 	case "ps":
 		if len(c.args) < 1 {
 			return errors.New(`"ps" requires a container id`)
 		}
 		return ps(c)
-	case "pause":
-		if err := want(1); err != nil {
-			return err
-		}
-		return pause(c)
-	case "resume":
-		if err := want(1); err != nil {
-			return err
-		}
-		return resume(c)
-	case "update":
-		if err := want(1); err != nil {
-			return err
-		}
-		return update(c)
-	case "events":
-		if err := want(1); err != nil {
-			return err
-		}
-		return events(c)
-	case "checkpoint":
-		if err := want(1); err != nil {
-			return err
-		}
-		return checkpoint(c)
-	case "restore":
-		if err := want(1); err != nil {
-			return err
-		}
-		return restore(c)
 	case "features":
 		return printFeatures()
 	default:
 		return fmt.Errorf("unsupported runtime command %q", c.name)
 	}
+}
+
+// oneID is the command name, if it takes exactly one argument, a
+// container id; nil if not.
+func oneID(name string) func(*cmdline) error {
+	switch name {
+	case "create":
+		return create
+	case "start":
+		return start
+	case "delete":
+		return deleteContainer
+	case "state":
+		return state
+	case "pause":
+		return pause
+	case "resume":
+		return resume
+	case "update":
+		return update
+	case "events":
+		return events
+	case "checkpoint":
+		return checkpoint
+	case "restore":
+		return restore
+	}
+	return nil
 }

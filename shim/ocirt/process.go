@@ -244,14 +244,30 @@ func update(c *cmdline) error {
 	if err != nil {
 		return err
 	}
+	r, err := readResources(c)
+	if err != nil {
+		return err
+	}
+	config := container.Config()
+	setResources(config.Cgroups.Resources, r)
+	// Like runc update: device rules cannot change here.
+	config.Cgroups.SkipDevices = true
+	return container.Set(config)
+}
+
+// readResources reads the resources of --resources (a file, or "-" for
+// stdin), each section present, and a memory limit of -1 (none) with no
+// swap limit given as no swap limit either.
+func readResources(c *cmdline) (*specs.LinuxResources, error) {
 	in := c.str("resources")
 	if in == "" {
-		return errors.New("update needs --resources")
+		return nil, errors.New("update needs --resources")
 	}
 	f := os.Stdin
 	if in != "-" {
+		var err error
 		if f, err = os.Open(in); err != nil {
-			return err
+			return nil, err
 		}
 		defer f.Close()
 	}
@@ -262,7 +278,7 @@ func update(c *cmdline) error {
 		Pids:    &specs.LinuxPids{},
 	}
 	if err := json.NewDecoder(f).Decode(&r); err != nil {
-		return fmt.Errorf("decode resources: %w", err)
+		return nil, fmt.Errorf("decode resources: %w", err)
 	}
 	if r.Memory == nil {
 		r.Memory = &specs.LinuxMemory{}
@@ -280,8 +296,11 @@ func update(c *cmdline) error {
 		zero := int64(0)
 		r.Memory.Swap = &zero
 	}
-	config := container.Config()
-	res := config.Cgroups.Resources
+	return &r, nil
+}
+
+// setResources sets the resources r on res, as runc update does.
+func setResources(res *cgroups.Resources, r *specs.LinuxResources) {
 	if r.BlockIO.Weight != nil {
 		res.BlkioWeight = *r.BlockIO.Weight
 	}
@@ -329,9 +348,6 @@ func update(c *cmdline) error {
 	}
 	res.PidsLimit = r.Pids.Limit
 	res.Unified = r.Unified
-	// Like runc update: device rules cannot change here.
-	config.Cgroups.SkipDevices = true
-	return container.Set(config)
 }
 
 // statsEvent is the shape of runc events --stats output that go-runc

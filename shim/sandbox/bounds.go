@@ -173,38 +173,6 @@ func (c *Service) BoundsFor(bundle string) (bounds, error) {
 // readNodeBounds reads the node's bounds from the shim's environment.
 func readNodeBounds() (bounds, error) { return nodeBounds(os.Getenv) }
 
-// checkBranches refuses a fork of count branches of parent that would
-// pass the sandbox's bounds (under sb.mu, with sb loaded): nothing is
-// changed.
-func (sb *Sandbox) checkBranches(parent *Branch, count int) error {
-	b := sb.bounds
-	if count > b.maxBranches {
-		return fmt.Errorf("fork: count %d is more than sandbox %s may have live, %d (%s): give 1 to %d: %w",
-			count, sb.id, b.maxBranches, b.branchesFrom, b.maxBranches, errdefs.ErrInvalidArgument)
-	}
-	live := len(sb.nodes) - 1 // all but the sandbox itself
-	if live+count > b.maxBranches {
-		if live >= b.maxBranches {
-			return fmt.Errorf("sandbox %s has %d live branches, its maximum (%s): abort some first: %w",
-				sb.id, live, b.branchesFrom, errdefs.ErrResourceExhausted)
-		}
-		return fmt.Errorf("sandbox %s has %d live branches and a fork of %d would make %d, over its maximum of %d (%s): abort some first: %w",
-			sb.id, live, count, live+count, b.maxBranches, b.branchesFrom, errdefs.ErrResourceExhausted)
-	}
-	depth := 0
-	for n := parent; n != nil && n.parent != ""; n = sb.nodes[n.parent] {
-		depth++
-		if depth > MaxMaxDepth {
-			break // a broken parent chain; the snapshotter has the last word
-		}
-	}
-	if depth+1 > b.maxDepth {
-		return fmt.Errorf("sandbox %s: branch %s is %d levels deep, and its branches would be deeper than the maximum of %d (%s): %w",
-			sb.id, parent.id, depth, b.maxDepth, b.depthFrom, errdefs.ErrResourceExhausted)
-	}
-	return nil
-}
-
 // newForkLimiter is a sandbox's bucket of in-sandbox forks: its rate, and
 // a burst of its max-branches, so that any fork it allows can be made.
 func newForkLimiter(b bounds) *rate.Limiter {

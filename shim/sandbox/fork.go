@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -120,61 +121,6 @@ func checkFork(req *shimv1.ForkRequest) error {
 		return fmt.Errorf("fork: net %q: want %q or %q: %w", req.Net, NetShared, NetIsolated, errdefs.ErrInvalidArgument)
 	}
 	return checkLimits(req.Limits)
-}
-
-// planFork finds the parent of a fork and checks, before anything is made
-// or sealed, that the fork can be made: the parent runs and is not held
-// for a commit, the sandbox's bounds and process limits have room, and a
-// memory fork's processes can be dumped.
-func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkRequest) (*fork, error) {
-	f := &fork{sb: sb, req: req, parentID: req.Parent}
-	if f.parentID == "" {
-		f.parentID = branch.RootID
-	}
-	parent, ok := sb.nodes[f.parentID]
-	if !ok {
-		// Let the snapshotter say what became of it (stale, committed...).
-		if _, err := sb.snapshot.Mounts(ctx, sb.ref(f.parentID)); err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("branch %s of %s is not running: %w", f.parentID, sb.id, errdefs.ErrNotFound)
-	}
-	f.parent = parent
-	if parent.state.has(held) {
-		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", f.parentID, sb.id, errdefs.ErrFailedPrecondition)
-	}
-	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
-		return nil, err
-	}
-	pid, err := c.initPid(ctx, sb, parent)
-	if err != nil {
-		return nil, err
-	}
-	f.pid = pid
-	if req.Memory {
-		if err := c.checkMemoryFork(ctx, sb, parent, pid, req); err != nil {
-			return nil, err
-		}
-		if req.FromCheckpoint != "" {
-			if f.img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint); err != nil {
-				return nil, err
-			}
-		}
-	}
-	f.ms, _ = c.hier()
-	// A memory branch is restored by the runtime, not the branch init.
-	f.runtimePath = req.Memory || c.inits.Binary == "" || initdriver.Unsupported(parent.spec) != ""
-	if err := c.pidsRoom(sb, parent, f.ms, f.runtimePath, req); err != nil {
-		if f.img != nil {
-			f.img.remove(context.WithoutCancel(ctx))
-		}
-		return nil, err
-	}
-	f.join = joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
-	if req.Net == NetShared {
-		f.join.net = fmt.Sprintf("/proc/%d/ns/net", pid)
-	}
-	return f, nil
 }
 
 // takeAhead takes inits started ahead, their cgroups renamed to the names
@@ -342,4 +288,25 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 	}
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
 	return resp
+}
+
+// checkLimits refuses limits that are out of range; zero means "the
+// parent's".
+func checkLimits(l *shimv1.Limits) error {
+	if l == nil {
+		return nil
+	}
+	if l.Memory != 0 && l.Memory < MinBranchMemory {
+		return fmt.Errorf("fork: memory limit %d bytes is below the minimum of %d (6 MiB): %w", l.Memory, MinBranchMemory, errdefs.ErrInvalidArgument)
+	}
+	if math.IsNaN(l.Cpus) || math.IsInf(l.Cpus, 0) {
+		return fmt.Errorf("fork: CPU limit %v is not a number of CPUs: %w", l.Cpus, errdefs.ErrInvalidArgument)
+	}
+	if l.Cpus != 0 && (l.Cpus < MinBranchCPUs || l.Cpus > MaxBranchCPUs) {
+		return fmt.Errorf("fork: CPU limit %v is out of range: give %v to %d CPUs (the kernel's smallest quota is 1 ms per 100 ms): %w", l.Cpus, MinBranchCPUs, MaxBranchCPUs, errdefs.ErrInvalidArgument)
+	}
+	if l.Pids < 0 || l.Pids > MaxBranchPids {
+		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }

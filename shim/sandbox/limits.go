@@ -2,11 +2,8 @@ package sandbox
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/containerd/errdefs"
-
-	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
 
 // The bounds of the limits a fork asks for, checked where they enter so
@@ -27,27 +24,6 @@ const (
 	// maxSignal is the kernel's highest signal number (_NSIG, SIGRTMAX).
 	maxSignal = 64
 )
-
-// checkLimits refuses limits that are out of range; zero means "the
-// parent's".
-func checkLimits(l *shimv1.Limits) error {
-	if l == nil {
-		return nil
-	}
-	if l.Memory != 0 && l.Memory < MinBranchMemory {
-		return fmt.Errorf("fork: memory limit %d bytes is below the minimum of %d (6 MiB): %w", l.Memory, MinBranchMemory, errdefs.ErrInvalidArgument)
-	}
-	if math.IsNaN(l.Cpus) || math.IsInf(l.Cpus, 0) {
-		return fmt.Errorf("fork: CPU limit %v is not a number of CPUs: %w", l.Cpus, errdefs.ErrInvalidArgument)
-	}
-	if l.Cpus != 0 && (l.Cpus < MinBranchCPUs || l.Cpus > MaxBranchCPUs) {
-		return fmt.Errorf("fork: CPU limit %v is out of range: give %v to %d CPUs (the kernel's smallest quota is 1 ms per 100 ms): %w", l.Cpus, MinBranchCPUs, MaxBranchCPUs, errdefs.ErrInvalidArgument)
-	}
-	if l.Pids < 0 || l.Pids > MaxBranchPids {
-		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
 
 // checkSignal refuses a signal number the kernel does not have (it would
 // answer EINVAL, reported as an internal error); 0 is not a signal to send

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
@@ -35,21 +34,6 @@ const pauseDrain = 10 * time.Second
 // PausedError is the refusal of a branch operation on a paused sandbox.
 func PausedError(sb *Sandbox) error {
 	return fmt.Errorf("sandbox %s is paused: resume it first (ctr task resume, nerdctl unpause): %w", sb.id, errdefs.ErrFailedPrecondition)
-}
-
-// Paused says whether a sandbox's cgroup is frozen or freezing.
-func (c *Service) Paused(sb *Sandbox) bool {
-	if sb.cgroup == "" {
-		return false
-	}
-	ms, err := c.hier()
-	if err != nil {
-		return false
-	}
-	// Only the hierarchies that can freeze are looked at: this is asked
-	// before every operation, and a stat of each v1 hierarchy cost more
-	// than the answer.
-	return cgroup.Frozen(cgroup.DirsIn(cgroup.Freezers(ms), sb.cgroup))
 }
 
 // starts counts the process starts of execs under way outside the

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/containerd/errdefs"
@@ -53,36 +52,4 @@ func (sb *Sandbox) pidsRefusal(parent *Branch, pl *cgroup.PidsLimit) error {
 		need = fmt.Sprintf(" (%d free, the fork needs %d)", max(pl.Room(), 0), pl.Need)
 	}
 	return fmt.Errorf("%s: %s process limit (pids.max %d) is reached%s: %w", what, whose, pl.Max, need, errdefs.ErrResourceExhausted)
-}
-
-// pidsRoom refuses up front, before anything is made or sealed, a fork
-// that needs more processes than the limits above its parent leave: one
-// per branch init, one more per branch given a command on the branch-init
-// path (the init forks it), less the inits started ahead that a fork of
-// the root takes (they are counted already), and on a v1 pids hierarchy
-// one for the moment of a clone (the shim's forking thread, or the
-// runtime's first process, is in the cgroup unchecked while it forks). A
-// fork that passes can still be refused by the kernel, as the sandbox's
-// own processes fork meanwhile or the runtime's helper processes need
-// more; the branches it made so far are then rolled back (Fork).
-func (c *Service) pidsRoom(sb *Sandbox, parent *Branch, ms []cgroup.Dir, runtimePath bool, req *shimv1.ForkRequest) error {
-	levels := cgroup.PidsLimits(ms, parent.cgroup)
-	if len(levels) == 0 {
-		return nil
-	}
-	per := int64(1)
-	if len(req.Args) > 0 && !runtimePath {
-		per = 2
-	}
-	need := int64(req.Count) * per
-	if !runtimePath && parent.id == branch.RootID && req.Net == NetShared && sb.pool != nil {
-		need -= int64(min(sb.pool.Count(), int(req.Count)))
-	}
-	if need > 0 && cgroup.PidsOnV1(ms) {
-		need++
-	}
-	if t := cgroup.Tightest(levels, need); t != nil {
-		return sb.pidsRefusal(parent, &cgroup.PidsLimit{PidsLevel: *t, Need: need})
-	}
-	return nil
 }

@@ -82,20 +82,6 @@ func wake(kick chan struct{}) {
 	}
 }
 
-// sync reconciles sb (under sb.mu) if it never was, or if the snapshotter
-// connection was lost since it last was. A snapshotter that does not
-// answer is left to the settle loop: the operation under way reports its
-// own error if it needs the snapshotter.
-func (c *Service) sync(ctx context.Context, sb *Sandbox) {
-	if sb.reconciled && sb.snapshot.Generation() == sb.gen {
-		return
-	}
-	if err := c.reconcile(ctx, sb); err != nil {
-		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branches: snapshotter not answering; retrying in the background")
-		wake(sb.kick)
-	}
-}
-
 // settle reconciles sb whenever it is woken (the snapshotter connection
 // was lost, or a commit's outcome is unknown), retrying until the
 // snapshotter answers, so that the losers of a commit decided before a

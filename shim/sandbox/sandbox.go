@@ -282,3 +282,36 @@ func (c *Service) prepare(ctx context.Context, sb *Sandbox) error {
 	}
 	return nil
 }
+
+// Sandbox is the sandbox id, if this shim runs it.
+func (c *Service) Sandbox(id string) (*Sandbox, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sb, ok := c.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s is not a container of this shim: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// sync reconciles sb (under sb.mu) if it never was, or if the snapshotter
+// connection was lost since it last was. A snapshotter that does not
+// answer is left to the settle loop: the operation under way reports its
+// own error if it needs the snapshotter.
+func (c *Service) sync(ctx context.Context, sb *Sandbox) {
+	if sb.reconciled && sb.snapshot.Generation() == sb.gen {
+		return
+	}
+	if err := c.reconcile(ctx, sb); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Debug("reconcile branches: snapshotter not answering; retrying in the background")
+		wake(sb.kick)
+	}
+}
+
+// Paused says whether a sandbox's cgroup is frozen or freezing.
+func (c *Service) Paused(sb *Sandbox) bool {
+	if sb.cgroup == "" {
+		return false
+	}
+	return c.cgroups.Frozen(sb.cgroup)
+}

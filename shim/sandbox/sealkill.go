@@ -25,7 +25,7 @@ func (c *Service) ThawSealForKill(ctx context.Context, id string) {
 	}
 	for _, d := range cgroup.DirsIn(ms, sb.cgroup) {
 		leaf := filepath.Join(d.Path, cgroup.SealLeaf)
-		if (d.Freezer || d.V2) && cgroup.IsDir(leaf) {
+		if d.Freezes() && cgroup.IsDir(leaf) {
 			if err := cgroup.SetFreezer(d, leaf, cgroups.Thawed); err != nil {
 				log.G(ctx).WithError(err).WithField("sandbox", id).Warn("thaw the sealed processes of a killed sandbox")
 			}

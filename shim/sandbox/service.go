@@ -23,7 +23,6 @@ import (
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/containerd/v2/pkg/sys/reaper"
-	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
 )
@@ -118,16 +117,6 @@ func NewService(ctx context.Context, self string, publisher cshim.Publisher, tas
 	go c.reap(ec)
 	go c.forward()
 	return c, nil
-}
-
-func (c *Service) Sandbox(id string) (*Sandbox, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sb, ok := c.sandboxes[id]
-	if !ok {
-		return nil, fmt.Errorf("sandbox %s is not a container of this shim: %w", id, errdefs.ErrNotFound)
-	}
-	return sb, nil
 }
 
 // toTTRPC carries errdefs kinds, and a stale branch's winner, over ttrpc.

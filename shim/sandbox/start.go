@@ -8,21 +8,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/initdriver"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/api/types/runc/options"
-	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
-	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -34,26 +29,6 @@ import (
 // The life of a sandbox's branches: a sandbox added and prepared, a branch
 // started (by a branch init or the runtime), destroyed and released, and
 // every branch ended with its sandbox.
-
-// initPid is the pid of a branch's init on the host.
-func (c *Service) initPid(ctx context.Context, sb *Sandbox, n *Branch) (int, error) {
-	procs := n.procs()
-	if procs == nil {
-		st, err := c.task.State(ctx, &taskAPI.StateRequest{ID: sb.id})
-		if err != nil {
-			return 0, errgrpc.ToNative(err)
-		}
-		if st.Status != tasktypes.Status_RUNNING && st.Status != tasktypes.Status_PAUSED {
-			return 0, fmt.Errorf("sandbox %s is %s, not running: start its task first: %w", sb.id, strings.ToLower(st.Status.String()), errdefs.ErrFailedPrecondition)
-		}
-		return int(st.Pid), nil
-	}
-	pid := procs.Pid()
-	if n.state.has(exited) || pid <= 0 {
-		return 0, fmt.Errorf("branch %s has no running init (its command exited): %w", n.id, errdefs.ErrFailedPrecondition)
-	}
-	return pid, nil
-}
 
 // start creates one branch: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
@@ -227,57 +202,22 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, info branch.Info, pool *initdriver.Pool, warm *initdriver.Ahead) (retErr error) {
 	// The init is taken from the pool (its cgroup renamed to the
 	// branch's), or started, while the rootfs is mounted.
-	type spawnResult struct {
-		s   *initdriver.Spawned
-		err error
-	}
-	spawnDone := make(chan spawnResult, 1)
-	go func() {
-		flags := brinit.CloneFlags(n.spec)
-		if warm != nil {
-			if s := warm.Claim(ctx, n.cgroup); s != nil {
-				if s.Flags == flags {
-					spawnDone <- spawnResult{s: s}
-					return
-				}
-				s.Discard(ctx)
-			}
-		} else if pool != nil {
-			if s := pool.Take(ctx, flags, n.cgroup); s != nil {
-				spawnDone <- spawnResult{s: s}
-				return
-			}
-		}
-		s, err := c.inits.Spawn(ctx, n.cgroup, flags)
-		spawnDone <- spawnResult{s, err}
-	}()
 	rootfs := filepath.Join(n.bundle, "rootfs")
-	var ms []mount.Mount
-	for _, m := range info.Mounts {
-		ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
-	}
-	err := os.Mkdir(rootfs, 0o711)
-	if err != nil && !os.IsExist(err) {
-		err = fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
-	} else if err = mount.All(ms, rootfs); err != nil {
-		err = fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
-	}
-	sr := <-spawnDone
-	if err != nil || sr.err != nil {
-		if sr.s != nil {
-			sr.s.Discard(ctx)
+	fc, err := c.inits.StartBranch(ctx, n.initConfig(sb), initdriver.From{Ahead: warm, Pool: pool}, rootfs, filepath.Join(n.bundle, "init.log"), func() error {
+		var ms []mount.Mount
+		for _, m := range info.Mounts {
+			ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 		}
-		if err == nil {
-			_ = unix.Unmount(rootfs, unix.MNT_DETACH)
-			err = fmt.Errorf("branch %s: %w", n.id, sr.err)
+		err := os.Mkdir(rootfs, 0o711)
+		if err != nil && !os.IsExist(err) {
+			return fmt.Errorf("branch %s: make rootfs mount point: %w", n.id, err)
 		}
-		return err
-	}
-	fc, err := c.inits.Configure(ctx, n.initConfig(sb), sr.s, rootfs, filepath.Join(n.bundle, "init.log"))
+		if err = mount.All(ms, rootfs); err != nil {
+			return fmt.Errorf("branch %s: mount rootfs: %w", n.id, err)
+		}
+		return nil
+	})
 	if err != nil {
-		if uerr := mount.UnmountRecursive(rootfs, unix.MNT_DETACH); uerr != nil {
-			log.G(ctx).WithError(uerr).WithField("branch", n.id).Warn("unmount rootfs of a failed branch")
-		}
 		return err
 	}
 	n.init = fc

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cgroup"
@@ -107,4 +108,23 @@ func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs 
 	}
 	d.Status = n.status()
 	return d
+}
+
+// limitsOf reads the limits a spec sets, for reporting.
+func limitsOf(s *specs.Spec) *shimv1.Limits {
+	l := &shimv1.Limits{}
+	if s == nil || s.Linux == nil || s.Linux.Resources == nil {
+		return l
+	}
+	r := s.Linux.Resources
+	if r.Memory != nil && r.Memory.Limit != nil {
+		l.Memory = *r.Memory.Limit
+	}
+	if r.CPU != nil && r.CPU.Quota != nil && r.CPU.Period != nil && *r.CPU.Period > 0 && *r.CPU.Quota > 0 {
+		l.Cpus = float64(*r.CPU.Quota) / float64(*r.CPU.Period)
+	}
+	if r.Pids != nil && r.Pids.Limit != nil {
+		l.Pids = *r.Pids.Limit
+	}
+	return l
 }

@@ -1,0 +1,290 @@
+// Command walk lists the files a fork request reaches in the shim, in the
+// order it reaches them, and counts them and the returns to a file it had
+// left (docs/design.md, "a fork's path"). It walks the call graph from the
+// handler statically: each function of the shim's packages that is called,
+// in source order (deferred calls at their function's end), once; calls
+// through interfaces and into other modules end the walk there. Functions
+// the ordinary fork does not run (a memory fork, the runtime's start, the
+// undo of a failed fork, error reports) are named in -skip; one-statement
+// accessors are not counted (-trivial counts them). A return is a call
+// into a file the path had left; coming back from a call to the caller's
+// file is not one (-unwind counts those too).
+//
+//	cd hack/walk && go run . -C ../..
+package main
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/token"
+	"go/types"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/tools/go/packages"
+)
+
+// defaultSkip is what `branchctl fork agent -n 2` does not run: it starts
+// its branches with the branch init, makes no memory image and does not
+// fail. Names are Recv.Method or Func, in any of the shim's packages.
+const defaultSkip = "Service.undoFork,Service.dumpMemory,Service.checkMemoryFork,Service.checkpointImage,memoryImage.remove," +
+	// once a sandbox: its first operation, the seccomp program's compile
+	"Service.prepare,Service.reconcile,Compile,Path.closeProg,sealedProgram,Program.Bytes,NewPool,PrepOf," +
+	// other requests' options: an isolated network, the runtime's start,
+	// --seal freeze or a parent with files open for writing, a command
+	"makeIsolatedNetns,Service.runOnRuntime,writeSpec,FreezeOwn,isSelfFork,ownWriters,writersOutside,PidsIn,OOMKillsIn," +
+	// refusals and discards: a parent gone, no room, an init that died
+	"Sandbox.ref,Sandbox.pidsRefusal,PausedError,Spawned.Discard"
+
+func main() {
+	dir := flag.String("C", ".", "the repository's root")
+	root := flag.String("from", "sandbox.Service.Fork", "the handler: package.Recv.Method or package.Func")
+	skip := flag.String("skip", defaultSkip, "functions not on the path, comma-separated")
+	verbose := flag.Bool("v", false, "list each function entered")
+	trivial := flag.Bool("trivial", false, "count one-statement functions that call nothing of the shim (accessors) as visits too")
+	unwind := flag.Bool("unwind", false, "count coming back to a caller's file when a call ends as a return too, not only a new call into a file left")
+	flag.Parse()
+	if err := run(*dir, *root, *skip, *verbose, *trivial, *unwind); err != nil {
+		fmt.Fprintln(os.Stderr, "walk:", err)
+		os.Exit(1)
+	}
+}
+
+type walker struct {
+	fset    *token.FileSet
+	decls   map[*types.Func]*ast.FuncDecl
+	infos   map[*types.Func]*types.Info
+	skip    map[string]bool
+	seen    map[*types.Func]bool
+	files   []string // each file entered, in order, consecutive repeats merged
+	verbose bool
+	trivial bool
+	unwind  bool
+	base    string
+}
+
+func run(dir, root, skip string, verbose, trivial, unwind bool) error {
+	cfg := &packages.Config{
+		Mode:       packages.NeedName | packages.NeedFiles | packages.NeedSyntax | packages.NeedTypes | packages.NeedTypesInfo,
+		Dir:        dir,
+		BuildFlags: []string{"-tags", "seccomp"},
+	}
+	pkgs, err := packages.Load(cfg, "./shim/...")
+	if err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(dir)
+	w := &walker{fset: nil, decls: map[*types.Func]*ast.FuncDecl{}, infos: map[*types.Func]*types.Info{},
+		skip: map[string]bool{}, seen: map[*types.Func]bool{}, verbose: verbose, trivial: trivial, unwind: unwind, base: abs}
+	for _, s := range strings.Split(skip, ",") {
+		if s != "" {
+			w.skip[s] = true
+		}
+	}
+	var start *types.Func
+	for _, p := range pkgs {
+		if len(p.Errors) > 0 {
+			return fmt.Errorf("%s: %v", p.PkgPath, p.Errors[0])
+		}
+		w.fset = p.Fset
+		for _, f := range p.Syntax {
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Body == nil {
+					continue
+				}
+				fn, _ := p.TypesInfo.Defs[fd.Name].(*types.Func)
+				if fn == nil {
+					continue
+				}
+				w.decls[fn], w.infos[fn] = fd, p.TypesInfo
+				if p.Name+"."+name(fn) == root {
+					start = fn
+				}
+			}
+		}
+	}
+	if start == nil {
+		return fmt.Errorf("%s not found", root)
+	}
+	handler := w.file(start)
+	w.enter(start, "")
+	files, returns, left := map[string]bool{}, 0, map[string]bool{}
+	for i, f := range w.files {
+		fmt.Println(f)
+		if f == handler {
+			continue
+		}
+		if left[f] {
+			returns++
+		}
+		files[f] = true
+		if i+1 < len(w.files) {
+			left[f] = true
+		}
+	}
+	fmt.Printf("%d files beyond %s, %d returns to a file left\n", len(files), handler, returns)
+	return nil
+}
+
+// name is Recv.Method or Func.
+func name(fn *types.Func) string {
+	sig := fn.Type().(*types.Signature)
+	if r := sig.Recv(); r != nil {
+		t := r.Type()
+		if p, ok := t.(*types.Pointer); ok {
+			t = p.Elem()
+		}
+		if n, ok := t.(*types.Named); ok {
+			return n.Obj().Name() + "." + fn.Name()
+		}
+	}
+	return fn.Name()
+}
+
+func (w *walker) file(fn *types.Func) string {
+	p := w.fset.Position(w.decls[fn].Pos()).Filename
+	if r, err := filepath.Rel(w.base, p); err == nil {
+		return r
+	}
+	return p
+}
+
+func (w *walker) visit(f string) {
+	if n := len(w.files); n == 0 || w.files[n-1] != f {
+		w.files = append(w.files, f)
+	}
+}
+
+// enter runs fn, called from a function of file from: its file (a visit
+// if it is another), then the functions it calls in order.
+func (w *walker) enter(fn *types.Func, from string) {
+	w.seen[fn] = true
+	f := w.file(fn)
+	if !w.trivial && w.accessor(fn) {
+		return
+	}
+	if f != from || w.unwind {
+		w.visit(f)
+	}
+	if w.verbose {
+		fmt.Fprintf(os.Stderr, "%s %s\n", f, name(fn))
+	}
+	info := w.infos[fn]
+	var deferred []*ast.CallExpr
+	var calls func(n ast.Node) bool
+	calls = func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.IfStmt:
+			if failing(n.Cond) {
+				// An error's path, not the fork's: its init and
+				// condition run, its body does not.
+				if n.Init != nil {
+					ast.Inspect(n.Init, calls)
+				}
+				ast.Inspect(n.Cond, calls)
+				if n.Else != nil {
+					ast.Inspect(n.Else, calls)
+				}
+				return false
+			}
+		case *ast.DeferStmt:
+			deferred = append(deferred, n.Call)
+			return false
+		case *ast.CallExpr:
+			for _, a := range n.Args { // arguments are evaluated first
+				ast.Inspect(a, calls)
+			}
+			ast.Inspect(n.Fun, calls)
+			w.call(info, n, f)
+			return false
+		}
+		return true
+	}
+	ast.Inspect(w.decls[fn].Body, calls)
+	for i := len(deferred) - 1; i >= 0; i-- {
+		ast.Inspect(deferred[i], calls)
+	}
+}
+
+// call enters the callee of c if it is a function of the shim's packages
+// not yet entered. Coming back to the caller's file is not a visit (a
+// reader has read that far already), unless -unwind.
+func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
+	var id *ast.Ident
+	switch fun := ast.Unparen(c.Fun).(type) {
+	case *ast.Ident:
+		id = fun
+	case *ast.SelectorExpr:
+		id = fun.Sel
+	case *ast.IndexExpr: // a generic function
+		if s, ok := fun.X.(*ast.SelectorExpr); ok {
+			id = s.Sel
+		} else if i, ok := fun.X.(*ast.Ident); ok {
+			id = i
+		}
+	}
+	if id == nil {
+		return
+	}
+	fn, _ := info.Uses[id].(*types.Func)
+	if fn == nil {
+		return
+	}
+	fn = fn.Origin()
+	if _, ok := w.decls[fn]; !ok || w.seen[fn] || w.skip[name(fn)] {
+		return
+	}
+	w.enter(fn, from)
+	if w.unwind {
+		w.visit(from)
+	}
+}
+
+// failing is whether cond tests for an error: err != nil, retErr != nil,
+// or either joined with && or ||.
+func failing(cond ast.Expr) bool {
+	b, ok := ast.Unparen(cond).(*ast.BinaryExpr)
+	if !ok {
+		return false
+	}
+	switch b.Op {
+	case token.LAND, token.LOR:
+		return failing(b.X) || failing(b.Y)
+	case token.NEQ:
+		id, ok := ast.Unparen(b.X).(*ast.Ident)
+		nl, ok2 := ast.Unparen(b.Y).(*ast.Ident)
+		return ok && ok2 && nl.Name == "nil" && (id.Name == "err" || id.Name == "retErr")
+	}
+	return false
+}
+
+// accessor is whether fn is one statement that calls no function of the
+// shim's packages: a getter or a flag test, not a step of the path.
+func (w *walker) accessor(fn *types.Func) bool {
+	body := w.decls[fn].Body
+	if len(body.List) > 1 {
+		return false
+	}
+	info, calls := w.infos[fn], false
+	ast.Inspect(body, func(n ast.Node) bool {
+		if c, ok := n.(*ast.CallExpr); ok {
+			var id *ast.Ident
+			switch fun := ast.Unparen(c.Fun).(type) {
+			case *ast.Ident:
+				id = fun
+			case *ast.SelectorExpr:
+				id = fun.Sel
+			}
+			if id != nil {
+				if f, ok := info.Uses[id].(*types.Func); ok && w.decls[f.Origin()] != nil {
+					calls = true
+				}
+			}
+		}
+		return !calls
+	})
+	return !calls
+}
