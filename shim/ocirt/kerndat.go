@@ -67,16 +67,20 @@ func ensureKerndatCache(criu string) error {
 			return nil
 		}
 	}
+	// An earlier boot's cache goes first, the boot is recorded last: a
+	// failure between them leaves no cache, or one that is made again,
+	// never an old kernel's cache under this boot's record.
+	if err := os.Remove(filepath.Join(kerndatDir, kerndatName)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("kerndat cache: %w", err)
+	}
 	data, err := probeKerndat(criu)
 	if err != nil {
 		return fmt.Errorf("kerndat cache: %w", err)
 	}
-	// The boot is recorded first: a cache without a matching record is
-	// made again, never the other way round.
-	if err := replaceFile(kerndatBoot, boot); err != nil {
+	if err := replaceFile(kerndatName, data); err != nil {
 		return fmt.Errorf("kerndat cache: %w", err)
 	}
-	if err := replaceFile(kerndatName, data); err != nil {
+	if err := replaceFile(kerndatBoot, boot); err != nil {
 		return fmt.Errorf("kerndat cache: %w", err)
 	}
 	return nil
