@@ -76,9 +76,12 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	if resp.Pending != "" {
-		if resp, err = s.awaitSelfFork(ctx, resp.Pending); err != nil {
-			return nil, err
+	if token := resp.Pending; token != "" {
+		// A memory fork of the caller's own context (selfcall.go): in
+		// each copy of the caller, no branches.
+		resp = &shimv1.ForkResponse{}
+		if copied, err := s.awaitSelfCall(ctx, token, resp); err != nil || copied {
+			return []ContextInfo{}, err
 		}
 	}
 	return contextsFromProto(resp.Branches), nil
@@ -175,10 +178,25 @@ func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
 }
 
 // Checkpoint records the state of branch ("" for the caller's context).
-func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string) (branch.Checkpoint, error) {
-	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branchID, Name: name})
+// With CheckpointWithMemory of the caller's own context the caller is
+// dumped too, and the call returns again in each copy of it restored from
+// the checkpoint later (fork --from NAME --memory, a rollback of a memory
+// branch to it), there with a zero Checkpoint, as setjmp returns again
+// after a longjmp.
+func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string, opts ...CheckpointOption) (branch.Checkpoint, error) {
+	var creq shimv1.CheckpointRequest
+	for _, o := range opts {
+		o(&creq)
+	}
+	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branchID, Name: name, Memory: creq.Memory})
 	if err != nil {
 		return branch.Checkpoint{}, fromTTRPC(err)
+	}
+	if token := resp.Pending; token != "" {
+		resp = &shimv1.CheckpointResponse{}
+		if copied, err := s.awaitSelfCall(ctx, token, resp); err != nil || copied {
+			return branch.Checkpoint{}, err
+		}
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }

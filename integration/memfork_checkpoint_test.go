@@ -378,3 +378,46 @@ func TestMemorySelfForkLive(t *testing.T) {
 	}
 	assertNoMemoryImages(t, env)
 }
+
+// TestMemorySelfCheckpoint: a process of the sandbox's tree checkpoints
+// its own sandbox with memory through the branch socket (branchctl self
+// checkpoint --memory, run by the REPL): the call returns in the sandbox
+// with the checkpoint, and returns again, printing nothing, in a copy
+// restored from it later by a fork --from it, which continues from the
+// checkpoint's state, not the sandbox's present.
+func TestMemorySelfCheckpoint(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importInsockImage(t, ctx, env)
+	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=then`)
+	out := replIn(t, ctx, env, sc, branch.RootID, 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
+	if !strings.HasPrefix(out, "rc=0 ck=[checkpoint warm of ") || !strings.HasSuffix(out, "] mem=then\n") {
+		t.Fatalf("self checkpoint --memory in the sandbox printed %q; want rc=0, the checkpoint, mem=then", out)
+	}
+	replIn(t, ctx, env, sc, branch.RootID, 2, `mem=now`)
+	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, From: "warm", WithMemory: true})
+	if err != nil {
+		t.Fatalf("fork --from warm --memory: %v", err)
+	}
+	k := res.Branches[0].ID
+	var got string
+	waitUntil(t, "the copy's output of its checkpoint call in branch "+k, 10*time.Second, func() bool {
+		o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.1")
+		got = o
+		return code == 0
+	})
+	if got != "rc=0 ck=[] mem=then\n" {
+		t.Fatalf("copy in branch %s: its checkpoint call printed %q; want rc=0 ck=[] mem=then", k, got)
+	}
+	if got := replIn(t, ctx, env, sc, k, 2, `echo "mem=$mem"`); got != "mem=then\n" {
+		t.Fatalf("copy in branch %s continues with %q, want the checkpoint's mem=then", k, got)
+	}
+	if got := replIn(t, ctx, env, sc, branch.RootID, 3, `echo "mem=$mem"`); got != "mem=now\n" {
+		t.Fatalf("sandbox: %q, want its own mem=now", got)
+	}
+}

@@ -52,7 +52,8 @@ named.`,
 			sub("commit", "[ID]", "commit descendant ID into its parent; without ID, this context into its parent: on success every process of this context is killed, this one too, and nothing is printed"),
 			sub("abort", "[ID]", "discard descendant ID (without ID: this context)"),
 			sub("tree", "", "this context and its descendants"),
-			sub("checkpoint", "[--branch ID] NAME | ls", "record a context's rootfs as NAME; ls lists the checkpoints"),
+			sub("checkpoint", "[--branch ID] NAME | ls", "record a context's rootfs as NAME; ls lists the checkpoints",
+				&cli.BoolFlag{Name: "memory", Usage: "this context's processes too, this one included: the command returns again, printing nothing, in each copy restored from NAME later (fork --from NAME --memory, rollback)"}),
 			sub("rollback", "[--branch ID] NAME", "bring a context's rootfs back to checkpoint NAME"),
 		},
 	}
@@ -186,9 +187,20 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if err != nil {
 			return 2, err
 		}
-		ck, err := c.Checkpoint(ctx, ref, nm)
+		var opts []client.CheckpointOption
+		if cc.Bool("memory") {
+			opts = append(opts, client.CheckpointWithMemory())
+		}
+		ck, err := c.Checkpoint(ctx, ref, nm, opts...)
 		if err != nil {
 			return 1, err
+		}
+		if ck.Name == "" {
+			// A copy of this process, restored from the checkpoint.
+			if g.json {
+				return 0, printJSON(stdout, nil)
+			}
+			return 0, nil
 		}
 		if g.json {
 			return 0, printJSON(stdout, ck)

@@ -14,7 +14,7 @@ import (
 // dump of the context must wait until there are none: a process holding
 // one holds a socket connected to the shim, which CRIU cannot copy, and a
 // caller that asked for a memory fork of its own context closes its
-// connection before it is dumped (selfmemfork.go).
+// connection before it is dumped (selfcall.go).
 type sockConns struct {
 	mu      sync.Mutex
 	open    int

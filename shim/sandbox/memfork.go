@@ -88,11 +88,11 @@ func (c *Service) checkMemoryFork(ctx context.Context, sb *Sandbox, parent *Bran
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
 func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool) error {
-	if isSelfFork(ctx) && !isLiveSelfMemory(ctx) {
+	if isSelfFork(ctx) && selfCallToken(ctx) == "" {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
-		// be given. (A fork of the caller's own context is made after
-		// the call instead: selfmemfork.go.)
+		// be given. (A call on the caller's own context is made after
+		// the call instead: selfcall.go.)
 		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; ask for it from outside (branchctl), or fork --from a checkpoint taken with memory: %w", what, errdefs.ErrNotImplemented)
 	}
 	c.insock.mu.Lock()
@@ -188,6 +188,10 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
 		return nil, fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
+	}
+	if err := markSelfCall(ctx, dir); err != nil {
+		img.remove(ctx)
+		return nil, fmt.Errorf("%s: record its caller in the image: %w", what, err)
 	}
 	if f, err := os.Open(dir); err == nil {
 		if st, err := stats.CriuGetDumpStats(f); err == nil {

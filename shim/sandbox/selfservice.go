@@ -5,6 +5,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"path/filepath"
 	"strings"
 
@@ -90,8 +91,21 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 		Limits: req.Limits, Args: req.Args, FromCheckpoint: req.FromCheckpoint, Memory: req.Memory,
 	}
 	if req.Memory && req.FromCheckpoint == "" && parent == s.self {
-		// The caller is among the processes to copy (selfmemfork.go).
-		return s.forkSelfLater(ctx, freq)
+		// The caller is among the processes to copy (selfcall.go).
+		token, err := s.callLater(ctx, "memory fork", func(ctx context.Context) (proto.Message, error) {
+			resp, err := s.c.Fork(ctx, freq)
+			if err != nil {
+				return nil, err
+			}
+			for _, b := range resp.Branches {
+				hide(b)
+			}
+			return resp, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &shimv1.ForkResponse{Pending: token}, nil
 	}
 	resp, err := s.c.Fork(withSelfFork(ctx), freq)
 	if err != nil {
@@ -280,11 +294,22 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 	if err != nil {
 		return nil, err
 	}
+	creq := &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory}
+	if req.Memory && target == s.self {
+		// The caller is among the processes to dump (selfcall.go).
+		token, err := s.callLater(ctx, "checkpoint with memory", func(ctx context.Context) (proto.Message, error) {
+			return s.c.Checkpoint(ctx, creq)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &shimv1.CheckpointResponse{Pending: token}, nil
+	}
 	if req.Memory {
-		// Refused (the caller would be dumped): marked as its fork is.
+		// A descendant's, from inside: refused as a fork of it is.
 		ctx = withSelfFork(ctx)
 	}
-	return s.c.Checkpoint(ctx, &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory})
+	return s.c.Checkpoint(ctx, creq)
 }
 
 func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {

@@ -180,6 +180,9 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			// it from its create, above); an exit that came first is
 			// pending since started.
 			c.watch(init, started)
+			if img != nil {
+				c.tellRestoredCaller(ctx, sb, n, img.dir)
+			}
 		}
 		go func() {
 			_ = init.Wait(context.WithoutCancel(ctx))

@@ -572,7 +572,7 @@ type ForkResponse struct {
 	// A memory fork the caller asked for of its own context through the
 	// branch socket is made after the call: the caller closes its
 	// connection (which a copy could not be given) and reads the outcome
-	// from fork-PENDING.json in the socket's directory, where each copy
+	// from call-PENDING.json in the socket's directory, where each copy
 	// finds its own (docs/in-sandbox.md).
 	Pending       string `protobuf:"bytes,3,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1544,8 +1544,12 @@ func (x *CheckpointRequest) GetMemory() bool {
 }
 
 type CheckpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoint    *v1.Checkpoint         `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint *v1.Checkpoint         `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// A checkpoint with memory the caller asked for of its own context
+	// through the branch socket is made after the call, as a memory fork
+	// is (ForkResponse.pending).
+	Pending       string `protobuf:"bytes,2,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1585,6 +1589,13 @@ func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
 		return x.Checkpoint
 	}
 	return nil
+}
+
+func (x *CheckpointResponse) GetPending() string {
+	if x != nil {
+		return x.Pending
+	}
+	return ""
 }
 
 type ListCheckpointsRequest struct {
@@ -1913,11 +1924,12 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
-	"\x06memory\x18\x04 \x01(\bR\x06memory\"T\n" +
+	"\x06memory\x18\x04 \x01(\bR\x06memory\"n\n" +
 	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +
-	"checkpoint\"2\n" +
+	"checkpoint\x12\x18\n" +
+	"\apending\x18\x02 \x01(\tR\apending\"2\n" +
 	"\x16ListCheckpointsRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"[\n" +
 	"\x17ListCheckpointsResponse\x12@\n" +
