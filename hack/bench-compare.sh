@@ -33,7 +33,8 @@ cleanup() {
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
-declare -A rev=([old]="$1" [new]="$2")
+# Resolved now: HEAD may move while the old side builds.
+declare -A rev=([old]="$(git -C "$repo" rev-parse --verify "$1^{commit}")" [new]="$(git -C "$repo" rev-parse --verify "$2^{commit}")")
 for side in old new; do
 	git -C "$repo" worktree add -q --detach "$tmp/$side" "${rev[$side]}"
 	cp -a "$repo/bin" "$tmp/$side/bin"
