@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -345,10 +346,11 @@ func TestMemorySelfForkLive(t *testing.T) {
 		_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 		return err != nil && strings.Contains(err.Error(), "listens on TCP port 8126")
 	})
-	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `out=$(branchctl self fork --memory 2>&1); echo "rc=$? $out"; kill $ncpid; wait $ncpid`); !strings.HasPrefix(got, "rc=1 ") || !strings.Contains(got, "listens on TCP port 8126") {
+	root := contextInit(t, ctx, sc, branch.RootID)
+	if got := replVia(t, root, 1, `out=$(branchctl self fork --memory 2>&1); echo "rc=$? $out"; kill $ncpid; wait $ncpid`); !strings.HasPrefix(got, "rc=1 ") || !strings.Contains(got, "listens on TCP port 8126") {
 		t.Fatalf("self fork --memory with a listener printed %q; want rc=1 naming the listener", got)
 	}
-	out := replIn(t, ctx, env, sc, branch.RootID, 2, `ids=$(branchctl self fork --memory -n 2 2>&1); echo "rc=$? ids=[$(echo $ids)] mem=$mem"`)
+	out := replVia(t, root, 2, `ids=$(branchctl self fork --memory -n 2 2>&1); echo "rc=$? ids=[$(echo $ids)] mem=$mem"`)
 	var a, b string
 	if _, err := fmt.Sscanf(strings.TrimSpace(out), "rc=0 ids=[%s %s", &a, &b); err != nil || !strings.HasSuffix(out, "] mem=live\n") {
 		t.Fatalf("self fork --memory in the sandbox printed %q (%v); want rc=0, two branch ids, mem=live", out, err)
@@ -395,7 +397,7 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	}
 	t.Cleanup(func() { sc.Close() })
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=then`)
-	out := replIn(t, ctx, env, sc, branch.RootID, 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
+	out := replVia(t, contextInit(t, ctx, sc, branch.RootID), 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
 	if !strings.HasPrefix(out, "rc=0 ck=[checkpoint warm of ") || !strings.HasSuffix(out, "] mem=then\n") {
 		t.Fatalf("self checkpoint --memory in the sandbox printed %q; want rc=0, the checkpoint, mem=then", out)
 	}
@@ -420,4 +422,63 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	if got := replIn(t, ctx, env, sc, branch.RootID, 3, `echo "mem=$mem"`); got != "mem=now\n" {
 		t.Fatalf("sandbox: %q, want its own mem=now", got)
 	}
+	// The copy checkpoints itself the same way; a rollback of its branch
+	// to that checkpoint restores it, and its call returns again there.
+	if got := replVia(t, contextInit(t, ctx, sc, k), 3, `ck=$(branchctl self checkpoint step --memory 2>&1); echo "rc=$? ck=[$ck]"`); !strings.HasPrefix(got, "rc=0 ck=[checkpoint step of ") {
+		t.Fatalf("self checkpoint --memory in branch %s printed %q", k, got)
+	}
+	replIn(t, ctx, env, sc, k, 4, `mem=changed`)
+	if err := sc.Rollback(ctx, k, "step"); err != nil {
+		t.Fatalf("rollback of branch %s to step: %v", k, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		o, _ := run(t, ctx, sc, k, "cat", "/dev/shm/out.3")
+		if got = o; got == "rc=0 ck=[]\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("branch %s after its rollback: its checkpoint call printed %q, want rc=0 ck=[]", k, got)
+		}
+	}
+	if got := replIn(t, ctx, env, sc, k, 4, `echo "mem=$mem"`); got != "mem=then\n" {
+		t.Fatalf("branch %s after its rollback: %q, want mem=then", k, got)
+	}
+}
+
+// replVia runs REPL command k through the /dev/shm of the process pid (a
+// context's init, as the host sees it): for commands that dump their own
+// context, which a process exec'd into it to write or read the files
+// (replIn's way) would be refused in.
+func replVia(t *testing.T, pid, k int, line string) string {
+	t.Helper()
+	shm := fmt.Sprintf("/proc/%d/root/dev/shm", pid)
+	if err := os.WriteFile(shm+"/.cmd", []byte(line+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(shm+"/.cmd", fmt.Sprintf("%s/cmd.%d", shm, k)); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	waitUntil(t, fmt.Sprintf("output of command %d", k), 30*time.Second, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("%s/out.%d", shm, k))
+		out = string(b)
+		return err == nil
+	})
+	return out
+}
+
+// contextInit is the host pid of context id's init.
+func contextInit(t *testing.T, ctx context.Context, sc *client.SandboxClient, id string) int {
+	t.Helper()
+	tree, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tree {
+		if n.ID == id && n.InitPid > 0 {
+			return n.InitPid
+		}
+	}
+	t.Fatalf("no init of %s in %+v", id, tree)
+	return 0
 }

@@ -109,8 +109,8 @@ func markSelfCall(ctx context.Context, dir string) error {
 	return nil
 }
 
-// tellRestoredCaller gives the copy of a caller restored from image dir
-// into branch n its outcome: the branch it runs in.
+// tellRestoredCaller gives the copy of a caller to be restored from image
+// dir into branch n its outcome, the branch it runs in, before it runs.
 func (c *Service) tellRestoredCaller(ctx context.Context, sb *Sandbox, n *Branch, dir string) {
 	token, err := os.ReadFile(filepath.Join(dir, selfCallFile))
 	if err != nil {
