@@ -372,10 +372,15 @@ func TestMemorySelfForkLive(t *testing.T) {
 			t.Fatalf("copy in branch %s: self tree says %q", k, got)
 		}
 	}
+	// A descendant's processes, which the caller is not among, are forked
+	// from inside as from outside.
+	if got := replVia(t, root, 3, fmt.Sprintf(`kid=$(branchctl self fork --parent %s --memory 2>&1); echo "rc=$? kid=[$kid]"`, b)); !strings.HasPrefix(got, "rc=0 kid=[") || got == "rc=0 kid=[]\n" {
+		t.Fatalf("self fork --parent %s --memory printed %q; want rc=0 and a branch id", b, got)
+	}
 	if _, err := sc.Commit(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if got := replIn(t, ctx, env, sc, branch.RootID, 3, `echo "mem=$mem"`); got != "mem=live\n" {
+	if got := replIn(t, ctx, env, sc, branch.RootID, 4, `echo "mem=$mem"`); got != "mem=live\n" {
 		t.Fatalf("sandbox after the commit: %q", got)
 	}
 	assertNoMemoryImages(t, env)

@@ -88,7 +88,7 @@ func (c *Service) checkMemoryFork(ctx context.Context, sb *Sandbox, parent *Bran
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
 func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool) error {
-	if isSelfFork(ctx) && selfCallToken(ctx) == "" {
+	if isSelfFork(ctx) && selfCallToken(ctx) == "" && !callerApart(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
 		// be given. (A call on the caller's own context is made after

@@ -55,6 +55,16 @@ func selfCallToken(ctx context.Context) string {
 	return v
 }
 
+// callerApartKey marks a call through the branch socket that dumps a
+// descendant of the caller's context, whose processes the caller is not
+// among: it is made as any other.
+type callerApartKey struct{}
+
+func callerApart(ctx context.Context) bool {
+	v, _ := ctx.Value(callerApartKey{}).(bool)
+	return v
+}
+
 // callLater answers a call that copies its caller (what names it) with a
 // token and makes it, by op, once the caller has let go of the socket.
 func (s *selfService) callLater(ctx context.Context, what string, op func(context.Context) (proto.Message, error)) (string, error) {

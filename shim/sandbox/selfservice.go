@@ -107,6 +107,10 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 		}
 		return &shimv1.ForkResponse{Pending: token}, nil
 	}
+	if req.Memory {
+		// A descendant's processes: the caller is not among them.
+		ctx = context.WithValue(ctx, callerApartKey{}, true)
+	}
 	resp, err := s.c.Fork(withSelfFork(ctx), freq)
 	if err != nil {
 		return nil, err
@@ -306,8 +310,8 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 		return &shimv1.CheckpointResponse{Pending: token}, nil
 	}
 	if req.Memory {
-		// A descendant's, from inside: refused as a fork of it is.
-		ctx = withSelfFork(ctx)
+		// A descendant's processes: the caller is not among them.
+		ctx = context.WithValue(withSelfFork(ctx), callerApartKey{}, true)
 	}
 	return s.c.Checkpoint(ctx, creq)
 }
