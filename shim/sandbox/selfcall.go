@@ -119,24 +119,44 @@ func markSelfCall(ctx context.Context, dir string) error {
 	return nil
 }
 
-// tellRestoredCaller gives the copy of a caller to be restored from image
-// dir into branch n its outcome, the branch it runs in, before it runs.
-func (c *Service) tellRestoredCaller(ctx context.Context, sb *Sandbox, n *Branch, dir string) {
+// restoredCaller is the outcome file the copy of a caller, to be restored
+// from image dir into branch n, waits for ("": no caller in the image, or
+// no socket to wait on).
+func (c *Service) restoredCaller(ctx context.Context, sb *Sandbox, n *Branch, dir string) string {
 	token, err := os.ReadFile(filepath.Join(dir, selfCallFile))
 	if err != nil {
-		return // no caller in the image
+		return "" // no caller in the image
 	}
 	if _, err := hex.DecodeString(string(token)); err != nil || len(token) != 32 {
 		log.G(ctx).WithField("branch", n.id).Warn("self call: a memory image with a malformed token")
-		return
+		return ""
 	}
 	c.insock.mu.Lock()
 	sock := c.insock.socks[selfKey(sb.id, n.id)]
 	c.insock.mu.Unlock()
 	if sock == nil {
-		return // a sandbox without sockets: the copy has none to wait on
+		return "" // a sandbox without sockets: the copy has none to wait on
 	}
-	writeOutcome(ctx, filepath.Join(sock.dir, branch.SelfCallOutcomeFile(string(token))), branch.SelfCallOutcome{Self: n.id})
+	return filepath.Join(sock.dir, branch.SelfCallOutcomeFile(string(token)))
+}
+
+// clearRestoredCaller removes, before the restore, an outcome the copy
+// must not read: a rollback's branch still holds the one its caller had
+// at the dump.
+func (c *Service) clearRestoredCaller(ctx context.Context, sb *Sandbox, n *Branch, dir string) {
+	if path := c.restoredCaller(ctx, sb, n, dir); path != "" {
+		_ = os.Remove(path)
+	}
+}
+
+// tellRestoredCaller gives the copy restored from image dir into branch n
+// its outcome, the branch it runs in. After the restore, not before: a
+// copy that found it at once could end before CRIU let it go ("Unable to
+// detach ...: No such process", the restore failed).
+func (c *Service) tellRestoredCaller(ctx context.Context, sb *Sandbox, n *Branch, dir string) {
+	if path := c.restoredCaller(ctx, sb, n, dir); path != "" {
+		writeOutcome(ctx, path, branch.SelfCallOutcome{Self: n.id})
+	}
 }
 
 // writeOutcome puts out at path whole (written beside it, renamed) and

@@ -145,9 +145,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 		return err
 	}
 	if img != nil {
-		// Before the restore: the copy may look at once, and a rollback's
-		// branch may still hold the outcome its caller had at the dump.
-		c.tellRestoredCaller(ctx, sb, n, img.dir)
+		c.clearRestoredCaller(ctx, sb, n, img.dir)
 	}
 	started := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
@@ -185,6 +183,9 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			// it from its create, above); an exit that came first is
 			// pending since started.
 			c.watch(init, started)
+			if img != nil {
+				c.tellRestoredCaller(ctx, sb, n, img.dir)
+			}
 		}
 		go func() {
 			_ = init.Wait(context.WithoutCancel(ctx))
