@@ -287,18 +287,10 @@ func TestMemoryCheckpointPushPull(t *testing.T) {
 // TestMemoryCheckpointSelfFork: from inside the sandbox, through its
 // branch socket, a fork --from a checkpoint taken with memory restores the
 // checkpoint's processes into the branch (the image holds no caller); a
-// memory fork of the live sandbox from inside is refused, saying why.
+// memory fork of the live sandbox asked for by a process exec'd into it is
+// refused, naming it.
 func TestMemoryCheckpointSelfFork(t *testing.T) {
-	ctx, env, _ := shimEnv(t)
-	importInsockImage(t, ctx, env)
-	// Without the file held open for append: a fork from inside seals its
-	// parent, which a writer would make a freeze of the caller too.
-	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	ctx, env, sc := insockReplSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=inside`)
 	if _, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory()); err != nil {
 		t.Fatal(err)
@@ -329,16 +321,7 @@ func TestMemoryCheckpointSelfFork(t *testing.T) {
 // continuing from the same state (the REPL's variable) and talking to its
 // own branch's socket afterwards.
 func TestMemorySelfForkLive(t *testing.T) {
-	ctx, env, _ := shimEnv(t)
-	importInsockImage(t, ctx, env)
-	// Without the file held open for append, which would make the seal a
-	// freeze of the caller too.
-	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	ctx, env, sc := insockReplSandbox(t)
 	// A refusal comes back to the caller too, through the outcome: here
 	// a listener, which the copies could not bind beside the sandbox's.
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=live; nc -l -p 8126 >/dev/null 2>&1 & ncpid=$!; echo started`)
@@ -393,14 +376,7 @@ func TestMemorySelfForkLive(t *testing.T) {
 // restored from it later by a fork --from it, which continues from the
 // checkpoint's state, not the sandbox's present.
 func TestMemorySelfCheckpoint(t *testing.T) {
-	ctx, env, _ := shimEnv(t)
-	importInsockImage(t, ctx, env)
-	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	ctx, env, sc := insockReplSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=then`)
 	out := replVia(t, contextInit(t, ctx, sc, branch.RootID), 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
 	if !strings.HasPrefix(out, "rc=0 ck=[checkpoint warm of ") || !strings.HasSuffix(out, "] mem=then\n") {
@@ -486,4 +462,21 @@ func contextInit(t *testing.T, ctx context.Context, sc *client.SandboxClient, id
 	}
 	t.Fatalf("no init of %s in %+v", id, tree)
 	return 0
+}
+
+// insockReplSandbox runs replScript as the sandbox "sb" with its branch
+// socket and branchctl in the image, without the file the REPL holds open
+// for append: a fork from inside seals its parent, which a writer would
+// make a freeze of the caller too.
+func insockReplSandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClient) {
+	t.Helper()
+	ctx, env, _ := shimEnv(t)
+	importInsockImage(t, ctx, env)
+	runInsockSandbox(t, ctx, env, "sb", true, "echo x > /state; "+strings.Replace(replScript, "exec 3>>/data.log; ", "", 1))
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return ctx, env, sc
 }
