@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +29,16 @@ import (
 func TestMemoryCheckpoint(t *testing.T) {
 	ctx, env, sc := replSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=at-ck; echo at-ck >&3`)
+	// The tmpfs mounts' content is part of the instant, whoever copies it
+	// (tmpfs.go in shim/ocirt: the small ones, the runtime).
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", `echo shm-at-ck > /dev/shm/x && chmod 640 /dev/shm/x && ln /dev/shm/x /dev/shm/hard && mkdir -p /run/d && ln -s ../../dev/shm/x /run/d/link && mkfifo /run/d/fifo`); err != nil {
+		t.Fatalf("write the sandbox's tmpfs mounts: %v: %s", err, out)
+	}
+	mi, err := execIn(ctx, env, "sb", "cat", "/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpfsBefore := tmpfsMounts(t, mi)
 	ck, err := sc.Checkpoint(ctx, "", "warm", client.CheckpointWithMemory())
 	if err != nil {
 		t.Fatalf("checkpoint with memory: %v", err)
@@ -62,6 +74,15 @@ func TestMemoryCheckpoint(t *testing.T) {
 	if _, err := os.Stat(memDir); err != nil {
 		t.Fatalf("the memory image is not kept with the checkpoint: %v", err)
 	}
+	// The container's small tmpfs mounts were copied by the runtime, not
+	// archived by CRIU's tar.
+	if _, err := os.Stat(filepath.Join(memDir, "branchbox-tmpfs.json")); err != nil {
+		t.Fatalf("no tmpfs copies in the image: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(memDir, "tmpfs-dev-*")); len(left) > 0 {
+		idx, _ := os.ReadFile(filepath.Join(memDir, "branchbox-tmpfs.json"))
+		t.Fatalf("CRIU archived tmpfs mounts the runtime copies: %v (copied: %s; the sandbox's: %s)", left, idx, mi)
+	}
 	// A checkpoint of files only has no processes to fork.
 	if _, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, From: "files", WithMemory: true}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("fork --from a files-only checkpoint with memory: %v; want failed precondition", err)
@@ -82,6 +103,13 @@ func TestMemoryCheckpoint(t *testing.T) {
 		}
 		if got := mustRun(t, ctx, sc, k.ID, "cat", "/data.log"); got != "before\nat-ck\n" {
 			t.Fatalf("branch %s: /data.log %q, want the checkpoint's", k.ID, got)
+		}
+		want := "shm-at-ck\nshm-at-ck\n640 2\nlink:../../dev/shm/x fifo\n"
+		if got := mustRun(t, ctx, sc, k.ID, "sh", "-c", `cat /dev/shm/x /run/d/link; stat -c '%a %h' /dev/shm/x; echo link:$(readlink /run/d/link) $([ -p /run/d/fifo ] && echo fifo)`); got != want {
+			t.Fatalf("branch %s: its tmpfs content %q, want the checkpoint's %q", k.ID, got, want)
+		}
+		if got := tmpfsMounts(t, mustRun(t, ctx, sc, k.ID, "cat", "/proc/self/mountinfo")); !reflect.DeepEqual(got, tmpfsBefore) {
+			t.Fatalf("branch %s: tmpfs mounts %v, want the sandbox's %v", k.ID, got, tmpfsBefore)
 		}
 	}
 	a, b := res.Branches[0], res.Branches[1]
@@ -479,4 +507,24 @@ func insockReplSandbox(t *testing.T) (context.Context, *daemons.Env, *client.San
 	}
 	t.Cleanup(func() { sc.Close() })
 	return ctx, env, sc
+}
+
+// tmpfsMounts is the whole tmpfs mounts of a mountinfo: mount point ->
+// mount options and superblock options. (A masked file is a bind of
+// /dev/null, the container's in the sandbox, the host's in a restored
+// branch, as runc's restore maps it.)
+func tmpfsMounts(t *testing.T, mountinfo string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, l := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 6 && len(g) >= 3 && g[0] == "tmpfs" && f[3] == "/" {
+			out[f[4]] = f[5] + " " + g[2]
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no tmpfs mount in %s", mountinfo)
+	}
+	return out
 }

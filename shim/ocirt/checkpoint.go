@@ -29,6 +29,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -87,7 +88,21 @@ func checkpoint(c *cmdline) error {
 	}
 	defer imageDir.Close()
 	config := container.Config()
-	opts, closeWork, err := dumpOpts(c, &config, st, imageDir, images)
+	err = dump(c, &config, st, imageDir, images, true)
+	if errors.Is(err, errTmpfsGrew) {
+		// Again, with CRIU archiving every tmpfs mount itself.
+		if err := emptyDir(images); err != nil {
+			return err
+		}
+		err = dump(c, &config, st, imageDir, images, false)
+	}
+	return err
+}
+
+// dump has CRIU dump the container; with copyTmpfs, its small tmpfs
+// mounts are copied by the runtime (tmpfs.go).
+func dump(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images string, copyTmpfs bool) error {
+	opts, closeWork, err := dumpOpts(c, config, st, imageDir, images)
 	if err != nil {
 		return err
 	}
@@ -99,11 +114,40 @@ func checkpoint(c *cmdline) error {
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), fds, 0o600); err != nil {
 		return err
 	}
+	nfy := &tmpfsNotify{pid: st.InitProcessPid, images: images}
+	if copyTmpfs {
+		external := map[string]bool{}
+		for _, m := range opts.ExtMnt {
+			external[m.GetKey()] = true
+		}
+		if nfy.mounts, err = smallTmpfs(st.InitProcessPid, external); err != nil {
+			return fmt.Errorf("checkpoint: the container's tmpfs mounts: %w", err)
+		}
+		for _, m := range nfy.mounts {
+			for _, p := range m.Mountpoints {
+				opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(p), Val: proto.String(p)})
+			}
+		}
+	}
 	cr := criu.MakeCriu()
-	if err := cr.Dump(opts, criu.NoNotify{}); err != nil {
+	if err := cr.Dump(opts, nfy); err != nil {
 		// Its log (dump.log in the work directory) says why; the shim
 		// reads it before the image goes.
 		return fmt.Errorf("criu dump: %w", err)
+	}
+	return nil
+}
+
+// emptyDir removes what is in dir.
+func emptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -262,7 +306,20 @@ func restore(c *cmdline) error {
 	if images == "" {
 		return errors.New("restore: --image-path is required")
 	}
-	container, spec, err := bundleContainer(c)
+	undo := func() {}
+	defer func() { undo() }()
+	container, spec, err := bundleContainer(c, func(spec *specs.Spec) error {
+		work := c.str("work-path")
+		if work == "" {
+			work = "." // the bundle
+		}
+		work, err := filepath.Abs(work)
+		if err != nil {
+			return err
+		}
+		undo, err = tmpfsCopies(images, work, spec)
+		return err
+	})
 	if err != nil {
 		return err
 	}

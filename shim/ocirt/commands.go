@@ -66,22 +66,27 @@ func create(c *cmdline) error {
 }
 
 // bundleContainer is newContainer of --bundle, the working directory made
-// the bundle as runc makes it.
-func bundleContainer(c *cmdline) (*libcontainer.Container, *specs.Spec, error) {
+// the bundle as runc makes it; adjust, if any, changes the spec first.
+func bundleContainer(c *cmdline, adjust ...func(*specs.Spec) error) (*libcontainer.Container, *specs.Spec, error) {
 	if b := c.str("bundle"); b != "" {
 		if err := os.Chdir(b); err != nil {
 			return nil, nil, fmt.Errorf("bundle %s: %w", b, err)
 		}
 	}
-	return newContainer(c)
+	return newContainer(c, adjust...)
 }
 
 // newContainer creates the libcontainer container of the bundle in the
 // working directory (its state, not yet its processes).
-func newContainer(c *cmdline) (*libcontainer.Container, *specs.Spec, error) {
+func newContainer(c *cmdline, adjust ...func(*specs.Spec) error) (*libcontainer.Container, *specs.Spec, error) {
 	spec, err := loadSpec("config.json")
 	if err != nil {
 		return nil, nil, err
+	}
+	for _, a := range adjust {
+		if err := a(spec); err != nil {
+			return nil, nil, err
+		}
 	}
 	if spec.Root == nil || spec.Root.Path == "" {
 		return nil, nil, errors.New("root path must be set in config.json")

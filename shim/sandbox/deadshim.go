@@ -160,7 +160,7 @@ func unmountBundle(ctx context.Context, bundle string) {
 	paths := []string{filepath.Join(bundle, "rootfs")}
 	if entries, err := os.ReadDir(filepath.Join(bundle, branchesDir)); err == nil {
 		for _, e := range entries {
-			paths = append(paths, filepath.Join(bundle, branchesDir, e.Name(), "rootfs"))
+			paths = append(paths, filepath.Join(bundle, branchesDir, e.Name(), "rootfs"), filepath.Join(bundle, branchesDir, e.Name(), restoreWorkDir))
 		}
 	}
 	for _, p := range paths {

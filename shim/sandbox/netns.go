@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
@@ -74,11 +75,23 @@ func newNetnsAt(path string) error {
 	return nil
 }
 
+// restoreWorkDir, in a branch's bundle, is the work directory of the
+// runtime's restore (containerd's runc process sets it): CRIU's log, and
+// the tmpfs mounts the runtime fills for CRIU (shim/ocirt/tmpfs_restore.go),
+// which a runtime killed midway leaves mounted.
+const restoreWorkDir = "work"
+
 // removeBundle removes a branch's bundle, detaching the network namespace
 // an isolated memory branch keeps there first (a mounted file cannot be
-// removed, and the namespace would outlive the branch).
+// removed, and the namespace would outlive the branch) and whatever a
+// killed restore left mounted (else RemoveAll would empty a tmpfs the
+// branch's processes may still see).
 func removeBundle(ctx context.Context, bundle string) {
 	detachNetns(ctx, bundle)
+	if err := mount.UnmountRecursive(filepath.Join(bundle, restoreWorkDir), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("unmount what a restore left in a branch bundle")
+		return
+	}
 	if err := os.RemoveAll(bundle); err != nil {
 		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("remove branch bundle")
 	}

@@ -170,7 +170,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 		if _, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
 			why := ""
 			if n.memory {
-				why = criuErrors(filepath.Join(n.bundle, "work", "restore.log")) // read before the bundle goes
+				why = criuErrors(filepath.Join(n.bundle, restoreWorkDir, "restore.log")) // read before the bundle goes
 			}
 			c.destroy(ctx, sb, n)
 			if n.memory {
