@@ -237,11 +237,16 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 func (f *fork) checkAhead(ctx context.Context) {
 	for i, a := range f.aheads {
 		if i >= len(f.infos) || a.Guess != branchCgroup(f.parent.cgroup, f.infos[i].ID) {
-			f.releaseAhead(ctx)
-			f.aheads = nil
+			f.dropAhead(ctx)
 			return
 		}
 	}
+}
+
+// dropAhead discards every init taken ahead, cgroup and all.
+func (f *fork) dropAhead(ctx context.Context) {
+	f.releaseAhead(ctx)
+	f.aheads = nil
 }
 
 // startsAtOnce is how many branches of a fork start at once: two with the
@@ -262,16 +267,10 @@ func (c *Service) startsAtOnce(f *fork) int {
 	return par
 }
 
-// forked records the started branches in the sandbox, fills the pool of
-// inits started ahead, marks the parent sealed, and publishes the fork.
+// forked records the started branches in the sandbox, marks the parent
+// sealed, publishes the fork and fills the pool of inits started ahead.
 func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 	sb, parent, req, made := f.sb, f.parent, f.req, f.made
-	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
-		if sb.pool == nil {
-			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
-		}
-		sb.pool.Fill(ctx, int(req.Count))
-	}
 	parent.seal = req.Seal
 	if parent.state.has(sealFrozen) {
 		parent.seal = SealFreeze // by request, or for files open for writing
@@ -287,6 +286,12 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 		resp.Branches = append(resp.Branches, c.describe(sb, n, &f.infos[i], n.hasCommand || n.memory))
 	}
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
+	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
+		if sb.pool == nil {
+			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
+		}
+		sb.pool.Fill(ctx, int(req.Count))
+	}
 	return resp
 }
 
