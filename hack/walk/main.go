@@ -38,9 +38,9 @@ const defaultSkip = "Service.undoFork,Service.dumpMemory,Service.checkMemoryFork
 	// refusals and discards: a parent gone, no room, an init that died,
 	// ids used behind the shim's back (the inits taken ahead guessed wrong)
 	"Sandbox.ref,Sandbox.pidsRefusal,PausedError,Spawned.Discard,fork.dropAhead," +
-	// what the fork starts and does not wait for: the init's reports over
-	// its branch's life, the pool's refill
-	"Branch.read,Pool.run"
+	// what the branch init reports over its branch's life, read by a
+	// goroutine the fork starts and does not wait for
+	"Branch.read"
 
 func main() {
 	dir := flag.String("C", ".", "the repository's root")
