@@ -221,28 +221,6 @@ func rlimitNumber(name string) (int, bool) {
 	return 0, false
 }
 
-// CloneFlags are the namespaces a branch init is cloned into: new PID and
-// mount namespaces, and the spec's new IPC, UTS and network namespaces (a
-// cgroup namespace is made once the init is in its cgroup; namespaces with
-// a path are joined).
-func CloneFlags(spec *specs.Spec) uintptr {
-	f := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS)
-	for _, n := range spec.Linux.Namespaces {
-		if n.Path != "" {
-			continue
-		}
-		switch n.Type {
-		case specs.IPCNamespace:
-			f |= unix.CLONE_NEWIPC
-		case specs.UTSNamespace:
-			f |= unix.CLONE_NEWUTS
-		case specs.NetworkNamespace:
-			f |= unix.CLONE_NEWNET
-		}
-	}
-	return f
-}
-
 // Plan is what the init is told to build, and how it is cloned.
 type Plan struct {
 	Cfg   *configs.Config // runc's conversion of the spec

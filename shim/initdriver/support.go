@@ -5,8 +5,9 @@ package initdriver
 // The branch init (package brinit: its C and its plan; built as
 // cmd/containerd-shim-branch-v1/init): where it is and which specs it
 // takes; the runtime runs the branches of the others. Its driver is
-// driver.go, a branch it runs branch.go, its processes process.go, its
-// pool of inits started ahead pool.go and prep.go.
+// driver.go, its start start.go, a branch it runs branch.go, its
+// processes process.go, its pool of inits started ahead pool.go and
+// refill.go.
 
 import (
 	"os"

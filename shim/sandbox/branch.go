@@ -55,29 +55,6 @@ func (s state) has(c state) bool { return s&c != 0 }
 func (s *state) set(c state)   { *s |= c }
 func (s *state) clear(c state) { *s &^= c }
 
-// status is the branch's processes in a word, as the tree reports them:
-// waiting (its init waits for an exec), running (its command, or
-// processes restored from memory), exited, or frozen (sealed with its
-// processes frozen, or held for a commit); "" for the sandbox, whose
-// task says.
-func (n *Branch) status() string {
-	s := ""
-	if n.procs() != nil {
-		switch {
-		case n.state.has(exited):
-			s = "exited"
-		case n.hasCommand || n.memory:
-			s = "running"
-		default:
-			s = "waiting"
-		}
-	}
-	if n.state.has(sealFrozen | held) {
-		s = "frozen"
-	}
-	return s
-}
-
 // branchProcs is what a running branch's processes are kept by: the
 // runtime's container or the branch init.
 type branchProcs interface {

@@ -159,7 +159,7 @@ func (c *Service) hold(ctx context.Context, n *Branch) error {
 		n.state.set(held)
 		return nil
 	}
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		return err
 	}
@@ -182,7 +182,7 @@ func (c *Service) hold(ctx context.Context, n *Branch) error {
 // unhold thaws a branch held for a commit that was not made.
 func (c *Service) unhold(ctx context.Context, n *Branch) {
 	n.state.clear(held)
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("branch", n.id).Error("thaw branch after a commit not made")
 		return

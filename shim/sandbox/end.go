@@ -34,7 +34,7 @@ func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
 // background, counted in sb.releasing; the returned wait blocks until it
 // is done.
 func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wait func()) {
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
 	}

@@ -152,7 +152,7 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 	resp := &shimv1.WaitResponse{ExitStatus: uint32(status), ExitedAt: timestamppb.New(p.ExitedAt())}
 	// SIGKILL with OOM kills counted in the branch's memory cgroup.
 	if status == 128+int(unix.SIGKILL) {
-		if ms, err := c.hier(); err == nil {
+		if ms, err := c.cgroups.Mounts(); err == nil {
 			resp.OomKilled = cgroup.OOMKillsIn(cgroup.DirsIn(ms, n.cgroup)) > 0
 		}
 	}

@@ -172,6 +172,48 @@ func (c *Service) sealForFork(ctx context.Context, f *fork) error {
 	return nil
 }
 
+// A caller of a branch operation may give up (its deadline passes, or it
+// hangs up) at any point. What it left unfinished must not go on to
+// happen later, unseen: an operation checks whether its caller is still
+// there once it holds the sandbox (load), and a fork made after its caller
+// left is undone (Fork). A call to the snapshotter that the caller gives
+// up on midway may still be carried out there, so one whose result the
+// shim needs in order to undo it is waited for regardless (answerCtx).
+
+// answerGrace bounds how long a call to the snapshotter is still waited
+// for once its caller gave up.
+const answerGrace = time.Minute
+
+// answerCtx is ctx for a call to the snapshotter whose answer is needed
+// even if the caller gives up: it keeps ctx's values, is not cancelled
+// with ctx, and ends grace after ctx does. Call the returned func when
+// the call is done.
+func answerCtx(ctx context.Context, grace time.Duration) (context.Context, func()) {
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var (
+		mu    sync.Mutex
+		timer *time.Timer
+		done  bool
+	)
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			timer = time.AfterFunc(grace, cancel)
+		}
+	})
+	return actx, func() {
+		stop()
+		mu.Lock()
+		done = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}
+
 // undoFork ends the branches of a failed fork, in the shim and in the
 // snapshotter, and unseals the parent if it has no other branch. It is
 // done even if the fork failed because its caller gave up: a branch it
@@ -237,11 +279,16 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 func (f *fork) checkAhead(ctx context.Context) {
 	for i, a := range f.aheads {
 		if i >= len(f.infos) || a.Guess != branchCgroup(f.parent.cgroup, f.infos[i].ID) {
-			f.releaseAhead(ctx)
-			f.aheads = nil
+			f.dropAhead(ctx)
 			return
 		}
 	}
+}
+
+// dropAhead discards every init taken ahead, cgroup and all.
+func (f *fork) dropAhead(ctx context.Context) {
+	f.releaseAhead(ctx)
+	f.aheads = nil
 }
 
 // startsAtOnce is how many branches of a fork start at once: two with the
@@ -262,16 +309,10 @@ func (c *Service) startsAtOnce(f *fork) int {
 	return par
 }
 
-// forked records the started branches in the sandbox, fills the pool of
-// inits started ahead, marks the parent sealed, and publishes the fork.
+// forked records the started branches in the sandbox, marks the parent
+// sealed, publishes the fork and fills the pool of inits started ahead.
 func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 	sb, parent, req, made := f.sb, f.parent, f.req, f.made
-	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
-		if sb.pool == nil {
-			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
-		}
-		sb.pool.Fill(ctx, int(req.Count))
-	}
 	parent.seal = req.Seal
 	if parent.state.has(sealFrozen) {
 		parent.seal = SealFreeze // by request, or for files open for writing
@@ -287,6 +328,12 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 		resp.Branches = append(resp.Branches, c.describe(sb, n, &f.infos[i], n.hasCommand || n.memory))
 	}
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
+	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
+		if sb.pool == nil {
+			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
+		}
+		sb.pool.Fill(ctx, int(req.Count))
+	}
 	return resp
 }
 

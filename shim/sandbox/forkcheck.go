@@ -138,7 +138,7 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 			}
 		}
 	}
-	f.ms, _ = c.hier()
+	f.ms, _ = c.cgroups.Mounts()
 	// A memory branch is restored by the runtime, not the branch init.
 	f.runtimePath = req.Memory || c.inits.Binary == "" || initdriver.Unsupported(parent.spec) != ""
 	if err := c.pidsRoom(sb, parent, f.ms, f.runtimePath, req); err != nil {

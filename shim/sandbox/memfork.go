@@ -122,7 +122,7 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	if _, err := criuPath(c.self); err != nil {
 		return c.noCriu(what)
 	}
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		return err
 	}
@@ -151,7 +151,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	img := &memoryImage{dir: dir}
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		img.remove(ctx)
 		return nil, err
@@ -444,7 +444,7 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	// From here on it is carried through whatever the caller does: a
 	// branch left between its old processes and its new ones is no use.
 	ctx = context.WithoutCancel(ctx)
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		return err
 	}

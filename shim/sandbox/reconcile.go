@@ -68,7 +68,7 @@ func (c *Service) DropSandbox(ctx context.Context, id string) {
 		close(sb.done)
 		sb.snapshot.Close()
 		sb.initPath.Close()
-		if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
+		if ms, err := c.cgroups.Mounts(); err == nil && sb.nodes[branch.RootID] != nil {
 			cgroup.ReleaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 		}
 	}
@@ -225,7 +225,7 @@ func (c *Service) abortLost(ctx context.Context, sb *Sandbox, state map[string]*
 	for _, c := range chain {
 		cgPath = branchCgroup(cgPath, c)
 	}
-	if ms, err := c.hier(); err == nil {
+	if ms, err := c.cgroups.Mounts(); err == nil {
 		dirs := cgroup.DirsIn(ms, cgPath)
 		if err := cgroup.KillDirs(ctx, cgPath, dirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", id).Error("kill processes of a lost branch")

@@ -277,7 +277,7 @@ func (c *Service) prepare(ctx context.Context, sb *Sandbox) error {
 	}}
 	sb.kick, sb.done = kick, make(chan struct{})
 	go c.settle(context.WithoutCancel(ctx), sb)
-	if ms, err := c.hier(); err == nil {
+	if ms, err := c.cgroups.Mounts(); err == nil {
 		cgroup.HoldFreezerKey(ms, cg)
 	}
 	return nil

@@ -19,7 +19,7 @@ func (c *Service) ThawSealForKill(ctx context.Context, id string) {
 	if err != nil || sb.cgroup == "" {
 		return
 	}
-	ms, err := c.hier()
+	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		return
 	}

@@ -96,9 +96,6 @@ type Service struct {
 	cgroups cgroup.Host
 }
 
-// hier is the host's cgroup hierarchies.
-func (c *Service) hier() ([]cgroup.Dir, error) { return c.cgroups.Mounts() }
-
 func NewService(ctx context.Context, self string, publisher cshim.Publisher, task taskAPI.TTRPCTaskService) (*Service, error) {
 	platform, err := runc.NewPlatform()
 	if err != nil {

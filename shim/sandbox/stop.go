@@ -96,7 +96,7 @@ func (c *Service) endAll(ctx context.Context, sb *Sandbox) {
 	}
 	// The sandbox's cgroup goes after this: its branches' must be gone.
 	sb.releasing.Wait()
-	if ms, err := c.hier(); err == nil && sb.nodes[branch.RootID] != nil {
+	if ms, err := c.cgroups.Mounts(); err == nil && sb.nodes[branch.RootID] != nil {
 		cgroup.ReleaseFreezerKey(ms, sb.nodes[branch.RootID].cgroup)
 	}
 }

@@ -88,15 +88,7 @@ func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs 
 	if !readProcs && procs != nil {
 		d.Pids = []uint32{uint32(procs.Pid())}
 	} else if n.cgroup != "" && (procs != nil || n.id == branch.RootID) {
-		if ms, err := c.hier(); err == nil {
-			dirs := cgroup.DirsIn(ms, n.cgroup)
-			pids := cgroup.PidsIn(cgroup.OneHierarchy(dirs))
-			sort.Ints(pids)
-			for _, p := range pids {
-				d.Pids = append(d.Pids, uint32(p))
-			}
-			d.OomKilled = cgroup.OOMKillsIn(dirs) > 0
-		}
+		c.readCgroup(d, n.cgroup)
 	}
 	if procs != nil {
 		d.InitPid = uint32(procs.Pid())
@@ -108,6 +100,45 @@ func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs 
 	}
 	d.Status = n.status()
 	return d
+}
+
+// readCgroup reports the processes of the cgroup cg, read on one
+// hierarchy, and whether the OOM killer killed one there.
+func (c *Service) readCgroup(d *shimv1.Context, cg string) {
+	ms, err := c.cgroups.Mounts()
+	if err != nil {
+		return
+	}
+	dirs := cgroup.DirsIn(ms, cg)
+	pids := cgroup.PidsIn(cgroup.OneHierarchy(dirs))
+	sort.Ints(pids)
+	for _, p := range pids {
+		d.Pids = append(d.Pids, uint32(p))
+	}
+	d.OomKilled = cgroup.OOMKillsIn(dirs) > 0
+}
+
+// status is the branch's processes in a word, as the tree reports them:
+// waiting (its init waits for an exec), running (its command, or
+// processes restored from memory), exited, or frozen (sealed with its
+// processes frozen, or held for a commit); "" for the sandbox, whose
+// task says.
+func (n *Branch) status() string {
+	s := ""
+	if n.procs() != nil {
+		switch {
+		case n.state.has(exited):
+			s = "exited"
+		case n.hasCommand || n.memory:
+			s = "running"
+		default:
+			s = "waiting"
+		}
+	}
+	if n.state.has(sealFrozen | held) {
+		s = "frozen"
+	}
+	return s
 }
 
 // limitsOf reads the limits a spec sets, for reporting.

@@ -8,106 +8,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
-	"sync"
 
-	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
 )
 
-// Host is the host's cgroup hierarchies, read once: they are mounted at
-// boot, and reading the mount table at every fork, commit and listing
-// costs more than the rest of a listing. It also makes the clones into
-// cgroups under a process limit on a v1 pids hierarchy one at a time
-// (StartIn).
-type Host struct {
-	once sync.Once
-	list []Dir
-
-	// cloneMu: the thread that forks each clone is moved in unchecked
-	// first (start.go).
-	cloneMu sync.Mutex
-}
-
-// Mounts is the host's cgroup hierarchies.
-func (h *Host) Mounts() ([]Dir, error) {
-	h.once.Do(func() {
-		h.list, _ = Mounts()
-	})
-	if len(h.list) == 0 {
-		return Mounts()
-	}
-	return h.list, nil
-}
-
-// Dir is one mounted cgroup hierarchy.
-type Dir struct {
-	Path    string
-	V2      bool
-	Freezer bool
-	Memory  bool
-	Pids    bool // the pids controller is here (on v2: enabled at its root)
-}
-
-// Mounts lists the host's cgroup hierarchies (v1 controllers and the
-// unified v2 tree), read afresh: hierarchies are not mutable state of ours.
-// Not cgroups.GetCgroupMounts: on a v1 or hybrid host it leaves out the
-// unified hierarchy and lists only this process's controllers, read once.
-func Mounts() ([]Dir, error) {
-	infos, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
-	if err != nil {
-		return nil, fmt.Errorf("read cgroup mounts: %w", err)
-	}
-	seen := map[string]bool{}
-	var out []Dir
-	for _, m := range infos {
-		if seen[m.Mountpoint] || m.Root != "/" {
-			continue
-		}
-		seen[m.Mountpoint] = true
-		opts := "," + m.VFSOptions + ","
-		v2 := m.FSType == "cgroup2"
-		pids := strings.Contains(opts, ",pids,")
-		if v2 {
-			s, _ := cgroups.ReadFile(m.Mountpoint, "cgroup.controllers")
-			pids = slices.Contains(strings.Fields(s), "pids")
-		}
-		out = append(out, Dir{
-			Path:    m.Mountpoint,
-			V2:      v2,
-			Freezer: strings.Contains(opts, ",freezer,"),
-			Memory:  strings.Contains(opts, ",memory,"),
-			Pids:    pids,
-		})
-	}
-	return out, nil
-}
-
-// Dirs returns the directories of a cgroup path on every hierarchy
-// where it exists.
-func Dirs(path string) ([]Dir, error) {
-	ms, err := Mounts()
-	if err != nil {
-		return nil, err
-	}
-	return DirsIn(ms, path), nil
-}
-
-// DirsIn is Dirs on hierarchies already listed, so that one Teardown
-// reads the mount table once rather than at every step.
-func DirsIn(ms []Dir, path string) []Dir {
-	var out []Dir
-	for _, m := range ms {
-		d := filepath.Join(m.Path, path)
-		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
-			m.Path = d
-			out = append(out, m)
-		}
-	}
-	return out
-}
+// The processes of a cgroup: listed on one hierarchy, on every one, or
+// with every cgroup below it.
 
 // OneHierarchy picks, of a cgroup's directories, the one a listing of its
 // processes reads: every process of a branch is in it on every hierarchy

@@ -1,0 +1,139 @@
+//go:build linux
+
+package initdriver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/branchbox/branchbox/shim/brinit"
+	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/containerd/log"
+	"github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// The pool after a fork: the inits taken ahead that no branch claimed are
+// discarded, and the pool is filled again for the next fork, in the
+// background, each new init doing the early part of a branch's plan
+// (brinit.SplitPrep) at once.
+
+// Release discards an init taken ahead that no branch claimed.
+func (a *Ahead) Release(ctx context.Context) {
+	if a.claimed {
+		return
+	}
+	a.claimed = true
+	<-a.renamed
+	a.s.Discard(ctx)
+}
+
+// roomFor says whether one more init may be started ahead under the
+// process limits above the sandbox: it is counted there like any process
+// of the sandbox, so the pool grows only while at least half of each limit
+// stays free for the sandbox's own processes and its forks.
+func (p *Pool) roomFor() bool {
+	ms, err := p.d.Cgroups.Mounts()
+	if err != nil {
+		return false
+	}
+	for _, l := range cgroup.PidsLimits(ms, p.parent) {
+		if l.Room()-1 < l.Max/2 {
+			return false
+		}
+	}
+	return true
+}
+
+// Fill asks for at least n inits and starts what is missing in the
+// background.
+func (p *Pool) Fill(ctx context.Context, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > maxWarm {
+		n = maxWarm
+	}
+	if n > p.want {
+		p.want = n
+	}
+	if p.filling || p.closed || len(p.ready) >= p.want {
+		return
+	}
+	p.filling = true
+	p.filler.Add(1)
+	go p.run(context.WithoutCancel(ctx))
+}
+
+func (p *Pool) run(ctx context.Context) {
+	defer p.filler.Done()
+	for {
+		p.mu.Lock()
+		if p.closed || len(p.ready) >= p.want || !p.roomFor() {
+			p.filling = false
+			p.mu.Unlock()
+			return
+		}
+		p.next++
+		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
+		p.mu.Unlock()
+		s, err := p.d.Spawn(ctx, cg, p.flags)
+		if err == nil && p.prep != nil {
+			if perr := s.prep(p.prep); perr != nil {
+				// Inits from now on build all of their roots at the fork.
+				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
+				s.Discard(ctx)
+				p.mu.Lock()
+				p.prep = nil
+				p.mu.Unlock()
+				continue
+			}
+		}
+		p.mu.Lock()
+		if err != nil || p.closed {
+			p.filling = false
+			p.mu.Unlock()
+			if err != nil {
+				log.G(ctx).WithError(err).Warn("start a branch init ahead of a fork")
+			} else {
+				s.Discard(ctx)
+			}
+			return
+		}
+		p.ready = append(p.ready, s)
+		p.mu.Unlock()
+	}
+}
+
+// PrepOf is the early part of the plan of a branch with spec, for the
+// inits started ahead of forks like it; nil if none.
+func PrepOf(ctx context.Context, spec *specs.Spec) []byte {
+	// The rootfs, cgroup and seccomp program are the late part's.
+	plan, err := brinit.NewPlan(spec, "/", map[string]string{}, nil)
+	if err != nil {
+		log.G(ctx).WithError(err).Debug("plan the early part of a branch's root")
+		return nil
+	}
+	early, _, ok := brinit.SplitPrep(plan.Conf.Ops())
+	if !ok {
+		return nil
+	}
+	return bytes.Clone(early.Bytes())
+}
+
+// prep sends a spawned init the early part of a plan and waits for it to
+// be done.
+func (s *Spawned) prep(early []byte) error {
+	msg := append([]byte{'P'}, early...)
+	if _, err := s.ctl.Write(msg); err != nil {
+		return fmt.Errorf("send the branch init its early set-up: %w", err)
+	}
+	_ = s.ctl.SetReadDeadline(time.Now().Add(time.Minute))
+	defer func() { _ = s.ctl.SetReadDeadline(time.Time{}) }()
+	if err := initReply(s.ctl, 'p'); err != nil {
+		return fmt.Errorf("early set-up: %w", err)
+	}
+	s.prepped = bytes.Clone(early)
+	return nil
+}
