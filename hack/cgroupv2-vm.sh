@@ -18,7 +18,8 @@
 #   REPO (default: git toplevel), WORK (default /tmp/bbx-cgv2), MEM (8G),
 #   SMP (2), ACCEL (auto: kvm if /dev/kvm runs a stock kernel, else tcg),
 #   PER_TEST_TIMEOUT (s, default 600), GO_TIMEOUT (go test -timeout, 9m),
-#   VM_TIMEOUT (s, the whole VM, 7200), KERNEL_PKG (trixie-backports package,
+#   VM_TIMEOUT (s, the whole VM, 7200), VM_CPU (qemu's -cpu under TCG, max),
+#   KERNEL_PKG (trixie-backports package,
 #   default linux-image-6.18.15+deb13-amd64: >= 6.13 is needed for the
 #   snapshotter's *xattrat syscalls), BRANCHBOX_TEST_KUBERNETES (passed to
 #   the tests: full runs make test-kubernetes's long tests too).
@@ -221,7 +222,7 @@ hostname bbx-cgv2; ip link set lo up
 exec /bin/bash "$WORK/guest-tests.sh"
 EOG
 # 5. boot.
-A=(-accel tcg,thread=multi,tb-size=512 -cpu max); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
+A=(-accel tcg,thread=multi,tb-size=512 -cpu "${VM_CPU:-max}"); [ $ACCEL = kvm ] && A=(-enable-kvm -cpu host)
 rm -f "$WORK/out/summary.txt"
 start=$(date +%s)
 timeout -k 10 ${VM_TIMEOUT:-7200} qemu-system-x86_64 "${A[@]}" -smp $SMP -m $MEM -nographic -no-reboot \

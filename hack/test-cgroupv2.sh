@@ -26,8 +26,15 @@ if [ "$rc" != 0 ]; then
 		fi
 	done
 	if ! grep -q '^done$' "$work/out/summary.txt" 2>/dev/null; then
-		echo "=== the VM did not finish: end of its console ==="
-		tail -n 60 "$work/out/console.log" 2>/dev/null || true
+		# A guest kernel's oops starts well before its last lines.
+		first=$(grep -n -m1 -E 'BUG:|Oops|general protection|invalid opcode|Kernel panic|WARNING:' "$work/out/console.log" 2>/dev/null | cut -d: -f1)
+		if [ -n "$first" ]; then
+			echo "=== the VM did not finish: its console from the first fault ==="
+			tail -n +"$((first > 10 ? first - 10 : 1))" "$work/out/console.log" | head -n 200
+		else
+			echo "=== the VM did not finish: end of its console ==="
+			tail -n 60 "$work/out/console.log" 2>/dev/null || true
+		fi
 	fi
 fi
 exit "$rc"
