@@ -84,7 +84,7 @@ $(BIN)/.runc-$(RUNC_VERSION):
 
 $(RUNC_BINS): $(BIN)/.runc-$(RUNC_VERSION) ;
 
-$(BIN)/.criu-$(CRIU_VERSION):
+$(BIN)/.criu-$(CRIU_VERSION): hack/build-criu.sh $(wildcard hack/criu/*.patch)
 	@hack/build-criu.sh $(BIN)
 	@rm -f $(BIN)/.criu-*
 	@touch $@

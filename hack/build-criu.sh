@@ -11,6 +11,9 @@
 # forky or sid, which carry 4.2.1-1, through the mirror the host's apt
 # already uses), checked against the sha256 below before anything is built.
 #
+# Patched (hack/criu/*.patch, applied in order): an external network
+# namespace is dumped as its key only (0001), which a container's always is.
+#
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail
 CRIU_VERSION=4.2.1
@@ -53,6 +56,12 @@ tarball="$work/src/criu_${CRIU_VERSION}.orig.tar.xz"
 [ -f "$tarball" ] || { echo "build-criu: criu_${CRIU_VERSION}.orig.tar.xz could not be downloaded" >&2; exit 1; }
 echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet - || { echo "build-criu: checksum mismatch" >&2; exit 1; }
 tar -C "$work/src" -xf "$tarball"
+# The project's patches to that release (hack/criu/*.patch, each saying why;
+# git apply works outside a repository too).
+for p in "$(dirname "$0")"/criu/*.patch; do
+	[ -e "$p" ] || continue
+	(cd "$work/src/criu-${CRIU_VERSION}" && git apply -p1 "$p") || { echo "build-criu: $p does not apply" >&2; exit 1; }
+done
 make -C "$work/src/criu-${CRIU_VERSION}" -j"$(nproc)" criu >"$work/build.log" 2>&1 ||
 	{ tail -30 "$work/build.log" >&2; exit 1; }
 install -m 0755 "$work/src/criu-${CRIU_VERSION}/criu/criu" "$bin/criu"
