@@ -205,6 +205,10 @@ func fetchMemory(ctx context.Context, cs content.Store, get images.Handler, root
 				return nil, nil, err
 			}
 		}
+		if _, dup := dirs[ck.Name]; dup {
+			// (Its directory would be lost to cleanup.)
+			return nil, nil, fmt.Errorf("its lineage names checkpoint %s with memory twice: %w", ck.Name, errdefs.ErrDataLoss)
+		}
 		dir, err := os.MkdirTemp("", "branchbox-memory-")
 		if err != nil {
 			return nil, nil, err
@@ -247,7 +251,8 @@ func memoryInto(ctx context.Context, cs content.Store, get images.Handler, idx *
 }
 
 // untarMemory unpacks a memory layer into dir: regular files directly
-// under checkpoint/, nothing else (the layer came from a registry).
+// under checkpoint/, nothing else (the layer came from a registry or an
+// archive, and is trusted no more than they are).
 func untarMemory(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, dir string) error {
 	ra, err := cs.ReaderAt(ctx, desc)
 	if err != nil {
