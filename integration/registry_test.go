@@ -475,7 +475,8 @@ func TestRegistryPushKilled(t *testing.T) {
 
 // TestRegistrySaveLoad moves a branch without a registry: saved on node A
 // as an OCI layout tar, loaded on node B into the branch snapshotter, run
-// there as a sandbox that sees the branch's files and forks.
+// there as a sandbox that sees the branch's files and forks; loaded again
+// as a sandbox (load FILE SANDBOX), as pull makes one.
 func TestRegistrySaveLoad(t *testing.T) {
 	ctx, envA, scA := sandboxCtxEnv(t)
 	_, envB, _ := shimEnv(t)
@@ -503,6 +504,25 @@ func TestRegistrySaveLoad(t *testing.T) {
 	kidsB := fork(t, ctx, scB, client.ForkOptions{Count: 1})
 	if got := mustRun(t, ctx, scB, kidsB[0].ID, "cat", "/data"); got != "saved\n" {
 		t.Fatalf("a branch of the loaded sandbox reads %q", got)
+	}
+	// Loaded again as a sandbox, as pull makes one.
+	out, errOut, code := branchctl(t, ctx, envB, "", "load", file, "moved2", "--json", "--", "sh", "-c", "exec sleep 100000")
+	var made struct {
+		Images  []string
+		Sandbox string
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &made) != nil || made.Sandbox != "moved2" || len(made.Images) != 1 || made.Images[0] != "docker.io/branchbox/moved:v1" {
+		t.Fatalf("load as sandbox moved2: exit %d: %s%s", code, out, errOut)
+	}
+	t.Cleanup(func() { removeContainer(t, envB, "moved2") })
+	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "moved2"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(ctx, envB, "moved2", "cat", "/data"); err != nil || out != "saved\n" {
+		t.Fatalf("the sandbox loaded reads %q (%v)", out, err)
+	}
+	if _, errOut, code := branchctl(t, ctx, envB, "", "load", file, "moved2"); code == 0 || !strings.Contains(errOut, "exists already") {
+		t.Fatalf("load as a sandbox of a name taken: exit %d: %s", code, errOut)
 	}
 	// A missing file and a file that is no archive fail clearly.
 	if _, errOut, code := branchctl(t, ctx, envB, "", "load", file+".nope"); code == 0 || !strings.Contains(errOut, "no such file") {

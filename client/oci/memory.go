@@ -18,7 +18,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -174,74 +173,86 @@ func memoryIndex(ctx context.Context, cs content.Store, image ocispec.Descriptor
 	return desc, nil
 }
 
-// fetchMemory fetches the memory artifacts the lineage names from the
-// index root (fetched already) into the content store and unpacks each
-// into a new directory; it returns the directories by checkpoint name and
-// a function that removes them.
-func fetchMemory(ctx context.Context, cs content.Store, fetcher remotes.Fetcher, root ocispec.Descriptor, lineage Lineage) (map[string]string, func(), error) {
+// fetchMemory gets the memory artifacts the lineage names from the index
+// root (in the content store already) with get, which puts a blob in the
+// content store (a pull fetches it from the registry, a load finds it
+// imported from the archive), and unpacks each into a new directory; it
+// returns the directories by checkpoint name and a function that removes
+// them. On an error it has removed them already.
+func fetchMemory(ctx context.Context, cs content.Store, get images.Handler, root ocispec.Descriptor, lineage Lineage) (_ map[string]string, _ func(), retErr error) {
 	dirs := map[string]string{}
 	cleanup := func() {
 		for _, d := range dirs {
 			os.RemoveAll(d)
 		}
 	}
-	var want []CheckpointLayer
-	for _, ck := range lineage.Checkpoints {
-		if ck.Memory != "" {
-			want = append(want, ck)
+	defer func() {
+		if retErr != nil {
+			cleanup()
 		}
-	}
-	if len(want) == 0 {
-		return dirs, cleanup, nil
-	}
-	if !images.IsIndexType(root.MediaType) {
-		return nil, nil, fmt.Errorf("its lineage names memory images but its root is not an index: %w", errdefs.ErrDataLoss)
-	}
-	var idx ocispec.Index
-	if err := readJSON(ctx, cs, root, &idx); err != nil {
-		return nil, nil, err
-	}
-	for _, ck := range want {
-		var entry *ocispec.Descriptor
-		for i := range idx.Manifests {
-			if idx.Manifests[i].Digest == ck.Memory {
-				entry = &idx.Manifests[i]
+	}()
+	var idx *ocispec.Index
+	for _, ck := range lineage.Checkpoints {
+		if ck.Memory == "" {
+			continue
+		}
+		if idx == nil {
+			if !images.IsIndexType(root.MediaType) {
+				return nil, nil, fmt.Errorf("its lineage names memory images but its root is not an index: %w", errdefs.ErrDataLoss)
+			}
+			idx = &ocispec.Index{}
+			if err := readJSON(ctx, cs, root, idx); err != nil {
+				return nil, nil, err
 			}
 		}
-		if entry == nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("the memory image of checkpoint %s (%s) is not in its index: %w", ck.Name, ck.Memory, errdefs.ErrDataLoss)
-		}
-		h := images.Handlers(remotes.FetchHandler(cs, fetcher), images.SetChildrenMappedLabels(cs, images.ChildrenHandler(cs), nil))
-		if err := images.Dispatch(ctx, h, nil, *entry); err != nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("fetch the memory image of checkpoint %s: %w", ck.Name, err)
-		}
-		var m ocispec.Manifest
-		if err := readJSON(ctx, cs, *entry, &m); err != nil {
-			cleanup()
-			return nil, nil, err
-		}
-		if m.ArtifactType != ArtifactTypeMemory || len(m.Layers) != 1 || m.Layers[0].MediaType != MediaTypeMemoryLayer {
-			cleanup()
-			return nil, nil, fmt.Errorf("the memory image of checkpoint %s is not one branchbox made (artifact type %q, %d layers): %w", ck.Name, m.ArtifactType, len(m.Layers), errdefs.ErrInvalidArgument)
+		if _, dup := dirs[ck.Name]; dup {
+			// (Its directory would be lost to cleanup.)
+			return nil, nil, fmt.Errorf("its lineage names checkpoint %s with memory twice: %w", ck.Name, errdefs.ErrDataLoss)
 		}
 		dir, err := os.MkdirTemp("", "branchbox-memory-")
 		if err != nil {
-			cleanup()
 			return nil, nil, err
 		}
 		dirs[ck.Name] = dir
-		if err := untarMemory(ctx, cs, m.Layers[0], dir); err != nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("unpack the memory image of checkpoint %s: %w", ck.Name, err)
+		if err := memoryInto(ctx, cs, get, idx, ck, dir); err != nil {
+			return nil, nil, err
 		}
 	}
 	return dirs, cleanup, nil
 }
 
+// memoryInto gets the memory artifact of checkpoint ck, listed in idx,
+// checks it is one branchbox made, and unpacks its files into dir.
+func memoryInto(ctx context.Context, cs content.Store, get images.Handler, idx *ocispec.Index, ck CheckpointLayer, dir string) error {
+	var entry *ocispec.Descriptor
+	for i := range idx.Manifests {
+		if idx.Manifests[i].Digest == ck.Memory {
+			entry = &idx.Manifests[i]
+		}
+	}
+	if entry == nil {
+		return fmt.Errorf("the memory image of checkpoint %s (%s) is not in its index: %w", ck.Name, ck.Memory, errdefs.ErrDataLoss)
+	}
+	h := images.Handlers(get, images.SetChildrenMappedLabels(cs, images.ChildrenHandler(cs), nil))
+	if err := images.Dispatch(ctx, h, nil, *entry); err != nil {
+		return fmt.Errorf("get the memory image of checkpoint %s: %w", ck.Name, err)
+	}
+	var m ocispec.Manifest
+	if err := readJSON(ctx, cs, *entry, &m); err != nil {
+		return err
+	}
+	if m.ArtifactType != ArtifactTypeMemory || len(m.Layers) != 1 || m.Layers[0].MediaType != MediaTypeMemoryLayer {
+		return fmt.Errorf("the memory image of checkpoint %s is not one branchbox made (artifact type %q, %d layers): %w", ck.Name, m.ArtifactType, len(m.Layers), errdefs.ErrInvalidArgument)
+	}
+	if err := untarMemory(ctx, cs, m.Layers[0], dir); err != nil {
+		return fmt.Errorf("unpack the memory image of checkpoint %s: %w", ck.Name, err)
+	}
+	return nil
+}
+
 // untarMemory unpacks a memory layer into dir: regular files directly
-// under checkpoint/, nothing else (the layer came from a registry).
+// under checkpoint/, nothing else (the layer came from a registry or an
+// archive, and is trusted no more than they are).
 func untarMemory(ctx context.Context, cs content.Provider, desc ocispec.Descriptor, dir string) error {
 	ra, err := cs.ReaderAt(ctx, desc)
 	if err != nil {

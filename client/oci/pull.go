@@ -7,23 +7,17 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/branchbox/branchbox/client/branchapi"
-
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
-	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
-	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
-	"github.com/branchbox/branchbox/branch"
 )
 
 // PullResult is the sandbox a pull made and the checkpoints it restored.
@@ -36,11 +30,9 @@ type PullResult struct {
 
 // Pull pulls ref with containerd (unpacked into the branch snapshotter)
 // and makes a sandbox container named sandbox of it (running args, or the
-// image's command), not started. For an
-// image branchbox pushed, the sandbox's rootfs is built up from the base
-// image's snapshot one layer at a time, with a checkpoint of the given
-// name taken after each checkpoint layer, so that rollback and fork --from
-// work on the new node as on the old. Any other image becomes a sandbox
+// image's command), not started, with the checkpoints on its path
+// restored (newSandbox), so that rollback and fork --from work on the new
+// node as on the old. Any other image than branchbox's becomes a sandbox
 // as `ctr run` would make it.
 //
 // A pull that fails, at any point, leaves the node as it was: everything
@@ -54,15 +46,8 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 		return PullResult{}, fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
 	ref = reference.TagNameOnly(named).String()
-	if sandbox == "" {
-		return PullResult{}, fmt.Errorf("pull %s: name the sandbox to make: %w", ref, errdefs.ErrInvalidArgument)
-	}
-	// A name taken is found before anything is downloaded (and again,
-	// for one taken meanwhile, when the sandbox is made).
-	if _, err := cc.LoadContainer(ctx, sandbox); err == nil {
-		return PullResult{}, fmt.Errorf("pull %s: sandbox %s: a container of that name exists already: %w", ref, sandbox, errdefs.ErrAlreadyExists)
-	} else if !errdefs.IsNotFound(err) {
-		return PullResult{}, fmt.Errorf("pull %s: look up sandbox %s: %w", ref, sandbox, err)
+	if err := sandboxNameFree(ctx, cc, sandbox); err != nil {
+		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	ctx, end, err := holdLease(ctx, cc)
 	if err != nil {
@@ -70,110 +55,32 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 	}
 	defer func() { end(retErr) }()
 	platform := platforms.Default()
-	fetched, err := fetchUnpacked(ctx, cc, ref, remote.resolver(ctx), platform)
+	resolver := remote.resolver(ctx)
+	fetched, err := fetchUnpacked(ctx, cc, ref, resolver, platform)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
 	}
-	img := containerd.NewImageWithPlatform(cc, fetched, platform)
-	cs := cc.ContentStore()
-	md, err := manifestDescriptor(ctx, cs, img.Target(), platform)
+	// The memory images beside the image in its index are fetched from
+	// the registry by newSandbox, only for the checkpoints that have one.
+	fetcher, err := resolver.Fetcher(ctx, ref)
+	if err != nil {
+		return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
+	}
+	fetch := remotes.FetchHandler(cc.ContentStore(), fetcher)
+	var get images.HandlerFunc = func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		children, err := fetch(ctx, desc)
+		if err != nil {
+			return nil, remoteError(ref, err)
+		}
+		return children, nil
+	}
+	res, undo, err := newSandbox(ctx, cc, fetched, sandbox, get, args)
 	if err != nil {
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
-	var manifest ocispec.Manifest
-	if err := readJSON(ctx, cs, md, &manifest); err != nil {
-		return PullResult{}, fmt.Errorf("pull %s: read its manifest: %w", ref, err)
-	}
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
-	}
-	lineage, ours := LineageOf(manifest.Annotations)
-	base := len(diffIDs)
-	ckAt := map[int]string{} // layer index -> checkpoint taken after it
-	if ours && len(lineage.ParentLayers) <= len(manifest.Layers) {
-		base = len(lineage.ParentLayers)
-		next := 0
-		for i := base; i < len(manifest.Layers) && next < len(lineage.Checkpoints); i++ {
-			if manifest.Layers[i].Digest == lineage.Checkpoints[next].Layer {
-				ckAt[i] = lineage.Checkpoints[next].Name
-				next++
-			}
-		}
-		if next != len(lineage.Checkpoints) {
-			return PullResult{}, fmt.Errorf("pull %s: its lineage names checkpoint layers the manifest does not hold in order: %w", ref, errdefs.ErrDataLoss)
-		}
-	}
-
-	sn := cc.SnapshotService(snapshotterName)
-	key := sandbox + "-" + img.Target().Digest.Encoded()[:12]
-	mounts, err := sn.Prepare(ctx, key, identity.ChainID(diffIDs[:base]).String())
-	if err != nil {
-		return PullResult{}, fmt.Errorf("pull %s: prepare the rootfs of sandbox %s: %w", ref, sandbox, err)
-	}
 	defer func() {
 		if retErr != nil {
-			if err := sn.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
-				log.G(ctx).WithError(err).WithField("key", key).Warn("remove the rootfs of a failed pull")
-			}
-		}
-	}()
-	res := PullResult{Ref: ref, Sandbox: sandbox, Lineage: lineage}
-	// The memory images of checkpoints taken with memory, beside the
-	// image in its index: fetched and unpacked before anything is made.
-	var memories map[string]string
-	if ours {
-		fetcher, err := remote.resolver(ctx).Fetcher(ctx, ref)
-		if err != nil {
-			return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
-		}
-		mems, cleanup, err := fetchMemory(ctx, cs, fetcher, img.Target(), lineage)
-		if err != nil {
-			return PullResult{}, fmt.Errorf("pull %s: %w", ref, remoteError(ref, err))
-		}
-		defer cleanup()
-		memories = mems
-	}
-	var bc *branchapi.Client
-	if len(ckAt) > 0 {
-		if bc, err = dialSnapshotterOf(upperOf(mounts)); err != nil {
-			return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
-		}
-		defer bc.Close()
-	}
-	// The layers above the base, applied one by one into the rootfs (not
-	// mounted anywhere else yet); a checkpoint after each checkpoint layer.
-	for i := base; i < len(manifest.Layers); i++ {
-		if err := applyThroughMount(ctx, cs, manifest.Layers[i], mounts); err != nil {
-			return PullResult{}, fmt.Errorf("pull %s: apply layer %d into sandbox %s: %w", ref, i, sandbox, err)
-		}
-		if name, ok := ckAt[i]; ok {
-			var opts []branch.CheckpointOpt
-			if dir, ok := memories[name]; ok {
-				opts = append(opts, branch.WithMemoryImage(dir))
-			}
-			if _, err := bc.Checkpoint(ctx, branch.Ref{Root: branch.Root{Upperdir: upperOf(mounts)}}, name, opts...); err != nil {
-				return PullResult{}, fmt.Errorf("pull %s: restore checkpoint %s of sandbox %s: %w", ref, name, sandbox, err)
-			}
-			res.Checkpoints = append(res.Checkpoints, name)
-		}
-	}
-	spec := []oci.SpecOpts{oci.WithImageConfig(img)}
-	if len(args) > 0 {
-		spec = append(spec, oci.WithProcessArgs(args...))
-	}
-	ctr, err := cc.NewContainer(ctx, sandbox,
-		containerd.WithImage(img), containerd.WithSnapshotter(snapshotterName), containerd.WithSnapshot(key),
-		containerd.WithRuntime(branch.RuntimeName, nil), containerd.WithNewSpec(spec...))
-	if err != nil {
-		return PullResult{}, fmt.Errorf("pull %s: make sandbox %s: %w", ref, sandbox, err)
-	}
-	defer func() {
-		if retErr != nil {
-			// Its rootfs goes with the deferred removal above.
-			if err := ctr.Delete(context.WithoutCancel(ctx)); err != nil {
-				log.G(ctx).WithError(err).WithField("sandbox", sandbox).Warn("remove the sandbox of a failed pull")
-			}
+			undo()
 		}
 	}()
 	// The image record last: a pull that failed before it leaves an image
@@ -182,6 +89,7 @@ func Pull(ctx context.Context, cc *containerd.Client, ref, sandbox string, remot
 		return PullResult{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	labelSource(ctx, cc, fetched, platform)
+	res.Ref = ref
 	return res, nil
 }
 

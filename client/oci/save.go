@@ -17,8 +17,10 @@ import (
 
 // Save makes an image of src (Build) and writes it, with every blob it
 // needs, as an OCI image layout tar at path, named name: a move without a
-// registry. The file appears whole or not at all (written beside it and
-// renamed into place).
+// registry. The archive holds what a push sends: the image's manifest or,
+// for a path with checkpoints taken with memory, the index of it and their
+// memory images (memory.go), which LoadSandbox restores. The file appears
+// whole or not at all (written beside it and renamed into place).
 func Save(ctx context.Context, client *containerd.Client, src Source, name, path string) (_ Image, retErr error) {
 	named, err := reference.ParseNormalizedNamed(name)
 	if err != nil {
@@ -40,7 +42,12 @@ func Save(ctx context.Context, client *containerd.Client, src Source, name, path
 		return Image{}, fmt.Errorf("save %s: %w", src, err)
 	}
 	defer os.Remove(tmp.Name())
-	err = client.Export(ctx, tmp, archive.WithManifest(img.Manifest, name), archive.WithPlatform(platforms.Default()))
+	// Every platform's blobs: the memory images are listed for the
+	// platform unknown/unknown, which the platform alone would leave
+	// out. The platform still picks the manifest that Docker's
+	// manifest.json names, for `docker load`.
+	err = client.Export(ctx, tmp, archive.WithManifest(img.Root, name),
+		archive.WithPlatform(platforms.Default()), archive.WithAllPlatforms())
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

@@ -104,13 +104,18 @@ func cmdSave(c *cli.Context, g globals, inv *invocation) error {
 	return nil
 }
 
-// cmdLoad: load FILE [--snapshotter NAME].
+// cmdLoad: load FILE [--snapshotter NAME], or load FILE SANDBOX [-- CMD...]
+// (a sandbox made of the archive's image, its checkpoints restored, as
+// pull makes one).
 func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
 	ctx, stdout := c.Context, inv.stdout
 	sn := c.String("snapshotter")
-	pos, _ := split(c)
-	if len(pos) != 1 {
-		return fmt.Errorf("want load FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
+	pos, cmd := split(c)
+	if len(pos) < 1 || len(pos) > 2 || (len(pos) == 1 && len(cmd) > 0) {
+		return fmt.Errorf("want load FILE, or load FILE SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
+	}
+	if len(pos) == 2 && sn != "branch" {
+		return fmt.Errorf("load FILE SANDBOX makes a sandbox on snapshotter branch, not %s: %w", sn, errdefs.ErrInvalidArgument)
 	}
 	f, err := os.Open(pos[0])
 	if err != nil {
@@ -122,7 +127,20 @@ func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
 		return err
 	}
 	defer cc.Close()
-	names, err := oci.Load(namespaces.WithNamespace(ctx, g.namespace), cc, f, sn)
+	ctx = namespaces.WithNamespace(ctx, g.namespace)
+	if len(pos) == 2 {
+		res, err := oci.LoadSandbox(ctx, cc, f, pos[1], cmd...)
+		if err != nil {
+			return err
+		}
+		if g.json {
+			return printJSON(stdout, map[string]any{"images": []string{res.Ref}, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
+		}
+		fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
+			res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
+		return nil
+	}
+	names, err := oci.Load(ctx, cc, f, sn)
 	if err != nil {
 		return err
 	}
