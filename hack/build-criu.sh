@@ -58,7 +58,7 @@ echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet - || { echo "build-criu: ch
 tar -C "$work/src" -xf "$tarball"
 # The project's patches to that release (hack/criu/*.patch, each saying why;
 # git apply works outside a repository too).
-for p in "$(dirname "$0")"/criu/*.patch; do
+for p in "$(cd "$(dirname "$0")" && pwd)"/criu/*.patch; do
 	[ -e "$p" ] || continue
 	(cd "$work/src/criu-${CRIU_VERSION}" && git apply -p1 "$p") || { echo "build-criu: $p does not apply" >&2; exit 1; }
 done
