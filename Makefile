@@ -252,7 +252,7 @@ test-kubernetes: binaries $(BIN)/critest
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
 	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
-	integration:TestMemoryFork integration:TestMemoryRollback \
+	integration:TestMemoryFork integration:TestMemoryRollback integration:TestMemoryCheckpoint \
 	integration:TestKubeletBranchPod
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
