@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"bytes"
@@ -86,13 +86,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"completion", "tcsh"}, "want bash, zsh or fish"},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(t.Context(), tc.args, nil, &out, &errOut)
+		code := Run(t.Context(), tc.args, nil, &out, &errOut, nil)
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) || !strings.Contains(errOut.String(), "hint: see `branchctl help`") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "--seal value") {
+	if code := Run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut, nil); code != 0 || !strings.Contains(out.String(), "--seal value") {
 		t.Errorf("fork --help: exit %d, %q", code, out.String())
 	}
 }
@@ -113,7 +113,7 @@ func TestCompletion(t *testing.T) {
 		old := os.Args
 		os.Args = strings.Fields(tc.line) // urfave/cli reads the word before the flag there
 		var out, errOut bytes.Buffer
-		code := run(t.Context(), os.Args[1:], nil, &out, &errOut)
+		code := Run(t.Context(), os.Args[1:], nil, &out, &errOut, nil)
 		os.Args = old
 		if !strings.Contains(out.String(), tc.want) || (tc.not != "" && strings.Contains(out.String(), tc.not)) {
 			t.Errorf("%s: %q; want %q and not %q", tc.line, out.String(), tc.want, tc.not)
@@ -124,7 +124,7 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run(t.Context(), []string{"completion", "bash"}, nil, &out, &bytes.Buffer{}); code != 0 || !strings.Contains(out.String(), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
+	if code := Run(t.Context(), []string{"completion", "bash"}, nil, &out, &bytes.Buffer{}, nil); code != 0 || !strings.Contains(out.String(), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
 		t.Errorf("completion bash: %d %q", code, out.String())
 	}
 }

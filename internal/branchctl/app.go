@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"fmt"
@@ -23,6 +23,11 @@ type invocation struct {
 	code           int
 	// namespace is the containerd namespace the command ran in, for hints.
 	namespace string
+	// args is the command line as given, which a heavy command hands on
+	// to branchctl-full; actions are the heavy commands this binary runs
+	// itself.
+	args    []string
+	actions Actions
 }
 
 // ran sets the exit status a command chose (exec, self, the patterns)
