@@ -59,6 +59,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	// The shell's completion asks with a last flag, and urfave/cli gives
 	// up on a line with "--" in it, which arrange may add.
 	if n := len(args); n == 0 || args[n-1] != "--generate-bash-completion" {
+		if trimFlags && !asksHelp(args) {
+			onlyFlagsOf(app, args)
+		}
 		args = arrange(app, args)
 	} else if slices.Contains(args, "--") {
 		// Past "--" is the command a branch will run: nothing to offer,
