@@ -37,7 +37,7 @@ CONTAINERD_BINS := $(BIN)/containerd $(BIN)/ctr $(BIN)/containerd-shim-runc-v2
 CRI_BINS := $(BIN)/crictl
 REGISTRY_BINS := $(BIN)/registry
 RUNC_BINS := $(BIN)/runc-upstream
-OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl
+OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl $(BIN)/branchctl-full
 DEMO := $(BIN)/branchbox-demo
 
 .PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench crash-loop lint check-version check-tidy check-proto check-imports clean containerd-config install image
@@ -141,11 +141,16 @@ $(BIN)/containerd-shim-branch-v1: BUILD_TAGS := -tags seccomp
 
 # branchctl is static, so that it can be copied into an image and used from
 # inside a sandbox (branchctl self, through the branch socket).
-$(BIN)/branchctl: export CGO_ENABLED := 0
-# Without urfave/cli's man page and markdown generators, which branchctl
-# does not use: their markdown library's package initialisation ran on
-# every start (docs/benchmarks.md#tails).
-$(BIN)/branchctl: BUILD_TAGS := -tags urfave_cli_no_docs
+# branchctl-full is the rest of branchctl (serve, mcp, push, pull, save,
+# load), which branchctl execs; static too, so that the pair can be copied
+# anywhere together.
+$(BIN)/branchctl $(BIN)/branchctl-full: export CGO_ENABLED := 0
+# Every package a binary links runs its initialisation on every start,
+# used or not (docs/benchmarks.md#tails). Without urfave/cli's man page
+# and markdown generators, which branchctl does not use (their markdown
+# library), and without gRPC's golang.org/x/net/trace (html/template, its
+# event log), which only grpc.EnableTracing uses.
+$(BIN)/branchctl $(BIN)/branchctl-full: BUILD_TAGS := -tags urfave_cli_no_docs,grpcnotrace
 
 # The shim's runtime alone, which the shim runs branch contexts with when it
 # sits beside it (it starts faster than the whole shim binary).
@@ -207,7 +212,7 @@ check-imports:
 	@hack/check-imports.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./cmd/branchctl/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/
+UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./internal/branchctl/ ./cmd/branchctl/ ./cmd/branchctl-full/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 
@@ -297,6 +302,8 @@ install: $(OUR_BINS) $(SHIM_RUNTIME) $(SHIM_INIT) $(CRIU_BINS)
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-runtime $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-runtime
 	install -D -m 0755 $(BIN)/containerd-shim-branch-v1-init $(DESTDIR)$(BINDIR)/containerd-shim-branch-v1-init
 	install -D -m 0755 $(BIN)/branchctl $(DESTDIR)$(BINDIR)/branchctl
+	# branchctl runs its serve, mcp, push, pull, save and load from beside it.
+	install -D -m 0755 $(BIN)/branchctl-full $(DESTDIR)$(BINDIR)/branchctl-full
 	# CRIU, for memory forks: the runtime looks for it beside itself.
 	install -D -m 0755 $(BIN)/criu $(DESTDIR)$(BINDIR)/criu
 	install -d $(DESTDIR)$(COMPLETIONDIR)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	cshim "github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
@@ -83,7 +82,7 @@ func NewSandboxClient(ctx context.Context, address, namespace, name string) (*Sa
 			group = spec.Annotations[criSandboxAnnotation]
 		}
 	}
-	sock, err := cshim.SocketAddress(ctx, address, group, false)
+	sock, err := shimSocket(ctx, address, group)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +116,7 @@ func dialDirect(ctx context.Context, address, namespace, name string) *SandboxCl
 	if name == "" {
 		return nil
 	}
-	sock, err := cshim.SocketAddress(ctx, address, name, false)
+	sock, err := shimSocket(ctx, address, name)
 	if err != nil {
 		return nil
 	}

@@ -36,7 +36,13 @@ forbid ./cmd/containerd-shim-branch-v1/... "^go.etcd.io/bbolt$|^$m/snapshotter" 
 forbid "./cmd/..." "^$m/(integration|internal/fstest)(/|$)" "the shipped binaries do not link tests"
 # branchctl and the clients find a snapshot's root through branch/
 # (RootOfUpper, the layout), never through the snapshotter.
-forbid "./cmd/branchctl/... ./client/..." "^$m/snapshotter(/|$)" "branchctl and the clients reach the snapshotter only through its API"
+forbid "./cmd/branchctl/... ./cmd/branchctl-full/... ./internal/branchctl/... ./client/..." "^$m/snapshotter(/|$)" "branchctl and the clients reach the snapshotter only through its API"
+# branchctl links only what its everyday commands need: every package it
+# links runs its initialisation on every start. The heavy commands (serve,
+# mcp, push, pull, save, load) are in branchctl-full, which it execs
+# (internal/branchctl/heavy.go); containerd's pkg/shim is the shim
+# framework (client computes the shim's socket itself).
+forbid "./cmd/branchctl ./internal/branchctl/..." "^$m/(client/oci|httpapi|mcpserver|internal/ops)(/|$)|^github.com/containerd/containerd/v2/(client|pkg/shim)$|^github.com/modelcontextprotocol/|^github.com/google/jsonschema-go/|^github.com/distribution/|^github.com/klauspost/compress/|^go.opentelemetry.io/|^github.com/google/go-cmp/|^encoding/gob$" "branchctl's start pays for every package it links; the heavy commands are branchctl-full's"
 # The one /proc scanner sits below the shim and the snapshotter that use it.
 forbid ./internal/procfd/... "^$m/(shim|snapshotter|client|branch|patterns|httpapi|mcpserver|internal/ops|cmd)(/|$)" "internal/procfd is below the shim and the snapshotter"
 exit $bad

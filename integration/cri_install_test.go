@@ -26,7 +26,8 @@ func makeInstall(t *testing.T, vars ...string) {
 		"-o", filepath.Join(rel, "containerd-shim-branch-v1"),
 		"-o", filepath.Join(rel, "containerd-shim-branch-v1-runtime"),
 		"-o", filepath.Join(rel, "containerd-shim-branch-v1-init"),
-		"-o", filepath.Join(rel, "branchctl"), "install"}
+		"-o", filepath.Join(rel, "branchctl"),
+		"-o", filepath.Join(rel, "branchctl-full"), "install"}
 	out, err := exec.Command("make", append(args, vars...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("make install %v: %v\n%s", vars, err, out)
@@ -47,6 +48,7 @@ func TestMakeInstall(t *testing.T) {
 		"/usr/local/bin/containerd-shim-branch-v1-runtime":                     filepath.Join(bin, "containerd-shim-branch-v1-runtime"),
 		"/usr/local/bin/containerd-shim-branch-v1-init":                        filepath.Join(bin, "containerd-shim-branch-v1-init"),
 		"/usr/local/bin/branchctl":                                             filepath.Join(bin, "branchctl"),
+		"/usr/local/bin/branchctl-full":                                        filepath.Join(bin, "branchctl-full"),
 		"/usr/local/bin/criu":                                                  filepath.Join(bin, "criu"),
 		"/usr/local/share/bash-completion/completions/branchctl":               "",
 		"/usr/local/lib/systemd/system/containerd-branch-snapshotter.service":  "",

@@ -27,7 +27,7 @@ import (
 )
 
 func main() {
-	bin := flag.String("bin", daemons.BinDirFromEnv(), "directory with containerd, ctr, containerd-branch-snapshotter, containerd-shim-branch-v1 and branchctl")
+	bin := flag.String("bin", daemons.BinDirFromEnv(), "directory with containerd, ctr, containerd-branch-snapshotter, containerd-shim-branch-v1, branchctl and branchctl-full")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "branchbox-demo: must run as root (it starts containerd and mounts overlays)")

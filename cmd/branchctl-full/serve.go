@@ -17,52 +17,15 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/branchbox/branchbox/client/oci"
 	"github.com/branchbox/branchbox/httpapi"
+	"github.com/branchbox/branchbox/internal/branchctl"
 )
 
-// DefaultAPISocket is where branchctl serve listens by default.
-const DefaultAPISocket = "/run/branchbox/api.sock"
-
-// serveCommand is `branchctl serve`: the HTTP API (httpapi) on a unix
-// socket and, with a token file, on TCP. It is a command of branchctl
-// rather than a binary of its own because it is the same client with
-// another front: the same flags name containerd and the namespace, the
-// same error kinds come out, and a node that has branchctl has the API.
-func serveCommand(inv *invocation) *cli.Command {
-	return &cli.Command{
-		Name: "serve", Category: "servers",
-		Usage: "serve the sandbox and branch operations over HTTP/JSON (docs/http-api.md)",
-		Description: `Listens on a unix socket (--socket) and, given --tcp, on TCP. Over TCP
-every request needs a bearer token from --token-file (re-read when it
-changes), and TLS (--tls-cert, --tls-key) unless the address is loopback.
-Every route is under /v1/namespaces/{ns}/; GET /v1/openapi.json is the
-contract.`,
-		Flags: withGlobals(
-			&cli.StringFlag{Name: "socket", Value: DefaultAPISocket, Usage: "unix socket to listen on (\"\": none)"},
-			&cli.StringFlag{Name: "tcp", Usage: "also listen on this TCP address (HOST:PORT; port 0 picks one)"},
-			&cli.StringFlag{Name: "token-file", Usage: "bearer tokens: lines of TOKEN NAMESPACE... (* for all); required with --tcp"},
-			&cli.StringFlag{Name: "tls-cert", Usage: "TLS certificate (PEM) for --tcp"},
-			&cli.StringFlag{Name: "tls-key", Usage: "TLS key (PEM) for --tcp"},
-			&cli.StringSliceFlag{Name: "serve-namespace", Usage: "serve only this containerd namespace, repeatable (default: any a token allows)"},
-			&cli.Int64Flag{Name: "max-body", Value: httpapi.DefaultMaxBody, Usage: "largest request body (a file written), bytes"},
-			&cli.IntFlag{Name: "max-execs", Value: httpapi.DefaultMaxExecs, Usage: "concurrent execs per client"},
-			&cli.IntFlag{Name: "max-streams", Value: httpapi.DefaultMaxStreams, Usage: "concurrent event streams per client"},
-			&cli.StringFlag{Name: "hosts-dir", Value: oci.DefaultHostsDir, Usage: "containerd's registry host configuration directory, for push and pull"},
-		),
-		Action: func(c *cli.Context) error {
-			g := globalsOf(c)
-			inv.namespace = g.namespace
-			return cmdServe(c, g, inv)
-		},
-	}
-}
-
-func cmdServe(c *cli.Context, g globals, inv *invocation) error {
+func cmdServe(c *cli.Context, e branchctl.Env) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := httpapi.Config{
-		Address: g.address, Namespaces: c.StringSlice("serve-namespace"), TokenFile: c.String("token-file"),
+		Address: e.Address, Namespaces: c.StringSlice("serve-namespace"), TokenFile: c.String("token-file"),
 		MaxBody: c.Int64("max-body"), MaxExecs: c.Int("max-execs"), MaxStreams: c.Int("max-streams"),
 		HostsDir: c.String("hosts-dir"),
 	}
@@ -93,7 +56,7 @@ func cmdServe(c *cli.Context, g globals, inv *invocation) error {
 			return err
 		}
 		defer os.Remove(sock)
-		fmt.Fprintf(inv.stdout, "listening on unix:%s\n", sock)
+		fmt.Fprintf(e.Stdout, "listening on unix:%s\n", sock)
 		eg.Go(func() error { return srv.ServeUnix(ctx, ln) })
 	}
 	if tcp != "" {
@@ -109,7 +72,7 @@ func cmdServe(c *cli.Context, g globals, inv *invocation) error {
 			ln.Close()
 			return fmt.Errorf("serve: %s is not a loopback address: tokens would cross the network in clear; give --tls-cert and --tls-key: %w", tcp, errdefs.ErrInvalidArgument)
 		}
-		fmt.Fprintf(inv.stdout, "listening on %s://%s\n", scheme, addr)
+		fmt.Fprintf(e.Stdout, "listening on %s://%s\n", scheme, addr)
 		eg.Go(func() error { return srv.ServeTCP(ctx, ln) })
 	}
 	return eg.Wait()

@@ -1,11 +1,9 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"github.com/urfave/cli/v2"
-
-	"github.com/branchbox/branchbox/client/oci"
 )
 
 // commands is branchctl's command table; each Action is a thin call into
@@ -76,23 +74,23 @@ it); checkpoints built on it keep its layer while they need it.`,
 			Usage:     "bring the context's rootfs back to checkpoint NAME, under its running processes",
 		},
 		{
-			Name: "push", Category: images, Action: do(cmdPush), Flags: withGlobals(remoteFlags()...),
+			Name: "push", Category: images, Action: inv.heavy("push"), Flags: withGlobals(remoteFlags()...),
 			ArgsUsage: "SANDBOX[/BRANCH|@CHECKPOINT] REF",
 			Usage:     "push a context as an OCI image: the sandbox image's layers, one per checkpoint on the path, one of the change since (docs/registry.md)",
 		},
 		{
-			Name: "pull", Category: images, Action: do(cmdPull), Flags: withGlobals(remoteFlags()...),
+			Name: "pull", Category: images, Action: inv.heavy("pull"), Flags: withGlobals(remoteFlags()...),
 			ArgsUsage: "REF SANDBOX [-- CMD...]",
 			Usage:     "make a sandbox (not started) of an image push made, with its checkpoints restored",
 		},
 		{
-			Name: "save", Category: images, Action: do(cmdSave),
+			Name: "save", Category: images, Action: inv.heavy("save"),
 			ArgsUsage: "SANDBOX[/BRANCH] FILE",
 			Usage:     "the image push would make, as an OCI layout tar",
 			Flags:     withGlobals(&cli.StringFlag{Name: "name", Usage: "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)"}),
 		},
 		{
-			Name: "load", Category: images, Action: do(cmdLoad),
+			Name: "load", Category: images, Action: inv.heavy("load"),
 			ArgsUsage: "FILE [SANDBOX [-- CMD...]]",
 			Usage:     "import such a tar, unpacked, to run; with SANDBOX, make a sandbox of it as pull does",
 			Flags:     withGlobals(&cli.StringFlag{Name: "snapshotter", Value: "branch", Usage: "the snapshotter to unpack into"}),
@@ -166,7 +164,7 @@ func forkFlags() []cli.Flag {
 func remoteFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.BoolFlag{Name: "plain-http", Usage: "talk plain HTTP to a registry hosts.toml does not configure"},
-		&cli.StringFlag{Name: "hosts-dir", Value: oci.DefaultHostsDir, Usage: "containerd's registry host configuration directory"},
+		&cli.StringFlag{Name: "hosts-dir", Value: defaultHostsDir, Usage: "containerd's registry host configuration directory"},
 		&cli.StringFlag{Name: "user", Usage: "USER[:SECRET] to authenticate to the registry"},
 	}
 }

@@ -14,14 +14,15 @@ import (
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/client/oci"
+	"github.com/branchbox/branchbox/internal/branchctl"
 )
 
 // cmdPush: push SANDBOX[/BRANCH] REF [--plain-http] [--hosts-dir DIR]
 // [--user USER[:SECRET]].
-func cmdPush(c *cli.Context, g globals, inv *invocation) error {
-	ctx, stdout := c.Context, inv.stdout
+func cmdPush(c *cli.Context, e branchctl.Env) error {
+	ctx, stdout := c.Context, e.Stdout
 	remote := remoteOf(c)
-	pos, _ := split(c)
+	pos, _ := branchctl.Args(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want push SANDBOX[/BRANCH] REF, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -30,20 +31,20 @@ func cmdPush(c *cli.Context, g globals, inv *invocation) error {
 		return err
 	}
 	// The image is of the container the user named (id, prefix or name).
-	if src.Sandbox, err = client.ResolveSandbox(ctx, g.address, g.namespace, src.Sandbox); err != nil {
+	if src.Sandbox, err = client.ResolveSandbox(ctx, e.Address, e.Namespace, src.Sandbox); err != nil {
 		return err
 	}
-	cc, err := g.dial()
+	cc, err := dialContainerd(e.Address)
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	res, err := oci.Push(namespaces.WithNamespace(ctx, g.namespace), cc, src, pos[1], remote)
+	res, err := oci.Push(namespaces.WithNamespace(ctx, e.Namespace), cc, src, pos[1], remote)
 	if err != nil {
 		return err
 	}
-	if g.json {
-		return printJSON(stdout, map[string]any{
+	if e.JSON {
+		return branchctl.PrintJSON(stdout, map[string]any{
 			"ref": res.Ref, "root": res.Image.Root.Digest, "manifest": res.Image.Manifest.Digest, "layers": res.Image.Layers,
 			"change": res.Image.Change, "checkpoints": res.Image.Lineage.Checkpoints, "sentBlobs": len(res.Sent.Blobs), "sentBytes": res.Sent.Bytes,
 			"skippedBlobs": res.Sent.Skipped,
@@ -65,10 +66,10 @@ func cmdPush(c *cli.Context, g globals, inv *invocation) error {
 }
 
 // cmdSave: save SANDBOX[/BRANCH] FILE [--name NAME].
-func cmdSave(c *cli.Context, g globals, inv *invocation) error {
-	ctx, stdout := c.Context, inv.stdout
+func cmdSave(c *cli.Context, e branchctl.Env) error {
+	ctx, stdout := c.Context, e.Stdout
 	name := c.String("name")
-	pos, _ := split(c)
+	pos, _ := branchctl.Args(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want save SANDBOX[/BRANCH] FILE, got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -78,7 +79,7 @@ func cmdSave(c *cli.Context, g globals, inv *invocation) error {
 	}
 	// The image is of the container the user named (id, prefix or name).
 	named := src.Sandbox
-	if src.Sandbox, err = client.ResolveSandbox(ctx, g.address, g.namespace, src.Sandbox); err != nil {
+	if src.Sandbox, err = client.ResolveSandbox(ctx, e.Address, e.Namespace, src.Sandbox); err != nil {
 		return err
 	}
 	if name == "" {
@@ -88,17 +89,17 @@ func cmdSave(c *cli.Context, g globals, inv *invocation) error {
 		}
 		name = "branchbox/" + strings.ToLower(named) + ":" + ctxID
 	}
-	cc, err := g.dial()
+	cc, err := dialContainerd(e.Address)
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	img, err := oci.Save(namespaces.WithNamespace(ctx, g.namespace), cc, src, name, pos[1])
+	img, err := oci.Save(namespaces.WithNamespace(ctx, e.Namespace), cc, src, name, pos[1])
 	if err != nil {
 		return err
 	}
-	if g.json {
-		return printJSON(stdout, map[string]any{"file": pos[1], "name": name, "manifest": img.Manifest.Digest, "change": img.Change})
+	if e.JSON {
+		return branchctl.PrintJSON(stdout, map[string]any{"file": pos[1], "name": name, "manifest": img.Manifest.Digest, "change": img.Change})
 	}
 	fmt.Fprintf(stdout, "saved %s as %s (%s) in %s\n", src, name, img.Manifest.Digest, pos[1])
 	return nil
@@ -107,10 +108,10 @@ func cmdSave(c *cli.Context, g globals, inv *invocation) error {
 // cmdLoad: load FILE [--snapshotter NAME], or load FILE SANDBOX [-- CMD...]
 // (a sandbox made of the archive's image, its checkpoints restored, as
 // pull makes one).
-func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
-	ctx, stdout := c.Context, inv.stdout
+func cmdLoad(c *cli.Context, e branchctl.Env) error {
+	ctx, stdout := c.Context, e.Stdout
 	sn := c.String("snapshotter")
-	pos, cmd := split(c)
+	pos, cmd := branchctl.Args(c)
 	if len(pos) < 1 || len(pos) > 2 || (len(pos) == 1 && len(cmd) > 0) {
 		return fmt.Errorf("want load FILE, or load FILE SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
@@ -122,30 +123,30 @@ func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
 		return err
 	}
 	defer f.Close()
-	cc, err := g.dial()
+	cc, err := dialContainerd(e.Address)
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	ctx = namespaces.WithNamespace(ctx, g.namespace)
+	ctx = namespaces.WithNamespace(ctx, e.Namespace)
 	if len(pos) == 2 {
 		res, err := oci.LoadSandbox(ctx, cc, f, pos[1], cmd...)
 		if err != nil {
 			return err
 		}
-		if g.json {
-			return printJSON(stdout, map[string]any{"images": []string{res.Ref}, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
+		if e.JSON {
+			return branchctl.PrintJSON(stdout, map[string]any{"images": []string{res.Ref}, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
 		}
 		fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
-			res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
+			res.Sandbox, res.Ref, res.Checkpoints, e.Namespace, res.Sandbox)
 		return nil
 	}
 	names, err := oci.Load(ctx, cc, f, sn)
 	if err != nil {
 		return err
 	}
-	if g.json {
-		return printJSON(stdout, map[string]any{"images": names})
+	if e.JSON {
+		return branchctl.PrintJSON(stdout, map[string]any{"images": names})
 	}
 	for _, n := range names {
 		fmt.Fprintf(stdout, "loaded %s\n", n)
@@ -155,27 +156,27 @@ func cmdLoad(c *cli.Context, g globals, inv *invocation) error {
 
 // cmdPull: pull REF SANDBOX [--plain-http] [--hosts-dir DIR]
 // [--user USER[:SECRET]] [-- CMD...].
-func cmdPull(c *cli.Context, g globals, inv *invocation) error {
-	ctx, stdout := c.Context, inv.stdout
+func cmdPull(c *cli.Context, e branchctl.Env) error {
+	ctx, stdout := c.Context, e.Stdout
 	remote := remoteOf(c)
-	pos, cmd := split(c)
+	pos, cmd := branchctl.Args(c)
 	if len(pos) != 2 {
 		return fmt.Errorf("want pull REF SANDBOX [-- CMD...], got %q: %w", pos, errdefs.ErrInvalidArgument)
 	}
-	cc, err := g.dial()
+	cc, err := dialContainerd(e.Address)
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	res, err := oci.Pull(namespaces.WithNamespace(ctx, g.namespace), cc, pos[0], pos[1], remote, cmd...)
+	res, err := oci.Pull(namespaces.WithNamespace(ctx, e.Namespace), cc, pos[0], pos[1], remote, cmd...)
 	if err != nil {
 		return err
 	}
-	if g.json {
-		return printJSON(stdout, map[string]any{"ref": res.Ref, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
+	if e.JSON {
+		return branchctl.PrintJSON(stdout, map[string]any{"ref": res.Ref, "sandbox": res.Sandbox, "checkpoints": res.Checkpoints})
 	}
 	fmt.Fprintf(stdout, "made sandbox %s of %s with checkpoints %v; start it with: ctr -n %s tasks start -d %s\n",
-		res.Sandbox, res.Ref, res.Checkpoints, g.namespace, res.Sandbox)
+		res.Sandbox, res.Ref, res.Checkpoints, e.Namespace, res.Sandbox)
 	return nil
 }
 
@@ -186,11 +187,12 @@ func remoteOf(c *cli.Context) oci.Remote {
 	return r
 }
 
-// dial connects to containerd at the address the flags gave.
-func (g globals) dial() (*containerd.Client, error) {
-	cc, err := containerd.New(g.address)
+// dialContainerd connects to containerd's full client at the address the
+// flags gave.
+func dialContainerd(address string) (*containerd.Client, error) {
+	cc, err := containerd.New(address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to containerd at %s: %w", g.address, err)
+		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
 	}
 	return cc, nil
 }

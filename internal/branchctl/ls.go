@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"fmt"
@@ -30,7 +30,7 @@ func cmdLs(c *cli.Context, g globals, inv *invocation) error {
 		if list == nil {
 			list = []client.SandboxSummary{}
 		}
-		return printJSON(stdout, list)
+		return PrintJSON(stdout, list)
 	}
 	return printSandboxes(stdout, list, time.Now())
 }

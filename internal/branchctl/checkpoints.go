@@ -1,4 +1,4 @@
-package main
+package branchctl
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 			return err
 		}
 		if g.json {
-			return printJSON(stdout, map[string]string{"deleted": pos[2]})
+			return PrintJSON(stdout, map[string]string{"deleted": pos[2]})
 		}
 		fmt.Fprintf(stdout, "deleted checkpoint %s\n", pos[2])
 		return nil
@@ -69,7 +69,7 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 		return err
 	}
 	if g.json {
-		return printJSON(stdout, ck)
+		return PrintJSON(stdout, ck)
 	}
 	base := "full"
 	if ck.Parent != "" {
@@ -104,7 +104,7 @@ func checkpointList(ctx context.Context, g globals, sb string, stdout io.Writer)
 		if list == nil {
 			list = []branch.Checkpoint{}
 		}
-		return printJSON(stdout, list)
+		return PrintJSON(stdout, list)
 	}
 	return PrintCheckpoints(stdout, sb, list, time.Now())
 }
@@ -163,7 +163,7 @@ func cmdRollback(cc *cli.Context, g globals, inv *invocation) error {
 	}
 	took := time.Since(start)
 	if g.json {
-		return printJSON(stdout, map[string]any{"context": ctxName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
+		return PrintJSON(stdout, map[string]any{"context": ctxName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
 	}
 	fmt.Fprintf(stdout, "rolled %s back to %s in %s\n", ctxName(sb, b), pos[1], took.Round(time.Microsecond))
 	return nil

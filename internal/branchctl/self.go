@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"context"
@@ -95,7 +95,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			return 1, err
 		}
 		if g.json {
-			return 0, printJSON(stdout, kids)
+			return 0, PrintJSON(stdout, kids)
 		}
 		for _, k := range kids {
 			fmt.Fprintln(stdout, k.ID)
@@ -115,7 +115,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		}
 		if detach {
 			if g.json {
-				return 0, printJSON(stdout, map[string]string{"exec_id": execID})
+				return 0, PrintJSON(stdout, map[string]string{"exec_id": execID})
 			}
 			fmt.Fprintln(stdout, execID)
 			return 0, nil
@@ -136,7 +136,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			return 1, err
 		}
 		if g.json {
-			return 0, printJSON(stdout, res)
+			return 0, PrintJSON(stdout, res)
 		}
 		fmt.Fprintf(stdout, "committed %s into %s (epoch %d)", id, nodeName(res.Parent.ID), res.Parent.Epoch)
 		if len(res.Invalidated) > 0 {
@@ -154,7 +154,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			return 1, err
 		}
 		if g.json {
-			return 0, printJSON(stdout, map[string][]string{"aborted": ids})
+			return 0, PrintJSON(stdout, map[string][]string{"aborted": ids})
 		}
 		fmt.Fprintf(stdout, "aborted %s\n", strings.Join(ids, ", "))
 		return 0, nil
@@ -164,7 +164,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			return 1, err
 		}
 		if g.json {
-			return 0, printJSON(stdout, map[string]any{"self": self, "contexts": nodes})
+			return 0, PrintJSON(stdout, map[string]any{"self": self, "contexts": nodes})
 		}
 		return 0, printSelfTree(stdout, self, nodes, time.Now())
 	case "checkpoint":
@@ -174,7 +174,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 				return 1, err
 			}
 			if g.json {
-				return 0, printJSON(stdout, list)
+				return 0, PrintJSON(stdout, list)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tCONTEXT\tSIZE")
@@ -198,12 +198,12 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if ck.Name == "" {
 			// A copy of this process, restored from the checkpoint.
 			if g.json {
-				return 0, printJSON(stdout, nil)
+				return 0, PrintJSON(stdout, nil)
 			}
 			return 0, nil
 		}
 		if g.json {
-			return 0, printJSON(stdout, ck)
+			return 0, PrintJSON(stdout, ck)
 		}
 		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Context), size(ck.Size))
 		return 0, nil
@@ -229,7 +229,7 @@ func printSelfResult(ctx context.Context, g globals, c *client.SelfClient, id, e
 		return 1, err
 	}
 	if g.json {
-		return res.Code, printJSON(stdout, res)
+		return res.Code, PrintJSON(stdout, res)
 	}
 	_, _ = stdout.Write(res.Stdout)
 	_, _ = stderr.Write(res.Stderr)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"context"
@@ -111,7 +111,7 @@ func (p *patternCmd) runPattern(ctx context.Context, stdout io.Writer, f func(co
 	if res != nil {
 		var perr error
 		if p.g.json {
-			perr = printJSON(stdout, res)
+			perr = PrintJSON(stdout, res)
 		} else {
 			perr = PrintResult(stdout, p.sandbox, res)
 		}

@@ -1,9 +1,10 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -86,13 +87,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"completion", "tcsh"}, "want bash, zsh or fish"},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(t.Context(), tc.args, nil, &out, &errOut)
+		code := Run(t.Context(), tc.args, nil, &out, &errOut, nil)
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) || !strings.Contains(errOut.String(), "hint: see `branchctl help`") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "--seal value") {
+	if code := Run(t.Context(), []string{"fork", "--help"}, nil, &out, &errOut, nil); code != 0 || !strings.Contains(out.String(), "--seal value") {
 		t.Errorf("fork --help: exit %d, %q", code, out.String())
 	}
 }
@@ -113,7 +114,7 @@ func TestCompletion(t *testing.T) {
 		old := os.Args
 		os.Args = strings.Fields(tc.line) // urfave/cli reads the word before the flag there
 		var out, errOut bytes.Buffer
-		code := run(t.Context(), os.Args[1:], nil, &out, &errOut)
+		code := Run(t.Context(), os.Args[1:], nil, &out, &errOut, nil)
 		os.Args = old
 		if !strings.Contains(out.String(), tc.want) || (tc.not != "" && strings.Contains(out.String(), tc.not)) {
 			t.Errorf("%s: %q; want %q and not %q", tc.line, out.String(), tc.want, tc.not)
@@ -124,7 +125,41 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run(t.Context(), []string{"completion", "bash"}, nil, &out, &bytes.Buffer{}); code != 0 || !strings.Contains(out.String(), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
+	if code := Run(t.Context(), []string{"completion", "bash"}, nil, &out, &bytes.Buffer{}, nil); code != 0 || !strings.Contains(out.String(), "complete -o bashdefault -o default -F _branchctl_complete branchctl") {
 		t.Errorf("completion bash: %d %q", code, out.String())
+	}
+}
+
+// TestOnlyFlagsOf: dropping the flags of the commands a run does not run
+// changes nothing it prints: help, usage errors, completion. (Not fish's
+// completion, which onlyFlagsOf leaves alone: urfave/cli's fish generator
+// recurses forever through its shared help command once an earlier app of
+// the same process has set it up.)
+func TestOnlyFlagsOf(t *testing.T) {
+	lines := []string{"", "--help", "-h", "help", "help fork", "h fork", "fork --help", "fork -h", "fork --help=true",
+		"push --help", "serve -h", "self --help", "self fork --help", "self help fork", "checkpoint --help",
+		"checkpoint ls --help", "checkpoint help", "completion bash", "completion zsh", "completion tcsh",
+		"frobnicate", "fork sb -x", "fork sb -n many", "-n x fork --bogus", "--json fork sb --bogus", "self fork --bogus",
+		"checkpoint --bogus", "speculate --bogus", "exec sb/1 -t --env A=1 --bogus", "fork sb --seal help --bogus",
+		"branchctl --generate-bash-completion", "branchctl fork sb --se --generate-bash-completion"}
+	out := func(line string) string {
+		var o, e bytes.Buffer
+		code := Run(t.Context(), strings.Fields(line), nil, &o, &e, nil)
+		return fmt.Sprintf("exit %d\n%s\n--- stderr\n%s", code, o.String(), e.String())
+	}
+	for _, line := range lines {
+		trimFlags = false
+		want := out(line)
+		trimFlags = true
+		if got := out(line); got != want {
+			t.Errorf("%q: with onlyFlagsOf\n%s\nwithout\n%s", line, got, want)
+		}
+	}
+	app := newApp(&invocation{})
+	onlyFlagsOf(app, []string{"-n", "ns", "fork", "sb", "--seal", "freeze"})
+	for _, c := range app.Commands {
+		if (len(c.Flags) > 0) != (c.Name == "fork") {
+			t.Errorf("after onlyFlagsOf(fork ...), %s has %d flags", c.Name, len(c.Flags))
+		}
 	}
 }

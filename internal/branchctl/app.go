@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package branchctl
 
 import (
 	"fmt"
@@ -23,6 +23,11 @@ type invocation struct {
 	code           int
 	// namespace is the containerd namespace the command ran in, for hints.
 	namespace string
+	// args is the command line as given, which a heavy command hands on
+	// to branchctl-full; actions are the heavy commands this binary runs
+	// itself.
+	args    []string
+	actions Actions
 }
 
 // ran sets the exit status a command chose (exec, self, the patterns)
@@ -213,6 +218,50 @@ func arrange(app *cli.App, args []string) []string {
 		out = append(append(out, "--"), pos...)
 	}
 	return append(out, after...)
+}
+
+// trimFlags is whether Run calls onlyFlagsOf (TestOnlyFlagsOf compares).
+var trimFlags = true
+
+// onlyFlagsOf drops the flags of every command but the one args run,
+// when that is not help (asksHelp) nor fish's completion, which show
+// others'.
+// urfave/cli renders every flag of every command when it sets the app up
+// (their usage, default and environment, for help's flag categories,
+// which the global flags after a command have): 0.3-0.4 ms of every
+// start, a tenth of branchctl's, for flags that run never shows: a
+// command's usage errors name its own flags only.
+func onlyFlagsOf(app *cli.App, args []string) {
+	i := skipFlags(app.Flags, args)
+	if i >= len(args) {
+		return
+	}
+	run := app.Command(args[i])
+	if run == nil || run.Name == "completion" && slices.Contains(args[i:], "fish") {
+		return
+	}
+	for _, c := range app.Commands {
+		if c != run {
+			c.Flags = nil
+		}
+	}
+}
+
+// asksHelp reports whether a command line may ask urfave/cli for help,
+// which can show any command's flags (`branchctl checkpoint ls --help`
+// shows ls's): a help flag or a help word before "--". It errs towards
+// yes (a sandbox named h, --seal help), which only costs onlyFlagsOf's
+// saving.
+func asksHelp(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); name == "h" || name == "help" {
+			return true
+		}
+	}
+	return false
 }
 
 // memoryLimitFlag reads --memory SIZE and --memory=SIZE, the spelling of
