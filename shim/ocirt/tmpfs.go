@@ -31,6 +31,7 @@ import (
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/moby/sys/mountinfo"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/internal/safeopen"
@@ -134,11 +135,11 @@ func smallTmpfs(pid int, external map[string]bool) ([]tmpfsMount, error) {
 			continue
 		}
 		t.File = fmt.Sprintf("branchbox-tmpfs-%d.tar", len(out))
+		// The processes still run: what they change under the scan, or
+		// too much content, leaves the mount to CRIU.
 		if err := t.archive(root, io.Discard); err != nil {
-			if errors.Is(err, errTmpfsGrew) {
-				continue // too big: CRIU archives it
-			}
-			return nil, fmt.Errorf("tmpfs %s: %w", t.Mountpoints[0], err)
+			logrus.WithError(err).WithField("mount", t.Mountpoints[0]).Debug("tmpfs left to criu")
+			continue
 		}
 		out = append(out, t)
 	}
@@ -346,12 +347,20 @@ func (a *archiver) file(dirfd int, n, name string, st *unix.Stat_t) error {
 	if err := a.header(name, st, tar.TypeReg, st.Size, ""); err != nil {
 		return err
 	}
-	fd, err := safeopen.OpenBeneath(dirfd, n, unix.O_RDONLY)
+	// Non-blocking: a fifo put in the file's place must not hang the open.
+	fd, err := safeopen.OpenBeneath(dirfd, n, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
 		return err
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
+	var now unix.Stat_t
+	if err := unix.Fstat(fd, &now); err != nil {
+		return err
+	}
+	if now.Ino != st.Ino || now.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%s changed while it was copied", name)
+	}
 	if _, err := io.CopyN(a.tw, f, st.Size); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
