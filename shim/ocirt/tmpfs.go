@@ -137,7 +137,7 @@ func smallTmpfs(pid int, external map[string]bool) ([]tmpfsMount, error) {
 		t.File = fmt.Sprintf("branchbox-tmpfs-%d.tar", len(out))
 		// The processes still run: what they change under the scan, or
 		// too much content, leaves the mount to CRIU.
-		if err := t.archive(root, io.Discard); err != nil {
+		if err := t.archive(root, nil); err != nil {
 			logrus.WithError(err).WithField("mount", t.Mountpoints[0]).Debug("tmpfs left to criu")
 			continue
 		}
@@ -217,7 +217,8 @@ func (n *tmpfsNotify) PostDump() error {
 }
 
 // archive writes the mount's content as a tar to w (the root, "./", first),
-// or errTmpfsGrew if it holds more than the bounds. It reaches the mount
+// or errTmpfsGrew if it holds more than the bounds; with w nil it only
+// measures the content against the bounds (its files are not read). It reaches the mount
 // from the container's root without following a symlink, checks that it
 // reached the mount's root, and does not descend into another mount: a
 // file bound over one of its entries is archived empty, a directory a
@@ -241,18 +242,21 @@ func (m *tmpfsMount) archive(root int, w io.Writer) error {
 	if err := unix.Fstat(dir, &st); err != nil {
 		return err
 	}
-	a := &archiver{tw: tar.NewWriter(w), dev: st.Dev, links: map[uint64]string{}}
+	a := &archiver{dev: st.Dev, links: map[uint64]string{}}
+	if w != nil {
+		a.tw = tar.NewWriter(w)
+	}
 	if err := a.header("./", &st, tar.TypeDir, 0, ""); err != nil {
 		return err
 	}
-	if err := a.dir(dir, "."); err != nil {
+	if err := a.dir(dir, "."); err != nil || a.tw == nil {
 		return err
 	}
 	return a.tw.Close()
 }
 
 type archiver struct {
-	tw      *tar.Writer
+	tw      *tar.Writer // nil: measuring
 	dev     uint64
 	links   map[uint64]string
 	bytes   int64
@@ -264,6 +268,9 @@ func (a *archiver) header(name string, st *unix.Stat_t, typ byte, size int64, li
 	a.bytes += size
 	if a.entries > tmpfsCopyEntries || a.bytes > tmpfsCopyBytes {
 		return errTmpfsGrew
+	}
+	if a.tw == nil {
+		return nil
 	}
 	return a.tw.WriteHeader(&tar.Header{
 		Typeflag: typ, Name: name, Linkname: link, Size: size,
@@ -344,7 +351,7 @@ func (a *archiver) file(dirfd int, n, name string, st *unix.Stat_t) error {
 		}
 		a.links[st.Ino] = name
 	}
-	if err := a.header(name, st, tar.TypeReg, st.Size, ""); err != nil {
+	if err := a.header(name, st, tar.TypeReg, st.Size, ""); err != nil || a.tw == nil {
 		return err
 	}
 	// Non-blocking: a fifo put in the file's place must not hang the open.
