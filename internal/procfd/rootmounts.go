@@ -4,10 +4,8 @@ package procfd
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,14 +18,9 @@ func RootMounts(pid int) (Mounts, error) {
 	if err := unix.Statx(unix.AT_FDCWD, proc+"/root", 0, unix.STATX_MNT_ID, &stx); err != nil {
 		return nil, fmt.Errorf("mount of %s/root: %w", proc, err)
 	}
-	f, err := os.Open(proc + "/mountinfo")
+	infos, err := Mountinfo(pid)
 	if err != nil {
 		return nil, err
-	}
-	infos, err := mountinfo.GetMountsFromReader(f, nil)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("read %s/mountinfo: %w", proc, err)
 	}
 	ids := Mounts{}
 	for _, root := range infos {

@@ -17,8 +17,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
+
+	"github.com/branchbox/branchbox/internal/procfd"
 )
 
 // cgroupsIgnored, in an image, marks a dump made without CRIU's cgroup
@@ -36,15 +36,9 @@ func cgroupsFlat(pid int) bool {
 	if err != nil {
 		return false
 	}
-	seen := map[int]bool{}
-	todo := []int{pid}
-	for len(todo) > 0 {
-		p := todo[len(todo)-1]
-		todo = todo[:len(todo)-1]
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
+	// Each process's threads, as the tree is walked: a process gone, or
+	// one thread elsewhere, and the tree is not flat.
+	return procfd.Tree(pid, func(p int) bool {
 		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", p))
 		if err != nil || len(tasks) == 0 {
 			return false
@@ -54,13 +48,7 @@ func cgroupsFlat(pid int) bool {
 			if err != nil || !bytes.Equal(cg, want) {
 				return false
 			}
-			children, _ := os.ReadFile(filepath.Join(t, "children"))
-			for _, f := range strings.Fields(string(children)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					todo = append(todo, c)
-				}
-			}
 		}
-	}
-	return true
+		return true
+	}) != nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/internal/procfd"
 	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
@@ -102,12 +103,7 @@ func mountFlag(o string) (uintptr, bool) {
 // can copy: mounted whole, private, at places not already external, and
 // small.
 func smallTmpfs(pid int, external map[string]bool) ([]tmpfsMount, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
-	if err != nil {
-		return nil, err
-	}
-	infos, err := mountinfo.GetMountsFromReader(f, nil)
-	f.Close()
+	infos, err := procfd.Mountinfo(pid)
 	if err != nil {
 		return nil, err
 	}

@@ -6,11 +6,12 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/procfd"
 )
 
 // unforkable lists what a memory fork of the process tree of initPid
@@ -21,7 +22,7 @@ import (
 // ones. CRIU refuses more (an external unix socket, say); its errors are
 // passed on as they come.
 func unforkable(initPid int, own []int, sharedNet bool) []string {
-	tree := processTree(initPid)
+	tree := procfd.Tree(initPid, nil)
 	var out []string
 	for _, pid := range own {
 		// One that ended since the listing, or that a process of the
@@ -97,30 +98,6 @@ func procStat(pid int) (state byte, ppid int, ok bool) {
 		return 0, 0, false
 	}
 	return f[0][0], ppid, true
-}
-
-// processTree is pid and its descendants, from each thread's children.
-func processTree(pid int) map[int]bool {
-	tree := map[int]bool{}
-	todo := []int{pid}
-	for len(todo) > 0 {
-		p := todo[len(todo)-1]
-		todo = todo[:len(todo)-1]
-		if tree[p] {
-			continue
-		}
-		tree[p] = true
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
-		for _, t := range tasks {
-			b, _ := os.ReadFile(t)
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					todo = append(todo, c)
-				}
-			}
-		}
-	}
-	return tree
 }
 
 // inetSockets maps the inode of each TCP and UDP socket of pid's network
