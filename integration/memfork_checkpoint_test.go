@@ -369,13 +369,7 @@ func TestMemorySelfForkLive(t *testing.T) {
 	b = strings.TrimSuffix(b, "]")
 	for _, k := range []string{a, b} {
 		// The copy's call returned with no branch, its state the sandbox's.
-		var got string
-		waitUntil(t, "the copy's output of its fork call in branch "+k, 10*time.Second, func() bool {
-			o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.2")
-			got = o
-			return code == 0
-		})
-		if got != "rc=0 ids=[] mem=live\n" {
+		if got := copyOutput(t, ctx, sc, k, 2, "fork"); got != "rc=0 ids=[] mem=live\n" {
 			t.Fatalf("copy in branch %s: its fork call printed %q; want rc=0 ids=[] mem=live", k, got)
 		}
 		// Its socket is its own branch's.
@@ -416,13 +410,7 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 		t.Fatalf("fork --from warm --memory: %v", err)
 	}
 	k := res.Branches[0].ID
-	var got string
-	waitUntil(t, "the copy's output of its checkpoint call in branch "+k, 10*time.Second, func() bool {
-		o, code := run(t, ctx, sc, k, "cat", "/dev/shm/out.1")
-		got = o
-		return code == 0
-	})
-	if got != "rc=0 ck=[] mem=then\n" {
+	if got := copyOutput(t, ctx, sc, k, 1, "checkpoint"); got != "rc=0 ck=[] mem=then\n" {
 		t.Fatalf("copy in branch %s: its checkpoint call printed %q; want rc=0 ck=[] mem=then", k, got)
 	}
 	if got := replIn(t, ctx, env, sc, k, 2, `echo "mem=$mem"`); got != "mem=then\n" {
@@ -440,6 +428,9 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	if err := sc.Rollback(ctx, k, "step"); err != nil {
 		t.Fatalf("rollback of branch %s to step: %v", k, err)
 	}
+	// Not copyOutput: this waits for the restored copy's own answer,
+	// rc=0 ck=[], not for any output.
+	var got string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		o, _ := run(t, ctx, sc, k, "cat", "/dev/shm/out.3")
 		if got = o; got == "rc=0 ck=[]\n" {
@@ -452,6 +443,19 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	if got := replIn(t, ctx, env, sc, k, 4, `echo "mem=$mem"`); got != "mem=then\n" {
 		t.Fatalf("branch %s after its rollback: %q, want mem=then", k, got)
 	}
+}
+
+// copyOutput waits for the REPL's output of command k in branch b: the
+// output of a self call that returned again in a restored copy.
+func copyOutput(t *testing.T, ctx context.Context, sc *client.SandboxClient, b string, k int, call string) string {
+	t.Helper()
+	var got string
+	waitUntil(t, fmt.Sprintf("the copy's output of its %s call in branch %s", call, b), 10*time.Second, func() bool {
+		o, code := run(t, ctx, sc, b, "cat", fmt.Sprintf("/dev/shm/out.%d", k))
+		got = o
+		return code == 0
+	})
+	return got
 }
 
 // replVia runs REPL command k through the /dev/shm of the process pid (a
