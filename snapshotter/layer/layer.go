@@ -120,61 +120,77 @@ func (d *differ) dir(fd int, rel string, underAdded bool, depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("upper %s is deeper than %d levels: %w", rel, maxDepth, errdefs.ErrInvalidArgument)
 	}
-	return readNames(fd, func(name string) error {
+	var names []string
+	if err := readNames(fd, func(name string) error {
+		names = append(names, name)
+		return nil
+	}); err != nil {
+		return err
+	}
+	stats := statNames(fd, names)
+	for i, name := range names {
 		if err := d.ctx.Err(); err != nil {
 			return err
 		}
-		p := join(rel, name)
-		var st unix.Stat_t
-		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if err == unix.ENOENT { // removed while walking: it is gone
-				return nil
-			}
-			return fmt.Errorf("stat %s in upper: %w", p, err)
+		if err := d.entry(fd, rel, name, stats[i], underAdded, depth); err != nil {
+			return err
 		}
-		e := Entry{Mode: st.Mode & unix.S_IFMT, Ino: st.Ino, Ctime: st.Ctim.Nano()}
-		if e.Ctime >= d.recent {
-			e.Ctime = 0
-		}
-		d.cur[p] = e
-		isDir := e.Mode == unix.S_IFDIR
-		added := false
-		if !underAdded {
-			old, ok := d.prev[p]
-			opaque := false
-			if isDir && !ok {
-				opaque, _ = isOpaque(fd, name)
-			}
-			switch {
-			case !ok && isDir && !opaque:
-				// A new directory merged with whatever lies below it
-				// (copied up to hold a change): only its own entries
-				// changed, each listed on its own, so a rollback rewrites
-				// them rather than the whole directory.
-				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
-			case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
-				added = true
-				d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
-			case old.Ctime == 0 || old.Ctime != st.Ctim.Nano():
-				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
-			}
-			if isDir && !added {
-				d.same[p] = true
-			}
-		}
-		if !isDir {
+	}
+	return nil
+}
+
+// entry compares one entry of directory fd (rel in the upper), stat'ed as
+// st, with the manifest, and walks it if it is a directory.
+func (d *differ) entry(fd int, rel, name string, st entryStat, underAdded bool, depth int) error {
+	p := join(rel, name)
+	if st.err != nil {
+		if st.err == unix.ENOENT { // removed while walking: it is gone
 			return nil
 		}
-		sub, err := safeopen.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
-		if err != nil {
-			if err == unix.ENOENT {
-				return nil
-			}
-			return fmt.Errorf("open %s in upper: %w", p, err)
+		return fmt.Errorf("stat %s in upper: %w", p, st.err)
+	}
+	e := Entry{Mode: st.mode & unix.S_IFMT, Ino: st.ino, Ctime: st.ctime}
+	if e.Ctime >= d.recent {
+		e.Ctime = 0
+	}
+	d.cur[p] = e
+	isDir := e.Mode == unix.S_IFDIR
+	added := false
+	if !underAdded {
+		old, ok := d.prev[p]
+		opaque := false
+		if isDir && !ok {
+			opaque, _ = isOpaque(fd, name)
 		}
-		defer unix.Close(sub)
-		return d.dir(sub, p, underAdded || added, depth+1)
-	})
+		switch {
+		case !ok && isDir && !opaque:
+			// A new directory merged with whatever lies below it
+			// (copied up to hold a change): only its own entries
+			// changed, each listed on its own, so a rollback rewrites
+			// them rather than the whole directory.
+			d.changes = append(d.changes, Change{Path: p, Kind: Modified})
+		case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
+			added = true
+			d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
+		case old.Ctime == 0 || old.Ctime != st.ctime:
+			d.changes = append(d.changes, Change{Path: p, Kind: Modified})
+		}
+		if isDir && !added {
+			d.same[p] = true
+		}
+	}
+	if !isDir {
+		return nil
+	}
+	sub, err := safeopen.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		if err == unix.ENOENT {
+			return nil
+		}
+		return fmt.Errorf("open %s in upper: %w", p, err)
+	}
+	defer unix.Close(sub)
+	return d.dir(sub, p, underAdded || added, depth+1)
 }
 
 // readNames calls fn for every name in the directory fd.
