@@ -134,7 +134,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	}
 	var prev layer.Manifest
 	if parent != nil {
-		if prev, err = layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), parent.Seq), "manifest")); err != nil {
+		if prev, err = s.manifests.load(filepath.Join(s.checkpointDir(r.id(), parent.Seq), "manifest")); err != nil {
 			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
 		}
 	}
@@ -168,6 +168,8 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	if err := os.Rename(tmp, final); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
 	}
+	// The next rollback to it, or checkpoint after it, reads it back.
+	s.manifests.put(filepath.Join(final, "manifest"), cur)
 	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
 	if parent != nil {
 		rec.Parent = parent.Name

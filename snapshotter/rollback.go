@@ -163,7 +163,7 @@ func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *bran
 // as ck has them into a scratch layer, applied to target. j, if not nil,
 // records what that changes in the context's upper.
 func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
-	m, err := layer.LoadManifest(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
+	m, err := s.manifests.load(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
 	if err != nil {
 		return err
 	}

@@ -70,6 +70,7 @@ type Branches struct {
 	seals      overlay.SealThreads // the threads that run those seals' remounts
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
+	manifests   manifestCache // checkpoint manifests decoded (manifestcache.go)
 }
 
 var (
