@@ -187,13 +187,13 @@ func (w Writer) String() string {
 // are open for writing: those files cannot be made read-only under their
 // writers. errdefs.IsFailedPrecondition is true for it.
 type WritersError struct {
-	Context string
+	Branch  string
 	Writers []Writer
 }
 
 func (e *WritersError) Error() string {
 	if len(e.Writers) == 0 {
-		return fmt.Sprintf("seal %s: a file of its rootfs is open for writing (close it, or fork with --seal freeze)", e.Context)
+		return fmt.Sprintf("seal %s: a file of its rootfs is open for writing (close it, or fork with --seal freeze)", e.Branch)
 	}
 	ws := make([]string, 0, len(e.Writers))
 	for i, w := range e.Writers {
@@ -203,7 +203,7 @@ func (e *WritersError) Error() string {
 		}
 		ws = append(ws, w.String())
 	}
-	return fmt.Sprintf("seal %s: files of its rootfs are open for writing: %s (close them, or fork with --seal freeze if they are the sandbox's own processes)", e.Context, strings.Join(ws, ", "))
+	return fmt.Sprintf("seal %s: files of its rootfs are open for writing: %s (close them, or fork with --seal freeze if they are the sandbox's own processes)", e.Branch, strings.Join(ws, ", "))
 }
 
 // Unwrap makes errdefs.IsFailedPrecondition true for a WritersError.

@@ -35,7 +35,7 @@ func ToGRPC(err error) error {
 	}
 	var we *WritersError
 	if errors.As(err, &we) {
-		d := &branchv1.WritersDetail{Context: we.Context}
+		d := &branchv1.WritersDetail{Context: we.Branch}
 		for _, w := range we.Writers {
 			d.Writers = append(d.Writers, &branchv1.Writer{Pid: int32(w.Pid), Command: w.Command, Path: w.Path})
 		}
@@ -64,7 +64,7 @@ func FromGRPC(err error) error {
 	if st.Code() == codes.FailedPrecondition {
 		for _, d := range st.Details() {
 			if wd, ok := d.(*branchv1.WritersDetail); ok {
-				we := &WritersError{Context: wd.Context}
+				we := &WritersError{Branch: wd.Context}
 				for _, w := range wd.Writers {
 					we.Writers = append(we.Writers, Writer{Pid: int(w.Pid), Command: w.Command, Path: w.Path})
 				}

@@ -64,7 +64,7 @@ func (s *SelfClient) Close() error { return s.conn.Close() }
 
 // Fork makes opts.Count children of opts.Parent ("" for the caller's own
 // context, else a descendant of it).
-func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, error) {
 	if err := checkCount(opts.Count); err != nil {
 		return nil, err
 	}
@@ -81,10 +81,10 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 		// each copy of the caller, no branches.
 		resp = &shimv1.ForkResponse{}
 		if copied, err := s.awaitSelfCall(ctx, token, resp); err != nil || copied {
-			return []ContextInfo{}, err
+			return []BranchInfo{}, err
 		}
 	}
-	return contextsFromProto(resp.Branches), nil
+	return branchesFromProto(resp.Branches), nil
 }
 
 // SelfResult is how a process started through the socket ended, and the
@@ -154,7 +154,7 @@ func (s *SelfClient) Commit(ctx context.Context, branchID string) (SandboxCommit
 	if err != nil {
 		return SandboxCommitResult{}, fromTTRPC(err)
 	}
-	return SandboxCommitResult{Parent: contextFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+	return SandboxCommitResult{Parent: branchFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
 }
 
 // Abort kills and discards branch and its descendants; with "" the
@@ -169,12 +169,12 @@ func (s *SelfClient) Abort(ctx context.Context, branchID string) ([]string, erro
 
 // Tree returns the caller's context id and that context with its
 // descendants (ended ones too). Host pids and cgroup paths are left out.
-func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
+func (s *SelfClient) Tree(ctx context.Context) (string, []BranchInfo, error) {
 	resp, err := s.api.Tree(ctx, &shimv1.SelfTreeRequest{})
 	if err != nil {
 		return "", nil, fromTTRPC(err)
 	}
-	return resp.Self, contextsFromProto(resp.Nodes), nil
+	return resp.Self, branchesFromProto(resp.Nodes), nil
 }
 
 // Checkpoint records the state of branch ("" for the caller's context).

@@ -27,8 +27,8 @@ type Fork struct {
 	WithMemory bool `json:"with_memory,omitempty"`
 }
 
-type contextsDoc struct {
-	Contexts []client.ContextInfo `json:"contexts"`
+type branchesDoc struct {
+	Branches []client.BranchInfo `json:"contexts"`
 }
 
 func (s *Server) fork(w http.ResponseWriter, r request) error {
@@ -51,7 +51,7 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, contextsDoc{Contexts: kids})
+	writeJSON(w, http.StatusOK, branchesDoc{Branches: kids})
 	return nil
 }
 
@@ -73,9 +73,9 @@ func (s *Server) tree(w http.ResponseWriter, r request) error {
 		}
 	}
 	if nodes == nil {
-		nodes = []client.ContextInfo{}
+		nodes = []client.BranchInfo{}
 	}
-	writeJSON(w, http.StatusOK, contextsDoc{Contexts: nodes})
+	writeJSON(w, http.StatusOK, branchesDoc{Branches: nodes})
 	return nil
 }
 

@@ -92,7 +92,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r request) error {
 
 type rollbackDoc struct {
 	Rollback struct {
-		Context    string  `json:"context"`
+		Branch     string  `json:"context"`
 		Checkpoint string  `json:"checkpoint"`
 		Seconds    float64 `json:"seconds"`
 	} `json:"rollback"`
@@ -117,9 +117,9 @@ func (s *Server) rollback(w http.ResponseWriter, r request) error {
 		return err
 	}
 	var doc rollbackDoc
-	doc.Rollback.Context, doc.Rollback.Checkpoint, doc.Rollback.Seconds = req.Branch, req.Name, time.Since(start).Seconds()
-	if doc.Rollback.Context == "" {
-		doc.Rollback.Context = branch.RootID
+	doc.Rollback.Branch, doc.Rollback.Checkpoint, doc.Rollback.Seconds = req.Branch, req.Name, time.Since(start).Seconds()
+	if doc.Rollback.Branch == "" {
+		doc.Rollback.Branch = branch.RootID
 	}
 	writeJSON(w, http.StatusOK, doc)
 	return nil

@@ -67,7 +67,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 	}
 
 	// Fork from the first checkpoint while the sandbox has moved on.
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(ctl("fork", "sb", "--from", "first", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork --from: %v", err)
 	}

@@ -125,7 +125,7 @@ func (f copyFork) remove(b *testing.B, ctx context.Context) {
 	benchRemove(b, ctx, f.c, f.task)
 }
 
-func abortAll(b *testing.B, ctx context.Context, sc *client.SandboxClient, kids []client.ContextInfo) {
+func abortAll(b *testing.B, ctx context.Context, sc *client.SandboxClient, kids []client.BranchInfo) {
 	b.Helper()
 	for _, k := range kids {
 		if _, err := sc.Abort(ctx, k.ID); err != nil {

@@ -34,7 +34,7 @@ func daemonScript(marker string) string {
 // startDaemon writes a marker in branch k and leaves a daemon running in it;
 // it returns the branch's processes seen from the host once the daemon is
 // among them.
-func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo, marker string) []hostProc {
+func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.BranchInfo, marker string) []hostProc {
 	t.Helper()
 	mustRun(t, ctx, sc, k.ID, "sh", "-c", daemonScript(marker))
 	var procs []hostProc

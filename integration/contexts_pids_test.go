@@ -94,7 +94,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	check("before any fork")
 
 	// One at a time until the limit refuses one.
-	var made []client.ContextInfo
+	var made []client.BranchInfo
 	var last error
 	for i := 0; i < pidsLimit+2; i++ {
 		before := forkState(t, ctx, env, sc, cg)

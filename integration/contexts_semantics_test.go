@@ -39,7 +39,7 @@ func sandboxInitPid(t *testing.T, ctx context.Context, sc *client.SandboxClient)
 // startAdversarialIn runs the adversarial workload of the shim's kill
 // suite in a branch and waits until, seen from the host, its fork bomb has
 // filled the branch's pids limit and its nested PID namespace exists.
-func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo) []hostProc {
+func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.BranchInfo) []hostProc {
 	t.Helper()
 	p, err := sc.Exec(ctx, k.ID, client.ExecOptions{Args: []string{"sh", "-c", adversarial}})
 	if err != nil {

@@ -44,7 +44,7 @@ func TestDeepTreeCommitThroughSocket(t *testing.T) {
 		return parseSelfTree(t, out)
 	}
 	for _, levels := range []int{5000, 10000} {
-		var kids []client.ContextInfo
+		var kids []client.BranchInfo
 		out, err := in("branchctl", "self", "fork", "-n", "1", "--json")
 		if err != nil || json.Unmarshal([]byte(out), &kids) != nil || len(kids) != 1 {
 			t.Fatalf("fork: %q %v", out, err)

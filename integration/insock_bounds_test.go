@@ -162,7 +162,7 @@ func TestInsockBounds(t *testing.T) {
 
 	// (a) The annotation's maximum (8) over the node's (16).
 	runBoundedSandbox(t, ctx, env, "capped", "io.branchbox.max-branches=8")
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(must("capped", "branchctl", "self", "fork", "-n", "8", "--json")), &kids); err != nil || len(kids) != 8 {
 		t.Fatalf("fork of 8: %v %+v", err, kids)
 	}

@@ -99,8 +99,8 @@ func runInsockSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id st
 
 // selfTree is `branchctl self tree --json`.
 type selfTree struct {
-	Self     string               `json:"self"`
-	Contexts []client.ContextInfo `json:"contexts"`
+	Self     string              `json:"self"`
+	Contexts []client.BranchInfo `json:"contexts"`
 }
 
 func parseSelfTree(t *testing.T, out string) selfTree {
@@ -120,13 +120,13 @@ func (st selfTree) ids() []string {
 	return ids
 }
 
-func (st selfTree) state(id string) client.ContextInfo {
+func (st selfTree) state(id string) client.BranchInfo {
 	for _, c := range st.Contexts {
 		if c.ID == id {
 			return c
 		}
 	}
-	return client.ContextInfo{}
+	return client.BranchInfo{}
 }
 
 // shimOf is the pid of the shim serving container id.
@@ -234,7 +234,7 @@ func TestInsock(t *testing.T) {
 	}
 
 	// Fork from inside; each branch has its own socket, leading to itself.
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(must("sb", "branchctl", "self", "fork", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork from inside: %v %+v", err, kids)
 	}
@@ -294,7 +294,7 @@ func TestInsock(t *testing.T) {
 	hc.Close()
 
 	// Nesting: b forks c, runs in it and commits it into itself.
-	var sub []client.ContextInfo
+	var sub []client.BranchInfo
 	if out, err := selfIn(b, "fork", "-n", "1", "--json"); err != nil || json.Unmarshal([]byte(out), &sub) != nil || len(sub) != 1 {
 		t.Fatalf("fork in b: %q %v", out, err)
 	}

@@ -333,7 +333,7 @@ func TestMemoryCheckpointSelfFork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("self fork --from warm --memory: %v: %s", err, out)
 	}
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 1 {
 		t.Fatalf("self fork --from warm --memory printed %q: %v", out, err)
 	}

@@ -129,7 +129,7 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 			t.Fatalf("branch %s: /data.log %q", k.ID, got)
 		}
 	}
-	var winner client.ContextInfo
+	var winner client.BranchInfo
 	for i, k := range kids {
 		out := mustRun(t, ctx, sc, k.ID, "cat", "/dev/shm/out")
 		if strings.Contains(out, fmt.Sprintf("passes %d", 100+i)) {

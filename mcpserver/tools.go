@@ -34,8 +34,8 @@ type ForkIn struct {
 	Memory  bool   `json:"with_memory,omitempty" jsonschema:"fork the running processes too: each branch's continue from the parent's state (or from_checkpoint's, if it was taken with memory)"`
 }
 
-// Context is a context as the tools show it.
-type Context struct {
+// Branch is a context as the tools show it.
+type Branch struct {
 	ID     string `json:"id" jsonschema:"the context's id: \"0\" is the sandbox, others are branches"`
 	Parent string `json:"parent,omitempty"`
 	State  string `json:"state" jsonschema:"live, committing, committed, aborted or stale"`
@@ -45,13 +45,13 @@ type Context struct {
 	Procs  int    `json:"processes"`
 }
 
-func contextOf(c client.ContextInfo) Context {
-	return Context{ID: c.ID, Parent: c.Parent, State: string(c.State), Status: c.Status, Sealed: c.Sealed, Winner: c.Winner, Procs: len(c.Pids)}
+func branchOf(c client.BranchInfo) Branch {
+	return Branch{ID: c.ID, Parent: c.Parent, State: string(c.State), Status: c.Status, Sealed: c.Sealed, Winner: c.Winner, Procs: len(c.Pids)}
 }
 
 // ForkOut is fork's output.
 type ForkOut struct {
-	Branches []Context `json:"branches"`
+	Branches []Branch `json:"branches"`
 }
 
 // ExecIn is exec's input.
@@ -121,7 +121,7 @@ type BranchIn struct {
 
 // CommitOut is commit's output.
 type CommitOut struct {
-	Parent      Context  `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
+	Parent      Branch   `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
 	Invalidated []string `json:"invalidated" jsonschema:"the siblings this commit made stale (their processes killed)"`
 }
 
@@ -137,7 +137,7 @@ type SandboxIn struct {
 
 // TreeOut is tree's output.
 type TreeOut struct {
-	Contexts []Context `json:"contexts"`
+	Branches []Branch `json:"contexts"`
 }
 
 // CheckpointIn names a checkpoint of a context.
@@ -150,14 +150,14 @@ type CheckpointIn struct {
 
 // CheckpointOut is checkpoint's output.
 type CheckpointOut struct {
-	Name    string `json:"name"`
-	Context string `json:"context"`
-	Size    int64  `json:"size" jsonschema:"bytes of change since the context's previous checkpoint"`
+	Name   string `json:"name"`
+	Branch string `json:"context"`
+	Size   int64  `json:"size" jsonschema:"bytes of change since the context's previous checkpoint"`
 }
 
 // RollbackOut is rollback's output.
 type RollbackOut struct {
-	Context    string `json:"context"`
+	Branch     string `json:"context"`
 	Checkpoint string `json:"checkpoint"`
 }
 
@@ -207,9 +207,9 @@ func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
 	if err != nil {
 		return ForkOut{}, err
 	}
-	out := ForkOut{Branches: []Context{}}
+	out := ForkOut{Branches: []Branch{}}
 	for _, k := range kids {
-		out.Branches = append(out.Branches, contextOf(k))
+		out.Branches = append(out.Branches, branchOf(k))
 	}
 	return out, nil
 }
@@ -387,7 +387,7 @@ func (s *Server) commit(ctx context.Context, in BranchIn) (CommitOut, error) {
 	if err != nil {
 		return CommitOut{}, err
 	}
-	out := CommitOut{Parent: contextOf(res.Parent), Invalidated: res.Invalidated}
+	out := CommitOut{Parent: branchOf(res.Parent), Invalidated: res.Invalidated}
 	if out.Invalidated == nil {
 		out.Invalidated = []string{}
 	}
@@ -420,9 +420,9 @@ func (s *Server) tree(ctx context.Context, in SandboxIn) (TreeOut, error) {
 	if err != nil {
 		return TreeOut{}, err
 	}
-	out := TreeOut{Contexts: []Context{}}
+	out := TreeOut{Branches: []Branch{}}
 	for _, n := range nodes {
-		out.Contexts = append(out.Contexts, contextOf(n))
+		out.Branches = append(out.Branches, branchOf(n))
 	}
 	return out, nil
 }
@@ -448,7 +448,7 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 	if err != nil {
 		return CheckpointOut{}, err
 	}
-	return CheckpointOut{Name: ck.Name, Context: ck.Context, Size: ck.Size}, nil
+	return CheckpointOut{Name: ck.Name, Branch: ck.Context, Size: ck.Size}, nil
 }
 
 func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {
@@ -464,7 +464,7 @@ func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, er
 	if id == "" {
 		id = branch.RootID
 	}
-	return RollbackOut{Context: id, Checkpoint: in.Name}, nil
+	return RollbackOut{Branch: id, Checkpoint: in.Name}, nil
 }
 
 func (s *Server) listSandboxes(ctx context.Context, _ struct{}) (ListSandboxesOut, error) {

@@ -14,7 +14,7 @@ import (
 // *client.SandboxClient satisfies it; the patterns' selection logic is tested
 // against a fake.
 type Brancher interface {
-	Fork(ctx context.Context, opts client.ForkOptions) ([]client.ContextInfo, error)
+	Fork(ctx context.Context, opts client.ForkOptions) ([]client.BranchInfo, error)
 	Run(ctx context.Context, branch string, opts client.ExecOptions) (client.ExitStatus, error)
 	Commit(ctx context.Context, branch string) (client.SandboxCommitResult, error)
 	Abort(ctx context.Context, branch string) ([]string, error)

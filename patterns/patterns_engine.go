@@ -121,7 +121,7 @@ func (e *engine) fork(parent string, n, depth int, args []string, record bool) (
 	}
 	kids, err := e.s.Fork(e.octx, fo)
 	if err != nil {
-		return nil, fmt.Errorf("fork %d branches of %s: %w", n, contextName(parent), err)
+		return nil, fmt.Errorf("fork %d branches of %s: %w", n, branchName(parent), err)
 	}
 	var deadline time.Time
 	if e.opts.BranchTimeout > 0 {
@@ -143,12 +143,12 @@ func (e *engine) fork(parent string, n, depth int, args []string, record bool) (
 		}
 	}
 	if len(kids) != n {
-		return out, fmt.Errorf("fork of %s made %d branches, want %d: %w", contextName(parent), len(kids), n, errdefs.ErrUnknown)
+		return out, fmt.Errorf("fork of %s made %d branches, want %d: %w", branchName(parent), len(kids), n, errdefs.ErrUnknown)
 	}
 	return out, nil
 }
 
-func contextName(id string) string {
+func branchName(id string) string {
 	if id == "" || id == branch.RootID {
 		return "the sandbox"
 	}

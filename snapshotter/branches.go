@@ -172,18 +172,18 @@ func (s *store) branchDir(rootID, id string) string {
 	return filepath.Join(s.root, "branches", rootID, id)
 }
 
-// contextUpper is the upper directory of a context: the root snapshot's
+// branchUpper is the upper directory of a context: the root snapshot's
 // own, or a branch's.
-func (s *store) contextUpper(rootID, id string) string {
+func (s *store) branchUpper(rootID, id string) string {
 	if id == branch.RootID {
 		return s.upperPath(rootID)
 	}
 	return filepath.Join(s.branchDir(rootID, id), "fs")
 }
 
-// contextMounts returns the overlay mount of a context: its upper over its
+// branchOverlay returns the overlay mount of a context: its upper over its
 // ancestors' uppers over the root snapshot's own layers.
-func (s *Branches) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
+func (s *Branches) branchOverlay(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
 	if id == branch.RootID {
 		m := s.mounts(r.snap, r.idmap)
 		if readonly {
@@ -282,7 +282,7 @@ func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Moun
 		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
 		}
-		out = s.contextMounts(r, tree, id, tree.Sealed(id))
+		out = s.branchOverlay(r, tree, id, tree.Sealed(id))
 		return nil
 	})
 	if err != nil {
@@ -296,12 +296,12 @@ func (s *Branches) describe(ctx context.Context, r rootSnap, tree *branch.Tree, 
 	info := branch.Info{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
 		if usage {
-			if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
+			if du, err := fs.DiskUsage(ctx, s.branchUpper(r.id(), id)); err == nil {
 				info.UpperSize, info.UpperInodes = du.Size, du.Inodes
 			}
 		}
 		if n.State == branch.Live {
-			info.Mounts = s.contextMounts(r, tree, id, info.Sealed)
+			info.Mounts = s.branchOverlay(r, tree, id, info.Sealed)
 		}
 	}
 	return info

@@ -43,8 +43,8 @@ func (s *Branches) CheckpointMounts(ctx context.Context, c branch.Ref, name stri
 		if ck == nil {
 			return fmt.Errorf("no checkpoint %q: %w", name, errdefs.ErrNotFound)
 		}
-		if ck.Context != id {
-			return fmt.Errorf("checkpoint %q is of context %s, not %s: %w", name, ck.Context, id, errdefs.ErrInvalidArgument)
+		if ck.Branch != id {
+			return fmt.Errorf("checkpoint %q is of context %s, not %s: %w", name, ck.Branch, id, errdefs.ErrInvalidArgument)
 		}
 		lowers := make([]string, 0, len(ck.Chain)+8)
 		for _, seq := range ck.Chain {

@@ -73,7 +73,7 @@ func (s *Branches) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
 				out = append(out, filepath.Join(s.checkpointDir(r.id(), seq), "fs"))
 			}
 		} else {
-			out = append(out, s.contextUpper(r.id(), n.Parent))
+			out = append(out, s.branchUpper(r.id(), n.Parent))
 		}
 	}
 	for _, p := range r.snap.ParentIDs {
@@ -98,7 +98,7 @@ func validCheckpointName(name string) error {
 
 // lockedContext resolves c, locks its root and returns what the operation
 // needs; the caller must call unlock.
-func (s *Branches) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
+func (s *Branches) lockBranch(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
 		return err
@@ -123,7 +123,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r, id, unlock, err := s.lockContext(ctx, c)
+	r, id, unlock, err := s.lockBranch(ctx, c)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -138,7 +138,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
 		}
 	}
-	upper := s.contextUpper(r.id(), id)
+	upper := s.branchUpper(r.id(), id)
 	changes, cur, err := layer.Diff(ctx, upper, prev)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: find changes: %w", c, name, err)
@@ -168,7 +168,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	if err := os.Rename(tmp, final); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
 	}
-	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
+	rec := &checkpointRecord{Name: name, Branch: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
 	if parent != nil {
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
@@ -293,7 +293,7 @@ func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.
 }
 
 func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
-	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
+	info := branch.Checkpoint{Name: c.Name, Context: c.Branch, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Branch] == c.Name}
 	if c.MemoryBytes > 0 {
 		info.MemoryBytes = c.MemoryBytes
 		info.MemoryDir = filepath.Join(s.checkpointDir(r.id(), c.Seq), memoryDir)
@@ -321,7 +321,7 @@ func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointD
 // way. Checkpoints built on it keep its layer (their chains stack it) until
 // the last of them is deleted or ends.
 func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
-	r, _, unlock, err := s.lockContext(ctx, branch.Ref{Root: root})
+	r, _, unlock, err := s.lockBranch(ctx, branch.Ref{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
@@ -352,9 +352,9 @@ func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name 
 			}
 		}
 		delete(d.Checkpoints, name)
-		if d.Heads[c.Context] == name {
+		if d.Heads[c.Branch] == name {
 			// The context's next checkpoint is a full one.
-			delete(d.Heads, c.Context)
+			delete(d.Heads, c.Branch)
 		}
 		for _, o := range d.Checkpoints {
 			if o.Parent == name {

@@ -20,7 +20,7 @@ import (
 
 type checkpointRecord struct {
 	Name    string    `json:"name"`
-	Context string    `json:"context"`
+	Branch  string    `json:"context"`
 	Parent  string    `json:"parent,omitempty"`
 	Seq     uint64    `json:"seq"`
 	Created time.Time `json:"created"`
@@ -140,7 +140,7 @@ func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	}
 	changed := false
 	for name, c := range d.Checkpoints {
-		if _, ok := t.Nodes[c.Context]; !ok {
+		if _, ok := t.Nodes[c.Branch]; !ok {
 			delete(d.Checkpoints, name)
 			changed = true
 		}

@@ -97,9 +97,9 @@ func (s *Branches) resealAll(ctx context.Context, r rootSnap) error {
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
-			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
+			err := s.setSealed(ctx, mounts, s.branchUpper(r.id(), id), n, true)
 			if errors.Is(err, overlay.ErrSuperblockBusy) {
-				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
+				err = s.sealEachMount(ctx, r, id, branchName(id)+" of "+t.Root)
 			}
 			if err != nil {
 				return err
@@ -190,7 +190,7 @@ func (s *Branches) recoverCheckpoints(ctx context.Context) error {
 }
 
 // pendingRollback is a rollback that was decided and not finished.
-type pendingRollback struct{ rootID, ctxID, name string }
+type pendingRollback struct{ rootID, branchID, name string }
 
 // pendingRollbacks lists the unfinished rollbacks of root snapshot rootID,
 // or of every root if rootID is "". A root whose checkpoint record cannot
@@ -243,12 +243,12 @@ func (s *Branches) finishPendingRollback(ctx context.Context, p pendingRollback)
 		log.G(ctx).WithError(err).WithField("snapshot", p.rootID).Warn("rollback pending for a snapshot that is gone")
 		return nil
 	}
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.ctxID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.branchID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
 	unlock := s.locks.lock(r.id())
-	err = s.finishRollback(ctx, r, p.ctxID, p.name)
+	err = s.finishRollback(ctx, r, p.branchID, p.name)
 	unlock()
 	if err != nil {
-		return fmt.Errorf("complete the rollback of context %s to %q: %w", p.ctxID, p.name, err)
+		return fmt.Errorf("complete the rollback of context %s to %q: %w", p.branchID, p.name, err)
 	}
 	return nil
 }

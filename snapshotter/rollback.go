@@ -35,7 +35,7 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r, id, unlock, err := s.lockContext(ctx, c)
+	r, id, unlock, err := s.lockBranch(ctx, c)
 	if err != nil {
 		return fmt.Errorf("rollback: %w", err)
 	}
@@ -55,8 +55,8 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 		if ck == nil {
 			return fmt.Errorf("no checkpoint named %q in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
-		if ck.Context != id {
-			return fmt.Errorf("checkpoint %q is of context %s, not of this one: %w", name, ck.Context, errdefs.ErrInvalidArgument)
+		if ck.Branch != id {
+			return fmt.Errorf("checkpoint %q is of context %s, not of this one: %w", name, ck.Branch, errdefs.ErrInvalidArgument)
 		}
 		if ck.MemoryBytes > 0 && !o.Processes {
 			return fmt.Errorf("checkpoint %q holds the context's processes too, and its files alone would not match them: %w", name, errdefs.ErrFailedPrecondition)
@@ -102,7 +102,7 @@ func (s *Branches) finishRollback(ctx context.Context, r rootSnap, id, name stri
 	if ck == nil {
 		return fmt.Errorf("checkpoint %q is gone: %w", name, errdefs.ErrNotFound)
 	}
-	if err := s.withContextTarget(ctx, r, tree, id, func(target string) error {
+	if err := s.withBranchTarget(ctx, r, tree, id, func(target string) error {
 		return s.rollbackThrough(ctx, r, tree, id, ck, target, nil)
 	}); err != nil {
 		return err
@@ -125,11 +125,11 @@ func (s *Branches) finishRollback(ctx context.Context, r rootSnap, id, name stri
 	return nil
 }
 
-// withContextTarget calls fn with a writable merged view of context id:
+// withBranchTarget calls fn with a writable merged view of context id:
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
-func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := s.live.Find(s.contextUpper(r.id(), id))
+func (s *Branches) withBranchTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
+	live, err := s.live.Find(s.branchUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *bran
 		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
 		}
-		if err := mount.All(s.contextMounts(r, tree, id, false), target); err != nil {
+		if err := mount.All(s.branchOverlay(r, tree, id, false), target); err != nil {
 			return fmt.Errorf("mount context %s: %w", id, err)
 		}
 		defer func() {
@@ -170,7 +170,7 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 	if err := s.ensureIDMapView(ctx, r); err != nil {
 		return err
 	}
-	changes, _, err := layer.Diff(ctx, s.contextUpper(r.id(), id), m)
+	changes, _, err := layer.Diff(ctx, s.branchUpper(r.id(), id), m)
 	if err != nil {
 		return fmt.Errorf("find changes since checkpoint %q: %w", ck.Name, err)
 	}

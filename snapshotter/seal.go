@@ -39,7 +39,7 @@ func clearSeal(n *branch.Node) {
 // was never set, changes nothing). The caller holds the root's lock.
 func (s *Branches) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
 	start := time.Now()
-	all, writable, err := overlay.WritableMounts(s.contextUpper(r.id(), id))
+	all, writable, err := overlay.WritableMounts(s.branchUpper(r.id(), id))
 	if err != nil {
 		return fmt.Errorf("find the mounts of %s: %w", name, err)
 	}

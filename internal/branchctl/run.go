@@ -429,9 +429,9 @@ func cmdTree(c *cli.Context, g globals, inv *invocation) error {
 
 // PrintTree prints a sandbox's contexts as an indented tree, live ones
 // first under their parents, then the ended ones.
-func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time.Time) error {
-	kids := map[string][]client.ContextInfo{}
-	var ended []client.ContextInfo
+func PrintTree(w io.Writer, sandbox string, nodes []client.BranchInfo, now time.Time) error {
+	kids := map[string][]client.BranchInfo{}
+	var ended []client.BranchInfo
 	byID := map[string]bool{}
 	for _, n := range nodes {
 		byID[n.ID] = true
@@ -483,7 +483,7 @@ func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time
 
 // seal says how a context is sealed while it has branches: its rootfs
 // read-only (--seal ro), or its processes frozen too (--seal freeze).
-func seal(n client.ContextInfo) string {
+func seal(n client.BranchInfo) string {
 	if !n.Sealed {
 		return "none"
 	}
@@ -512,7 +512,7 @@ func size(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-func age(n client.ContextInfo, now time.Time) string {
+func age(n client.BranchInfo, now time.Time) string {
 	if n.Created.IsZero() {
 		return ""
 	}

@@ -241,9 +241,9 @@ func printSelfResult(ctx context.Context, g globals, c *client.SelfClient, id, e
 
 // printSelfTree prints the caller's context and its live descendants as a
 // tree, then the ended ones.
-func printSelfTree(w io.Writer, self string, nodes []client.ContextInfo, now time.Time) error {
-	kids := map[string][]client.ContextInfo{}
-	var ended []client.ContextInfo
+func printSelfTree(w io.Writer, self string, nodes []client.BranchInfo, now time.Time) error {
+	kids := map[string][]client.BranchInfo{}
+	var ended []client.BranchInfo
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tUPPER\tAGE")
 	for _, n := range nodes {

@@ -12,7 +12,7 @@ import (
 // TestPrintTreeQuarantine: a sandbox whose tree the snapshotter could not
 // recover shows why in branchctl tree.
 func TestPrintTreeQuarantine(t *testing.T) {
-	nodes := []client.ContextInfo{
+	nodes := []client.BranchInfo{
 		{Node: branch.Node{ID: branch.RootID, State: branch.Live}, Quarantine: "complete the commit of branch 1: disk full"},
 		{Node: branch.Node{ID: "1", Parent: branch.RootID, State: branch.Committing}},
 	}
@@ -37,7 +37,7 @@ func TestPrintTreeQuarantine(t *testing.T) {
 // how old each is, from its own creation.
 func TestPrintTreeSealAndAge(t *testing.T) {
 	now := time.Now()
-	nodes := []client.ContextInfo{
+	nodes := []client.BranchInfo{
 		{Node: branch.Node{ID: branch.RootID, State: branch.Live, Created: now.Add(-time.Hour)}, Sealed: true, Seal: "freeze"},
 		{Node: branch.Node{ID: "1", Parent: branch.RootID, State: branch.Live, Created: now.Add(-2 * time.Second)}, Sealed: true, Seal: "ro"},
 		{Node: branch.Node{ID: "2", Parent: "1", State: branch.Live, Created: now.Add(-time.Second)}},

@@ -31,11 +31,11 @@ type Process interface {
 // Exec starts a process in a context of the sandbox. The shim runs
 // processes in branches; one in the sandbox itself (context "0") is an
 // exec of its containerd task, as `ctr task exec` makes one.
-func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, contextID string, opts client.ExecOptions) (Process, error) {
-	if contextID == branch.RootID || contextID == "" {
+func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, branchID string, opts client.ExecOptions) (Process, error) {
+	if branchID == branch.RootID || branchID == "" {
 		return execRoot(ctx, cc, sc, opts)
 	}
-	return sc.Exec(ctx, contextID, opts)
+	return sc.Exec(ctx, branchID, opts)
 }
 
 type rootProcess struct {

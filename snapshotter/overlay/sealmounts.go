@@ -325,7 +325,7 @@ func SealEach(ctx context.Context, name string, all, ms []NSMount) error {
 				}
 			}
 			if errors.Is(err, unix.EBUSY) {
-				return &branch.WritersError{Context: name, Writers: findWriters(all)}
+				return &branch.WritersError{Branch: name, Writers: findWriters(all)}
 			}
 			return fmt.Errorf("make mount %s of %s read-only (namespace %d): %w", m.point, name, m.ns, err)
 		}
