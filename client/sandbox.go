@@ -30,7 +30,7 @@ import (
 // criSandboxAnnotation groups a pod's containers into one shim.
 const criSandboxAnnotation = "io.kubernetes.cri.sandbox-id"
 
-// SandboxClient drives the branch contexts of one sandbox (a container on
+// SandboxClient drives the branches of one sandbox (a container on
 // the runtime io.containerd.branch.v1) through its shim.
 type SandboxClient struct {
 	ID        string
@@ -147,7 +147,7 @@ func sandboxLabel(name, id string) string {
 }
 
 func notBranchRuntime(id, rt string) error {
-	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("container %s runs on runtime %s; branches need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
 // Close closes the connection to the shim.
@@ -171,7 +171,7 @@ func (s *SandboxClient) ctx(ctx context.Context) context.Context {
 
 // ForkOptions says how to fork.
 type ForkOptions struct {
-	// Parent is the context to fork: "" for the sandbox, or a branch id.
+	// Parent is the branch to fork: "" for the sandbox, or a branch id.
 	Parent string
 	Count  int
 	// Seal is "ro" (default: the parent's rootfs turns read-only) or
@@ -226,7 +226,7 @@ type BranchInfo struct {
 	Pids        []int    `json:"pids,omitempty"`
 	// Status: "waiting" (its init holds it), "running" (a command runs as
 	// its init), "exited", "frozen", "paused" (the sandbox is paused, and
-	// its contexts with it); empty for ended contexts.
+	// its branches with it); empty for ended branches.
 	Status     string  `json:"status,omitempty"`
 	ExitStatus int     `json:"exitStatus,omitempty"`
 	OOMKilled  bool    `json:"oomKilled,omitempty"`
@@ -235,7 +235,7 @@ type BranchInfo struct {
 	CPUs       float64 `json:"cpus,omitempty"`
 	PidsLimit  int64   `json:"pidsLimit,omitempty"`
 	Cgroup     string  `json:"cgroup,omitempty"`
-	// Quarantine, on the root context of a sandbox whose branch tree the
+	// Quarantine, on the root of a sandbox whose branch tree the
 	// snapshotter could not recover, says why; branch operations on the
 	// sandbox are refused until a retry succeeds.
 	Quarantine string `json:"quarantine,omitempty"`
@@ -286,7 +286,7 @@ func branchesFromProto(list []*shimv1.Context) []BranchInfo {
 	return out
 }
 
-// Fork makes opts.Count branch contexts of opts.Parent, each with its own
+// Fork makes opts.Count branches of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
 func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, error) {
 	res, err := s.ForkResult(ctx, opts)
@@ -350,7 +350,7 @@ func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, e
 	return resp.Aborted, nil
 }
 
-// Tree lists every context of the sandbox, ended ones included.
+// Tree lists every branch of the sandbox, ended ones included.
 func (s *SandboxClient) Tree(ctx context.Context) ([]BranchInfo, error) {
 	resp, err := s.api.Tree(s.ctx(ctx), &shimv1.TreeRequest{Sandbox: s.ID})
 	if err != nil {

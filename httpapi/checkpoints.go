@@ -14,11 +14,11 @@ import (
 )
 
 // CheckpointRequest is the body of POST .../checkpoints and .../rollback:
-// a checkpoint name, of a context ("" or "0": the sandbox).
+// a checkpoint name, of a branch ("" or "0": the sandbox).
 type CheckpointRequest struct {
 	Branch string `json:"branch,omitempty"`
 	Name   string `json:"name"`
-	// WithMemory records the context's running processes too.
+	// WithMemory records the branch's running processes too.
 	WithMemory bool `json:"with_memory,omitempty"`
 }
 

@@ -132,7 +132,7 @@ func liveInSnapshotter(t *testing.T, ctx context.Context, env *daemons.Env, id s
 	return out
 }
 
-// runningInShim lists the branches the shim runs a context for.
+// runningInShim lists the branches the shim runs.
 func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) []string {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)

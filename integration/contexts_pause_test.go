@@ -237,7 +237,7 @@ func testPause(t *testing.T, extra []string) {
 	}
 	for _, n := range nodes {
 		if n.State == branch.Live && n.Status != "paused" {
-			t.Errorf("context %s of the paused sandbox has status %q, want paused", n.ID, n.Status)
+			t.Errorf("branch %s of the paused sandbox has status %q, want paused", n.ID, n.Status)
 		}
 	}
 	if out, errOut, code := branchctl(t, ctx, env, "", "tree", "sb"); code != 0 || !strings.Contains(out, "PAUSED: sb") {

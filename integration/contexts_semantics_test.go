@@ -292,7 +292,7 @@ func TestContextsSealFreeze(t *testing.T) {
 	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Seal: "freeze"})
 	// The init's freezer cgroup and its state: on v1 the freezer
 	// hierarchy's, FROZEN or THAWED; on v2 the unified one's, frozen or
-	// not as its cgroup.events says. Frozen, it is the context's seal leaf.
+	// not as its cgroup.events says. Frozen, it is the branch's seal leaf.
 	leaf, frozen, thawed := "/.sealed", " FROZEN", " THAWED"
 	if cgroupV2() {
 		frozen, thawed = " frozen 1", " frozen 0"

@@ -25,7 +25,7 @@ import (
 
 // sandboxCtxEnv runs the sandbox "sb" (runtime io.containerd.branch.v1,
 // snapshotter branch) with a process that keeps running, and returns a
-// branch context client for it.
+// branch client for it.
 func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env, *client.SandboxClient) {
 	t.Helper()
 	ctx, env, _ := shimEnv(t)

@@ -83,7 +83,7 @@ func TestDeepTreeCommitThroughSocket(t *testing.T) {
 		if _, err := in("branchctl", "self", "fork", "-n", "1", "--json"); err != nil {
 			t.Fatalf("%d levels: fork after the commit: %v", levels, err)
 		}
-		for _, c := range tree().Contexts {
+		for _, c := range tree().Branches {
 			if c.ID != branch.RootID && c.State == branch.Live {
 				if _, err := in("branchctl", "self", "abort", c.ID); err != nil {
 					t.Fatal(err)

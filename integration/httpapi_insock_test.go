@@ -29,7 +29,7 @@ func TestHTTPAPIInSandboxSocket(t *testing.T) {
 	defer api.call(ctx, "DELETE", sb, nil)
 	var kids apiContexts
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
-	b1, b2 := kids.Contexts[0].ID, kids.Contexts[1].ID
+	b1, b2 := kids.Branches[0].ID, kids.Branches[1].ID
 	run := func(b string, sh string) (string, int) {
 		t.Helper()
 		r := api.must(ctx, 200, "POST", sb+"/branches/"+b+"/exec", map[string]any{"args": []string{"sh", "-c", sh}})

@@ -459,8 +459,8 @@ func copyOutput(t *testing.T, ctx context.Context, sc *client.SandboxClient, b s
 }
 
 // replVia runs REPL command k through the /dev/shm of the process pid (a
-// context's init, as the host sees it): for commands that dump their own
-// context, which a process exec'd into it to write or read the files
+// branch's init, as the host sees it): for commands that dump their own
+// branch, which a process exec'd into it to write or read the files
 // (replIn's way) would be refused in.
 func replVia(t *testing.T, pid, k int, line string) string {
 	t.Helper()
@@ -480,7 +480,7 @@ func replVia(t *testing.T, pid, k int, line string) string {
 	return out
 }
 
-// contextInit is the host pid of context id's init.
+// contextInit is the host pid of branch id's init.
 func contextInit(t *testing.T, ctx context.Context, sc *client.SandboxClient, id string) int {
 	t.Helper()
 	tree, err := sc.Tree(ctx)

@@ -26,7 +26,7 @@ import (
 // ForkIn is fork's input.
 type ForkIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Parent  string `json:"parent,omitempty" jsonschema:"the context to fork: \"0\" (default) for the sandbox itself, or a live branch id (nested branches)"`
+	Parent  string `json:"parent,omitempty" jsonschema:"the branch to fork: \"0\" (default) for the sandbox itself, or a live branch id (nested branches)"`
 	Count   int    `json:"count,omitempty" jsonschema:"how many branches to make, 1 (default) to 64"`
 	From    string `json:"from_checkpoint,omitempty" jsonschema:"fork from this checkpoint of the parent instead of its current state"`
 	Seal    string `json:"seal,omitempty" jsonschema:"how the parent is held while it has branches: ro (default; its files read-only) or freeze (its processes frozen too)"`
@@ -34,9 +34,9 @@ type ForkIn struct {
 	Memory  bool   `json:"with_memory,omitempty" jsonschema:"fork the running processes too: each branch's continue from the parent's state (or from_checkpoint's, if it was taken with memory)"`
 }
 
-// Branch is a context as the tools show it.
+// Branch is a branch as the tools show it.
 type Branch struct {
-	ID     string `json:"id" jsonschema:"the context's id: \"0\" is the sandbox, others are branches"`
+	ID     string `json:"id" jsonschema:"the branch's id: \"0\" is the sandbox, others are branches"`
 	Parent string `json:"parent,omitempty"`
 	State  string `json:"state" jsonschema:"live, committing, committed, aborted or stale"`
 	Status string `json:"status,omitempty" jsonschema:"waiting, running, exited, frozen or paused"`
@@ -57,7 +57,7 @@ type ForkOut struct {
 // ExecIn is exec's input.
 type ExecIn struct {
 	Sandbox string   `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string   `json:"branch" jsonschema:"the context to run in: a branch id, or \"0\" for the sandbox itself"`
+	Branch  string   `json:"branch" jsonschema:"the branch to run in: a branch id, or \"0\" for the sandbox itself"`
 	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with /bin/sh -c (give this or args)"`
 	Args    []string `json:"args,omitempty" jsonschema:"the program and its arguments, run as they are (give this or command)"`
 	Stdin   string   `json:"stdin,omitempty" jsonschema:"the whole standard input"`
@@ -78,8 +78,8 @@ type ExecOut struct {
 // FileIn names a file or directory.
 type FileIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself"`
-	Path    string `json:"path" jsonschema:"an absolute path in the context"`
+	Branch  string `json:"branch" jsonschema:"the branch: a branch id, or \"0\" for the sandbox itself"`
+	Path    string `json:"path" jsonschema:"an absolute path in the branch"`
 }
 
 // ReadOut is read_file's output.
@@ -94,7 +94,7 @@ type ReadOut struct {
 // WriteIn is write_file's input.
 type WriteIn struct {
 	Sandbox  string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch   string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself (read-only while it has live branches)"`
+	Branch   string `json:"branch" jsonschema:"the branch: a branch id, or \"0\" for the sandbox itself (read-only while it has live branches)"`
 	Path     string `json:"path" jsonschema:"an absolute path; its directory must exist"`
 	Content  string `json:"content" jsonschema:"the file's whole new content"`
 	Encoding string `json:"encoding,omitempty" jsonschema:"utf-8 (default) or base64"`
@@ -140,19 +140,19 @@ type TreeOut struct {
 	Branches []Branch `json:"contexts"`
 }
 
-// CheckpointIn names a checkpoint of a context.
+// CheckpointIn names a checkpoint of a branch.
 type CheckpointIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string `json:"branch,omitempty" jsonschema:"the context: \"0\" (default) for the sandbox, or a branch id"`
+	Branch  string `json:"branch,omitempty" jsonschema:"the branch: \"0\" (default) for the sandbox, or a branch id"`
 	Name    string `json:"name" jsonschema:"the checkpoint's name"`
-	Memory  bool   `json:"with_memory,omitempty" jsonschema:"record the context's running processes too, to fork from with with_memory"`
+	Memory  bool   `json:"with_memory,omitempty" jsonschema:"record the branch's running processes too, to fork from with with_memory"`
 }
 
 // CheckpointOut is checkpoint's output.
 type CheckpointOut struct {
 	Name   string `json:"name"`
 	Branch string `json:"context"`
-	Size   int64  `json:"size" jsonschema:"bytes of change since the context's previous checkpoint"`
+	Size   int64  `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
 }
 
 // RollbackOut is rollback's output.
@@ -175,16 +175,16 @@ func tool[In, Out any](s *Server, name, desc string, h func(context.Context, In)
 }
 
 func (s *Server) addTools() {
-	tool(s, "fork", "Fork a context of a running sandbox into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
-	tool(s, "exec", "Run a command in a context (a branch, or \"0\" for the sandbox) and wait for it: its exit code, stdout and stderr.", s.exec)
-	tool(s, "read_file", "Read a file of a context, as its processes see it.", s.readFile)
-	tool(s, "write_file", "Write (replace or create) a file in a context. A context with live branches is read-only.", s.writeFile)
-	tool(s, "list_dir", "List a directory of a context.", s.listDir)
+	tool(s, "fork", "Fork a running sandbox, or one of its branches, into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
+	tool(s, "exec", "Run a command in a branch (\"0\": the sandbox itself) and wait for it: its exit code, stdout and stderr.", s.exec)
+	tool(s, "read_file", "Read a file of a branch, as its processes see it.", s.readFile)
+	tool(s, "write_file", "Write (replace or create) a file in a branch. A branch with live branches is read-only.", s.writeFile)
+	tool(s, "list_dir", "List a directory of a branch.", s.listDir)
 	tool(s, "commit", "Commit a branch: its changes become its parent's. The first commit among siblings wins; the others become stale and their processes are killed.", s.commit)
 	tool(s, "abort", "Abort a branch: kill its processes and discard its changes (and its own branches').", s.abort)
-	tool(s, "tree", "Every context of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
-	tool(s, "checkpoint", "Record a context's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
-	tool(s, "rollback", "Bring a context's files back to a checkpoint, under its running processes.", s.rollback)
+	tool(s, "tree", "Every branch of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
+	tool(s, "checkpoint", "Record a branch's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
+	tool(s, "rollback", "Bring a branch's files back to a checkpoint, under its running processes.", s.rollback)
 	if s.cfg.Sandbox == "" {
 		tool(s, "list_sandboxes", "The sandboxes of the namespace: id, name, status, live branches.", s.listSandboxes)
 	}
@@ -291,7 +291,7 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled}, nil
 }
 
-// openRoot opens the root of a context for a file tool, and checks the
+// openRoot opens the root of a branch for a file tool, and checks the
 // path.
 func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*os.File, string, error) {
 	p, err := ops.CheckPath(path)

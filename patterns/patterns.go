@@ -10,7 +10,7 @@ import (
 )
 
 // Brancher is what the exploration patterns need of a sandbox: fork
-// contexts, run commands in them, commit one, abort the rest.
+// branches, run commands in them, commit one, abort the rest.
 // *client.SandboxClient satisfies it; the patterns' selection logic is tested
 // against a fake.
 type Brancher interface {
@@ -75,9 +75,9 @@ type AttemptResult struct {
 	// Index numbers attempts in the order their branches were forked.
 	Index  int    `json:"index"`
 	Branch string `json:"branch,omitempty"`
-	// Parent is the context it was forked from (RootID: the sandbox).
+	// Parent is the branch it was forked from (RootID: the sandbox).
 	Parent string `json:"parent"`
-	// Depth is its depth in a search (1: a child of the starting context).
+	// Depth is its depth in a search (1: a child of the starting branch).
 	Depth int      `json:"depth,omitempty"`
 	Args  []string `json:"args"`
 	// ExitCode is its command's exit status; -1 if it did not exit (it
@@ -117,7 +117,7 @@ type Match struct {
 // Result is what a pattern did.
 type Result struct {
 	Pattern string `json:"pattern"`
-	// Parent is the context the pattern started from (RootID: the
+	// Parent is the branch the pattern started from (RootID: the
 	// sandbox).
 	Parent   string          `json:"parent"`
 	Attempts []AttemptResult `json:"attempts"`

@@ -44,7 +44,7 @@ type engine struct {
 	mu       sync.Mutex
 	attempts []*AttemptResult
 	made     []string          // branches in fork order
-	parentOf map[string]string // branch -> the context it was forked from
+	parentOf map[string]string // branch -> the branch it was forked from
 	byBranch map[string]*AttemptResult
 	ended    map[string]bool
 }

@@ -259,7 +259,7 @@ func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.
 
 // taskService is runc-v2's task service with the runtime options of every
 // new container set to run this binary as the runtime, serving the branch
-// context API (shimv1.Contexts) on the same ttrpc server.
+// branch API (shimv1.Contexts) on the same ttrpc server.
 type taskService struct {
 	taskAPI.TTRPCTaskService
 	self      string

@@ -126,7 +126,7 @@ func (s *Branches) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 	return gone, nil
 }
 
-// unsealIdle makes writable again every context of r that was sealed by a
+// unsealIdle makes writable again every branch of r that was sealed by a
 // fork and has no live children left.
 func (s *Branches) unsealIdle(ctx context.Context, r rootSnap) error {
 	idle := false

@@ -190,7 +190,7 @@ func (s *Branches) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Ref, 
 	return nil
 }
 
-// carryOutDecided carries a decided commit through on a context the
+// carryOutDecided carries a decided commit through on a branch the
 // caller cannot end, holding the root's lock (unlock releases it) until
 // done. A caller that goes away first is told the commit goes on.
 func (s *Branches) carryOutDecided(ctx context.Context, c branch.Ref, d commitDecision, unlock func(), awaitSeal func()) (CommitResult, error) {
@@ -479,7 +479,7 @@ func (s *Branches) endCommitAttempt(ctx context.Context, r rootSnap, id, parent 
 	return fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", err, branchName(parent))
 }
 
-// applyThroughTempMount mounts an unmounted context, applies upper through
+// applyThroughTempMount mounts an unmounted branch, applies upper through
 // that mount, and unmounts it.
 func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent

@@ -18,10 +18,10 @@ import (
 	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
-// Fork: children over a context's state (or a checkpoint's), and the seal of
+// Fork: children over a branch's state (or a checkpoint's), and the seal of
 // the parent.
 
-// Fork makes count children of the context c over its current state and
+// Fork makes count children of the branch c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
 func (s *Branches) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
 	return s.ForkFrom(ctx, c, count, "")
@@ -143,7 +143,7 @@ func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err er
 }
 
 // forkFromCheckpoint stacks f's children on the checkpoint f.from, which
-// must be one of the forked context's own.
+// must be one of the forked branch's own.
 func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
 	d, err := loadCheckpoints(tx, f.r.id())
 	if err != nil {
@@ -154,7 +154,7 @@ func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
 		return fmt.Errorf("no checkpoint named %q in %s: %w", f.from, branch.DisplayKey(f.r.key), errdefs.ErrNotFound)
 	}
 	if ck.Branch != f.parent {
-		return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", f.from, ck.Branch, f.parent, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("checkpoint %q is of branch %s, not of the one forked (%s); fork that branch: %w", f.from, ck.Branch, f.parent, errdefs.ErrInvalidArgument)
 	}
 	for _, id := range f.kids {
 		f.tree.Nodes[id].FromCheckpoint = f.from

@@ -32,7 +32,7 @@ func clearSeal(n *branch.Node) {
 	n.SealedByUs, n.SealMode, n.SealedMounts = false, branch.SealSuperblock, nil
 }
 
-// sealEachMount seals context id of r mount by mount, when its
+// sealEachMount seals branch id of r mount by mount, when its
 // superblock's remount was refused. The mounts it will make read-only are
 // recorded in the tree first, so that a crash midway leaves recovery
 // knowing every one of them (setting a flag again, or clearing one that

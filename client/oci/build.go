@@ -43,9 +43,9 @@ type Image struct {
 }
 
 // Build makes an image of src in containerd's content store: the layers of
-// the sandbox's image unchanged, then one layer of the context's change
+// the sandbox's image unchanged, then one layer of the branch's change
 // (made by containerd's diff service, comparing a read-only view of the
-// image with a read-only mount of the context), a config from the image's
+// image with a read-only mount of the branch), a config from the image's
 // with that layer added, and a manifest annotated with the lineage. The
 // caller holds a lease on ctx (Push does), or the blobs may be collected
 // before they are referenced.
@@ -117,9 +117,9 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	var memOrder []string
 	prev := lower
 	for _, st := range path {
-		what := "the change of context " + branchID + " of sandbox " + src.Sandbox
+		what := "the change of branch " + branchID + " of sandbox " + src.Sandbox
 		if st.Checkpoint != "" {
-			what = "checkpoint " + st.Checkpoint + " of context " + branchID + " of sandbox " + src.Sandbox
+			what = "checkpoint " + st.Checkpoint + " of branch " + branchID + " of sandbox " + src.Sandbox
 		}
 		l, diffID, err := layerOf(ctx, client, prev, st.Mounts)
 		if err != nil {

@@ -17,8 +17,8 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// state is one state of a context on the way from its image to what is
-// pushed: a checkpoint (Checkpoint set) or the context now. Each becomes
+// state is one state of a branch on the way from its image to what is
+// pushed: a checkpoint (Checkpoint set) or the branch now. Each becomes
 // one layer: the difference from the state before it.
 type state struct {
 	Checkpoint string
@@ -29,12 +29,12 @@ type state struct {
 }
 
 // statePath returns the states src's image holds, oldest first: the
-// checkpoints on the path to it (the context's head checkpoint, or the one
+// checkpoints on the path to it (the branch's head checkpoint, or the one
 // src names, and the checkpoints each was built on, back to the first; for
 // a branch, before them, those on its parent's path to the state it was
 // forked from: the checkpoint it was forked from, or its parent's head, as
-// far back as its root), then, unless src names a checkpoint, the context
-// now. branchID is the context the path is of.
+// far back as its root), then, unless src names a checkpoint, the branch
+// now. branchID is the branch the path is of.
 func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, branchID string, err error) {
 	c, err := dialSnapshotterOf(upper)
 	if err != nil {
@@ -65,8 +65,8 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 	} else {
 		last = headOf(byName, branchID)
 	}
-	// Back along the parents, within each context: a deleted parent ends
-	// that context's part (the next layer then holds its change too).
+	// Back along the parents, within each branch: a deleted parent ends
+	// that branch's part (the next layer then holds its change too).
 	chain := func(last, branchID string) []branch.Checkpoint {
 		var cks []branch.Checkpoint
 		for n := last; n != ""; {
@@ -131,7 +131,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 	return append(path, state{Mounts: now}), branchID, nil
 }
 
-// headOf names context branchID's head checkpoint ("" if it has none).
+// headOf names branch branchID's head checkpoint ("" if it has none).
 func headOf(byName map[string]branch.Checkpoint, branchID string) string {
 	for _, ck := range byName {
 		if ck.Context == branchID && ck.Head {

@@ -112,7 +112,7 @@ func checkpointList(ctx context.Context, g globals, sb string, stdout io.Writer)
 // PrintCheckpoints prints checkpoints as a table, oldest first.
 func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCONTEXT\tBASE\tSIZE\tENTRIES\tPROCESSES\tAGE\tBUILT ON IT")
+	fmt.Fprintln(tw, "NAME\tBRANCH\tBASE\tSIZE\tENTRIES\tPROCESSES\tAGE\tBUILT ON IT")
 	for _, ck := range list {
 		base := ck.Parent
 		if base == "" {
@@ -137,7 +137,7 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 		return err
 	}
 	if len(list) > 0 {
-		fmt.Fprintln(w, "* the context's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it). PROCESSES: its memory image, if taken with --memory.")
+		fmt.Fprintln(w, "* the branch's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it). PROCESSES: its memory image, if taken with --memory.")
 	}
 	return nil
 }

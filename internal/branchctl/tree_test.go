@@ -33,7 +33,7 @@ func TestPrintTreeQuarantine(t *testing.T) {
 	}
 }
 
-// TestPrintTreeSealAndAge: the tree says how each context is sealed and
+// TestPrintTreeSealAndAge: the tree says how each branch is sealed and
 // how old each is, from its own creation.
 func TestPrintTreeSealAndAge(t *testing.T) {
 	now := time.Now()
@@ -60,7 +60,7 @@ func TestPrintCheckpointsLegend(t *testing.T) {
 	if err := PrintCheckpoints(&out, "sb", list, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "a *") || !strings.Contains(out.String(), "* the context's head") {
+	if !strings.Contains(out.String(), "a *") || !strings.Contains(out.String(), "* the branch's head") {
 		t.Fatalf("no marker or legend:\n%s", out.String())
 	}
 }
