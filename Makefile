@@ -152,7 +152,7 @@ $(BIN)/branchctl $(BIN)/branchctl-full: export CGO_ENABLED := 0
 # event log), which only grpc.EnableTracing uses.
 $(BIN)/branchctl $(BIN)/branchctl-full: BUILD_TAGS := -tags urfave_cli_no_docs,grpcnotrace
 
-# The shim's runtime alone, which the shim runs branch contexts with when it
+# The shim's runtime alone, which the shim runs branches with when it
 # sits beside it (it starts faster than the whole shim binary).
 SHIM_RUNTIME := $(BIN)/containerd-shim-branch-v1-runtime
 $(SHIM_RUNTIME): FORCE
