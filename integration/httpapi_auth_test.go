@@ -77,7 +77,7 @@ func TestHTTPAPIAuthAndBounds(t *testing.T) {
 		t.Fatalf("namespace other lists: %s", r.Body)
 	}
 	b.fails(ctx, 404, "not-found", "POST", "/v1/namespaces/other/sandboxes/sb/fork", map[string]any{"count": 1})
-	var kids apiContexts
+	var kids apiBranches
 	a.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1}).decode(t, &kids)
 	br := sb + "/branches/" + kids.Branches[0].ID
 

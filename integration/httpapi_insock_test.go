@@ -27,7 +27,7 @@ func TestHTTPAPIInSandboxSocket(t *testing.T) {
 	sb := ns + "/sandboxes/sb"
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": insockImage, "socket": true, "args": []string{"sleep", "100000"}})
 	defer api.call(ctx, "DELETE", sb, nil)
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
 	b1, b2 := kids.Branches[0].ID, kids.Branches[1].ID
 	run := func(b string, sh string) (string, int) {

@@ -23,7 +23,7 @@ func TestHTTPAPICommitRace(t *testing.T) {
 	sb := ns + "/sandboxes/sb"
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
 	const n = 8
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": n}).decode(t, &kids)
 	for _, k := range kids.Branches {
 		api.must(ctx, 200, "PUT", sb+"/branches/"+k.ID+"/files?path=/who", []byte(k.ID))

@@ -23,7 +23,7 @@ import (
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
-type apiContexts struct {
+type apiBranches struct {
 	Branches []struct {
 		ID, Parent, State, Status, Winner string
 		InitPid                           int
@@ -123,7 +123,7 @@ func TestHTTPAPI(t *testing.T) {
 	// a moment before anything it should see.
 	time.Sleep(300 * time.Millisecond)
 
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
 	if len(kids.Branches) != 2 {
 		t.Fatalf("fork: %+v", kids)
@@ -300,7 +300,7 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	api.fails(ctx, 400, "invalid-argument", "POST", sb+"/rollback", map[string]any{"name": "m1", "with_memory": true})
 	for _, body := range []map[string]any{{"from": "m1", "with_memory": true}, {"with_memory": true}} {
-		var mk apiContexts
+		var mk apiBranches
 		api.must(ctx, 200, "POST", sb+"/fork", body).decode(t, &mk)
 		if len(mk.Branches) != 1 || !mk.Branches[0].MemoryFork || mk.Branches[0].Status != "running" {
 			t.Fatalf("fork %v: %+v", body, mk)
@@ -317,7 +317,7 @@ func TestHTTPAPI(t *testing.T) {
 	if !slices.Equal(ab.Abort.Aborted, []string{b3}) {
 		t.Fatalf("abort: %+v", ab)
 	}
-	var tree apiContexts
+	var tree apiBranches
 	api.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &tree)
 	states := map[string]string{}
 	for _, c := range tree.Branches {
