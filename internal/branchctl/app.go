@@ -56,8 +56,8 @@ func newApp(inv *invocation) *cli.App {
 		Description: `A sandbox is a container run with --runtime io.containerd.branch.v1
 --snapshotter branch (or on the CRI runtime handler branch, in namespace
 k8s.io), named by its id, a unique id prefix, its nerdctl name, or its CRI
-name (NAME or POD/NAME). A branch is SANDBOX (the sandbox itself) or
-SANDBOX/BRANCH.
+name (NAME or POD/NAME). A branch is named SANDBOX/BRANCH; SANDBOX alone
+names the sandbox itself.
 
 Every command takes --json: one JSON document on stdout, also on error
 ({"error": {"kind", "message", "hint"}}; docs/branchctl.md).
