@@ -74,8 +74,8 @@ func (i Info) Age(now time.Time) time.Duration { return now.Sub(i.Created) }
 // Checkpoint is an immutable, named state of a branch's rootfs.
 type Checkpoint struct {
 	Name string `json:"name"`
-	// Context is the id of the branch it is a state of ("0": the sandbox).
-	Context string `json:"context"`
+	// Branch is the id of the branch it is a state of ("0": the sandbox).
+	Branch string `json:"context"`
 	// Parent is the checkpoint whose state this one's layer holds the
 	// changes since ("" for a full one, "(deleted)" once that was deleted).
 	Parent  string    `json:"parent,omitempty"`

@@ -197,7 +197,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 	if c == nil {
 		return Checkpoint{}
 	}
-	out := Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := Checkpoint{Name: c.Name, Branch: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if c.Created != nil {
@@ -208,7 +208,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 
 // CheckpointToProto converts a checkpoint for either API.
 func CheckpointToProto(c Checkpoint) *typesv1.Checkpoint {
-	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Branch, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if !c.Created.IsZero() {

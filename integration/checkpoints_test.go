@@ -37,7 +37,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 		return out
 	}
 	var ck branch.Checkpoint
-	if err := json.Unmarshal([]byte(ctl("checkpoint", "sb", "first", "--json")), &ck); err != nil || ck.Name != "first" || ck.Context != "0" {
+	if err := json.Unmarshal([]byte(ctl("checkpoint", "sb", "first", "--json")), &ck); err != nil || ck.Name != "first" || ck.Branch != "0" {
 		t.Fatalf("checkpoint --json: %+v %v", ck, err)
 	}
 	sh("echo after > /state; echo new > /newfile; rm /bin/true; mkdir -p /work/a; echo x > /work/a/f")

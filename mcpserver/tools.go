@@ -448,7 +448,7 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 	if err != nil {
 		return CheckpointOut{}, err
 	}
-	return CheckpointOut{Name: ck.Name, Branch: ck.Context, Size: ck.Size}, nil
+	return CheckpointOut{Name: ck.Name, Branch: ck.Branch, Size: ck.Size}, nil
 }
 
 func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {

@@ -293,7 +293,7 @@ func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.
 }
 
 func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
-	info := branch.Checkpoint{Name: c.Name, Context: c.Branch, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Branch] == c.Name}
+	info := branch.Checkpoint{Name: c.Name, Branch: c.Branch, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Branch] == c.Name}
 	if c.MemoryBytes > 0 {
 		info.MemoryBytes = c.MemoryBytes
 		info.MemoryDir = filepath.Join(s.checkpointDir(r.id(), c.Seq), memoryDir)

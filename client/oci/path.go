@@ -61,7 +61,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		if !ok {
 			return nil, "", fmt.Errorf("sandbox %s has no checkpoint %q (list them with: branchctl checkpoint ls %s): %w", src.Sandbox, src.Checkpoint, src.Sandbox, errdefs.ErrNotFound)
 		}
-		branchID, last = ck.Context, ck.Name
+		branchID, last = ck.Branch, ck.Name
 	} else {
 		last = headOf(byName, branchID)
 	}
@@ -71,7 +71,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		var cks []branch.Checkpoint
 		for n := last; n != ""; {
 			ck, ok := byName[n]
-			if !ok || ck.Context != branchID {
+			if !ok || ck.Branch != branchID {
 				break
 			}
 			cks = append([]branch.Checkpoint{ck}, cks...)
@@ -106,8 +106,8 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 	}
 	for _, ck := range onPath {
-		ref := branch.Ref{Root: sbRoot, Branch: ck.Context}
-		if ck.Context == branch.RootID {
+		ref := branch.Ref{Root: sbRoot, Branch: ck.Branch}
+		if ck.Branch == branch.RootID {
 			ref.Branch = ""
 		}
 		ms, err := c.CheckpointMounts(ctx, ref, ck.Name)
@@ -134,7 +134,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 // headOf names branch branchID's head checkpoint ("" if it has none).
 func headOf(byName map[string]branch.Checkpoint, branchID string) string {
 	for _, ck := range byName {
-		if ck.Context == branchID && ck.Head {
+		if ck.Branch == branchID && ck.Head {
 			return ck.Name
 		}
 	}

@@ -79,7 +79,7 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 	if ck.MemoryBytes > 0 {
 		mem = fmt.Sprintf(", processes %s", size(ck.MemoryBytes))
 	}
-	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries%s, in %s\n", ck.Name, refName(sb, ck.Context), base, size(ck.Size), ck.Entries, mem, time.Since(start).Round(time.Microsecond))
+	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries%s, in %s\n", ck.Name, refName(sb, ck.Branch), base, size(ck.Size), ck.Entries, mem, time.Since(start).Round(time.Microsecond))
 	return nil
 }
 
@@ -131,7 +131,7 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 		if ck.MemoryBytes > 0 {
 			procs = size(ck.MemoryBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, refName(sb, ck.Context), base, size(ck.Size), ck.Entries, procs, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, refName(sb, ck.Branch), base, size(ck.Size), ck.Entries, procs, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -179,7 +179,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tBRANCH\tSIZE")
 			for _, ck := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Context, size(ck.Size))
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Branch, size(ck.Size))
 			}
 			return 0, tw.Flush()
 		}
@@ -205,7 +205,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if g.json {
 			return 0, PrintJSON(stdout, ck)
 		}
-		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Context), size(ck.Size))
+		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Branch), size(ck.Size))
 		return 0, nil
 	case "rollback":
 		nm, err := oneArg(pos, "checkpoint name")

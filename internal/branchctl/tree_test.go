@@ -56,7 +56,7 @@ func TestPrintTreeSealAndAge(t *testing.T) {
 // TestPrintCheckpointsLegend: the * of checkpoint ls is explained.
 func TestPrintCheckpointsLegend(t *testing.T) {
 	var out strings.Builder
-	list := []branch.Checkpoint{{Name: "a", Context: branch.RootID, Head: true, Created: time.Now()}}
+	list := []branch.Checkpoint{{Name: "a", Branch: branch.RootID, Head: true, Created: time.Now()}}
 	if err := PrintCheckpoints(&out, "sb", list, time.Now()); err != nil {
 		t.Fatal(err)
 	}
