@@ -13,11 +13,11 @@ const RuntimeName = "io.containerd.branch.v1"
 const TTRPCSuffix = ".ttrpc"
 
 // SelfSocket is where a process inside a sandbox run with the annotation
-// io.branchbox.socket=true finds its own context's branch socket.
+// io.branchbox.socket=true finds its own branch's socket.
 const SelfSocket = "/run/branchbox/branch.sock"
 
 // SelfSocketEnv names another socket path for DialSelf (tests, tools that
-// run a context's socket elsewhere).
+// run a branch's socket elsewhere).
 const SelfSocketEnv = "BRANCHBOX_SOCKET"
 
 // DefaultSnapshotterAddress is where the snapshotter serves by default (its

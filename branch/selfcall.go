@@ -3,7 +3,7 @@ package branch
 import "encoding/json"
 
 // SelfCallOutcome is how a call that copies its own caller ends: a memory
-// fork or a checkpoint with memory a process asks for of its own context
+// fork or a checkpoint with memory a process asks for of its own branch
 // through the branch socket. Such a call is made after the caller has let
 // go of its connection, which a copy could not be given: the file
 // SelfCallOutcomeFile(token) in the socket's directory holds the call's

@@ -1,8 +1,8 @@
 // Package branch is the domain core of branchbox and its Go client.
 //
-// The core is a Tree: one branch tree per sandbox root, holding the root
-// context and every branch forked from it, with the rules that make
-// branching safe — only a live context may fork, a context with live
+// The core is a Tree: one branch tree per sandbox root, holding the
+// sandbox (its root) and every branch forked from it, with the rules that make
+// branching safe — only a live branch (or sandbox) may fork, one with live
 // children is sealed, only a leaf may commit, the first commit into a
 // parent wins and every sibling (with its descendants) becomes stale, and a
 // stale branch stays known so that any later call on it can name the winner.
@@ -20,11 +20,11 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// State is where a context is in its life.
+// State is where a branch is in its life.
 type State string
 
 const (
-	// Live contexts can run, fork, commit and abort.
+	// Live branches can run, fork, commit and abort.
 	Live State = "live"
 	// Committing marks a winner whose changes are being applied to its
 	// parent; it becomes Committed when that is done.
@@ -37,15 +37,16 @@ const (
 	Stale State = "stale"
 )
 
-// RootID is the ID of the root context of every tree.
+// RootID is the ID of the root of every tree.
 const RootID = "0"
 
-// Node is one context: the root (the sandbox's own snapshot) or a branch.
+// Node is one node of the tree, a branch: the root (the sandbox, its own
+// snapshot) or a branch forked from it.
 type Node struct {
 	ID     string `json:"id"`
 	Parent string `json:"parent,omitempty"`
 	State  State  `json:"state"`
-	// Epoch counts the commits made into this context.
+	// Epoch counts the commits made into this branch.
 	Epoch uint64 `json:"epoch"`
 	// ForkEpoch is the parent's epoch when this branch was forked.
 	ForkEpoch uint64    `json:"forkEpoch"`
@@ -55,12 +56,12 @@ type Node struct {
 	// committed first and the epoch that commit made.
 	Winner      string `json:"winner,omitempty"`
 	WinnerEpoch uint64 `json:"winnerEpoch,omitempty"`
-	// SealedByUs records that this context's live mount was writable and
+	// SealedByUs records that this branch's live mount was writable and
 	// was made read-only because it has children, so it must be made
 	// writable again when its last child ends (and not otherwise: a
 	// read-only rootfs stays read-only).
 	SealedByUs bool `json:"sealedByUs,omitempty"`
-	// SealMode says how a context SealedByUs was sealed, so that unseal
+	// SealMode says how a branch SealedByUs was sealed, so that unseal
 	// and recovery undo exactly that: SealSuperblock (""), SealMounts
 	// (each mount in SealedMounts made read-only) or SealCaller (its
 	// processes were frozen by the caller; nothing was remounted).
@@ -74,7 +75,7 @@ type Node struct {
 	CheckpointLayers []uint64 `json:"checkpointLayers,omitempty"`
 }
 
-// How a context is sealed (Node.SealMode).
+// How a branch is sealed (Node.SealMode).
 const (
 	// SealSuperblock: its overlay superblock was remounted read-only,
 	// which reaches every mount of it.
@@ -96,7 +97,7 @@ type SealedMount struct {
 	Pid     int    `json:"pid,omitempty"`
 }
 
-// Tree is the branch tree of one sandbox root. Nodes holds the contexts
+// Tree is the branch tree of one sandbox root. Nodes holds the branches
 // that still have a layer (the root, live and committing branches); a node
 // that ends leaves Nodes for Ended, from which its store takes it to keep
 // as a tombstone, so that a later call on it can say what became of it.
@@ -146,7 +147,7 @@ func (t *Tree) node(id string) (*Node, bool) {
 	return nil, false
 }
 
-// NewTree returns a tree holding only the live root context.
+// NewTree returns a tree holding only the live root.
 func NewTree(root string, now time.Time) *Tree {
 	return &Tree{
 		Root:  root,
@@ -183,17 +184,17 @@ func (w Writer) String() string {
 	return fmt.Sprintf("%s (pid %d, %s)", w.Path, w.Pid, w.Command)
 }
 
-// WritersError is a seal refused because files of the context's rootfs
+// WritersError is a seal refused because files of the branch's rootfs
 // are open for writing: those files cannot be made read-only under their
 // writers. errdefs.IsFailedPrecondition is true for it.
 type WritersError struct {
-	Context string
+	Branch  string
 	Writers []Writer
 }
 
 func (e *WritersError) Error() string {
 	if len(e.Writers) == 0 {
-		return fmt.Sprintf("seal %s: a file of its rootfs is open for writing (close it, or fork with --seal freeze)", e.Context)
+		return fmt.Sprintf("seal %s: a file of its rootfs is open for writing (close it, or fork with --seal freeze)", e.Branch)
 	}
 	ws := make([]string, 0, len(e.Writers))
 	for i, w := range e.Writers {
@@ -203,7 +204,7 @@ func (e *WritersError) Error() string {
 		}
 		ws = append(ws, w.String())
 	}
-	return fmt.Sprintf("seal %s: files of its rootfs are open for writing: %s (close them, or fork with --seal freeze if they are the sandbox's own processes)", e.Context, strings.Join(ws, ", "))
+	return fmt.Sprintf("seal %s: files of its rootfs are open for writing: %s (close them, or fork with --seal freeze if they are the sandbox's own processes)", e.Branch, strings.Join(ws, ", "))
 }
 
 // Unwrap makes errdefs.IsFailedPrecondition true for a WritersError.

@@ -27,13 +27,13 @@ func (r Root) String() string {
 	return "the sandbox's root snapshot"
 }
 
-// Ref names a context: the root (Branch "" or RootID) or a branch of it.
+// Ref names a branch: the root (Branch "" or RootID) or a branch of it.
 type Ref struct {
 	Root   Root
 	Branch string
 }
 
-// String names the context in messages as its user knows it.
+// String names the branch in messages as its user knows it.
 func (c Ref) String() string {
 	where := c.Root.String()
 	if c.Branch == "" || c.Branch == RootID {
@@ -56,7 +56,7 @@ type Info struct {
 	UpperSize   int64
 	UpperInodes int64
 	Mounts      []mount.Mount
-	// Quarantine, on the root context (RootID) of a tree whose recovery
+	// Quarantine, on the root (RootID) of a tree whose recovery
 	// failed in the snapshotter, says why; its branch operations are
 	// refused until a retry succeeds.
 	Quarantine string
@@ -68,14 +68,14 @@ type CommitResult struct {
 	Invalidated []string
 }
 
-// Age is how long ago the context was created.
+// Age is how long ago the branch was created.
 func (i Info) Age(now time.Time) time.Duration { return now.Sub(i.Created) }
 
-// Checkpoint is an immutable, named state of a context's rootfs.
+// Checkpoint is an immutable, named state of a branch's rootfs.
 type Checkpoint struct {
 	Name string `json:"name"`
-	// Context is the id of the context it is a state of ("0": the root).
-	Context string `json:"context"`
+	// Branch is the id of the branch it is a state of ("0": the sandbox).
+	Branch string `json:"context"`
 	// Parent is the checkpoint whose state this one's layer holds the
 	// changes since ("" for a full one, "(deleted)" once that was deleted).
 	Parent  string    `json:"parent,omitempty"`
@@ -84,7 +84,7 @@ type Checkpoint struct {
 	Size    int64 `json:"size"`
 	Entries int64 `json:"entries"`
 	Depth   int   `json:"depth"`
-	// Head: the context's next checkpoint builds on this one.
+	// Head: the branch's next checkpoint builds on this one.
 	Head bool `json:"head"`
 	// Children are the checkpoints built on it; Branches the live branches
 	// forked from it, which keep it from being deleted.
@@ -101,9 +101,9 @@ type Checkpoint struct {
 func (c Checkpoint) Age(now time.Time) time.Duration { return now.Sub(c.Created) }
 
 // CheckpointOptions are what a checkpoint is taken with beyond its
-// context's rootfs.
+// branch's rootfs.
 type CheckpointOptions struct {
-	// MemoryDir is a directory holding a memory image of the context's
+	// MemoryDir is a directory holding a memory image of the branch's
 	// processes (CRIU's), taken at the rootfs's instant: the checkpoint
 	// keeps a copy of it.
 	MemoryDir string
@@ -119,7 +119,7 @@ func WithMemoryImage(dir string) CheckpointOpt {
 
 // RollbackOptions say what a rollback brings back beyond the rootfs.
 type RollbackOptions struct {
-	// Processes: the caller restores the context's processes from the
+	// Processes: the caller restores the branch's processes from the
 	// checkpoint's memory image.
 	Processes bool
 }
@@ -127,7 +127,7 @@ type RollbackOptions struct {
 // RollbackOpt sets a RollbackOptions.
 type RollbackOpt func(*RollbackOptions)
 
-// WithProcesses says the caller restores the context's processes from the
+// WithProcesses says the caller restores the branch's processes from the
 // checkpoint's memory image, so a checkpoint taken with memory may be
 // rolled back to.
 func WithProcesses() RollbackOpt {

@@ -1,9 +1,9 @@
 package branch
 
 // Subtree returns root and every descendant of it in the forest that
-// parents describes (a context's id to its parent's id), parents before
+// parents describes (a branch's id to its parent's id), parents before
 // children, siblings in numeric order. It is the one walk of a branch tree:
-// the snapshotter's Tree, the shim's running contexts and the in-sandbox
+// the snapshotter's Tree, the shim's running branches and the in-sandbox
 // API's view of the caller's part of the tree all use it. A node is listed
 // once even if parents has a cycle.
 func Subtree(root string, parents map[string]string) []string {

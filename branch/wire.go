@@ -35,7 +35,7 @@ func ToGRPC(err error) error {
 	}
 	var we *WritersError
 	if errors.As(err, &we) {
-		d := &branchv1.WritersDetail{Context: we.Context}
+		d := &branchv1.WritersDetail{Context: we.Branch}
 		for _, w := range we.Writers {
 			d.Writers = append(d.Writers, &branchv1.Writer{Pid: int32(w.Pid), Command: w.Command, Path: w.Path})
 		}
@@ -64,7 +64,7 @@ func FromGRPC(err error) error {
 	if st.Code() == codes.FailedPrecondition {
 		for _, d := range st.Details() {
 			if wd, ok := d.(*branchv1.WritersDetail); ok {
-				we := &WritersError{Context: wd.Context}
+				we := &WritersError{Branch: wd.Context}
 				for _, w := range wd.Writers {
 					we.Writers = append(we.Writers, Writer{Pid: int(w.Pid), Command: w.Command, Path: w.Path})
 				}
@@ -197,7 +197,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 	if c == nil {
 		return Checkpoint{}
 	}
-	out := Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := Checkpoint{Name: c.Name, Branch: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if c.Created != nil {
@@ -208,7 +208,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 
 // CheckpointToProto converts a checkpoint for either API.
 func CheckpointToProto(c Checkpoint) *typesv1.Checkpoint {
-	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Branch, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if !c.Created.IsZero() {

@@ -10,7 +10,7 @@ import (
 // CheckpointOption changes what Checkpoint records.
 type CheckpointOption func(*shimv1.CheckpointRequest)
 
-// CheckpointWithMemory records the context's running processes too (CRIU;
+// CheckpointWithMemory records the branch's running processes too (CRIU;
 // docs/memory-fork.md): ForkOptions{From: name, WithMemory: true} then
 // restores them into each branch, and Rollback of a memory branch to it
 // restores them there.
@@ -18,7 +18,7 @@ func CheckpointWithMemory() CheckpointOption {
 	return func(r *shimv1.CheckpointRequest) { r.Memory = true }
 }
 
-// Checkpoint records the state of a context of the sandbox ("" for the
+// Checkpoint records the state of a branch of the sandbox ("" for the
 // sandbox itself, or a branch id) as name.
 func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, opts ...CheckpointOption) (branch.Checkpoint, error) {
 	req := &shimv1.CheckpointRequest{Sandbox: s.ID, Branch: branchID, Name: name}
@@ -32,7 +32,7 @@ func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, o
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
 
-// Checkpoints lists the checkpoints of the sandbox's contexts.
+// Checkpoints lists the checkpoints of the sandbox's branches.
 func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {
 	resp, err := s.api.ListCheckpoints(s.ctx(ctx), &shimv1.ListCheckpointsRequest{Sandbox: s.ID})
 	if err != nil {
@@ -51,7 +51,7 @@ func (s *SandboxClient) DeleteCheckpoint(ctx context.Context, name string) error
 	return fromTTRPC(err)
 }
 
-// Rollback brings a context of the sandbox back to its checkpoint name,
+// Rollback brings a branch of the sandbox back to its checkpoint name,
 // visible at once to its running processes.
 func (s *SandboxClient) Rollback(ctx context.Context, branchID, name string) error {
 	_, err := s.api.Rollback(s.ctx(ctx), &shimv1.RollbackRequest{Sandbox: s.ID, Branch: branchID, Name: name})

@@ -30,7 +30,7 @@ import (
 // criSandboxAnnotation groups a pod's containers into one shim.
 const criSandboxAnnotation = "io.kubernetes.cri.sandbox-id"
 
-// SandboxClient drives the branch contexts of one sandbox (a container on
+// SandboxClient drives the branches of one sandbox (a container on
 // the runtime io.containerd.branch.v1) through its shim.
 type SandboxClient struct {
 	ID        string
@@ -147,7 +147,7 @@ func sandboxLabel(name, id string) string {
 }
 
 func notBranchRuntime(id, rt string) error {
-	return fmt.Errorf("container %s runs on runtime %s; branch contexts need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("container %s runs on runtime %s; branches need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
 // Close closes the connection to the shim.
@@ -171,7 +171,7 @@ func (s *SandboxClient) ctx(ctx context.Context) context.Context {
 
 // ForkOptions says how to fork.
 type ForkOptions struct {
-	// Parent is the context to fork: "" for the sandbox, or a branch id.
+	// Parent is the branch to fork: "" for the sandbox, or a branch id.
 	Parent string
 	Count  int
 	// Seal is "ro" (default: the parent's rootfs turns read-only) or
@@ -197,7 +197,7 @@ type ForkOptions struct {
 
 // ForkResult is a fork's branches and, for a memory fork, its figures.
 type ForkResult struct {
-	Branches []ContextInfo   `json:"branches"`
+	Branches []BranchInfo    `json:"branches"`
 	Memory   *MemoryForkInfo `json:"memory,omitempty"`
 }
 
@@ -211,9 +211,9 @@ type MemoryForkInfo struct {
 	ImageBytes int64         `json:"imageBytes"`
 }
 
-// ContextInfo is one context of a sandbox: the sandbox itself (ID "0") or
-// a branch.
-type ContextInfo struct {
+// BranchInfo is one branch of a sandbox's tree: the sandbox itself (ID
+// "0", the root) or a branch forked from it.
+type BranchInfo struct {
 	// Node carries the tree's view: id, parent, state, epochs, times and,
 	// for a stale branch, the winner.
 	branch.Node
@@ -226,7 +226,7 @@ type ContextInfo struct {
 	Pids        []int    `json:"pids,omitempty"`
 	// Status: "waiting" (its init holds it), "running" (a command runs as
 	// its init), "exited", "frozen", "paused" (the sandbox is paused, and
-	// its contexts with it); empty for ended contexts.
+	// its branches with it); empty for ended branches.
 	Status     string  `json:"status,omitempty"`
 	ExitStatus int     `json:"exitStatus,omitempty"`
 	OOMKilled  bool    `json:"oomKilled,omitempty"`
@@ -235,7 +235,7 @@ type ContextInfo struct {
 	CPUs       float64 `json:"cpus,omitempty"`
 	PidsLimit  int64   `json:"pidsLimit,omitempty"`
 	Cgroup     string  `json:"cgroup,omitempty"`
-	// Quarantine, on the root context of a sandbox whose branch tree the
+	// Quarantine, on the root of a sandbox whose branch tree the
 	// snapshotter could not recover, says why; branch operations on the
 	// sandbox are refused until a retry succeeds.
 	Quarantine string `json:"quarantine,omitempty"`
@@ -243,11 +243,17 @@ type ContextInfo struct {
 	MemoryFork bool `json:"memoryFork,omitempty"`
 }
 
-func contextFromProto(c *shimv1.Context) ContextInfo {
+// ContextInfo is BranchInfo's old name, kept so that code written against
+// it still builds.
+//
+// Deprecated: use BranchInfo.
+type ContextInfo = BranchInfo
+
+func branchFromProto(c *shimv1.Context) BranchInfo {
 	if c == nil {
-		return ContextInfo{}
+		return BranchInfo{}
 	}
-	i := ContextInfo{
+	i := BranchInfo{
 		Node: branch.Node{
 			ID: c.Id, Parent: c.Parent, State: branch.State(c.State), Epoch: c.Epoch, ForkEpoch: c.ForkEpoch,
 			Winner: c.Winner, WinnerEpoch: c.WinnerEpoch,
@@ -272,17 +278,17 @@ func contextFromProto(c *shimv1.Context) ContextInfo {
 	return i
 }
 
-func contextsFromProto(list []*shimv1.Context) []ContextInfo {
-	out := make([]ContextInfo, len(list))
+func branchesFromProto(list []*shimv1.Context) []BranchInfo {
+	out := make([]BranchInfo, len(list))
 	for i, c := range list {
-		out[i] = contextFromProto(c)
+		out[i] = branchFromProto(c)
 	}
 	return out
 }
 
-// Fork makes opts.Count branch contexts of opts.Parent, each with its own
+// Fork makes opts.Count branches of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
-func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, error) {
 	res, err := s.ForkResult(ctx, opts)
 	return res.Branches, err
 }
@@ -300,7 +306,7 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 	if err != nil {
 		return ForkResult{}, fromTTRPC(err)
 	}
-	res := ForkResult{Branches: contextsFromProto(resp.Branches)}
+	res := ForkResult{Branches: branchesFromProto(resp.Branches)}
 	if m := resp.Memory; m != nil {
 		res.Memory = &MemoryForkInfo{Pause: time.Duration(m.PauseNs), Dump: time.Duration(m.DumpNs), Restore: time.Duration(m.RestoreNs), ImageBytes: m.ImageBytes}
 	}
@@ -320,8 +326,8 @@ func checkCount(n int) error {
 // SandboxCommitResult is the parent after a commit, and the branches the
 // commit invalidated (their processes killed, their layers discarded).
 type SandboxCommitResult struct {
-	Parent      ContextInfo `json:"parent"`
-	Invalidated []string    `json:"invalidated"`
+	Parent      BranchInfo `json:"parent"`
+	Invalidated []string   `json:"invalidated"`
 }
 
 // Commit makes a leaf branch's changes its parent's, visible at once to the
@@ -332,7 +338,7 @@ func (s *SandboxClient) Commit(ctx context.Context, branchID string) (SandboxCom
 	if err != nil {
 		return SandboxCommitResult{}, fromTTRPC(err)
 	}
-	return SandboxCommitResult{Parent: contextFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+	return SandboxCommitResult{Parent: branchFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
 }
 
 // Abort kills and discards a branch and its descendants.
@@ -344,13 +350,13 @@ func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, e
 	return resp.Aborted, nil
 }
 
-// Tree lists every context of the sandbox, ended ones included.
-func (s *SandboxClient) Tree(ctx context.Context) ([]ContextInfo, error) {
+// Tree lists every branch of the sandbox, ended ones included.
+func (s *SandboxClient) Tree(ctx context.Context) ([]BranchInfo, error) {
 	resp, err := s.api.Tree(s.ctx(ctx), &shimv1.TreeRequest{Sandbox: s.ID})
 	if err != nil {
 		return nil, fromTTRPC(err)
 	}
-	return contextsFromProto(resp.Nodes), nil
+	return branchesFromProto(resp.Nodes), nil
 }
 
 // ExecOptions describes a process to run in a branch.

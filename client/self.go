@@ -16,10 +16,10 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// SelfClient drives the caller's own branch context from inside a sandbox:
+// SelfClient drives the caller's own branch from inside a sandbox:
 // fork it, run in and wait for what it forked, commit or abort itself or
-// its descendants. Its socket reaches only its own context and the
-// contexts forked from it.
+// its descendants. Its socket reaches only its own branch and the
+// branches forked from it.
 type SelfClient struct {
 	path string
 	conn *ttrpc.Client
@@ -63,8 +63,8 @@ func (s *SelfClient) dial(ctx context.Context) error {
 func (s *SelfClient) Close() error { return s.conn.Close() }
 
 // Fork makes opts.Count children of opts.Parent ("" for the caller's own
-// context, else a descendant of it).
-func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo, error) {
+// branch, else a descendant of it).
+func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, error) {
 	if err := checkCount(opts.Count); err != nil {
 		return nil, err
 	}
@@ -77,14 +77,14 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]ContextInfo,
 		return nil, fromTTRPC(err)
 	}
 	if token := resp.Pending; token != "" {
-		// A memory fork of the caller's own context (selfcall.go): in
+		// A memory fork of the caller's own branch (selfcall.go): in
 		// each copy of the caller, no branches.
 		resp = &shimv1.ForkResponse{}
 		if copied, err := s.awaitSelfCall(ctx, token, resp); err != nil || copied {
-			return []ContextInfo{}, err
+			return []BranchInfo{}, err
 		}
 	}
-	return contextsFromProto(resp.Branches), nil
+	return branchesFromProto(resp.Branches), nil
 }
 
 // SelfResult is how a process started through the socket ended, and the
@@ -105,7 +105,7 @@ type SelfExecOptions struct {
 	Cwd  string
 }
 
-// Exec starts a process in branch (a descendant of the caller's context, or
+// Exec starts a process in branch (a descendant of the caller's branch, or
 // "" for the caller's own branch) and returns its id for Wait. It has no
 // standard input; the shim keeps its output for Wait.
 func (s *SelfClient) Exec(ctx context.Context, branchID string, opts SelfExecOptions) (string, error) {
@@ -146,19 +146,19 @@ func (s *SelfClient) Kill(ctx context.Context, branchID, execID string, sig uint
 }
 
 // Commit makes a leaf's changes its parent's (first commit wins). With
-// branch "" it commits the caller's own context: that kills every process
-// of the context, the caller included, so like exec(2) it returns only on
+// branch "" it commits the caller's own branch: that kills every process
+// of the branch, the caller included, so like exec(2) it returns only on
 // failure (the parent sees the outcome: the changes, and the tree).
 func (s *SelfClient) Commit(ctx context.Context, branchID string) (SandboxCommitResult, error) {
 	resp, err := s.api.Commit(ctx, &shimv1.SelfCommitRequest{Branch: branchID})
 	if err != nil {
 		return SandboxCommitResult{}, fromTTRPC(err)
 	}
-	return SandboxCommitResult{Parent: contextFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
+	return SandboxCommitResult{Parent: branchFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
 }
 
 // Abort kills and discards branch and its descendants; with "" the
-// caller's own context, which like Commit returns only on failure.
+// caller's own branch, which like Commit returns only on failure.
 func (s *SelfClient) Abort(ctx context.Context, branchID string) ([]string, error) {
 	resp, err := s.api.Abort(ctx, &shimv1.SelfAbortRequest{Branch: branchID})
 	if err != nil {
@@ -167,18 +167,18 @@ func (s *SelfClient) Abort(ctx context.Context, branchID string) ([]string, erro
 	return resp.Aborted, nil
 }
 
-// Tree returns the caller's context id and that context with its
+// Tree returns the caller's branch id and that branch with its
 // descendants (ended ones too). Host pids and cgroup paths are left out.
-func (s *SelfClient) Tree(ctx context.Context) (string, []ContextInfo, error) {
+func (s *SelfClient) Tree(ctx context.Context) (string, []BranchInfo, error) {
 	resp, err := s.api.Tree(ctx, &shimv1.SelfTreeRequest{})
 	if err != nil {
 		return "", nil, fromTTRPC(err)
 	}
-	return resp.Self, contextsFromProto(resp.Nodes), nil
+	return resp.Self, branchesFromProto(resp.Nodes), nil
 }
 
-// Checkpoint records the state of branch ("" for the caller's context).
-// With CheckpointWithMemory of the caller's own context the caller is
+// Checkpoint records the state of branch ("" for the caller's branch).
+// With CheckpointWithMemory of the caller's own branch the caller is
 // dumped too, and the call returns again in each copy of it restored from
 // the checkpoint later (fork --from NAME --memory, a rollback of a memory
 // branch to it), there with a zero Checkpoint, as setjmp returns again
@@ -201,7 +201,7 @@ func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string, opts
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
 
-// Checkpoints lists the checkpoints of the caller's context and its
+// Checkpoints lists the checkpoints of the caller's branch and its
 // descendants.
 func (s *SelfClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {
 	resp, err := s.api.ListCheckpoints(ctx, &shimv1.SelfListCheckpointsRequest{})
@@ -215,7 +215,7 @@ func (s *SelfClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, erro
 	return out, nil
 }
 
-// Rollback brings branch ("" for the caller's context) back to a checkpoint
+// Rollback brings branch ("" for the caller's branch) back to a checkpoint
 // of its own.
 func (s *SelfClient) Rollback(ctx context.Context, branchID, name string) error {
 	_, err := s.api.Rollback(ctx, &shimv1.SelfRollbackRequest{Branch: branchID, Name: name})

@@ -30,7 +30,7 @@ const (
 )
 
 // awaitSelfCall is the rest of a call that copies its caller (a memory
-// fork or a checkpoint with memory of the caller's own context): the shim
+// fork or a checkpoint with memory of the caller's own branch): the shim
 // makes it only once the caller holds no connection to it, which a copy
 // could not be given, so the connection is closed, the outcome read from
 // the socket's directory, where the shim writes it, and the connection

@@ -11,7 +11,7 @@ import (
 
 // Fork is the body of POST .../fork, `branchctl fork`'s options.
 type Fork struct {
-	// Parent is the context to fork: "" or "0" for the sandbox, or a
+	// Parent is the branch to fork: "" or "0" for the sandbox, or a
 	// branch id.
 	Parent string   `json:"parent,omitempty"`
 	Count  int      `json:"count,omitempty"`
@@ -27,8 +27,8 @@ type Fork struct {
 	WithMemory bool `json:"with_memory,omitempty"`
 }
 
-type contextsDoc struct {
-	Contexts []client.ContextInfo `json:"contexts"`
+type branchesDoc struct {
+	Branches []client.BranchInfo `json:"contexts"`
 }
 
 func (s *Server) fork(w http.ResponseWriter, r request) error {
@@ -51,7 +51,7 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, contextsDoc{Contexts: kids})
+	writeJSON(w, http.StatusOK, branchesDoc{Branches: kids})
 	return nil
 }
 
@@ -65,7 +65,7 @@ func (s *Server) tree(w http.ResponseWriter, r request) error {
 	if err != nil {
 		return err
 	}
-	// The shim records the sandbox's own context at its first fork; its
+	// The shim records the sandbox at its first fork; its
 	// age is the container's (as branchctl tree shows it).
 	for i := range nodes {
 		if nodes[i].ID == branch.RootID && !sc.Created.IsZero() {
@@ -73,9 +73,9 @@ func (s *Server) tree(w http.ResponseWriter, r request) error {
 		}
 	}
 	if nodes == nil {
-		nodes = []client.ContextInfo{}
+		nodes = []client.BranchInfo{}
 	}
-	writeJSON(w, http.StatusOK, contextsDoc{Contexts: nodes})
+	writeJSON(w, http.StatusOK, branchesDoc{Branches: nodes})
 	return nil
 }
 

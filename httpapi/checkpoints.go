@@ -14,11 +14,11 @@ import (
 )
 
 // CheckpointRequest is the body of POST .../checkpoints and .../rollback:
-// a checkpoint name, of a context ("" or "0": the sandbox).
+// a checkpoint name, of a branch ("" or "0": the sandbox).
 type CheckpointRequest struct {
 	Branch string `json:"branch,omitempty"`
 	Name   string `json:"name"`
-	// WithMemory records the context's running processes too.
+	// WithMemory records the branch's running processes too.
 	WithMemory bool `json:"with_memory,omitempty"`
 }
 
@@ -92,7 +92,7 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r request) error {
 
 type rollbackDoc struct {
 	Rollback struct {
-		Context    string  `json:"context"`
+		Branch     string  `json:"context"`
 		Checkpoint string  `json:"checkpoint"`
 		Seconds    float64 `json:"seconds"`
 	} `json:"rollback"`
@@ -117,9 +117,9 @@ func (s *Server) rollback(w http.ResponseWriter, r request) error {
 		return err
 	}
 	var doc rollbackDoc
-	doc.Rollback.Context, doc.Rollback.Checkpoint, doc.Rollback.Seconds = req.Branch, req.Name, time.Since(start).Seconds()
-	if doc.Rollback.Context == "" {
-		doc.Rollback.Context = branch.RootID
+	doc.Rollback.Branch, doc.Rollback.Checkpoint, doc.Rollback.Seconds = req.Branch, req.Name, time.Since(start).Seconds()
+	if doc.Rollback.Branch == "" {
+		doc.Rollback.Branch = branch.RootID
 	}
 	writeJSON(w, http.StatusOK, doc)
 	return nil

@@ -73,7 +73,7 @@ func errorOf(err error) Error {
 	case errors.Is(err, client.ErrNoSandbox):
 		e.Hint = "list the namespace's sandboxes with GET /v1/namespaces/{ns}/sandboxes"
 	case errdefs.IsNotFound(err):
-		e.Hint = "see the sandbox's contexts with GET .../tree and its checkpoints with GET .../checkpoints"
+		e.Hint = "see the sandbox's branches with GET .../tree and its checkpoints with GET .../checkpoints"
 	case errdefs.IsUnauthorized(err):
 		e.Kind = "permission-denied"
 		e.Hint = "send Authorization: Bearer TOKEN with a token from the server's --token-file"

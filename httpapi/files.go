@@ -14,11 +14,11 @@ import (
 	"github.com/branchbox/branchbox/internal/ops"
 )
 
-// The files of a context are its processes' view, through its init's root
-// (internal/ops): a sealed context refuses writes, and no symlink a branch
+// The files of a branch are its processes' view, through its init's root
+// (internal/ops): a sealed branch refuses writes, and no symlink a branch
 // made leads out of it.
 
-// root opens the root of the context the path names.
+// root opens the root of the branch the path names.
 func (s *Server) root(r request) (*os.File, string, error) {
 	p, err := ops.CheckPath(r.URL.Query().Get("path"))
 	if err != nil {

@@ -178,7 +178,7 @@ func TestBranchesSurviveGCAndGoWithTheirRoot(t *testing.T) {
 		}
 	}
 	if live != 3 {
-		t.Fatalf("after GC %d live contexts, want 3: %+v", live, nodes)
+		t.Fatalf("after GC %d live branches, want 3: %+v", live, nodes)
 	}
 	for _, k := range kids {
 		if len(k.Mounts) == 0 {

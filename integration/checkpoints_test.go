@@ -37,7 +37,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 		return out
 	}
 	var ck branch.Checkpoint
-	if err := json.Unmarshal([]byte(ctl("checkpoint", "sb", "first", "--json")), &ck); err != nil || ck.Name != "first" || ck.Context != "0" {
+	if err := json.Unmarshal([]byte(ctl("checkpoint", "sb", "first", "--json")), &ck); err != nil || ck.Name != "first" || ck.Branch != "0" {
 		t.Fatalf("checkpoint --json: %+v %v", ck, err)
 	}
 	sh("echo after > /state; echo new > /newfile; rm /bin/true; mkdir -p /work/a; echo x > /work/a/f")
@@ -67,7 +67,7 @@ func TestCheckpointsEndToEnd(t *testing.T) {
 	}
 
 	// Fork from the first checkpoint while the sandbox has moved on.
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(ctl("fork", "sb", "--from", "first", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork --from: %v", err)
 	}

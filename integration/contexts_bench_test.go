@@ -28,7 +28,7 @@ import (
 
 // benchSandbox runs a sandbox on the branch runtime and snapshotter whose
 // rootfs holds 10,000 more files (the size the fork targets are set for),
-// and returns a branch context client and its rootfs upper directory.
+// and returns a branch client and its rootfs upper directory.
 // extra are more flags for ctr run.
 func benchSandbox(b *testing.B, ctx context.Context, env *daemons.Env, id string, extra ...string) (*client.SandboxClient, string) {
 	b.Helper()
@@ -125,7 +125,7 @@ func (f copyFork) remove(b *testing.B, ctx context.Context) {
 	benchRemove(b, ctx, f.c, f.task)
 }
 
-func abortAll(b *testing.B, ctx context.Context, sc *client.SandboxClient, kids []client.ContextInfo) {
+func abortAll(b *testing.B, ctx context.Context, sc *client.SandboxClient, kids []client.BranchInfo) {
 	b.Helper()
 	for _, k := range kids {
 		if _, err := sc.Abort(ctx, k.ID); err != nil {

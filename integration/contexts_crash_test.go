@@ -34,7 +34,7 @@ func daemonScript(marker string) string {
 // startDaemon writes a marker in branch k and leaves a daemon running in it;
 // it returns the branch's processes seen from the host once the daemon is
 // among them.
-func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo, marker string) []hostProc {
+func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.BranchInfo, marker string) []hostProc {
 	t.Helper()
 	mustRun(t, ctx, sc, k.ID, "sh", "-c", daemonScript(marker))
 	var procs []hostProc
@@ -132,7 +132,7 @@ func liveInSnapshotter(t *testing.T, ctx context.Context, env *daemons.Env, id s
 	return out
 }
 
-// runningInShim lists the branches the shim runs a context for.
+// runningInShim lists the branches the shim runs.
 func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) []string {
 	t.Helper()
 	nodes, err := sc.Tree(ctx)

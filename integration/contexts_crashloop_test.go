@@ -174,7 +174,7 @@ func crashLoop(t *testing.T, victim string, rounds int) {
 	stats := map[string]int{}        // the operation each kill interrupted
 	window := 300 * time.Millisecond // the kill comes within this of a round's start
 	for r := 0; r < rounds; r++ {
-		var kids []client.ContextInfo
+		var kids []client.BranchInfo
 		winner := -1
 		target := ""
 		if len(ckptOrder) > 0 && rng.Intn(2) == 0 {

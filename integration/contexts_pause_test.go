@@ -91,7 +91,7 @@ func testPause(t *testing.T, extra []string) {
 	// commit whose callers give up while they wait behind it must do
 	// nothing once it is done.
 	type result struct {
-		kids []client.ContextInfo
+		kids []client.BranchInfo
 		err  error
 	}
 	snap := env.SnapshotterPid()
@@ -228,7 +228,7 @@ func testPause(t *testing.T, extra []string) {
 	}); err != nil {
 		t.Errorf("rollback of a branch of the paused sandbox to its checkpoint: %v", err)
 	}
-	var nodes []client.ContextInfo
+	var nodes []client.BranchInfo
 	if err := quick("tree", func(ctx context.Context) (err error) {
 		nodes, err = sc.Tree(ctx)
 		return err
@@ -237,7 +237,7 @@ func testPause(t *testing.T, extra []string) {
 	}
 	for _, n := range nodes {
 		if n.State == branch.Live && n.Status != "paused" {
-			t.Errorf("context %s of the paused sandbox has status %q, want paused", n.ID, n.Status)
+			t.Errorf("branch %s of the paused sandbox has status %q, want paused", n.ID, n.Status)
 		}
 	}
 	if out, errOut, code := branchctl(t, ctx, env, "", "tree", "sb"); code != 0 || !strings.Contains(out, "PAUSED: sb") {

@@ -94,7 +94,7 @@ func testPidsLimit(t *testing.T, initPath bool, caps []string) {
 	check("before any fork")
 
 	// One at a time until the limit refuses one.
-	var made []client.ContextInfo
+	var made []client.BranchInfo
 	var last error
 	for i := 0; i < pidsLimit+2; i++ {
 		before := forkState(t, ctx, env, sc, cg)
@@ -317,7 +317,7 @@ func readCount(t *testing.T, dir, file string) int64 {
 }
 
 // forkState is what a fork changes, as seen from the host: the live
-// contexts of the tree, the mounts under the sandbox's bundle, the branch
+// branches of the tree, the mounts under the sandbox's bundle, the branch
 // sockets' directories, and the cgroups below the sandbox's on every
 // hierarchy (but the warm pool's, which fills in the background). The
 // removal of an aborted branch's cgroups goes on after the abort replies:
@@ -346,7 +346,7 @@ func readForkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *clie
 	var out []string
 	for _, n := range tree {
 		if n.State == branch.Live {
-			out = append(out, "context "+n.ID)
+			out = append(out, "branch "+n.ID)
 		}
 	}
 	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")

@@ -170,7 +170,7 @@ func TestContextsSealWriters(t *testing.T) {
 	}
 }
 
-func k0(kids []client.ContextInfo) string { return kids[0].ID }
+func k0(kids []client.BranchInfo) string { return kids[0].ID }
 
 // TestContextsSealWriterOutside: a file of the sandbox's rootfs held open
 // for writing by a process that is not the sandbox's (here, on the host,

@@ -41,7 +41,7 @@ func importSysprobeImage(t *testing.T, ctx context.Context, env *daemons.Env) {
 }
 
 // runProbeSandbox runs sandbox id of the sysprobe image with ctr's extra
-// flags and returns a branch context client for it.
+// flags and returns a branch client for it.
 func runProbeSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string, extra ...string) *client.SandboxClient {
 	t.Helper()
 	args := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, extra...)

@@ -39,7 +39,7 @@ func sandboxInitPid(t *testing.T, ctx context.Context, sc *client.SandboxClient)
 // startAdversarialIn runs the adversarial workload of the shim's kill
 // suite in a branch and waits until, seen from the host, its fork bomb has
 // filled the branch's pids limit and its nested PID namespace exists.
-func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.ContextInfo) []hostProc {
+func startAdversarialIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, k client.BranchInfo) []hostProc {
 	t.Helper()
 	p, err := sc.Exec(ctx, k.ID, client.ExecOptions{Args: []string{"sh", "-c", adversarial}})
 	if err != nil {
@@ -292,7 +292,7 @@ func TestContextsSealFreeze(t *testing.T) {
 	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, Seal: "freeze"})
 	// The init's freezer cgroup and its state: on v1 the freezer
 	// hierarchy's, FROZEN or THAWED; on v2 the unified one's, frozen or
-	// not as its cgroup.events says. Frozen, it is the context's seal leaf.
+	// not as its cgroup.events says. Frozen, it is the branch's seal leaf.
 	leaf, frozen, thawed := "/.sealed", " FROZEN", " THAWED"
 	if cgroupV2() {
 		frozen, thawed = " frozen 1", " frozen 0"

@@ -72,7 +72,7 @@ func TestContextsSystemdCgroup(t *testing.T) {
 	}
 	for _, n := range nodes {
 		if oom := n.ID == a.ID; n.OOMKilled != oom {
-			t.Errorf("tree: context %s OOM-killed %v; want %v (only the branch that ran out)", n.ID, n.OOMKilled, oom)
+			t.Errorf("tree: branch %s OOM-killed %v; want %v (only the branch that ran out)", n.ID, n.OOMKilled, oom)
 		}
 	}
 	// The OOM was the branch's: the sandbox and its scope live on.

@@ -25,7 +25,7 @@ import (
 
 // sandboxCtxEnv runs the sandbox "sb" (runtime io.containerd.branch.v1,
 // snapshotter branch) with a process that keeps running, and returns a
-// branch context client for it.
+// branch client for it.
 func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env, *client.SandboxClient) {
 	t.Helper()
 	ctx, env, _ := shimEnv(t)
@@ -90,7 +90,7 @@ func mustRun(t *testing.T, ctx context.Context, sc *client.SandboxClient, b stri
 	return out
 }
 
-func fork(t *testing.T, ctx context.Context, sc *client.SandboxClient, opts client.ForkOptions) []client.ContextInfo {
+func fork(t *testing.T, ctx context.Context, sc *client.SandboxClient, opts client.ForkOptions) []client.BranchInfo {
 	t.Helper()
 	kids, err := sc.Fork(ctx, opts)
 	if err != nil {
@@ -104,7 +104,7 @@ func fork(t *testing.T, ctx context.Context, sc *client.SandboxClient, opts clie
 
 // branchProcs lists, from the host, the live processes of a branch: those
 // in its cgroup (or below) on any hierarchy, and those in its PID namespace.
-func branchProcs(env *daemons.Env, info client.ContextInfo) []hostProc {
+func branchProcs(env *daemons.Env, info client.BranchInfo) []hostProc {
 	id := strings.TrimPrefix(info.Cgroup, "/"+env.Namespace+"/")
 	return containerHostProcs(env.Namespace, id, info.InitPid)
 }
@@ -191,7 +191,7 @@ func TestContextsForkExecCommit(t *testing.T) {
 // its runtime state removed. Its processes are dead when the commit or
 // abort that ended it returns; the rest is removed in the background just
 // after, so all of it is waited for, up to 10 seconds.
-func assertBranchGone(t *testing.T, env *daemons.Env, info client.ContextInfo, procs []hostProc) {
+func assertBranchGone(t *testing.T, env *daemons.Env, info client.BranchInfo, procs []hostProc) {
 	t.Helper()
 	var (
 		left  []hostProc
@@ -260,7 +260,7 @@ func TestBranchctl(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fork: %d %s", code, errOut)
 	}
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
 		t.Fatalf("fork --json: %v %q", err, out)
 	}
@@ -296,7 +296,7 @@ func TestBranchctl(t *testing.T) {
 		t.Fatalf("exec in the loser: %d %q; want a stale error naming the winner, and a hint", code, errOut)
 	}
 	out, _, code = branchctl(t, ctx, env, "", "tree", "sb", "--json")
-	var nodes []client.ContextInfo
+	var nodes []client.BranchInfo
 	if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil {
 		t.Fatalf("tree --json: %d %q", code, out)
 	}

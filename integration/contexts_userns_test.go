@@ -50,7 +50,7 @@ func TestContextsUserns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []client.ContextInfo{kids[0], nested[0]} {
+	for _, k := range []client.BranchInfo{kids[0], nested[0]} {
 		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", k.InitPid)); err != nil || ns != sbUserns {
 			t.Fatalf("branch %s's init is in user namespace %q (%v), the sandbox's is %s", k.ID, ns, err, sbUserns)
 		}

@@ -72,7 +72,7 @@ func TestCRIPodSharesNamespaces(t *testing.T) {
 			if rt, sn := c.containerInfo(ctr); rt != h.runtime {
 				t.Errorf("%s: container %s on runtime %q (snapshotter %q), want %s", h.handler, name, rt, sn, h.runtime)
 			}
-			// Both record runc-v2's type: the branch contexts are found
+			// Both record runc-v2's type: the branches are found
 			// by asking the shim, and runc's has none.
 			if name == "a" {
 				sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, ctr)

@@ -44,7 +44,7 @@ func TestDeepTreeCommitThroughSocket(t *testing.T) {
 		return parseSelfTree(t, out)
 	}
 	for _, levels := range []int{5000, 10000} {
-		var kids []client.ContextInfo
+		var kids []client.BranchInfo
 		out, err := in("branchctl", "self", "fork", "-n", "1", "--json")
 		if err != nil || json.Unmarshal([]byte(out), &kids) != nil || len(kids) != 1 {
 			t.Fatalf("fork: %q %v", out, err)
@@ -83,7 +83,7 @@ func TestDeepTreeCommitThroughSocket(t *testing.T) {
 		if _, err := in("branchctl", "self", "fork", "-n", "1", "--json"); err != nil {
 			t.Fatalf("%d levels: fork after the commit: %v", levels, err)
 		}
-		for _, c := range tree().Contexts {
+		for _, c := range tree().Branches {
 			if c.ID != branch.RootID && c.State == branch.Live {
 				if _, err := in("branchctl", "self", "abort", c.ID); err != nil {
 					t.Fatal(err)

@@ -77,9 +77,9 @@ func TestHTTPAPIAuthAndBounds(t *testing.T) {
 		t.Fatalf("namespace other lists: %s", r.Body)
 	}
 	b.fails(ctx, 404, "not-found", "POST", "/v1/namespaces/other/sandboxes/sb/fork", map[string]any{"count": 1})
-	var kids apiContexts
+	var kids apiBranches
 	a.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1}).decode(t, &kids)
-	br := sb + "/branches/" + kids.Contexts[0].ID
+	br := sb + "/branches/" + kids.Branches[0].ID
 
 	// Bodies: a file over --max-body is refused.
 	a.fails(ctx, 429, "resource-exhausted", "PUT", br+"/files?path=/big", make([]byte, 100<<10))
@@ -107,15 +107,15 @@ func TestHTTPAPIAuthAndBounds(t *testing.T) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
 			var tree struct {
-				Contexts []struct {
+				Branches []struct {
 					ID   string
 					Pids []int
-				}
+				} `json:"contexts"`
 			}
 			local.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &tree)
 			var pids []int
-			for _, c := range tree.Contexts {
-				if c.ID == kids.Contexts[0].ID {
+			for _, c := range tree.Branches {
+				if c.ID == kids.Branches[0].ID {
 					pids = c.Pids
 				}
 			}

@@ -27,9 +27,9 @@ func TestHTTPAPIInSandboxSocket(t *testing.T) {
 	sb := ns + "/sandboxes/sb"
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": insockImage, "socket": true, "args": []string{"sleep", "100000"}})
 	defer api.call(ctx, "DELETE", sb, nil)
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
-	b1, b2 := kids.Contexts[0].ID, kids.Contexts[1].ID
+	b1, b2 := kids.Branches[0].ID, kids.Branches[1].ID
 	run := func(b string, sh string) (string, int) {
 		t.Helper()
 		r := api.must(ctx, 200, "POST", sb+"/branches/"+b+"/exec", map[string]any{"args": []string{"sh", "-c", sh}})

@@ -23,15 +23,15 @@ func TestHTTPAPICommitRace(t *testing.T) {
 	sb := ns + "/sandboxes/sb"
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
 	const n = 8
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": n}).decode(t, &kids)
-	for _, k := range kids.Contexts {
+	for _, k := range kids.Branches {
 		api.must(ctx, 200, "PUT", sb+"/branches/"+k.ID+"/files?path=/who", []byte(k.ID))
 	}
 	results := make([]apiResult, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for i, k := range kids.Contexts {
+	for i, k := range kids.Branches {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -46,23 +46,23 @@ func TestHTTPAPICommitRace(t *testing.T) {
 	for i, r := range results {
 		if r.Status == 200 {
 			if winner != "" {
-				t.Fatalf("two commits won: %s and %s", winner, kids.Contexts[i].ID)
+				t.Fatalf("two commits won: %s and %s", winner, kids.Branches[i].ID)
 			}
-			winner = kids.Contexts[i].ID
+			winner = kids.Branches[i].ID
 		}
 	}
 	if winner == "" {
 		t.Fatalf("no commit won: %+v", results)
 	}
 	for i, r := range results {
-		if kids.Contexts[i].ID == winner {
+		if kids.Branches[i].ID == winner {
 			continue
 		}
 		var e struct {
 			Error struct{ Kind, Message string }
 		}
 		if err := json.Unmarshal(r.Body, &e); err != nil || r.Status != 409 || e.Error.Kind != "stale" {
-			t.Fatalf("branch %s: %d %s", kids.Contexts[i].ID, r.Status, r.Body)
+			t.Fatalf("branch %s: %d %s", kids.Branches[i].ID, r.Status, r.Body)
 		}
 	}
 	if r := api.must(ctx, 200, "GET", sb+"/branches/0/files?path=/who", nil); string(r.Body) != winner {

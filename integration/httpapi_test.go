@@ -23,12 +23,12 @@ import (
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
-type apiContexts struct {
-	Contexts []struct {
+type apiBranches struct {
+	Branches []struct {
 		ID, Parent, State, Status, Winner string
 		InitPid                           int
 		MemoryFork                        bool
-	}
+	} `json:"contexts"`
 }
 
 // TestHTTPAPI drives every operation of api/openapi/branchbox.json through
@@ -123,12 +123,12 @@ func TestHTTPAPI(t *testing.T) {
 	// a moment before anything it should see.
 	time.Sleep(300 * time.Millisecond)
 
-	var kids apiContexts
+	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
-	if len(kids.Contexts) != 2 {
+	if len(kids.Branches) != 2 {
 		t.Fatalf("fork: %+v", kids)
 	}
-	b1, b2 := kids.Contexts[0].ID, kids.Contexts[1].ID
+	b1, b2 := kids.Branches[0].ID, kids.Branches[1].ID
 	br1, br2 := sb+"/branches/"+b1, sb+"/branches/"+b2
 
 	// Files: written in a branch, read back, listed; the sealed sandbox
@@ -231,10 +231,13 @@ func TestHTTPAPI(t *testing.T) {
 	api.must(ctx, 200, "POST", sb+"/checkpoints", map[string]any{"branch": b1, "name": "c1"})
 	api.must(ctx, 200, "PUT", br1+"/files"+q("/answer"), []byte("two\n"))
 	var cks struct {
-		Checkpoints []struct{ Name, Context string }
+		Checkpoints []struct {
+			Name   string
+			Branch string `json:"context"`
+		}
 	}
 	api.must(ctx, 200, "GET", sb+"/checkpoints", nil).decode(t, &cks)
-	if len(cks.Checkpoints) != 1 || cks.Checkpoints[0].Name != "c1" || cks.Checkpoints[0].Context != b1 {
+	if len(cks.Checkpoints) != 1 || cks.Checkpoints[0].Name != "c1" || cks.Checkpoints[0].Branch != b1 {
 		t.Fatalf("checkpoints: %+v", cks)
 	}
 	api.must(ctx, 200, "POST", sb+"/rollback", map[string]any{"branch": b1, "name": "c1"})
@@ -297,27 +300,27 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	api.fails(ctx, 400, "invalid-argument", "POST", sb+"/rollback", map[string]any{"name": "m1", "with_memory": true})
 	for _, body := range []map[string]any{{"from": "m1", "with_memory": true}, {"with_memory": true}} {
-		var mk apiContexts
+		var mk apiBranches
 		api.must(ctx, 200, "POST", sb+"/fork", body).decode(t, &mk)
-		if len(mk.Contexts) != 1 || !mk.Contexts[0].MemoryFork || mk.Contexts[0].Status != "running" {
+		if len(mk.Branches) != 1 || !mk.Branches[0].MemoryFork || mk.Branches[0].Status != "running" {
 			t.Fatalf("fork %v: %+v", body, mk)
 		}
-		api.must(ctx, 200, "POST", sb+"/branches/"+mk.Contexts[0].ID+"/abort", nil)
+		api.must(ctx, 200, "POST", sb+"/branches/"+mk.Branches[0].ID+"/abort", nil)
 	}
 	api.must(ctx, 200, "DELETE", sb+"/checkpoints/m1", nil)
 
 	// Abort.
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1, "seal": "ro"}).decode(t, &kids)
-	b3 := kids.Contexts[0].ID
+	b3 := kids.Branches[0].ID
 	var ab struct{ Abort struct{ Aborted []string } }
 	api.must(ctx, 200, "POST", sb+"/branches/"+b3+"/abort", nil).decode(t, &ab)
 	if !slices.Equal(ab.Abort.Aborted, []string{b3}) {
 		t.Fatalf("abort: %+v", ab)
 	}
-	var tree apiContexts
+	var tree apiBranches
 	api.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &tree)
 	states := map[string]string{}
-	for _, c := range tree.Contexts {
+	for _, c := range tree.Branches {
 		states[c.ID] = c.State
 	}
 	if states["0"] != "live" || states[b1] != "committed" || states[b2] != "stale" || states[b3] != "aborted" {

@@ -111,7 +111,7 @@ func liveBranches(t *testing.T, ctx context.Context, env *daemons.Env, id string
 		t.Fatal(err)
 	}
 	n := 0
-	for _, c := range parseSelfTree(t, out).Contexts {
+	for _, c := range parseSelfTree(t, out).Branches {
 		if c.ID != "0" && c.State == branch.Live {
 			n++
 		}
@@ -162,7 +162,7 @@ func TestInsockBounds(t *testing.T) {
 
 	// (a) The annotation's maximum (8) over the node's (16).
 	runBoundedSandbox(t, ctx, env, "capped", "io.branchbox.max-branches=8")
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(must("capped", "branchctl", "self", "fork", "-n", "8", "--json")), &kids); err != nil || len(kids) != 8 {
 		t.Fatalf("fork of 8: %v %+v", err, kids)
 	}
@@ -231,7 +231,7 @@ func TestInsockBounds(t *testing.T) {
 		t.Fatalf("shim RSS %d MB after the recursive fork", peak>>20)
 	}
 	top := ""
-	for _, c := range parseSelfTree(t, must("rec", "branchctl", "self", "tree", "--json")).Contexts {
+	for _, c := range parseSelfTree(t, must("rec", "branchctl", "self", "tree", "--json")).Branches {
 		if c.Parent == "0" && c.State == branch.Live {
 			top = c.ID
 		}

@@ -99,8 +99,8 @@ func runInsockSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id st
 
 // selfTree is `branchctl self tree --json`.
 type selfTree struct {
-	Self     string               `json:"self"`
-	Contexts []client.ContextInfo `json:"contexts"`
+	Self     string              `json:"self"`
+	Branches []client.BranchInfo `json:"contexts"`
 }
 
 func parseSelfTree(t *testing.T, out string) selfTree {
@@ -114,19 +114,19 @@ func parseSelfTree(t *testing.T, out string) selfTree {
 
 func (st selfTree) ids() []string {
 	var ids []string
-	for _, c := range st.Contexts {
+	for _, c := range st.Branches {
 		ids = append(ids, c.ID)
 	}
 	return ids
 }
 
-func (st selfTree) state(id string) client.ContextInfo {
-	for _, c := range st.Contexts {
+func (st selfTree) state(id string) client.BranchInfo {
+	for _, c := range st.Branches {
 		if c.ID == id {
 			return c
 		}
 	}
-	return client.ContextInfo{}
+	return client.BranchInfo{}
 }
 
 // shimOf is the pid of the shim serving container id.
@@ -184,8 +184,8 @@ func socketDirs(env *daemons.Env, id string) []string {
 // process forks, runs in its branches, nests, and a branch commits
 // itself (the sandbox's running init sees the change); a branch reaches
 // only itself and its descendants, a sandbox never another's, a process
-// outside the context is refused; and every socket, listener and
-// directory goes with its context (commit, abort, self-abort, delete).
+// outside the branch is refused; and every socket, listener and
+// directory goes with its branch (commit, abort, self-abort, delete).
 func TestInsock(t *testing.T) {
 	ctx, env, _ := shimEnv(t)
 	importInsockImage(t, ctx, env)
@@ -220,7 +220,7 @@ func TestInsock(t *testing.T) {
 		"echo before > /state; until [ -e /only-a ] && cp /only-a /seen 2>/dev/null; do sleep 0.05; done; exec sleep 100000")
 	runInsockSandbox(t, ctx, env, "sb2", true, "echo other > /state; exec sleep 100000")
 	shim := shimOf(t, env, "sb")
-	if st := parseSelfTree(t, must("sb", "branchctl", "self", "tree", "--json")); st.Self != "0" || len(st.Contexts) != 1 {
+	if st := parseSelfTree(t, must("sb", "branchctl", "self", "tree", "--json")); st.Self != "0" || len(st.Branches) != 1 {
 		t.Fatalf("the sandbox's own tree: %+v", st)
 	}
 	// The socket's directory is read-only: it cannot be replaced.
@@ -234,7 +234,7 @@ func TestInsock(t *testing.T) {
 	}
 
 	// Fork from inside; each branch has its own socket, leading to itself.
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(must("sb", "branchctl", "self", "fork", "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork from inside: %v %+v", err, kids)
 	}
@@ -254,7 +254,7 @@ func TestInsock(t *testing.T) {
 		t.Fatalf("failing exec in b: %q %v", out, err)
 	}
 	if st := parseSelfTree(t, must("sb", "branchctl", "self", "exec", a, "--", "branchctl", "self", "tree", "--json")); st.Self != a || strings.Join(st.ids(), ",") != a {
-		t.Fatalf("a's tree through its own socket: self %s, contexts %v; want only %s", st.Self, st.ids(), a)
+		t.Fatalf("a's tree through its own socket: self %s, branches %v; want only %s", st.Self, st.ids(), a)
 	}
 
 	// A branch names neither its parent nor its sibling nor anything
@@ -275,7 +275,7 @@ func TestInsock(t *testing.T) {
 	if st := parseSelfTree(t, must("sb2", "branchctl", "self", "tree", "--json")); strings.Join(st.ids(), ",") != "0" {
 		t.Fatalf("sb2's tree: %v", st.ids())
 	}
-	// A process outside the context (this test, on the host) is refused at
+	// A process outside the branch (this test, on the host) is refused at
 	// connect, even with the socket's path.
 	bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")
 	dir, err := os.Open(filepath.Join(bundle, "selfsock"))
@@ -294,7 +294,7 @@ func TestInsock(t *testing.T) {
 	hc.Close()
 
 	// Nesting: b forks c, runs in it and commits it into itself.
-	var sub []client.ContextInfo
+	var sub []client.BranchInfo
 	if out, err := selfIn(b, "fork", "-n", "1", "--json"); err != nil || json.Unmarshal([]byte(out), &sub) != nil || len(sub) != 1 {
 		t.Fatalf("fork in b: %q %v", out, err)
 	}
@@ -356,7 +356,7 @@ func TestInsock(t *testing.T) {
 		t.Fatalf("user nobody on sb2's socket: %q %v", out, err)
 	}
 
-	// Checkpoint and rollback of its own context, from inside.
+	// Checkpoint and rollback of its own branch, from inside.
 	must("sb2", "sh", "-c", "echo one > /v && branchctl self checkpoint c1 && echo two > /v && branchctl self rollback c1")
 	if out := must("sb2", "cat", "/v"); out != "one\n" {
 		t.Fatalf("sb2 after rolling back from inside: %q", out)

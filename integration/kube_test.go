@@ -196,7 +196,7 @@ func (k *kubeTest) forkCommitFromHost(pod, ctr, value string) {
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 2 {
 		k.t.Fatalf("fork --json: %v %q", err, out)
 	}
@@ -359,7 +359,7 @@ exec sleep 100000`
 		if err != nil {
 			t.Fatal(err)
 		}
-		var kids []client.ContextInfo
+		var kids []client.BranchInfo
 		if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
 			t.Fatalf("fork --json: %v %q", err, out)
 		}

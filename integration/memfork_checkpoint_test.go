@@ -333,7 +333,7 @@ func TestMemoryCheckpointSelfFork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("self fork --from warm --memory: %v: %s", err, out)
 	}
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 1 {
 		t.Fatalf("self fork --from warm --memory printed %q: %v", out, err)
 	}
@@ -357,7 +357,7 @@ func TestMemorySelfForkLive(t *testing.T) {
 		_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 		return err != nil && strings.Contains(err.Error(), "listens on TCP port 8126")
 	})
-	root := contextInit(t, ctx, sc, branch.RootID)
+	root := branchInitPid(t, ctx, sc, branch.RootID)
 	if got := replVia(t, root, 1, `out=$(branchctl self fork --memory 2>&1); echo "rc=$? $out"; kill $ncpid; wait $ncpid`); !strings.HasPrefix(got, "rc=1 ") || !strings.Contains(got, "listens on TCP port 8126") {
 		t.Fatalf("self fork --memory with a listener printed %q; want rc=1 naming the listener", got)
 	}
@@ -400,7 +400,7 @@ func TestMemorySelfForkLive(t *testing.T) {
 func TestMemorySelfCheckpoint(t *testing.T) {
 	ctx, env, sc := insockReplSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=then`)
-	out := replVia(t, contextInit(t, ctx, sc, branch.RootID), 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
+	out := replVia(t, branchInitPid(t, ctx, sc, branch.RootID), 1, `ck=$(branchctl self checkpoint warm --memory 2>&1); echo "rc=$? ck=[$ck] mem=$mem"`)
 	if !strings.HasPrefix(out, "rc=0 ck=[checkpoint warm of ") || !strings.HasSuffix(out, "] mem=then\n") {
 		t.Fatalf("self checkpoint --memory in the sandbox printed %q; want rc=0, the checkpoint, mem=then", out)
 	}
@@ -421,7 +421,7 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	}
 	// The copy checkpoints itself the same way; a rollback of its branch
 	// to that checkpoint restores it, and its call returns again there.
-	if got := replVia(t, contextInit(t, ctx, sc, k), 3, `ck=$(branchctl self checkpoint step --memory 2>&1); echo "rc=$? ck=[$ck]"`); !strings.HasPrefix(got, "rc=0 ck=[checkpoint step of ") {
+	if got := replVia(t, branchInitPid(t, ctx, sc, k), 3, `ck=$(branchctl self checkpoint step --memory 2>&1); echo "rc=$? ck=[$ck]"`); !strings.HasPrefix(got, "rc=0 ck=[checkpoint step of ") {
 		t.Fatalf("self checkpoint --memory in branch %s printed %q", k, got)
 	}
 	replIn(t, ctx, env, sc, k, 4, `mem=changed`)
@@ -459,8 +459,8 @@ func copyOutput(t *testing.T, ctx context.Context, sc *client.SandboxClient, b s
 }
 
 // replVia runs REPL command k through the /dev/shm of the process pid (a
-// context's init, as the host sees it): for commands that dump their own
-// context, which a process exec'd into it to write or read the files
+// branch's init, as the host sees it): for commands that dump their own
+// branch, which a process exec'd into it to write or read the files
 // (replIn's way) would be refused in.
 func replVia(t *testing.T, pid, k int, line string) string {
 	t.Helper()
@@ -480,8 +480,8 @@ func replVia(t *testing.T, pid, k int, line string) string {
 	return out
 }
 
-// contextInit is the host pid of context id's init.
-func contextInit(t *testing.T, ctx context.Context, sc *client.SandboxClient, id string) int {
+// branchInitPid is the host pid of branch id's init.
+func branchInitPid(t *testing.T, ctx context.Context, sc *client.SandboxClient, id string) int {
 	t.Helper()
 	tree, err := sc.Tree(ctx)
 	if err != nil {

@@ -72,7 +72,7 @@ func pySandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClie
 	return ctx, env, sc
 }
 
-// pyIn types a line into the REPL of a context (the sandbox, "0", or a
+// pyIn types a line into the REPL of a branch (the sandbox, "0", or a
 // branch) and waits until its output holds want.
 func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, b, line, want string) {
 	t.Helper()
@@ -98,7 +98,7 @@ func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.Sandbo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("context %s: after %q the REPL's output has no %q:\n%s", b, line, want, out)
+	t.Fatalf("branch %s: after %q the REPL's output has no %q:\n%s", b, line, want, out)
 }
 
 // TestMemoryForkPythonREPL forks a Python REPL four ways with its memory:
@@ -129,7 +129,7 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 			t.Fatalf("branch %s: /data.log %q", k.ID, got)
 		}
 	}
-	var winner client.ContextInfo
+	var winner client.BranchInfo
 	for i, k := range kids {
 		out := mustRun(t, ctx, sc, k.ID, "cat", "/dev/shm/out")
 		if strings.Contains(out, fmt.Sprintf("passes %d", 100+i)) {

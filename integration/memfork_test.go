@@ -26,7 +26,7 @@ import (
 // set); it runs /dev/shm/cmd.K when it appears, writing /dev/shm/out.K,
 // and holds /data.log open for append on descriptor 3. /dev/shm is a tmpfs
 // of the container's own, which a memory fork copies and a commit does not
-// carry: each context's commands and outputs stay its own.
+// carry: each branch's commands and outputs stay its own.
 const replScript = `echo before > /data.log; exec 3>>/data.log; k=0
 while :; do
   if [ -f /dev/shm/cmd.$k ]; then
@@ -52,7 +52,7 @@ func replSandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxCl
 	return ctx, env, sc
 }
 
-// replIn runs one REPL command (a line of shell) in a context: the sandbox
+// replIn runs one REPL command (a line of shell) in a branch: the sandbox
 // ("0", through the runtime's exec) or a branch, and returns its output.
 func replIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, b string, k int, line string) string {
 	t.Helper()

@@ -123,7 +123,7 @@ func BenchmarkTail(b *testing.B) {
 	if _, err := sc.Checkpoint(ctx, "", "tail-base"); err != nil {
 		b.Fatal(err)
 	}
-	fork := func(n int) []client.ContextInfo {
+	fork := func(n int) []client.BranchInfo {
 		kids, err := sc.Fork(ctx, client.ForkOptions{Count: n})
 		if err != nil {
 			b.Fatal(err)
@@ -140,7 +140,7 @@ func BenchmarkTail(b *testing.B) {
 			if err != nil {
 				b.Fatalf("%s fork: %v %s", bin, err, out)
 			}
-			var kids []client.ContextInfo
+			var kids []client.BranchInfo
 			if err := json.Unmarshal(out, &kids); err != nil || len(kids) != 1 {
 				b.Fatalf("%s fork printed %q: %v", bin, out, err)
 			}
@@ -158,12 +158,12 @@ func BenchmarkTail(b *testing.B) {
 	}
 	kinds := []tailKind{
 		{name: "fork-1", run: func(timed func(func())) {
-			var kids []client.ContextInfo
+			var kids []client.BranchInfo
 			timed(func() { kids = fork(1) })
 			abortAll(b, ctx, sc, kids)
 		}},
 		{name: "fork-8", per: 8, run: func(timed func(func())) {
-			var kids []client.ContextInfo
+			var kids []client.BranchInfo
 			timed(func() { kids = fork(8) })
 			abortAll(b, ctx, sc, kids)
 		}},
@@ -215,7 +215,7 @@ func BenchmarkTail(b *testing.B) {
 		}},
 		{name: "cli-fork", run: cliFork(ctl)},
 		{name: "go-client-dial", run: func(timed func(func())) {
-			var kids []client.ContextInfo
+			var kids []client.BranchInfo
 			var err error
 			timed(func() {
 				var c *client.SandboxClient

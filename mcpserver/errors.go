@@ -45,15 +45,15 @@ func actionable(err error) error {
 	var se *branch.StaleError
 	switch {
 	case errors.As(err, &se):
-		e.hint = fmt.Sprintf("branch %s lost: branch %s was committed first and its changes are in the parent now; call fork on the parent to explore again, or tree to see the contexts", se.Branch, se.Winner)
+		e.hint = fmt.Sprintf("branch %s lost: branch %s was committed first and its changes are in the parent now; call fork on the parent to explore again, or tree to see the branches", se.Branch, se.Winner)
 	case errors.Is(err, client.ErrNoSandbox):
 		e.hint = "call list_sandboxes to see the sandboxes this server reaches"
 	case errdefs.IsNotFound(err):
-		e.hint = "call tree to see the sandbox's contexts (branch ids) and which are live; paths must exist (list_dir)"
+		e.hint = "call tree to see the sandbox's branches (branch ids) and which are live; paths must exist (list_dir)"
 	case errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "read-only"):
-		e.hint = "the context is sealed while it has live branches: write in a branch instead, or commit or abort its branches first"
+		e.hint = "the branch is sealed while it has live branches: write in a branch instead, or commit or abort its branches first"
 	case errdefs.IsFailedPrecondition(err):
-		e.hint = "call tree to see the state of the contexts; a branch that exited or ended cannot run commands: fork a new one"
+		e.hint = "call tree to see the state of the branches; a branch that exited or ended cannot run commands: fork a new one"
 	case errdefs.IsInvalidArgument(err):
 		e.hint = "check the arguments against the tool's input schema"
 	case errdefs.IsResourceExhausted(err):

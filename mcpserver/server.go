@@ -77,7 +77,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "branchbox", Title: "branchbox", Version: cfg.Version}, &mcp.ServerOptions{
 		Instructions: "branchbox sandboxes: fork a running sandbox into copy-on-write branches, run commands and edit files " +
 			"in each, commit the branch that worked into its parent (the first commit wins; its siblings become stale) " +
-			"and abort the rest. Context \"0\" is the sandbox itself; it is read-only while it has live branches. " +
+			"and abort the rest. Branch \"0\" is the sandbox itself; it is read-only while it has live branches. " +
 			"This server reaches " + scope + ".",
 	})
 	s.addTools()

@@ -26,7 +26,7 @@ import (
 // ForkIn is fork's input.
 type ForkIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Parent  string `json:"parent,omitempty" jsonschema:"the context to fork: \"0\" (default) for the sandbox itself, or a live branch id (nested branches)"`
+	Parent  string `json:"parent,omitempty" jsonschema:"the branch to fork: \"0\" (default) for the sandbox itself, or a live branch id (nested branches)"`
 	Count   int    `json:"count,omitempty" jsonschema:"how many branches to make, 1 (default) to 64"`
 	From    string `json:"from_checkpoint,omitempty" jsonschema:"fork from this checkpoint of the parent instead of its current state"`
 	Seal    string `json:"seal,omitempty" jsonschema:"how the parent is held while it has branches: ro (default; its files read-only) or freeze (its processes frozen too)"`
@@ -34,9 +34,9 @@ type ForkIn struct {
 	Memory  bool   `json:"with_memory,omitempty" jsonschema:"fork the running processes too: each branch's continue from the parent's state (or from_checkpoint's, if it was taken with memory)"`
 }
 
-// Context is a context as the tools show it.
-type Context struct {
-	ID     string `json:"id" jsonschema:"the context's id: \"0\" is the sandbox, others are branches"`
+// Branch is a branch as the tools show it.
+type Branch struct {
+	ID     string `json:"id" jsonschema:"the branch's id: \"0\" is the sandbox, others are branches"`
 	Parent string `json:"parent,omitempty"`
 	State  string `json:"state" jsonschema:"live, committing, committed, aborted or stale"`
 	Status string `json:"status,omitempty" jsonschema:"waiting, running, exited, frozen or paused"`
@@ -45,19 +45,19 @@ type Context struct {
 	Procs  int    `json:"processes"`
 }
 
-func contextOf(c client.ContextInfo) Context {
-	return Context{ID: c.ID, Parent: c.Parent, State: string(c.State), Status: c.Status, Sealed: c.Sealed, Winner: c.Winner, Procs: len(c.Pids)}
+func branchOf(c client.BranchInfo) Branch {
+	return Branch{ID: c.ID, Parent: c.Parent, State: string(c.State), Status: c.Status, Sealed: c.Sealed, Winner: c.Winner, Procs: len(c.Pids)}
 }
 
 // ForkOut is fork's output.
 type ForkOut struct {
-	Branches []Context `json:"branches"`
+	Branches []Branch `json:"branches"`
 }
 
 // ExecIn is exec's input.
 type ExecIn struct {
 	Sandbox string   `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string   `json:"branch" jsonschema:"the context to run in: a branch id, or \"0\" for the sandbox itself"`
+	Branch  string   `json:"branch" jsonschema:"the branch to run in: a branch id, or \"0\" for the sandbox itself"`
 	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with /bin/sh -c (give this or args)"`
 	Args    []string `json:"args,omitempty" jsonschema:"the program and its arguments, run as they are (give this or command)"`
 	Stdin   string   `json:"stdin,omitempty" jsonschema:"the whole standard input"`
@@ -78,8 +78,8 @@ type ExecOut struct {
 // FileIn names a file or directory.
 type FileIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself"`
-	Path    string `json:"path" jsonschema:"an absolute path in the context"`
+	Branch  string `json:"branch" jsonschema:"the branch: a branch id, or \"0\" for the sandbox itself"`
+	Path    string `json:"path" jsonschema:"an absolute path in the branch"`
 }
 
 // ReadOut is read_file's output.
@@ -94,7 +94,7 @@ type ReadOut struct {
 // WriteIn is write_file's input.
 type WriteIn struct {
 	Sandbox  string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch   string `json:"branch" jsonschema:"the context: a branch id, or \"0\" for the sandbox itself (read-only while it has live branches)"`
+	Branch   string `json:"branch" jsonschema:"the branch: a branch id, or \"0\" for the sandbox itself (read-only while it has live branches)"`
 	Path     string `json:"path" jsonschema:"an absolute path; its directory must exist"`
 	Content  string `json:"content" jsonschema:"the file's whole new content"`
 	Encoding string `json:"encoding,omitempty" jsonschema:"utf-8 (default) or base64"`
@@ -121,7 +121,7 @@ type BranchIn struct {
 
 // CommitOut is commit's output.
 type CommitOut struct {
-	Parent      Context  `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
+	Parent      Branch   `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
 	Invalidated []string `json:"invalidated" jsonschema:"the siblings this commit made stale (their processes killed)"`
 }
 
@@ -137,27 +137,27 @@ type SandboxIn struct {
 
 // TreeOut is tree's output.
 type TreeOut struct {
-	Contexts []Context `json:"contexts"`
+	Branches []Branch `json:"contexts"`
 }
 
-// CheckpointIn names a checkpoint of a context.
+// CheckpointIn names a checkpoint of a branch.
 type CheckpointIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string `json:"branch,omitempty" jsonschema:"the context: \"0\" (default) for the sandbox, or a branch id"`
+	Branch  string `json:"branch,omitempty" jsonschema:"the branch: \"0\" (default) for the sandbox, or a branch id"`
 	Name    string `json:"name" jsonschema:"the checkpoint's name"`
-	Memory  bool   `json:"with_memory,omitempty" jsonschema:"record the context's running processes too, to fork from with with_memory"`
+	Memory  bool   `json:"with_memory,omitempty" jsonschema:"record the branch's running processes too, to fork from with with_memory"`
 }
 
 // CheckpointOut is checkpoint's output.
 type CheckpointOut struct {
-	Name    string `json:"name"`
-	Context string `json:"context"`
-	Size    int64  `json:"size" jsonschema:"bytes of change since the context's previous checkpoint"`
+	Name   string `json:"name"`
+	Branch string `json:"context"`
+	Size   int64  `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
 }
 
 // RollbackOut is rollback's output.
 type RollbackOut struct {
-	Context    string `json:"context"`
+	Branch     string `json:"context"`
 	Checkpoint string `json:"checkpoint"`
 }
 
@@ -175,16 +175,16 @@ func tool[In, Out any](s *Server, name, desc string, h func(context.Context, In)
 }
 
 func (s *Server) addTools() {
-	tool(s, "fork", "Fork a context of a running sandbox into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
-	tool(s, "exec", "Run a command in a context (a branch, or \"0\" for the sandbox) and wait for it: its exit code, stdout and stderr.", s.exec)
-	tool(s, "read_file", "Read a file of a context, as its processes see it.", s.readFile)
-	tool(s, "write_file", "Write (replace or create) a file in a context. A context with live branches is read-only.", s.writeFile)
-	tool(s, "list_dir", "List a directory of a context.", s.listDir)
+	tool(s, "fork", "Fork a running sandbox, or one of its branches, into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
+	tool(s, "exec", "Run a command in a branch (\"0\": the sandbox itself) and wait for it: its exit code, stdout and stderr.", s.exec)
+	tool(s, "read_file", "Read a file of a branch, as its processes see it.", s.readFile)
+	tool(s, "write_file", "Write (replace or create) a file in a branch. A branch with live branches is read-only.", s.writeFile)
+	tool(s, "list_dir", "List a directory of a branch.", s.listDir)
 	tool(s, "commit", "Commit a branch: its changes become its parent's. The first commit among siblings wins; the others become stale and their processes are killed.", s.commit)
 	tool(s, "abort", "Abort a branch: kill its processes and discard its changes (and its own branches').", s.abort)
-	tool(s, "tree", "Every context of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
-	tool(s, "checkpoint", "Record a context's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
-	tool(s, "rollback", "Bring a context's files back to a checkpoint, under its running processes.", s.rollback)
+	tool(s, "tree", "Every branch of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
+	tool(s, "checkpoint", "Record a branch's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
+	tool(s, "rollback", "Bring a branch's files back to a checkpoint, under its running processes.", s.rollback)
 	if s.cfg.Sandbox == "" {
 		tool(s, "list_sandboxes", "The sandboxes of the namespace: id, name, status, live branches.", s.listSandboxes)
 	}
@@ -207,9 +207,9 @@ func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
 	if err != nil {
 		return ForkOut{}, err
 	}
-	out := ForkOut{Branches: []Context{}}
+	out := ForkOut{Branches: []Branch{}}
 	for _, k := range kids {
-		out.Branches = append(out.Branches, contextOf(k))
+		out.Branches = append(out.Branches, branchOf(k))
 	}
 	return out, nil
 }
@@ -291,7 +291,7 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled}, nil
 }
 
-// openRoot opens the root of a context for a file tool, and checks the
+// openRoot opens the root of a branch for a file tool, and checks the
 // path.
 func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*os.File, string, error) {
 	p, err := ops.CheckPath(path)
@@ -387,7 +387,7 @@ func (s *Server) commit(ctx context.Context, in BranchIn) (CommitOut, error) {
 	if err != nil {
 		return CommitOut{}, err
 	}
-	out := CommitOut{Parent: contextOf(res.Parent), Invalidated: res.Invalidated}
+	out := CommitOut{Parent: branchOf(res.Parent), Invalidated: res.Invalidated}
 	if out.Invalidated == nil {
 		out.Invalidated = []string{}
 	}
@@ -420,9 +420,9 @@ func (s *Server) tree(ctx context.Context, in SandboxIn) (TreeOut, error) {
 	if err != nil {
 		return TreeOut{}, err
 	}
-	out := TreeOut{Contexts: []Context{}}
+	out := TreeOut{Branches: []Branch{}}
 	for _, n := range nodes {
-		out.Contexts = append(out.Contexts, contextOf(n))
+		out.Branches = append(out.Branches, branchOf(n))
 	}
 	return out, nil
 }
@@ -448,7 +448,7 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 	if err != nil {
 		return CheckpointOut{}, err
 	}
-	return CheckpointOut{Name: ck.Name, Context: ck.Context, Size: ck.Size}, nil
+	return CheckpointOut{Name: ck.Name, Branch: ck.Branch, Size: ck.Size}, nil
 }
 
 func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {
@@ -464,7 +464,7 @@ func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, er
 	if id == "" {
 		id = branch.RootID
 	}
-	return RollbackOut{Context: id, Checkpoint: in.Name}, nil
+	return RollbackOut{Branch: id, Checkpoint: in.Name}, nil
 }
 
 func (s *Server) listSandboxes(ctx context.Context, _ struct{}) (ListSandboxesOut, error) {

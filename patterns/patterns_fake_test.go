@@ -132,7 +132,7 @@ func (f *fakeBox) end(n *fakeNode, state branch.State, winner string) []string {
 	return ids
 }
 
-func (f *fakeBox) Fork(ctx context.Context, opts client.ForkOptions) ([]client.ContextInfo, error) {
+func (f *fakeBox) Fork(ctx context.Context, opts client.ForkOptions) ([]client.BranchInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -142,12 +142,12 @@ func (f *fakeBox) Fork(ctx context.Context, opts client.ForkOptions) ([]client.C
 	if err != nil {
 		return nil, err
 	}
-	var out []client.ContextInfo
+	var out []client.BranchInfo
 	for range opts.Count {
 		id := strconv.Itoa(f.next)
 		f.next++
 		f.nodes[id] = &fakeNode{id: id, parent: p.id, state: branch.Live, files: maps.Clone(p.files), dead: make(chan struct{})}
-		out = append(out, client.ContextInfo{Node: branch.Node{ID: id, Parent: p.id, State: branch.Live}})
+		out = append(out, client.BranchInfo{Node: branch.Node{ID: id, Parent: p.id, State: branch.Live}})
 	}
 	return out, nil
 }
@@ -225,7 +225,7 @@ func (f *fakeBox) Commit(ctx context.Context, branchID string) (client.SandboxCo
 		f.end(s, branch.Stale, n.id)
 		res.Invalidated = append(res.Invalidated, s.id)
 	}
-	res.Parent = client.ContextInfo{Node: branch.Node{ID: p.id}}
+	res.Parent = client.BranchInfo{Node: branch.Node{ID: p.id}}
 	return res, nil
 }
 

@@ -20,7 +20,7 @@ type SearchOptions struct {
 	// Keep (beam search) is how many nodes are kept at each depth.
 	Keep int
 	// Budget (tree search) is how many nodes are expanded, the starting
-	// context included; default Depth.
+	// branch included; default Depth.
 	Budget int
 	// Goal, if set, stops the search once a node scores at least this.
 	Goal *float64
@@ -44,7 +44,7 @@ func (so SearchOptions) reached(a *AttemptResult) bool {
 }
 
 // expand forks width children of each node of from (nil: the starting
-// context), in order, so that fork order (the tie-break) does not depend
+// branch), in order, so that fork order (the tie-break) does not depend
 // on timing; then runs step in every child concurrently and scores it.
 // Every child's state starts from its parent's, so steps accumulate down
 // a path.
@@ -258,7 +258,7 @@ func (e *engine) finishSearch(ctx context.Context, w *AttemptResult) (*Result, e
 }
 
 // commitPath commits w into its parent, then that into its parent, and so
-// on into the starting context: only a leaf may commit, and each commit
+// on into the starting branch: only a leaf may commit, and each commit
 // leaves the next one a leaf, its other children invalidated.
 func (e *engine) commitPath(w *AttemptResult) error {
 	for _, k := range w.kids {

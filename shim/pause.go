@@ -14,7 +14,7 @@ import (
 // done (see branches.pause); its branches are frozen with it.
 func (s *taskService) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	var resp *ptypes.Empty
-	err := s.contexts.Pause(ctx, r.ID, func() (err error) {
+	err := s.sandboxes.Pause(ctx, r.ID, func() (err error) {
 		resp, err = s.TTRPCTaskService.Pause(ctx, r)
 		return err
 	})
@@ -28,6 +28,6 @@ func (s *taskService) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptyp
 // operations deferred while it was paused (reconciling) go on.
 func (s *taskService) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
 	resp, err := s.TTRPCTaskService.Resume(ctx, r)
-	s.contexts.Resumed(ctx, r.ID)
+	s.sandboxes.Resumed(ctx, r.ID)
 	return resp, err
 }

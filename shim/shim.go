@@ -233,8 +233,8 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			pub.contexts.Store(cs)
-			return &taskService{TTRPCTaskService: inner, self: self, contexts: cs}, nil
+			pub.sandboxes.Store(cs)
+			return &taskService{TTRPCTaskService: inner, self: self, sandboxes: cs}, nil
 		},
 	})
 }
@@ -245,12 +245,12 @@ func Register() {
 // only once nothing of it runs.
 type exitPublisher struct {
 	cshim.Publisher
-	contexts atomic.Pointer[sandbox.Service]
+	sandboxes atomic.Pointer[sandbox.Service]
 }
 
 func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.Event) error {
 	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID {
-		if c := p.contexts.Load(); c != nil {
+		if c := p.sandboxes.Load(); c != nil {
 			c.SandboxExited(ctx, e.ContainerID)
 		}
 	}
@@ -259,16 +259,16 @@ func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.
 
 // taskService is runc-v2's task service with the runtime options of every
 // new container set to run this binary as the runtime, serving the branch
-// context API (shimv1.Contexts) on the same ttrpc server.
+// branch API (shimv1.Contexts) on the same ttrpc server.
 type taskService struct {
 	taskAPI.TTRPCTaskService
-	self     string
-	contexts *sandbox.Service
+	self      string
+	sandboxes *sandbox.Service
 }
 
 func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, s)
-	shimv1.RegisterContextsService(server, s.contexts)
+	shimv1.RegisterContextsService(server, s.sandboxes)
 	return nil
 }
 
@@ -278,10 +278,10 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	if r.ExecID == "" {
 		// runc-v2 refuses to delete a paused container; its branches,
 		// frozen with it, could not be killed either.
-		if sb, err := s.contexts.Sandbox(r.ID); err == nil && s.contexts.Paused(sb) {
+		if sb, err := s.sandboxes.Sandbox(r.ID); err == nil && s.sandboxes.Paused(sb) {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("delete %s: %w", r.ID, sandbox.PausedError(sb)))
 		}
-		s.contexts.Teardown(ctx, r.ID)
+		s.sandboxes.Teardown(ctx, r.ID)
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
 }
@@ -294,7 +294,7 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 func (s *taskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
 	resp, err := s.TTRPCTaskService.Kill(ctx, r)
 	if err == nil && r.ExecID == "" && r.Signal == uint32(unix.SIGKILL) {
-		s.contexts.ThawSealForKill(ctx, r.ID)
+		s.sandboxes.ThawSealForKill(ctx, r.ID)
 	}
 	return resp, err
 }
@@ -306,7 +306,7 @@ func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAP
 	if err != nil || r.ExecID != "" {
 		return resp, err
 	}
-	if err := s.contexts.WaitStopped(ctx, r.ID); err != nil {
+	if err := s.sandboxes.WaitStopped(ctx, r.ID); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("wait for the branches of %s to end: %w", r.ID, err))
 	}
 	return resp, nil
@@ -347,11 +347,11 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, fmt.Errorf("create %s: marshal runtime options: %w", r.ID, err)
 	}
 	r.Options = anyOpts
-	b, err := s.contexts.BoundsFor(r.Bundle)
+	b, err := s.sandboxes.BoundsFor(r.Bundle)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
-	if err := s.contexts.ListenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
+	if err := s.sandboxes.ListenSelfRoot(ctx, r.ID, r.Bundle); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("create %s: %w", r.ID, err))
 	}
 	if sealedRootfs(r.Rootfs) {
@@ -360,8 +360,8 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		// mounted, and the rootfs is then mounted writable, as the
 		// snapshotter would now mount it: a mount made read-only stays so
 		// in the container's mount namespace whatever its superblock does.
-		s.contexts.AddSandbox(ctx, r, opts, b)
-		if s.contexts.SettleNew(ctx, r.ID) {
+		s.sandboxes.AddSandbox(ctx, r, opts, b)
+		if s.sandboxes.SettleNew(ctx, r.ID) {
 			r.Rootfs = writable(r.Rootfs)
 		}
 	}
@@ -371,10 +371,10 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		if err := sandbox.RecordMember(filepath.Join(opts.Root, ns), r.ID, r.Bundle); err != nil {
 			log.G(ctx).WithError(err).WithField("container", r.ID).Error("container not recorded: if this shim is killed, its cleanup will not find it")
 		}
-		s.contexts.AddSandbox(ctx, r, opts, b)
+		s.sandboxes.AddSandbox(ctx, r, opts, b)
 	} else {
-		s.contexts.DropSandbox(ctx, r.ID)
-		s.contexts.CloseSelfAll(r.ID)
+		s.sandboxes.DropSandbox(ctx, r.ID)
+		s.sandboxes.CloseSelfAll(r.ID)
 	}
 	return resp, err
 }

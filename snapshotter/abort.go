@@ -85,7 +85,7 @@ func (s *Branches) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 			// A commit that was decided but could not be applied: abandoned,
 			// if its parent was put back as it was.
 			if !s.undone.isClean(r.id(), id) {
-				return fmt.Errorf("branch %s is being committed into %s, which may hold part of it; call commit again to complete it: %w", id, contextName(n.Parent), errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("branch %s is being committed into %s, which may hold part of it; call commit again to complete it: %w", id, branchName(n.Parent), errdefs.ErrFailedPrecondition)
 			}
 			parent, gone = n.Parent, []string{id}
 			if err := tree.AbandonCommit(id, time.Now()); err != nil {
@@ -105,7 +105,7 @@ func (s *Branches) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 		// commits. A crash in between leaves the parent writable with the
 		// child still recorded, which recovery seals again.
 		if p := tree.Nodes[parent]; p != nil && p.SealedByUs && !tree.Sealed(parent) {
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), parent), p, false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.branchUpper(r.id(), parent), p, false); err != nil {
 				return fmt.Errorf("unseal parent: %w", err)
 			}
 			clearSeal(p)
@@ -126,7 +126,7 @@ func (s *Branches) Abort(ctx context.Context, c branch.Ref) ([]string, error) {
 	return gone, nil
 }
 
-// unsealIdle makes writable again every context of r that was sealed by a
+// unsealIdle makes writable again every branch of r that was sealed by a
 // fork and has no live children left.
 func (s *Branches) unsealIdle(ctx context.Context, r rootSnap) error {
 	idle := false
@@ -156,7 +156,7 @@ func (s *Branches) unsealIdle(ctx context.Context, r rootSnap) error {
 			if !n.SealedByUs || t.Sealed(id) {
 				continue
 			}
-			if err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, false); err != nil {
+			if err := s.setSealed(ctx, mounts, s.branchUpper(r.id(), id), n, false); err != nil {
 				return err
 			}
 			clearSeal(n)

@@ -26,7 +26,7 @@ import (
 // containerd's own snapshot metadata (metadata.db) stays fully synced, so
 // images and containers' snapshots are never at risk. The points that are
 // synced explicitly are the decisions of a commit and of a rollback, before
-// they change a context: after a power loss a half-applied one is
+// they change a branch: after a power loss a half-applied one is
 // completed, not left.
 const branchDBName = "branches.db"
 

@@ -93,7 +93,7 @@ func TestBranchDBMigration(t *testing.T) {
 	if got := liveIDs(t, ctx, sb); len(got) != 2 || got[0] != kids[0].ID || got[1] != kids[1].ID {
 		t.Fatalf("live branches after migration: %v, want %s and %s", got, kids[0].ID, kids[1].ID)
 	}
-	if _, err := os.Stat(s.contextUpper(id, kids[0].ID)); err != nil {
+	if _, err := os.Stat(s.branchUpper(id, kids[0].ID)); err != nil {
 		t.Fatalf("layer of a migrated branch: %v", err)
 	}
 	_, tr, err := s.ms.TransactionContext(ctx, false)

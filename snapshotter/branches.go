@@ -28,8 +28,8 @@ import (
 //
 //	<root>/branches/<root snapshot id>/<branch id>/fs    the branch's upper
 //	<root>/branches/<root snapshot id>/<branch id>/work  its overlay workdir
-//	<root>/mnt/<root snapshot id>-<context>              a temporary mount of
-//	                                                     a context being committed into
+//	<root>/mnt/<root snapshot id>-<branch>              a temporary mount of
+//	                                                     a branch being committed into
 //
 // The branch trees are stored in the branch database (branches.db, see
 // branchdb.go), one JSON document per root snapshot, apart from
@@ -92,7 +92,7 @@ type rootSnap struct {
 
 func (r rootSnap) id() string { return r.snap.ID }
 
-// resolve finds the root snapshot and the branch a Context names. It must
+// resolve finds the root snapshot and the branch a Ref names. It must
 // run inside a metadata transaction.
 func (s *Branches) resolve(ctx context.Context, c branch.Ref) (rootSnap, string, error) {
 	var key, fromUpper string
@@ -172,18 +172,18 @@ func (s *store) branchDir(rootID, id string) string {
 	return filepath.Join(s.root, "branches", rootID, id)
 }
 
-// contextUpper is the upper directory of a context: the root snapshot's
+// branchUpper is the upper directory of a branch: the root snapshot's
 // own, or a branch's.
-func (s *store) contextUpper(rootID, id string) string {
+func (s *store) branchUpper(rootID, id string) string {
 	if id == branch.RootID {
 		return s.upperPath(rootID)
 	}
 	return filepath.Join(s.branchDir(rootID, id), "fs")
 }
 
-// contextMounts returns the overlay mount of a context: its upper over its
+// branchOverlay returns the overlay mount of a branch: its upper over its
 // ancestors' uppers over the root snapshot's own layers.
-func (s *Branches) contextMounts(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
+func (s *Branches) branchOverlay(r rootSnap, t *branch.Tree, id string, readonly bool) []mount.Mount {
 	if id == branch.RootID {
 		m := s.mounts(r.snap, r.idmap)
 		if readonly {
@@ -205,7 +205,7 @@ func (s *Branches) contextMounts(r rootSnap, t *branch.Tree, id string, readonly
 	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: options}}
 }
 
-// Tree returns the branch tree of a root snapshot: every context still
+// Tree returns the branch tree of a root snapshot: every branch still
 // known, with its state, epoch, upper size and age.
 func (s *Branches) Tree(ctx context.Context, root branch.Root) (TreeInfo, error) {
 	var (
@@ -257,7 +257,7 @@ func (s *Branches) Tree(ctx context.Context, root branch.Root) (TreeInfo, error)
 	return out, nil
 }
 
-// BranchMounts returns the mounts of a context. A sealed context's mounts
+// BranchMounts returns the mounts of a branch. A sealed branch's mounts
 // are read-only: its layer is its children's lower.
 func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Mount, error) {
 	var out []mount.Mount
@@ -282,7 +282,7 @@ func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Moun
 		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
 		}
-		out = s.contextMounts(r, tree, id, tree.Sealed(id))
+		out = s.branchOverlay(r, tree, id, tree.Sealed(id))
 		return nil
 	})
 	if err != nil {
@@ -296,12 +296,12 @@ func (s *Branches) describe(ctx context.Context, r rootSnap, tree *branch.Tree, 
 	info := branch.Info{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
 		if usage {
-			if du, err := fs.DiskUsage(ctx, s.contextUpper(r.id(), id)); err == nil {
+			if du, err := fs.DiskUsage(ctx, s.branchUpper(r.id(), id)); err == nil {
 				info.UpperSize, info.UpperInodes = du.Size, du.Inodes
 			}
 		}
 		if n.State == branch.Live {
-			info.Mounts = s.contextMounts(r, tree, id, info.Sealed)
+			info.Mounts = s.branchOverlay(r, tree, id, info.Sealed)
 		}
 	}
 	return info
@@ -317,7 +317,7 @@ func overlayMountsOrNone(ctx context.Context) overlay.Table {
 	return t
 }
 
-// setSealed seals or unseals the context n (whose upper is upper) the way
+// setSealed seals or unseals the branch n (whose upper is upper) the way
 // its seal was made: its superblock, each recorded mount, or nothing (the
 // caller's seal: its processes were frozen).
 func (s *Branches) setSealed(ctx context.Context, mounts overlay.Table, upper string, n *branch.Node, sealed bool) error {

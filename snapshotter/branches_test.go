@@ -48,7 +48,7 @@ func newSandbox(t *testing.T, ctx context.Context, s *Snapshotter, key string) s
 
 func (sb sandbox) ctx(b string) branch.Ref { return branch.Ref{Root: sb.root, Branch: b} }
 
-// mountAt mounts a context at a new directory and unmounts it at cleanup.
+// mountAt mounts a branch at a new directory and unmounts it at cleanup.
 func mountAt(t *testing.T, m []mount.Mount) string {
 	t.Helper()
 	dir := t.TempDir()

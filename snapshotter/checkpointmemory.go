@@ -13,7 +13,7 @@ import (
 )
 
 // memoryDir is, in a checkpoint's directory, the memory image of its
-// context's processes, when it was taken with memory.
+// branch's processes, when it was taken with memory.
 const memoryDir = "memory"
 
 // maxMemoryImageFiles bounds what a memory image may hold: CRIU writes a

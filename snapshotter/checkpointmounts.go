@@ -16,7 +16,7 @@ import (
 )
 
 // CheckpointMounts returns a read-only mount of the state of checkpoint
-// name, one of context c's own: its layers over the context's lowers, as a
+// name, one of branch c's own: its layers over the branch's lowers, as a
 // rollback mounts it. Whoever mounts it (a push, through containerd's diff
 // service) reads the checkpoint's immutable layers, never a live upper.
 func (s *Branches) CheckpointMounts(ctx context.Context, c branch.Ref, name string) ([]mount.Mount, error) {
@@ -43,8 +43,8 @@ func (s *Branches) CheckpointMounts(ctx context.Context, c branch.Ref, name stri
 		if ck == nil {
 			return fmt.Errorf("no checkpoint %q: %w", name, errdefs.ErrNotFound)
 		}
-		if ck.Context != id {
-			return fmt.Errorf("checkpoint %q is of context %s, not %s: %w", name, ck.Context, id, errdefs.ErrInvalidArgument)
+		if ck.Branch != id {
+			return fmt.Errorf("checkpoint %q is of branch %s, not %s: %w", name, ck.Branch, id, errdefs.ErrInvalidArgument)
 		}
 		lowers := make([]string, 0, len(ck.Chain)+8)
 		for _, seq := range ck.Chain {

@@ -23,20 +23,20 @@ import (
 // Checkpoints are immutable layers beside the branches:
 //
 //	<root>/checkpoints/<root snapshot id>/<seq>/fs        the layer
-//	<root>/checkpoints/<root snapshot id>/<seq>/manifest  the context's upper as it was
+//	<root>/checkpoints/<root snapshot id>/<seq>/manifest  the branch's upper as it was
 //	<root>/checkpoints/<root snapshot id>/new-<seq>       a layer being written
-//	<root>/checkpoints/<root snapshot id>/rb-<context>    a rollback's scratch layer
+//	<root>/checkpoints/<root snapshot id>/rb-<branch>    a rollback's scratch layer
 //	<root>/mnt/ck-<root snapshot id>-<seq>                a checkpoint's state, mounted
 //
-// Checkpoint k of a context holds what changed in the context's upper since
+// Checkpoint k of a branch holds what changed in the branch's upper since
 // the checkpoint it last took or rolled back to (its parent), found by
 // comparing the upper with the parent's manifest (inode and ctime of every
 // entry of the upper): its state is layer k over its parent's layers over
-// the context's own lowers. So taking one costs a stat per entry of the
+// the branch's own lowers. So taking one costs a stat per entry of the
 // upper plus a copy of what changed, never a walk of the image's layers.
 // Rollback finds what changed since the checkpoint the same way, writes the
 // checkpoint's version of just those paths into a scratch layer, and applies
-// it through the context's live mount like a commit.
+// it through the branch's live mount like a commit.
 //
 // The records live in the metadata database, one JSON document per root
 // snapshot, so a checkpoint exists exactly when its record does: a layer
@@ -62,7 +62,7 @@ const (
 	FaultRollbackFinished   = "rollback:finished"
 )
 
-// lowerDirs is the lower stack of a context, top first: a branch's
+// lowerDirs is the lower stack of a branch, top first: a branch's
 // parent's upper (or, forked from a checkpoint, that checkpoint's layers)
 // over its parent's lowers; the root snapshot's own parent layers.
 func (s *Branches) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
@@ -73,7 +73,7 @@ func (s *Branches) lowerDirs(r rootSnap, t *branch.Tree, id string) []string {
 				out = append(out, filepath.Join(s.checkpointDir(r.id(), seq), "fs"))
 			}
 		} else {
-			out = append(out, s.contextUpper(r.id(), n.Parent))
+			out = append(out, s.branchUpper(r.id(), n.Parent))
 		}
 	}
 	for _, p := range r.snap.ParentIDs {
@@ -96,9 +96,9 @@ func validCheckpointName(name string) error {
 	return nil
 }
 
-// lockedContext resolves c, locks its root and returns what the operation
+// lockBranch resolves c, locks its root and returns what the operation
 // needs; the caller must call unlock.
-func (s *Branches) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
+func (s *Branches) lockBranch(ctx context.Context, c branch.Ref) (r rootSnap, id string, unlock func(), err error) {
 	if err := s.withTx(ctx, false, func(ctx context.Context, _ *bolt.Tx) (err error) {
 		r, id, err = s.resolve(ctx, c)
 		return err
@@ -111,8 +111,8 @@ func (s *Branches) lockContext(ctx context.Context, c branch.Ref) (r rootSnap, i
 	return r, id, s.locks.lock(r.id()), nil
 }
 
-// Checkpoint records the current state of context c's rootfs under name
-// (unique among the checkpoints of its root). A running context is read as
+// Checkpoint records the current state of branch c's rootfs under name
+// (unique among the checkpoints of its root). A running branch is read as
 // it is: a file written during the checkpoint is taken as the copy found
 // it, as cp would.
 func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, opts ...branch.CheckpointOpt) (_ branch.Checkpoint, retErr error) {
@@ -123,7 +123,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r, id, unlock, err := s.lockContext(ctx, c)
+	r, id, unlock, err := s.lockBranch(ctx, c)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -138,7 +138,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 			return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: base %q: %w", c, name, parent.Name, err)
 		}
 	}
-	upper := s.contextUpper(r.id(), id)
+	upper := s.branchUpper(r.id(), id)
 	changes, cur, err := layer.Diff(ctx, upper, prev)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: find changes: %w", c, name, err)
@@ -170,7 +170,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	}
 	// The next rollback to it, or checkpoint after it, reads it back.
 	s.manifests.put(filepath.Join(final, "manifest"), cur)
-	rec := &checkpointRecord{Name: name, Context: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
+	rec := &checkpointRecord{Name: name, Branch: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
 	if parent != nil {
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
@@ -179,11 +179,11 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	s.fault(FaultCheckpointRecorded)
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "branch": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
 	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
 }
 
-// checkpointBaseOf checks that context id of r can take a checkpoint
+// checkpointBaseOf checks that branch id of r can take a checkpoint
 // named name, and returns the checkpoint the new one records its changes
 // against (its head, unless that chain is full) and the new one's number.
 func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
@@ -230,8 +230,8 @@ func writeCheckpointLayer(ctx context.Context, upper string, changes []layer.Cha
 	return st, memBytes, nil
 }
 
-// recordCheckpoint records rec, a checkpoint of context id of r whose
-// layer is in place, as that context's head, unless the checkpoints
+// recordCheckpoint records rec, a checkpoint of branch id of r whose
+// layer is in place, as that branch's head, unless the checkpoints
 // changed since its number was taken.
 func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
 	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
@@ -265,7 +265,7 @@ func (s *Branches) loadBoth(tx *bolt.Tx, r rootSnap) (*branch.Tree, *checkpointD
 	return tree, d, err
 }
 
-// Checkpoints lists the checkpoints of a root snapshot's contexts, oldest
+// Checkpoints lists the checkpoints of a root snapshot's branches, oldest
 // first.
 func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
 	var out []branch.Checkpoint
@@ -295,7 +295,7 @@ func (s *Branches) Checkpoints(ctx context.Context, root branch.Root) ([]branch.
 }
 
 func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointDoc, c *checkpointRecord) branch.Checkpoint {
-	info := branch.Checkpoint{Name: c.Name, Context: c.Context, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Context] == c.Name}
+	info := branch.Checkpoint{Name: c.Name, Branch: c.Branch, Parent: c.Parent, Created: c.Created, Size: c.Size, Entries: c.Entries, Depth: len(c.Chain), Head: d.Heads[c.Branch] == c.Name}
 	if c.MemoryBytes > 0 {
 		info.MemoryBytes = c.MemoryBytes
 		info.MemoryDir = filepath.Join(s.checkpointDir(r.id(), c.Seq), memoryDir)
@@ -323,7 +323,7 @@ func (s *Branches) describeCheckpoint(r rootSnap, t *branch.Tree, d *checkpointD
 // way. Checkpoints built on it keep its layer (their chains stack it) until
 // the last of them is deleted or ends.
 func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name string) error {
-	r, _, unlock, err := s.lockContext(ctx, branch.Ref{Root: root})
+	r, _, unlock, err := s.lockBranch(ctx, branch.Ref{Root: root})
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
@@ -350,13 +350,13 @@ func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name 
 		}
 		for id, p := range d.Pending {
 			if p == name {
-				return fmt.Errorf("a rollback of context %s to it is under way: %w", id, errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("a rollback of branch %s to it is under way: %w", id, errdefs.ErrFailedPrecondition)
 			}
 		}
 		delete(d.Checkpoints, name)
-		if d.Heads[c.Context] == name {
-			// The context's next checkpoint is a full one.
-			delete(d.Heads, c.Context)
+		if d.Heads[c.Branch] == name {
+			// The branch's next checkpoint is a full one.
+			delete(d.Heads, c.Branch)
 		}
 		for _, o := range d.Checkpoints {
 			if o.Parent == name {

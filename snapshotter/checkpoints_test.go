@@ -22,9 +22,9 @@ import (
 	"github.com/branchbox/branchbox/internal/fstest"
 )
 
-// mountCheckpoint mounts checkpoint name (of the sandbox's root context)
+// mountCheckpoint mounts checkpoint name (of the sandbox)
 // read-only through CheckpointMounts, as a push mounts it, for comparing
-// it with what the context showed when it was taken.
+// it with what the branch showed when it was taken.
 func mountCheckpoint(t *testing.T, ctx context.Context, s *Snapshotter, sb sandbox, name string) string {
 	t.Helper()
 	ms, err := s.CheckpointMounts(ctx, sb.ctx(""), name)
@@ -62,9 +62,9 @@ func seeded(t *testing.T) *rand.Rand {
 	return rand.New(rand.NewSource(seed))
 }
 
-// TestCheckpointRollbackExact: checkpoints record exactly what the context
+// TestCheckpointRollbackExact: checkpoints record exactly what the branch
 // showed, and rollback (through the live mount, and through a temporary one
-// when the context is not mounted) brings back exactly that, in any order,
+// when the branch is not mounted) brings back exactly that, in any order,
 // after changes of every kind and random ones.
 func TestCheckpointRollbackExact(t *testing.T) {
 	for _, mounted := range []bool{true, false} {
@@ -74,7 +74,7 @@ func TestCheckpointRollbackExact(t *testing.T) {
 			sb := newSandbox(t, ctx, s, "sb")
 			rm, _ := s.Mounts(ctx, sb.key)
 			live := mountAt(t, rm)
-			// Unmounted, the context is mounted only to change or look at
+			// Unmounted, the branch is mounted only to change or look at
 			// it, and unmounted before each operation.
 			up := true
 			view := func() string {
@@ -136,7 +136,7 @@ func TestCheckpointRollbackExact(t *testing.T) {
 }
 
 // TestCheckpointCostFollowsChange: a checkpoint copies only what changed
-// since the previous one, however much the context changed before.
+// since the previous one, however much the branch changed before.
 func TestCheckpointCostFollowsChange(t *testing.T) {
 	ctx, s := newTest(t)
 	sb := newSandbox(t, ctx, s, "sb")
@@ -200,13 +200,13 @@ func TestCheckpointRefusals(t *testing.T) {
 	if _, err := s.Checkpoint(ctx, sb.ctx(kids[0].ID), "kid"); err != nil {
 		t.Fatal(err)
 	}
-	check("rollback to another context's", s.Rollback(ctx, sb.ctx(kids[0].ID), "a"), errdefs.IsInvalidArgument, "is of context 0")
+	check("rollback to another branch's", s.Rollback(ctx, sb.ctx(kids[0].ID), "a"), errdefs.IsInvalidArgument, "is of branch 0")
 	_, err = s.ForkFrom(ctx, sb.ctx(""), 1, "kid")
-	check("fork from another context's", err, errdefs.IsInvalidArgument, "fork that context")
+	check("fork from another branch's", err, errdefs.IsInvalidArgument, "fork that branch")
 	_, err = s.CheckpointMounts(ctx, sb.ctx(""), "nope")
 	check("mounts of no checkpoint", err, errdefs.IsNotFound, `no checkpoint "nope"`)
 	_, err = s.CheckpointMounts(ctx, sb.ctx(""), "kid")
-	check("mounts of another context's", err, errdefs.IsInvalidArgument, "is of context "+kids[0].ID)
+	check("mounts of another branch's", err, errdefs.IsInvalidArgument, "is of branch "+kids[0].ID)
 	if ms, err := s.CheckpointMounts(ctx, sb.ctx(kids[0].ID), "kid"); err != nil {
 		t.Fatal(err)
 	} else if b, err := os.ReadFile(filepath.Join(mountAt(t, ms), "f")); err != nil || string(b) != "1" {
@@ -455,7 +455,7 @@ func TestCheckpointOfBranch(t *testing.T) {
 
 // TestRollbackCallerCancelled: a rollback whose caller goes away once it is
 // decided (a shim killed, a client that gives up) is completed all the
-// same, not left pending until a restart: the context shows the
+// same, not left pending until a restart: the branch shows the
 // checkpoint and the checkpoint can be deleted at once.
 func TestRollbackCallerCancelled(t *testing.T) {
 	ctx, s0 := newTest(t)

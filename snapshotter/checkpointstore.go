@@ -20,7 +20,7 @@ import (
 
 type checkpointRecord struct {
 	Name    string    `json:"name"`
-	Context string    `json:"context"`
+	Branch  string    `json:"context"`
 	Parent  string    `json:"parent,omitempty"`
 	Seq     uint64    `json:"seq"`
 	Created time.Time `json:"created"`
@@ -45,10 +45,10 @@ type checkpointDoc struct {
 	// whose layers remaining checkpoints' chains still stack. They have no
 	// name: nothing looks them up but garbage collection and Cleanup.
 	Deleted map[uint64]*checkpointRecord `json:"deleted,omitempty"`
-	// Heads maps a context to the checkpoint it last took or rolled back
+	// Heads maps a branch to the checkpoint it last took or rolled back
 	// to: the base of its next checkpoint.
 	Heads map[string]string `json:"heads"`
-	// Pending maps a context to the checkpoint a decided rollback is
+	// Pending maps a branch to the checkpoint a decided rollback is
 	// bringing it back to; recovery completes it.
 	Pending map[string]string `json:"pending"`
 }
@@ -129,9 +129,9 @@ func deleteCheckpoints(tx *bolt.Tx, rootID string) error {
 	return nil
 }
 
-// pruneCheckpoints drops the records of checkpoints whose context no longer
+// pruneCheckpoints drops the records of checkpoints whose branch no longer
 // has a layer, and the deleted ones only those stacked; their directories
-// become orphans. storeTree calls it, so a context's checkpoints end in the
+// become orphans. storeTree calls it, so a branch's checkpoints end in the
 // transaction that ends it.
 func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	d, err := loadCheckpoints(tx, rootID)
@@ -140,7 +140,7 @@ func pruneCheckpoints(tx *bolt.Tx, rootID string, t *branch.Tree) error {
 	}
 	changed := false
 	for name, c := range d.Checkpoints {
-		if _, ok := t.Nodes[c.Context]; !ok {
+		if _, ok := t.Nodes[c.Branch]; !ok {
 			delete(d.Checkpoints, name)
 			changed = true
 		}
@@ -169,7 +169,7 @@ func (s *store) checkpointDir(rootID string, seq uint64) string {
 	return filepath.Join(s.checkpointBase(rootID), strconv.FormatUint(seq, 10))
 }
 
-// setHead records that context id now builds its next checkpoint on name
+// setHead records that branch id now builds its next checkpoint on name
 // (a commit of a branch forked from name); nothing if name is "".
 func setHead(tx *bolt.Tx, rootID, id, name string) error {
 	if name == "" {

@@ -190,7 +190,7 @@ func (s *Branches) decideCommit(ctx context.Context, tx *bolt.Tx, c branch.Ref, 
 	return nil
 }
 
-// carryOutDecided carries a decided commit through on a context the
+// carryOutDecided carries a decided commit through on a branch the
 // caller cannot end, holding the root's lock (unlock releases it) until
 // done. A caller that goes away first is told the commit goes on.
 func (s *Branches) carryOutDecided(ctx context.Context, c branch.Ref, d commitDecision, unlock func(), awaitSeal func()) (CommitResult, error) {
@@ -278,7 +278,7 @@ func (s *Branches) committedResult(ctx context.Context, tx *bolt.Tx, r rootSnap,
 	}
 	sortNumeric(plan.Invalidated)
 	if tree.Nodes[n.Parent] == nil {
-		return nil, fmt.Errorf("branch %s was committed into %s (epoch %d), which has ended since: %w", n.ID, contextName(n.Parent), n.WinnerEpoch, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("branch %s was committed into %s (epoch %d), which has ended since: %w", n.ID, branchName(n.Parent), n.WinnerEpoch, errdefs.ErrNotFound)
 	}
 	tree.SetTombstones(nil)
 	return &CommitResult{Plan: plan, Parent: s.describe(ctx, r, tree, n.Parent, false)}, nil
@@ -358,7 +358,7 @@ func (s *Branches) finishCommit(ctx context.Context, r rootSnap, id string, resu
 	if n == nil || n.State != branch.Committing {
 		return nil, fmt.Errorf("branch %s is not being committed: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	upper := s.contextUpper(r.id(), id)
+	upper := s.branchUpper(r.id(), id)
 	clean := !resume || s.undone.isClean(r.id(), id)
 	var a commitApply
 	defer func() {
@@ -403,7 +403,7 @@ func (s *Branches) applyCommit(ctx context.Context, r rootSnap, tree *branch.Tre
 		}
 	}
 	mounts.Detach(ctx, upper)
-	parentUpper := s.contextUpper(r.id(), n.Parent)
+	parentUpper := s.branchUpper(r.id(), n.Parent)
 	j := s.newJournal(r.id(), n.ID, parentUpper)
 	a.journal = j
 	a.live = mounts.Live(parentUpper)
@@ -470,16 +470,16 @@ func (s *Branches) endCommitAttempt(ctx context.Context, r rootSnap, id, parent 
 	if rerr := s.restoreParent(ctx, a.journal, a.live.Target); rerr != nil {
 		s.undone.set(r.id(), id, false)
 		log.G(ctx).WithError(rerr).WithFields(log.Fields{"root": r.key, "branch": id}).Error("put the parent back after a failed commit")
-		return fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", err, contextName(parent), rerr)
+		return fmt.Errorf("%w; putting %s back as it was failed too (%v): call commit again to complete it", err, branchName(parent), rerr)
 	}
 	s.undone.set(r.id(), id, clean)
 	if clean {
-		return fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", err, contextName(parent))
+		return fmt.Errorf("%w; %s was put back as it was: call commit again to retry, or abort the branch", err, branchName(parent))
 	}
-	return fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", err, contextName(parent))
+	return fmt.Errorf("%w; %s was put back as this attempt found it, which may hold part of an earlier one: call commit again to complete it", err, branchName(parent))
 }
 
-// applyThroughTempMount mounts an unmounted context, applies upper through
+// applyThroughTempMount mounts an unmounted branch, applies upper through
 // that mount, and unmounts it.
 func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node, upper string, resume bool, j *apply.Journal) (retErr error) {
 	id := n.Parent
@@ -491,7 +491,7 @@ func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *
 		os.Remove(target)
 		return fmt.Errorf("mount parent for commit: %w", err)
 	}
-	mounts := s.contextMounts(r, tree, id, false)
+	mounts := s.branchOverlay(r, tree, id, false)
 	if err := mount.All(mounts, target); err != nil {
 		os.Remove(target)
 		return fmt.Errorf("mount parent for commit: %w", err)
@@ -505,7 +505,7 @@ func (s *Branches) applyThroughTempMount(ctx context.Context, r rootSnap, tree *
 	if err := s.rollbackForCommit(ctx, r, tree, n, target, j); err != nil {
 		return err
 	}
-	if err := applyLayer(ctx, upper, target, s.contextUpper(r.id(), id), resume, j); err != nil {
+	if err := applyLayer(ctx, upper, target, s.branchUpper(r.id(), id), resume, j); err != nil {
 		return fmt.Errorf("apply to parent: %w", err)
 	}
 	return nil

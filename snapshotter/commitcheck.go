@@ -28,11 +28,11 @@ const (
 // change in between (it is sealed while it has children) nor can the
 // branch (the shim kills its processes before it asks for the commit).
 func (s *Branches) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tree, n *branch.Node) error {
-	upper := s.contextUpper(r.id(), n.ID)
-	layers := append([]string{s.contextUpper(r.id(), n.Parent)}, s.lowerDirs(r, tree, n.ID)...)
+	upper := s.branchUpper(r.id(), n.ID)
+	layers := append([]string{s.branchUpper(r.id(), n.Parent)}, s.lowerDirs(r, tree, n.ID)...)
 	needs, err := apply.Measure(ctx, upper, layers)
 	if err != nil {
-		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, contextName(n.Parent), err)
+		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, branchName(n.Parent), err)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
@@ -53,7 +53,7 @@ func (s *Branches) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tre
 	return nil
 }
 
-func contextName(id string) string {
+func branchName(id string) string {
 	if id == branch.RootID {
 		return "the root"
 	}

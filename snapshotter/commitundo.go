@@ -26,7 +26,7 @@ import (
 const journalDirName = "journal"
 
 // newJournal returns an empty journal for the commit of branch id into the
-// context whose upper is parentUpper.
+// branch whose upper is parentUpper.
 func (s *Branches) newJournal(rootID, id, parentUpper string) *apply.Journal {
 	prefix := fmt.Sprintf("%s-%s-%d-", rootID, id, s.journalSeq.Add(1))
 	return apply.NewJournal(parentUpper, filepath.Join(s.root, journalDirName), prefix)

@@ -16,20 +16,16 @@ import (
 	"github.com/containerd/log"
 )
 
+// createSnapshot makes an active or view snapshot (op prepare or view) on
+// a committed parent: its directory made under a temporary name, recorded,
+// then renamed into place, all inside the metadata's transaction; a failure
+// removes the directory.
 func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
 	op := "prepare"
 	if kind == snapshots.KindView {
 		op = "view"
 	}
-	if err := validateKey(op, key); err != nil {
-		return nil, err
-	}
-	if parent != "" {
-		if err := validateKey(op, parent); err != nil {
-			return nil, err
-		}
-	}
-	if err := validateOpts(op, opts); err != nil {
+	if err := validateCreate(op, key, parent, opts); err != nil {
 		return nil, err
 	}
 
@@ -53,17 +49,8 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 	}()
 
 	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		if parent != "" {
-			_, pinfo, _, err := storage.GetInfo(ctx, parent)
-			if err != nil {
-				if errdefs.IsNotFound(err) {
-					return fmt.Errorf("parent %q does not exist: %w", parent, errdefs.ErrNotFound)
-				}
-				return err
-			}
-			if pinfo.Kind != snapshots.KindCommitted {
-				return fmt.Errorf("parent %q is %s snapshot; only committed snapshots can be parents (commit it first): %w", parent, kindName(pinfo.Kind), errdefs.ErrInvalidArgument)
-			}
+		if err := checkParent(ctx, parent); err != nil {
+			return err
 		}
 
 		snapshotsDir := filepath.Join(s.root, "snapshots")
@@ -97,6 +84,38 @@ func (s *Snapshotter) createSnapshot(ctx context.Context, kind snapshots.Kind, k
 		return nil, fmt.Errorf("%s %q: %w", op, key, err)
 	}
 	return s.mounts(snap, idmap), nil
+}
+
+// validateCreate checks a create's keys and options.
+func validateCreate(op, key, parent string, opts []snapshots.Opt) error {
+	if err := validateKey(op, key); err != nil {
+		return err
+	}
+	if parent != "" {
+		if err := validateKey(op, parent); err != nil {
+			return err
+		}
+	}
+	return validateOpts(op, opts)
+}
+
+// checkParent checks, inside the create's transaction, that parent, if
+// any, exists and is committed.
+func checkParent(ctx context.Context, parent string) error {
+	if parent == "" {
+		return nil
+	}
+	_, pinfo, _, err := storage.GetInfo(ctx, parent)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("parent %q does not exist: %w", parent, errdefs.ErrNotFound)
+		}
+		return err
+	}
+	if pinfo.Kind != snapshots.KindCommitted {
+		return fmt.Errorf("parent %q is %s snapshot; only committed snapshots can be parents (commit it first): %w", parent, kindName(pinfo.Kind), errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // chownUpper gives a new upper directory the owner of the tree it covers:

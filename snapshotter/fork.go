@@ -18,10 +18,10 @@ import (
 	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
-// Fork: children over a context's state (or a checkpoint's), and the seal of
+// Fork: children over a branch's state (or a checkpoint's), and the seal of
 // the parent.
 
-// Fork makes count children of the context c over its current state and
+// Fork makes count children of the branch c over its current state and
 // seals c (its live mounts become read-only) until its last child ends.
 func (s *Branches) Fork(ctx context.Context, c branch.Ref, count int) ([]branch.Info, error) {
 	return s.ForkFrom(ctx, c, count, "")
@@ -49,7 +49,7 @@ func (s *Branches) ForkFrom(ctx context.Context, c branch.Ref, count int, from s
 		return nil, fmt.Errorf("fork %s: %w", c, err)
 	}
 	defer s.locks.lock(f.r.id())()
-	f.parentUpper = s.contextUpper(f.r.id(), f.parent)
+	f.parentUpper = s.branchUpper(f.r.id(), f.parent)
 	var err error
 	if f.live, err = s.live.Find(f.parentUpper); err != nil {
 		return nil, fmt.Errorf("fork: %w", err)
@@ -77,7 +77,7 @@ func (s *Branches) ForkFrom(ctx context.Context, c branch.Ref, count int, from s
 	}
 	out := make([]branch.Info, len(f.kids))
 	for i, id := range f.kids {
-		out[i] = branch.Info{Node: *f.tree.Nodes[id], Mounts: s.contextMounts(f.r, f.tree, id, false)}
+		out[i] = branch.Info{Node: *f.tree.Nodes[id], Mounts: s.branchOverlay(f.r, f.tree, id, false)}
 	}
 	log.G(ctx).WithFields(log.Fields{"root": f.r.key, "parent": f.parent, "children": f.kids}).Info("forked")
 	return out, nil
@@ -143,7 +143,7 @@ func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err er
 }
 
 // forkFromCheckpoint stacks f's children on the checkpoint f.from, which
-// must be one of the forked context's own.
+// must be one of the forked branch's own.
 func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
 	d, err := loadCheckpoints(tx, f.r.id())
 	if err != nil {
@@ -153,8 +153,8 @@ func forkFromCheckpoint(tx *bolt.Tx, f *fork) error {
 	if ck == nil {
 		return fmt.Errorf("no checkpoint named %q in %s: %w", f.from, branch.DisplayKey(f.r.key), errdefs.ErrNotFound)
 	}
-	if ck.Context != f.parent {
-		return fmt.Errorf("checkpoint %q is of context %s, not of the one forked (%s); fork that context: %w", f.from, ck.Context, f.parent, errdefs.ErrInvalidArgument)
+	if ck.Branch != f.parent {
+		return fmt.Errorf("checkpoint %q is of branch %s, not of the one forked (%s); fork that branch: %w", f.from, ck.Branch, f.parent, errdefs.ErrInvalidArgument)
 	}
 	for _, id := range f.kids {
 		f.tree.Nodes[id].FromCheckpoint = f.from
@@ -188,7 +188,7 @@ func (s *Branches) makeForkDirs(ctx context.Context, f *fork) error {
 		// it the checkpoint's.
 		top := filepath.Join(s.checkpointDir(f.r.id(), f.tree.Nodes[f.kids[0]].CheckpointLayers[0]), "fs")
 		for _, id := range f.kids {
-			if err := copyDirAttrs(top, s.contextUpper(f.r.id(), id)); err != nil {
+			if err := copyDirAttrs(top, s.branchUpper(f.r.id(), id)); err != nil {
 				return err
 			}
 		}

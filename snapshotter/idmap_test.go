@@ -92,7 +92,7 @@ func idmappedRoot(t *testing.T, ctx context.Context, s *Snapshotter) (sandbox, s
 	return sb, root, base[0].Source
 }
 
-// checkMapped checks the owners a merged view of an id-mapped context
+// checkMapped checks the owners a merged view of an id-mapped branch
 // shows: the image's files mapped once, the sandbox's own file (host ids
 // already) not mapped again, which would give the overflow id.
 func checkMapped(t *testing.T, dir string) {

@@ -27,7 +27,7 @@ import (
 // recovery (checkpoints.go) runs from here too.
 
 // recoverBranches finishes what a crash interrupted: commits that were
-// decided are carried through, and every sealed context is made to match
+// decided are carried through, and every sealed branch is made to match
 // its children again. Orphaned layers go with Cleanup. A tree whose
 // recovery fails is quarantined (quarantine.go), not the daemon's end.
 func (s *Branches) recoverBranches(ctx context.Context) error {
@@ -53,7 +53,7 @@ func (s *Branches) recoverBranches(ctx context.Context) error {
 }
 
 // recoverTree completes the commits of tree t (of root snapshot rootID)
-// that were decided, and reseals its contexts; a tree whose root snapshot
+// that were decided, and reseals its branches; a tree whose root snapshot
 // is gone is deleted.
 func (s *Branches) recoverTree(ctx context.Context, rootID string, t *branch.Tree) error {
 	var r rootSnap
@@ -76,12 +76,12 @@ func (s *Branches) recoverTree(ctx context.Context, rootID string, t *branch.Tre
 		}
 	}
 	if err := s.resealAll(ctx, r); err != nil {
-		return fmt.Errorf("reseal its contexts: %w", err)
+		return fmt.Errorf("reseal its branches: %w", err)
 	}
 	return nil
 }
 
-// resealAll makes every context of r that a fork sealed match its
+// resealAll makes every branch of r that a fork sealed match its
 // children again: read-only while it has some, writable once it has none.
 func (s *Branches) resealAll(ctx context.Context, r rootSnap) error {
 	var t *branch.Tree
@@ -97,9 +97,9 @@ func (s *Branches) resealAll(ctx context.Context, r rootSnap) error {
 	}
 	for id, n := range t.Nodes {
 		if n.SealedByUs && t.Sealed(id) {
-			err := s.setSealed(ctx, mounts, s.contextUpper(r.id(), id), n, true)
+			err := s.setSealed(ctx, mounts, s.branchUpper(r.id(), id), n, true)
 			if errors.Is(err, overlay.ErrSuperblockBusy) {
-				err = s.sealEachMount(ctx, r, id, contextName(id)+" of "+t.Root)
+				err = s.sealEachMount(ctx, r, id, branchName(id)+" of "+t.Root)
 			}
 			if err != nil {
 				return err
@@ -190,7 +190,7 @@ func (s *Branches) recoverCheckpoints(ctx context.Context) error {
 }
 
 // pendingRollback is a rollback that was decided and not finished.
-type pendingRollback struct{ rootID, ctxID, name string }
+type pendingRollback struct{ rootID, branchID, name string }
 
 // pendingRollbacks lists the unfinished rollbacks of root snapshot rootID,
 // or of every root if rootID is "". A root whose checkpoint record cannot
@@ -243,12 +243,12 @@ func (s *Branches) finishPendingRollback(ctx context.Context, p pendingRollback)
 		log.G(ctx).WithError(err).WithField("snapshot", p.rootID).Warn("rollback pending for a snapshot that is gone")
 		return nil
 	}
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": p.ctxID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "branch": p.branchID, "checkpoint": p.name}).Info("completing a rollback interrupted by a crash")
 	unlock := s.locks.lock(r.id())
-	err = s.finishRollback(ctx, r, p.ctxID, p.name)
+	err = s.finishRollback(ctx, r, p.branchID, p.name)
 	unlock()
 	if err != nil {
-		return fmt.Errorf("complete the rollback of context %s to %q: %w", p.ctxID, p.name, err)
+		return fmt.Errorf("complete the rollback of branch %s to %q: %w", p.branchID, p.name, err)
 	}
 	return nil
 }
@@ -315,7 +315,7 @@ func (s *Branches) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string, er
 	return out, nil
 }
 
-// removeCheckpointOrphans removes the layers of checkpoints whose context
+// removeCheckpointOrphans removes the layers of checkpoints whose branch
 // ended. Called with the root's lock held, so no checkpoint is in flight.
 func (s *Branches) removeCheckpointOrphans(ctx context.Context, rootID string) {
 	// A root that never had a checkpoint has nothing to look up.
@@ -327,7 +327,7 @@ func (s *Branches) removeCheckpointOrphans(ctx context.Context, rootID string) {
 		dirs, err = s.orphanCheckpointsOf(tx, rootID)
 		return err
 	}); err != nil {
-		log.G(ctx).WithError(err).Warn("find checkpoints of ended contexts; Cleanup will retry")
+		log.G(ctx).WithError(err).Warn("find checkpoints of ended branches; Cleanup will retry")
 		return
 	}
 	s.removeAll(ctx, dirs)

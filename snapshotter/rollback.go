@@ -22,11 +22,11 @@ import (
 	"github.com/branchbox/branchbox/snapshotter/layer"
 )
 
-// Rollback: a context's rootfs brought back to one of its checkpoints under
+// Rollback: a branch's rootfs brought back to one of its checkpoints under
 // its running processes, decided by a record and finished by recovery if
 // interrupted.
 
-// Rollback brings context c's rootfs back to checkpoint name, through its
+// Rollback brings branch c's rootfs back to checkpoint name, through its
 // live mount if it has one, so its running processes see it at once. It is
 // refused while c has live children (their lowers are c's upper). The
 // decision is recorded first; a crash after it is completed on restart.
@@ -35,7 +35,7 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r, id, unlock, err := s.lockContext(ctx, c)
+	r, id, unlock, err := s.lockBranch(ctx, c)
 	if err != nil {
 		return fmt.Errorf("rollback: %w", err)
 	}
@@ -55,11 +55,11 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 		if ck == nil {
 			return fmt.Errorf("no checkpoint named %q in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrNotFound)
 		}
-		if ck.Context != id {
-			return fmt.Errorf("checkpoint %q is of context %s, not of this one: %w", name, ck.Context, errdefs.ErrInvalidArgument)
+		if ck.Branch != id {
+			return fmt.Errorf("checkpoint %q is of branch %s, not of this one: %w", name, ck.Branch, errdefs.ErrInvalidArgument)
 		}
 		if ck.MemoryBytes > 0 && !o.Processes {
-			return fmt.Errorf("checkpoint %q holds the context's processes too, and its files alone would not match them: %w", name, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("checkpoint %q holds the branch's processes too, and its files alone would not match them: %w", name, errdefs.ErrFailedPrecondition)
 		}
 		if p, ok := d.Pending[id]; ok && p != name {
 			return fmt.Errorf("a rollback to %q is under way; call rollback to %q again to complete it: %w", p, p, errdefs.ErrFailedPrecondition)
@@ -70,14 +70,14 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 	if err != nil {
 		return fmt.Errorf("rollback %s to %q: %w", c, name, err)
 	}
-	// As a commit's: the decision outlives a power loss before the context
+	// As a commit's: the decision outlives a power loss before the branch
 	// changes, so a half-done rollback is completed (branchdb.go).
 	if err := s.bdb.Sync(); err != nil {
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again completes it): sync branch metadata: %w", c, name, err)
 	}
 	s.fault(FaultRollbackDecided)
 	// Decided: carried through even if the caller goes away (a shim
-	// killed, a client that gave up), or the context would stay pending,
+	// killed, a client that gave up), or the branch would stay pending,
 	// its checkpoint undeletable, until a restart.
 	if err := s.finishRollback(context.WithoutCancel(ctx), r, id, name); err != nil {
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again, or a restart, completes it): %w", c, name, err)
@@ -102,7 +102,7 @@ func (s *Branches) finishRollback(ctx context.Context, r rootSnap, id, name stri
 	if ck == nil {
 		return fmt.Errorf("checkpoint %q is gone: %w", name, errdefs.ErrNotFound)
 	}
-	if err := s.withContextTarget(ctx, r, tree, id, func(target string) error {
+	if err := s.withBranchTarget(ctx, r, tree, id, func(target string) error {
 		return s.rollbackThrough(ctx, r, tree, id, ck, target, nil)
 	}); err != nil {
 		return err
@@ -121,15 +121,15 @@ func (s *Branches) finishRollback(ctx context.Context, r rootSnap, id, name stri
 		return err
 	}
 	s.fault(FaultRollbackFinished)
-	log.G(ctx).WithFields(log.Fields{"root": r.key, "context": id, "checkpoint": name}).Info("rolled back")
+	log.G(ctx).WithFields(log.Fields{"root": r.key, "branch": id, "checkpoint": name}).Info("rolled back")
 	return nil
 }
 
-// withContextTarget calls fn with a writable merged view of context id:
+// withBranchTarget calls fn with a writable merged view of branch id:
 // its live mount (made writable for the duration if a seal left it
 // read-only), or a temporary mount.
-func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
-	live, err := s.live.Find(s.contextUpper(r.id(), id))
+func (s *Branches) withBranchTarget(ctx context.Context, r rootSnap, tree *branch.Tree, id string, fn func(target string) error) error {
+	live, err := s.live.Find(s.branchUpper(r.id(), id))
 	if err != nil {
 		return err
 	}
@@ -142,8 +142,8 @@ func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *bran
 		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
 		}
-		if err := mount.All(s.contextMounts(r, tree, id, false), target); err != nil {
-			return fmt.Errorf("mount context %s: %w", id, err)
+		if err := mount.All(s.branchOverlay(r, tree, id, false), target); err != nil {
+			return fmt.Errorf("mount branch %s: %w", id, err)
 		}
 		defer func() {
 			if err := mount.UnmountAll(target, 0); err != nil {
@@ -153,15 +153,15 @@ func (s *Branches) withContextTarget(ctx context.Context, r rootSnap, tree *bran
 		return fn(target)
 	}
 	if live.Readonly {
-		return fmt.Errorf("context %s is mounted read-only at %s: %w", id, live.Target, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("branch %s is mounted read-only at %s: %w", id, live.Target, errdefs.ErrFailedPrecondition)
 	}
 	return fn(live.Target)
 }
 
-// rollbackThrough makes target (a merged view of context id) show
+// rollbackThrough makes target (a merged view of branch id) show
 // checkpoint ck: the paths of the upper that changed since ck are written
 // as ck has them into a scratch layer, applied to target. j, if not nil,
-// records what that changes in the context's upper.
+// records what that changes in the branch's upper.
 func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch.Tree, id string, ck *checkpointRecord, target string, j *apply.Journal) (retErr error) {
 	m, err := s.manifests.load(filepath.Join(s.checkpointDir(r.id(), ck.Seq), "manifest"))
 	if err != nil {
@@ -170,14 +170,14 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 	if err := s.ensureIDMapView(ctx, r); err != nil {
 		return err
 	}
-	changes, _, err := layer.Diff(ctx, s.contextUpper(r.id(), id), m)
+	changes, _, err := layer.Diff(ctx, s.branchUpper(r.id(), id), m)
 	if err != nil {
 		return fmt.Errorf("find changes since checkpoint %q: %w", ck.Name, err)
 	}
 	if len(changes) == 0 {
 		return nil
 	}
-	// The checkpoint's state, read-only: its layers over the context's lowers.
+	// The checkpoint's state, read-only: its layers over the branch's lowers.
 	state := filepath.Join(s.root, "mnt", "ck-"+r.id()+"-"+strconv.FormatUint(ck.Seq, 10))
 	lowers := make([]string, 0, len(ck.Chain)+8)
 	for _, seq := range ck.Chain {

@@ -32,14 +32,14 @@ func clearSeal(n *branch.Node) {
 	n.SealedByUs, n.SealMode, n.SealedMounts = false, branch.SealSuperblock, nil
 }
 
-// sealEachMount seals context id of r mount by mount, when its
+// sealEachMount seals branch id of r mount by mount, when its
 // superblock's remount was refused. The mounts it will make read-only are
 // recorded in the tree first, so that a crash midway leaves recovery
 // knowing every one of them (setting a flag again, or clearing one that
 // was never set, changes nothing). The caller holds the root's lock.
 func (s *Branches) sealEachMount(ctx context.Context, r rootSnap, id, name string) error {
 	start := time.Now()
-	all, writable, err := overlay.WritableMounts(s.contextUpper(r.id(), id))
+	all, writable, err := overlay.WritableMounts(s.branchUpper(r.id(), id))
 	if err != nil {
 		return fmt.Errorf("find the mounts of %s: %w", name, err)
 	}

@@ -266,7 +266,7 @@ func TestSealPerMountRecovery(t *testing.T) {
 	if !sealedIn(recorded, nsOf(t, "self")) || !sealedIn(recorded, nsOf(t, strconv.Itoa(pid))) {
 		t.Fatalf("recorded %v, want a mount in this namespace and one in the other", recorded)
 	}
-	upper := s.contextUpper(s.mustID(t, ctx, sb.key), branch.RootID)
+	upper := s.branchUpper(s.mustID(t, ctx, sb.key), branch.RootID)
 	s.Close()
 	closed = true
 	// The flags as a crash before they were set would leave them.

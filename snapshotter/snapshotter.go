@@ -62,7 +62,7 @@ type store struct {
 type Branches struct {
 	*store
 	locks      rootLocks
-	live       overlay.LiveCache   // where contexts are mounted
+	live       overlay.LiveCache   // where branches are mounted
 	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks
 	commitWG   sync.WaitGroup      // decided commits being carried through; a caller may have gone
 	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)

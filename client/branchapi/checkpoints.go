@@ -20,7 +20,7 @@ func (c *Client) Checkpoint(ctx context.Context, ref branch.Ref, name string, op
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
 
-// Checkpoints lists the checkpoints of root's contexts, oldest first.
+// Checkpoints lists the checkpoints of root's branches, oldest first.
 func (c *Client) Checkpoints(ctx context.Context, root branch.Root) ([]branch.Checkpoint, error) {
 	resp := &branchv1.ListCheckpointsResponse{}
 	if err := c.t.invoke(ctx, "ListCheckpoints", &branchv1.ListCheckpointsRequest{Root: branch.RootToProto(root)}, resp); err != nil {

@@ -43,9 +43,9 @@ type Image struct {
 }
 
 // Build makes an image of src in containerd's content store: the layers of
-// the sandbox's image unchanged, then one layer of the context's change
+// the sandbox's image unchanged, then one layer of the branch's change
 // (made by containerd's diff service, comparing a read-only view of the
-// image with a read-only mount of the context), a config from the image's
+// image with a read-only mount of the branch), a config from the image's
 // with that layer added, and a manifest annotated with the lineage. The
 // caller holds a lease on ctx (Push does), or the blobs may be collected
 // before they are referenced.
@@ -73,7 +73,7 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	if _, err := branch.RootOfUpper(upper); err != nil {
 		return Image{}, fmt.Errorf("sandbox %s: its rootfs is not from the branch snapshotter (snapshotter %q); run it with --snapshotter branch: %w", src.Sandbox, info.Snapshotter, errdefs.ErrFailedPrecondition)
 	}
-	path, ctxID, err := statePath(ctx, upper, rootMounts, src)
+	path, branchID, err := statePath(ctx, upper, rootMounts, src)
 	if err != nil {
 		return Image{}, err
 	}
@@ -117,9 +117,9 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	var memOrder []string
 	prev := lower
 	for _, st := range path {
-		what := "the change of context " + ctxID + " of sandbox " + src.Sandbox
+		what := "the change of branch " + branchID + " of sandbox " + src.Sandbox
 		if st.Checkpoint != "" {
-			what = "checkpoint " + st.Checkpoint + " of context " + ctxID + " of sandbox " + src.Sandbox
+			what = "checkpoint " + st.Checkpoint + " of branch " + branchID + " of sandbox " + src.Sandbox
 		}
 		l, diffID, err := layerOf(ctx, client, prev, st.Mounts)
 		if err != nil {
@@ -152,7 +152,7 @@ func Build(ctx context.Context, client *containerd.Client, src Source) (Image, e
 	configDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: digest.FromBytes(configBlob), Size: int64(len(configBlob))}
 
 	lineage := Lineage{
-		Sandbox: src.Sandbox, Branch: ctxID, BaseName: info.Image, BaseDigest: baseManifest.Digest,
+		Sandbox: src.Sandbox, Branch: branchID, BaseName: info.Image, BaseDigest: baseManifest.Digest,
 		ChangeLayer: change.Digest, Checkpoints: cks, Version: Version,
 	}
 	for _, l := range manifest.Layers {

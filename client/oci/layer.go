@@ -74,7 +74,7 @@ func layerStack(ms []mount.Mount) ([]string, bool) {
 // diffDirs returns the directories each state stacks over the layers the
 // two share (at least one: the image's lowest), upper's then lower's:
 // every path that differs between the two states is named in one of them.
-// (A context's rootfs holds its whole change in its upper directory, while
+// (A branch's rootfs holds its whole change in its upper directory, while
 // its checkpoints are layers of their own: the two share only the image.)
 func diffDirs(lower, upper []mount.Mount) ([]string, bool) {
 	l, ok := layerStack(lower)

@@ -28,8 +28,8 @@ const (
 // Lineage is what an image's annotations say of its origin.
 type Lineage struct {
 	Sandbox string
-	// Branch is the context the change layer holds: "0" for the sandbox's
-	// root context.
+	// Branch is the branch the change layer holds: "0" for the sandbox's
+	// root.
 	Branch string
 	// BaseName and BaseDigest are the sandbox's image (its name and
 	// manifest digest).
@@ -38,7 +38,7 @@ type Lineage struct {
 	// ParentLayers are the base image's layers, bottom first: the layers
 	// a node that has the base need not pull.
 	ParentLayers []digest.Digest
-	// ChangeLayer is the image's top layer: the context's change since its
+	// ChangeLayer is the image's top layer: the branch's change since its
 	// last checkpoint, or the named checkpoint's.
 	ChangeLayer digest.Digest
 	// Checkpoints are the checkpoints on the path, oldest first, each one

@@ -17,8 +17,8 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// state is one state of a context on the way from its image to what is
-// pushed: a checkpoint (Checkpoint set) or the context now. Each becomes
+// state is one state of a branch on the way from its image to what is
+// pushed: a checkpoint (Checkpoint set) or the branch now. Each becomes
 // one layer: the difference from the state before it.
 type state struct {
 	Checkpoint string
@@ -29,13 +29,13 @@ type state struct {
 }
 
 // statePath returns the states src's image holds, oldest first: the
-// checkpoints on the path to it (the context's head checkpoint, or the one
+// checkpoints on the path to it (the branch's head checkpoint, or the one
 // src names, and the checkpoints each was built on, back to the first; for
 // a branch, before them, those on its parent's path to the state it was
 // forked from: the checkpoint it was forked from, or its parent's head, as
-// far back as its root), then, unless src names a checkpoint, the context
-// now. ctxID is the context the path is of.
-func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, ctxID string, err error) {
+// far back as its root), then, unless src names a checkpoint, the branch
+// now. branchID is the branch the path is of.
+func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src Source) (path []state, branchID string, err error) {
 	c, err := dialSnapshotterOf(upper)
 	if err != nil {
 		return nil, "", fmt.Errorf("sandbox %s: %w", src.Sandbox, err)
@@ -51,9 +51,9 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		byName[ck.Name] = ck
 	}
 
-	ctxID = branch.RootID
+	branchID = branch.RootID
 	if src.Branch != "" {
-		ctxID = src.Branch
+		branchID = src.Branch
 	}
 	var last string // the newest checkpoint on the path
 	if src.Checkpoint != "" {
@@ -61,17 +61,17 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		if !ok {
 			return nil, "", fmt.Errorf("sandbox %s has no checkpoint %q (list them with: branchctl checkpoint ls %s): %w", src.Sandbox, src.Checkpoint, src.Sandbox, errdefs.ErrNotFound)
 		}
-		ctxID, last = ck.Context, ck.Name
+		branchID, last = ck.Branch, ck.Name
 	} else {
-		last = headOf(byName, ctxID)
+		last = headOf(byName, branchID)
 	}
-	// Back along the parents, within each context: a deleted parent ends
-	// that context's part (the next layer then holds its change too).
-	chain := func(last, ctxID string) []branch.Checkpoint {
+	// Back along the parents, within each branch: a deleted parent ends
+	// that branch's part (the next layer then holds its change too).
+	chain := func(last, branchID string) []branch.Checkpoint {
 		var cks []branch.Checkpoint
 		for n := last; n != ""; {
 			ck, ok := byName[n]
-			if !ok || ck.Context != ctxID {
+			if !ok || ck.Branch != branchID {
 				break
 			}
 			cks = append([]branch.Checkpoint{ck}, cks...)
@@ -79,8 +79,8 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 		return cks
 	}
-	onPath := chain(last, ctxID)
-	if ctxID != branch.RootID {
+	onPath := chain(last, branchID)
+	if branchID != branch.RootID {
 		// A branch holds its parent's state at the fork: the parent is
 		// sealed while the branch lives, so its head (or the checkpoint
 		// the branch was forked from) is on the branch's path.
@@ -92,7 +92,7 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		for _, n := range nodes {
 			byID[n.ID] = n
 		}
-		for cur := ctxID; cur != branch.RootID; {
+		for cur := branchID; cur != branch.RootID; {
 			n, ok := byID[cur]
 			if !ok {
 				return nil, "", fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, cur, src.Sandbox, errdefs.ErrNotFound)
@@ -106,8 +106,8 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		}
 	}
 	for _, ck := range onPath {
-		ref := branch.Ref{Root: sbRoot, Branch: ck.Context}
-		if ck.Context == branch.RootID {
+		ref := branch.Ref{Root: sbRoot, Branch: ck.Branch}
+		if ck.Branch == branch.RootID {
 			ref.Branch = ""
 		}
 		ms, err := c.CheckpointMounts(ctx, ref, ck.Name)
@@ -117,24 +117,24 @@ func statePath(ctx context.Context, upper string, rootMounts []mount.Mount, src 
 		path = append(path, state{Checkpoint: ck.Name, Mounts: ms, MemoryDir: ck.MemoryDir})
 	}
 	if src.Checkpoint != "" {
-		return path, ctxID, nil
+		return path, branchID, nil
 	}
 	now := rootMounts
-	if ctxID != branch.RootID {
-		if now, err = c.Mounts(ctx, branch.Ref{Root: sbRoot, Branch: ctxID}); err != nil {
+	if branchID != branch.RootID {
+		if now, err = c.Mounts(ctx, branch.Ref{Root: sbRoot, Branch: branchID}); err != nil {
 			if errdefs.IsNotFound(err) {
 				return nil, "", fmt.Errorf("sandbox %s has no branch %s (list them with: branchctl tree %s): %w", src.Sandbox, src.Branch, src.Sandbox, err)
 			}
 			return nil, "", fmt.Errorf("%s: mounts of the branch: %w", src, err)
 		}
 	}
-	return append(path, state{Mounts: now}), ctxID, nil
+	return append(path, state{Mounts: now}), branchID, nil
 }
 
-// headOf names context ctxID's head checkpoint ("" if it has none).
-func headOf(byName map[string]branch.Checkpoint, ctxID string) string {
+// headOf names branch branchID's head checkpoint ("" if it has none).
+func headOf(byName map[string]branch.Checkpoint, branchID string) string {
 	for _, ck := range byName {
-		if ck.Context == ctxID && ck.Head {
+		if ck.Branch == branchID && ck.Head {
 			return ck.Name
 		}
 	}

@@ -1,5 +1,5 @@
-// Package oci makes a branch context of a sandbox an OCI image: the
-// sandbox image's layers unchanged, then a layer of the context's change,
+// Package oci makes a branch of a sandbox an OCI image: the
+// sandbox image's layers unchanged, then a layer of the branch's change,
 // with a config from the sandbox's image and annotations recording the
 // lineage. It builds and pushes through containerd (its diff service,
 // content store, leases and registry hosts configuration), so the image is
@@ -15,11 +15,11 @@ import (
 	"github.com/branchbox/branchbox/branch"
 )
 
-// Source names what to make an image of: a sandbox's root context, one of
+// Source names what to make an image of: a sandbox, one of
 // its branches, or (not yet) one of its checkpoints.
 type Source struct {
 	Sandbox    string
-	Branch     string // "" for the sandbox's root context
+	Branch     string // "" for the sandbox
 	Checkpoint string
 }
 

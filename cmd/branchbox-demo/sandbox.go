@@ -68,7 +68,7 @@ func runSandbox(ctx context.Context, env *daemons.Env, timed timer) error {
 		return err
 	}
 	defer sc.Close()
-	var kids []client.ContextInfo
+	var kids []client.BranchInfo
 	if err := timed(fmt.Sprintf("fork %d branches (each with a running init)", len(fixes)), func() (err error) {
 		kids, err = sc.Fork(ctx, client.ForkOptions{Count: len(fixes)})
 		return err

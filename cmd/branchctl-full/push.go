@@ -83,11 +83,11 @@ func cmdSave(c *cli.Context, e branchctl.Env) error {
 		return err
 	}
 	if name == "" {
-		ctxID := src.Branch
-		if ctxID == "" {
-			ctxID = "0"
+		branchID := src.Branch
+		if branchID == "" {
+			branchID = "0"
 		}
-		name = "branchbox/" + strings.ToLower(named) + ":" + ctxID
+		name = "branchbox/" + strings.ToLower(named) + ":" + branchID
 	}
 	cc, err := dialContainerd(e.Address)
 	if err != nil {

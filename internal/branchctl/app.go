@@ -52,12 +52,12 @@ func usage(err error) error {
 func newApp(inv *invocation) *cli.App {
 	app := &cli.App{
 		Name:  "branchctl",
-		Usage: "fork a live sandbox into branch contexts, run commands in them, commit or abort them",
+		Usage: "fork a live sandbox into branches, run commands in them, commit or abort them",
 		Description: `A sandbox is a container run with --runtime io.containerd.branch.v1
 --snapshotter branch (or on the CRI runtime handler branch, in namespace
 k8s.io), named by its id, a unique id prefix, its nerdctl name, or its CRI
-name (NAME or POD/NAME). A context is SANDBOX (the sandbox itself) or
-SANDBOX/BRANCH.
+name (NAME or POD/NAME). A branch is named SANDBOX/BRANCH; SANDBOX alone
+names the sandbox itself.
 
 Every command takes --json: one JSON document on stdout, also on error
 ({"error": {"kind", "message", "hint"}}; docs/branchctl.md).

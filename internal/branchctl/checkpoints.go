@@ -79,11 +79,11 @@ func cmdCheckpoint(cc *cli.Context, g globals, inv *invocation) error {
 	if ck.MemoryBytes > 0 {
 		mem = fmt.Sprintf(", processes %s", size(ck.MemoryBytes))
 	}
-	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries%s, in %s\n", ck.Name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, mem, time.Since(start).Round(time.Microsecond))
+	fmt.Fprintf(stdout, "checkpoint %s of %s: %s, %s in %d entries%s, in %s\n", ck.Name, refName(sb, ck.Branch), base, size(ck.Size), ck.Entries, mem, time.Since(start).Round(time.Microsecond))
 	return nil
 }
 
-func ctxName(sb, id string) string {
+func refName(sb, id string) string {
 	if id == "" || id == branch.RootID {
 		return sb
 	}
@@ -112,7 +112,7 @@ func checkpointList(ctx context.Context, g globals, sb string, stdout io.Writer)
 // PrintCheckpoints prints checkpoints as a table, oldest first.
 func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCONTEXT\tBASE\tSIZE\tENTRIES\tPROCESSES\tAGE\tBUILT ON IT")
+	fmt.Fprintln(tw, "NAME\tBRANCH\tBASE\tSIZE\tENTRIES\tPROCESSES\tAGE\tBUILT ON IT")
 	for _, ck := range list {
 		base := ck.Parent
 		if base == "" {
@@ -131,13 +131,13 @@ func PrintCheckpoints(w io.Writer, sb string, list []branch.Checkpoint, now time
 		if ck.MemoryBytes > 0 {
 			procs = size(ck.MemoryBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, ctxName(sb, ck.Context), base, size(ck.Size), ck.Entries, procs, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", name, refName(sb, ck.Branch), base, size(ck.Size), ck.Entries, procs, ck.Age(now).Round(time.Millisecond), strings.Join(on, ", "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(list) > 0 {
-		fmt.Fprintln(w, "* the context's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it). PROCESSES: its memory image, if taken with --memory.")
+		fmt.Fprintln(w, "* the branch's head: its next checkpoint holds the changes since this one. BASE: the checkpoint this one holds the changes since ((full): all of it). PROCESSES: its memory image, if taken with --memory.")
 	}
 	return nil
 }
@@ -163,8 +163,8 @@ func cmdRollback(cc *cli.Context, g globals, inv *invocation) error {
 	}
 	took := time.Since(start)
 	if g.json {
-		return PrintJSON(stdout, map[string]any{"context": ctxName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
+		return PrintJSON(stdout, map[string]any{"context": refName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
 	}
-	fmt.Fprintf(stdout, "rolled %s back to %s in %s\n", ctxName(sb, b), pos[1], took.Round(time.Microsecond))
+	fmt.Fprintf(stdout, "rolled %s back to %s in %s\n", refName(sb, b), pos[1], took.Round(time.Microsecond))
 	return nil
 }

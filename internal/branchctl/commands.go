@@ -30,7 +30,7 @@ func commands(inv *invocation) []*cli.Command {
 		{
 			Name: "fork", Category: branches, Action: do(cmdFork), Flags: withGlobals(forkFlags()...),
 			ArgsUsage: "SANDBOX[/BRANCH] [-- CMD...]",
-			Usage:     "make N branches of a context, each with a running init (or CMD as its init)",
+			Usage:     "make N branches of the sandbox or of a branch, each with a running init (or CMD as its init)",
 		},
 		{
 			Name: "exec", Category: branches, Action: do(cmdExec),
@@ -55,28 +55,28 @@ func commands(inv *invocation) []*cli.Command {
 		{
 			Name: "tree", Category: branches, Action: do(cmdTree), Flags: withGlobals(),
 			ArgsUsage: "SANDBOX",
-			Usage:     "every context: state, epoch, status, seal, processes, upper size, age",
+			Usage:     "every branch: state, epoch, status, seal, processes, upper size, age",
 		},
 		{
 			Name: "checkpoint", Category: checkpoints, Action: do(cmdCheckpoint),
 			Flags:     withGlobals(&cli.BoolFlag{Name: "memory", Usage: "its running processes too (CRIU): fork --from NAME --memory restores them into each branch, rollback into a memory branch (docs/memory-fork.md)"}),
 			ArgsUsage: "SANDBOX[/BRANCH] NAME | ls SANDBOX | rm SANDBOX NAME",
-			Usage:     "record a context's rootfs as NAME (cost: what changed since its last checkpoint); list; delete",
-			Description: `checkpoint SANDBOX[/BRANCH] NAME records the context's rootfs as NAME;
+			Usage:     "record a branch's rootfs as NAME (cost: what changed since its last checkpoint); list; delete",
+			Description: `checkpoint SANDBOX[/BRANCH] NAME records the branch's rootfs as NAME;
 with --memory, its processes too.
-checkpoint ls SANDBOX lists every checkpoint: context, base, size, age.
+checkpoint ls SANDBOX lists every checkpoint: branch, base, size, age.
 checkpoint rm SANDBOX NAME deletes one (not while a branch is forked from
 it); checkpoints built on it keep its layer while they need it.`,
 		},
 		{
 			Name: "rollback", Category: checkpoints, Action: do(cmdRollback), Flags: withGlobals(),
 			ArgsUsage: "SANDBOX[/BRANCH] NAME",
-			Usage:     "bring the context's rootfs back to checkpoint NAME, under its running processes",
+			Usage:     "bring the branch's rootfs back to checkpoint NAME, under its running processes",
 		},
 		{
 			Name: "push", Category: images, Action: inv.heavy("push"), Flags: withGlobals(remoteFlags()...),
 			ArgsUsage: "SANDBOX[/BRANCH|@CHECKPOINT] REF",
-			Usage:     "push a context as an OCI image: the sandbox image's layers, one per checkpoint on the path, one of the change since (docs/registry.md)",
+			Usage:     "push a branch as an OCI image: the sandbox image's layers, one per checkpoint on the path, one of the change since (docs/registry.md)",
 		},
 		{
 			Name: "pull", Category: images, Action: inv.heavy("pull"), Flags: withGlobals(remoteFlags()...),
@@ -87,7 +87,7 @@ it); checkpoints built on it keep its layer while they need it.`,
 			Name: "save", Category: images, Action: inv.heavy("save"),
 			ArgsUsage: "SANDBOX[/BRANCH] FILE",
 			Usage:     "the image push would make, as an OCI layout tar",
-			Flags:     withGlobals(&cli.StringFlag{Name: "name", Usage: "the image's name in the archive (default branchbox/SANDBOX:CONTEXT)"}),
+			Flags:     withGlobals(&cli.StringFlag{Name: "name", Usage: "the image's name in the archive (default branchbox/SANDBOX:BRANCH)"}),
 		},
 		{
 			Name: "load", Category: images, Action: inv.heavy("load"),
@@ -156,7 +156,7 @@ func forkFlags() []cli.Flag {
 		&cli.StringFlag{Name: "memory-limit", Usage: "memory limit per branch (bytes, or with k, m, g); default the parent's"},
 		&cli.Float64Flag{Name: "cpus", Usage: "CPU limit per branch; default the parent's"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit per branch; default the parent's"},
-		&cli.StringFlag{Name: "from", Usage: "fork from this checkpoint of the context instead of its current state"},
+		&cli.StringFlag{Name: "from", Usage: "fork from this checkpoint of the branch instead of its current state"},
 	}
 }
 

@@ -2,7 +2,7 @@
 
 // Package branchctl is the command line of branchctl, which forks a running
 // sandbox (a container on the runtime io.containerd.branch.v1 and the
-// snapshotter branch) into branch contexts, runs commands in them, and
+// snapshotter branch) into branches, runs commands in them, and
 // commits or aborts them: a thin layer over the Go client in package client
 // (client.NewSandboxClient).
 //
@@ -134,7 +134,7 @@ func hintFor(err error, namespace string) string {
 		}
 		return "see the sandboxes with `branchctl -n k8s.io ls`"
 	case errdefs.IsNotFound(err):
-		return "see the sandbox's contexts and checkpoints with `branchctl tree SANDBOX` and `branchctl checkpoint ls SANDBOX`"
+		return "see the sandbox's branches and checkpoints with `branchctl tree SANDBOX` and `branchctl checkpoint ls SANDBOX`"
 	case errdefs.IsInvalidArgument(err):
 		return "see `branchctl help`"
 	}
@@ -414,7 +414,7 @@ func cmdTree(c *cli.Context, g globals, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	// The shim records the sandbox's own context at its first fork; its
+	// The shim records the sandbox at its first fork; its
 	// age is the container's.
 	for i := range nodes {
 		if nodes[i].ID == branch.RootID && !sc.Created.IsZero() {
@@ -427,11 +427,11 @@ func cmdTree(c *cli.Context, g globals, inv *invocation) error {
 	return PrintTree(stdout, sb, nodes, time.Now())
 }
 
-// PrintTree prints a sandbox's contexts as an indented tree, live ones
+// PrintTree prints a sandbox's branches as an indented tree, live ones
 // first under their parents, then the ended ones.
-func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time.Time) error {
-	kids := map[string][]client.ContextInfo{}
-	var ended []client.ContextInfo
+func PrintTree(w io.Writer, sandbox string, nodes []client.BranchInfo, now time.Time) error {
+	kids := map[string][]client.BranchInfo{}
+	var ended []client.BranchInfo
 	byID := map[string]bool{}
 	for _, n := range nodes {
 		byID[n.ID] = true
@@ -446,7 +446,7 @@ func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tSEAL\tPROCS\tUPPER\tAGE")
+	fmt.Fprintln(tw, "BRANCH\tSTATE\tEPOCH\tSTATUS\tSEAL\tPROCS\tUPPER\tAGE")
 	var walk func(id, indent string)
 	walk = func(id, indent string) {
 		list := kids[id]
@@ -481,9 +481,9 @@ func PrintTree(w io.Writer, sandbox string, nodes []client.ContextInfo, now time
 	return tw.Flush()
 }
 
-// seal says how a context is sealed while it has branches: its rootfs
+// seal says how a branch is sealed while it has branches: its rootfs
 // read-only (--seal ro), or its processes frozen too (--seal freeze).
-func seal(n client.ContextInfo) string {
+func seal(n client.BranchInfo) string {
 	if !n.Sealed {
 		return "none"
 	}
@@ -512,7 +512,7 @@ func size(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-func age(n client.ContextInfo, now time.Time) string {
+func age(n client.BranchInfo, now time.Time) string {
 	if n.Created.IsZero() {
 		return ""
 	}

@@ -19,7 +19,7 @@ import (
 )
 
 // selfCommand is branchctl self: the same commands from inside a
-// sandbox, on its own context, through its branch socket.
+// sandbox, on its own branch, through its branch socket.
 func selfCommand(inv *invocation) *cli.Command {
 	sub := func(name, args, usage string, own ...cli.Flag) *cli.Command {
 		return &cli.Command{
@@ -27,7 +27,7 @@ func selfCommand(inv *invocation) *cli.Command {
 			Flags: append([]cli.Flag{
 				&cli.StringFlag{Name: "socket", Usage: "the branch socket (default $BRANCHBOX_SOCKET, then /run/branchbox/branch.sock)"},
 				&cli.BoolFlag{Name: "json", Usage: "print one JSON document on stdout, also on error"},
-				&cli.StringFlag{Name: "branch", Usage: "the context (default: this one)"},
+				&cli.StringFlag{Name: "branch", Usage: "the branch (default: this one)"},
 			}, own...),
 			Action: func(c *cli.Context) error {
 				code, err := cmdSelf(c, globalsOf(c), inv.stdout, inv.stderr)
@@ -38,23 +38,23 @@ func selfCommand(inv *invocation) *cli.Command {
 	return &cli.Command{
 		Name:     "self",
 		Category: "inside a sandbox",
-		Usage:    "from inside a sandbox: the same on its own context, through /run/branchbox/branch.sock",
+		Usage:    "from inside a sandbox: the same on its own branch, through /run/branchbox/branch.sock",
 		Description: `From inside a sandbox run with the annotation io.branchbox.socket=true
 (the socket is /run/branchbox/branch.sock). IDs are branch ids as fork and
-tree print them; only this context and what was forked from it can be
+tree print them; only this branch and what was forked from it can be
 named.`,
 		Subcommands: []*cli.Command{
-			sub("fork", "[-- CMD...]", "fork this context (or a descendant) into N branches",
-				append(forkFlags(), &cli.StringFlag{Name: "parent", Usage: "fork this descendant instead of this context"})...),
+			sub("fork", "[-- CMD...]", "fork this branch (or a descendant) into N branches",
+				append(forkFlags(), &cli.StringFlag{Name: "parent", Usage: "fork this descendant instead of this branch"})...),
 			sub("exec", "ID -- CMD...", "run CMD in descendant ID, print its output, exit with its status; with -d, print its exec id and leave it running (the shim keeps its output, up to 1 MiB per stream, until it is waited for)",
 				&cli.BoolFlag{Name: "d", Usage: "print the exec id and do not wait (see wait)"}),
 			sub("wait", "ID EXEC", "wait for a process started with exec -d, as exec"),
-			sub("commit", "[ID]", "commit descendant ID into its parent; without ID, this context into its parent: on success every process of this context is killed, this one too, and nothing is printed"),
-			sub("abort", "[ID]", "discard descendant ID (without ID: this context)"),
-			sub("tree", "", "this context and its descendants"),
-			sub("checkpoint", "[--branch ID] NAME | ls", "record a context's rootfs as NAME; ls lists the checkpoints",
-				&cli.BoolFlag{Name: "memory", Usage: "this context's processes too, this one included: the command returns again, printing nothing, in each copy restored from NAME later (fork --from NAME --memory, rollback)"}),
-			sub("rollback", "[--branch ID] NAME", "bring a context's rootfs back to checkpoint NAME"),
+			sub("commit", "[ID]", "commit descendant ID into its parent; without ID, this branch into its parent: on success every process of this branch is killed, this one too, and nothing is printed"),
+			sub("abort", "[ID]", "discard descendant ID (without ID: this branch)"),
+			sub("tree", "", "this branch and its descendants"),
+			sub("checkpoint", "[--branch ID] NAME | ls", "record a branch's rootfs as NAME; ls lists the checkpoints",
+				&cli.BoolFlag{Name: "memory", Usage: "this branch's processes too, this one included: the command returns again, printing nothing, in each copy restored from NAME later (fork --from NAME --memory, rollback)"}),
+			sub("rollback", "[--branch ID] NAME", "bring a branch's rootfs back to checkpoint NAME"),
 		},
 	}
 }
@@ -177,9 +177,9 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 				return 0, PrintJSON(stdout, list)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCONTEXT\tSIZE")
+			fmt.Fprintln(tw, "NAME\tBRANCH\tSIZE")
 			for _, ck := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Context, size(ck.Size))
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Branch, size(ck.Size))
 			}
 			return 0, tw.Flush()
 		}
@@ -205,7 +205,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if g.json {
 			return 0, PrintJSON(stdout, ck)
 		}
-		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Context), size(ck.Size))
+		fmt.Fprintf(stdout, "checkpoint %s of %s: %s\n", ck.Name, nodeName(ck.Branch), size(ck.Size))
 		return 0, nil
 	case "rollback":
 		nm, err := oneArg(pos, "checkpoint name")
@@ -239,13 +239,13 @@ func printSelfResult(ctx context.Context, g globals, c *client.SelfClient, id, e
 	return res.Code, nil
 }
 
-// printSelfTree prints the caller's context and its live descendants as a
+// printSelfTree prints the caller's branch and its live descendants as a
 // tree, then the ended ones.
-func printSelfTree(w io.Writer, self string, nodes []client.ContextInfo, now time.Time) error {
-	kids := map[string][]client.ContextInfo{}
-	var ended []client.ContextInfo
+func printSelfTree(w io.Writer, self string, nodes []client.BranchInfo, now time.Time) error {
+	kids := map[string][]client.BranchInfo{}
+	var ended []client.BranchInfo
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTEXT\tSTATE\tEPOCH\tSTATUS\tUPPER\tAGE")
+	fmt.Fprintln(tw, "BRANCH\tSTATE\tEPOCH\tSTATUS\tUPPER\tAGE")
 	for _, n := range nodes {
 		switch {
 		case n.ID == self:

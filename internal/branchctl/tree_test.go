@@ -12,7 +12,7 @@ import (
 // TestPrintTreeQuarantine: a sandbox whose tree the snapshotter could not
 // recover shows why in branchctl tree.
 func TestPrintTreeQuarantine(t *testing.T) {
-	nodes := []client.ContextInfo{
+	nodes := []client.BranchInfo{
 		{Node: branch.Node{ID: branch.RootID, State: branch.Live}, Quarantine: "complete the commit of branch 1: disk full"},
 		{Node: branch.Node{ID: "1", Parent: branch.RootID, State: branch.Committing}},
 	}
@@ -33,11 +33,11 @@ func TestPrintTreeQuarantine(t *testing.T) {
 	}
 }
 
-// TestPrintTreeSealAndAge: the tree says how each context is sealed and
+// TestPrintTreeSealAndAge: the tree says how each branch is sealed and
 // how old each is, from its own creation.
 func TestPrintTreeSealAndAge(t *testing.T) {
 	now := time.Now()
-	nodes := []client.ContextInfo{
+	nodes := []client.BranchInfo{
 		{Node: branch.Node{ID: branch.RootID, State: branch.Live, Created: now.Add(-time.Hour)}, Sealed: true, Seal: "freeze"},
 		{Node: branch.Node{ID: "1", Parent: branch.RootID, State: branch.Live, Created: now.Add(-2 * time.Second)}, Sealed: true, Seal: "ro"},
 		{Node: branch.Node{ID: "2", Parent: "1", State: branch.Live, Created: now.Add(-time.Second)}},
@@ -56,11 +56,11 @@ func TestPrintTreeSealAndAge(t *testing.T) {
 // TestPrintCheckpointsLegend: the * of checkpoint ls is explained.
 func TestPrintCheckpointsLegend(t *testing.T) {
 	var out strings.Builder
-	list := []branch.Checkpoint{{Name: "a", Context: branch.RootID, Head: true, Created: time.Now()}}
+	list := []branch.Checkpoint{{Name: "a", Branch: branch.RootID, Head: true, Created: time.Now()}}
 	if err := PrintCheckpoints(&out, "sb", list, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "a *") || !strings.Contains(out.String(), "* the context's head") {
+	if !strings.Contains(out.String(), "a *") || !strings.Contains(out.String(), "* the branch's head") {
 		t.Fatalf("no marker or legend:\n%s", out.String())
 	}
 }

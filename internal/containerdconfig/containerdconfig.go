@@ -159,7 +159,7 @@ func Render(o Options) string {
 # runtime_type is runc-v2's on purpose, with runtime_path naming the branch shim:
 # containerd's CRI passes the options table below (runc's options) and asks the
 # shim for its features (recursive read-only mounts, user namespaces) only for
-# that type. The shim serves the same protocol as runc-v2 plus branch contexts
+# that type. The shim serves the same protocol as runc-v2 plus branches
 # (docs/cri.md). ctr and nerdctl keep naming it io.containerd.branch.v1.
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s]
   runtime_type = "io.containerd.runc.v2"

@@ -8,22 +8,16 @@ package daemons
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containerd/log"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/internal/containerdconfig"
@@ -258,53 +252,6 @@ func ContainerdConfig(root, state, address, snapshotterAddress, snapshotterRoot 
 	})
 }
 
-// spawn starts a daemon in its own process group with its output in a log
-// file under the env's directory and the env's binaries first on PATH (so
-// containerd finds the shim).
-func (e *Env) spawn(name string, extraEnv []string, path string, args ...string) (*proc, error) {
-	if err := os.MkdirAll(e.Dir, 0o700); err != nil {
-		return nil, err
-	}
-	logf, err := os.OpenFile(filepath.Join(e.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if e.NetNS != "" {
-		// nsenter execs the daemon: its pid is the daemon's.
-		args = append([]string{"--net=" + e.NetNS, "--", path}, args...)
-		path = "nsenter"
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH")), extraEnv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	// The kernel sends Pdeathsig when the thread that started the daemon
-	// ends, not the process. A goroutine that ends with its thread locked
-	// ends the thread (lockedthread.Go does so after a push's layer
-	// writer changed its mount namespace, in a test's own process): a
-	// daemon started from that thread earlier would be killed with it. So
-	// each is started, and waited for, on a thread locked for as long as
-	// it runs, which ends only after it.
-	go func() {
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	err = <-started
-	logf.Close()
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	return p, nil
-}
-
 // NodeIP is the address of a private network's interface (an end of a
 // veth pair whose other end is in the same namespace: these VMs have no
 // dummy device), for what must not be loopback (a kubelet's node IP).
@@ -333,25 +280,6 @@ func (e *Env) makeNetNS(ctx context.Context) error {
 func (e *Env) Log(name string) string {
 	b, _ := os.ReadFile(filepath.Join(e.Dir, name+".log"))
 	return string(b)
-}
-
-func (e *Env) waitSocket(ctx context.Context, p *proc, name, socket string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		// Dial rather than stat: a crashed predecessor leaves its socket file.
-		if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before serving %s:\n%s", name, p.err, socket, tail(e.Log(name), 20))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s did not serve %s within 30s", name, socket)
 }
 
 // Ctr runs ctr against the env's containerd in the env's namespace and
@@ -424,209 +352,4 @@ func (e *Env) Stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("remove %s: %w", e.Dir, err))
 	}
 	return errors.Join(errs...)
-}
-
-// ContainerCgroups lists the cgroups left below the env's namespace level,
-// on every mounted hierarchy: after a clean teardown of its containers there
-// are none.
-func (e *Env) ContainerCgroups() []string {
-	var out []string
-	for _, top := range cgroupDirs(e.Namespace) {
-		sub, _ := filepath.Glob(filepath.Join(top, "*"))
-		for _, s := range sub {
-			if isDir(s) {
-				out = append(out, s)
-			}
-		}
-	}
-	return out
-}
-
-// cgroupDirs lists the namespace's cgroup directory on every mounted
-// hierarchy (v1 controllers and the unified v2 tree).
-func cgroupDirs(namespace string) []string {
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace))
-	if d := filepath.Join("/sys/fs/cgroup", namespace); isDir(d) {
-		dirs = append(dirs, d)
-	}
-	return dirs
-}
-
-func removeCgroups(namespace string) error {
-	var errs []error
-	for _, top := range cgroupDirs(namespace) {
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		// Deepest first: a cgroup directory can only go once it has no children.
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := unix.Rmdir(dirs[i]); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func isDir(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.IsDir()
-}
-
-// ShimSockets returns the sockets a shim process of this env serves on,
-// worked out as containerd's shim package names them: a hash of
-// containerd's address, the namespace and the id (plus the debug variant),
-// under /run/containerd/s.
-func (e *Env) ShimSockets(pid int) []string {
-	address := e.Address
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return nil
-	}
-	args := strings.Split(string(b), "\x00")
-	var ns, id string
-	for i := 0; i+1 < len(args); i++ {
-		switch args[i] {
-		case "-namespace":
-			ns = args[i+1]
-		case "-id":
-			id = args[i+1]
-		}
-	}
-	if ns == "" || id == "" {
-		return nil
-	}
-	var out []string
-	for _, p := range []string{filepath.Join(address, ns, id), filepath.Join(address, ns, id, "debug")} {
-		out = append(out, fmt.Sprintf("/run/containerd/s/%x", sha256.Sum256([]byte(p))))
-	}
-	return out
-}
-
-// ShimPids lists the shim processes serving this env's containerd.
-func (e *Env) ShimPids() []int {
-	return pidsWithArgs("-address", e.Address)
-}
-
-// MountsUnder lists mount points at or below dir, deepest first.
-func MountsUnder(dir string) ([]string, error) {
-	dir = filepath.Clean(dir)
-	// PrefixFilter alone would also match /tmp/bbx-12 for /tmp/bbx-1.
-	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
-		return m.Mountpoint != dir && !strings.HasPrefix(m.Mountpoint, dir+"/"), false
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	var out []string
-	for _, m := range infos {
-		out = append(out, m.Mountpoint)
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
-}
-
-// pidsWithArgs finds processes whose argv holds flag immediately followed
-// by value.
-func pidsWithArgs(flag, value string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		for i := 0; i+1 < len(args); i++ {
-			if args[i] == flag && args[i+1] == value {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
-}
-
-// killTree SIGKILLs pid and every descendant of it.
-func killTree(pid int) {
-	for _, child := range children(pid) {
-		killTree(child)
-	}
-	_ = unix.Kill(pid, unix.SIGKILL)
-}
-
-func children(pid int) []int {
-	var out []int
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
-// proc is a daemon the harness started; done closes when it has been reaped.
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
-
-// stop signals p and waits up to timeout, then SIGKILLs it. An exit other
-// than a clean one after sig is returned as an error.
-func (p *proc) stop(sig syscall.Signal, timeout time.Duration) error {
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-		if sig == syscall.SIGKILL {
-			return nil
-		}
-		return p.err
-	case <-time.After(timeout):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("%s did not exit within %s of %s; killed", filepath.Base(p.cmd.Path), timeout, sig)
-	}
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// RootfsUpperdir returns the upper directory of the overlay that is the
-// rootfs of the running task id, as a shim would read it from its mounts.
-func (e *Env) RootfsUpperdir(id string) (string, error) {
-	target := filepath.Join(e.ContainerdState, "io.containerd.runtime.v2.task", e.Namespace, id, "rootfs")
-	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
-	if err != nil {
-		return "", err
-	}
-	if len(infos) == 0 {
-		return "", fmt.Errorf("task %s has no rootfs mount at %s", id, target)
-	}
-	for _, o := range strings.Split(infos[0].VFSOptions, ",") {
-		if u, ok := strings.CutPrefix(o, "upperdir="); ok {
-			return u, nil
-		}
-	}
-	return "", fmt.Errorf("rootfs of task %s is not an overlay with an upper: %s", id, infos[0].VFSOptions)
 }

@@ -21,21 +21,21 @@ import (
 	"github.com/branchbox/branchbox/client"
 )
 
-// Process is a process started in a context.
+// Process is a process started in a branch.
 type Process interface {
 	// Wait waits for it to exit and its output to drain.
 	Wait(ctx context.Context) (client.ExitStatus, error)
 	Kill(ctx context.Context, sig uint32) error
 }
 
-// Exec starts a process in a context of the sandbox. The shim runs
-// processes in branches; one in the sandbox itself (context "0") is an
+// Exec starts a process in a branch of the sandbox. The shim runs
+// processes in branches; one in the sandbox itself (branch "0") is an
 // exec of its containerd task, as `ctr task exec` makes one.
-func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, contextID string, opts client.ExecOptions) (Process, error) {
-	if contextID == branch.RootID || contextID == "" {
+func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, branchID string, opts client.ExecOptions) (Process, error) {
+	if branchID == branch.RootID || branchID == "" {
 		return execRoot(ctx, cc, sc, opts)
 	}
-	return sc.Exec(ctx, contextID, opts)
+	return sc.Exec(ctx, branchID, opts)
 }
 
 type rootProcess struct {

@@ -28,7 +28,7 @@ import (
 // RESOLVE_IN_ROOT, so that no symlink a branch made leads out of it.
 const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 
-// Root opens the root directory of a context: "0" (or "") is the
+// Root opens the root directory of a branch: "0" (or "") is the
 // sandbox's own (its task's init), any other id a branch's init. The pidfd
 // taken first, and checked after, makes sure the root opened is that
 // process's and not one of a process that reused its pid.
@@ -39,16 +39,16 @@ func Root(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, 
 	}
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return nil, fmt.Errorf("context %s: its init %d is gone: %w", id, pid, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("branch %s: its init %d is gone: %w", id, pid, errdefs.ErrFailedPrecondition)
 	}
 	defer unix.Close(pidfd)
 	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
 	if err != nil {
-		return nil, fmt.Errorf("context %s: open its root: %w", id, err)
+		return nil, fmt.Errorf("branch %s: open its root: %w", id, err)
 	}
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
 		root.Close()
-		return nil, fmt.Errorf("context %s: its init %d ended: %w", id, pid, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("branch %s: its init %d ended: %w", id, pid, errdefs.ErrFailedPrecondition)
 	}
 	return root, nil
 }
@@ -85,13 +85,13 @@ func initPid(ctx context.Context, cc *containerd.Client, sc *client.SandboxClien
 		}
 		return n.InitPid, nil
 	}
-	return 0, fmt.Errorf("no branch %s in sandbox %s (see its contexts with tree): %w", id, sc.ID, errdefs.ErrNotFound)
+	return 0, fmt.Errorf("no branch %s in sandbox %s (see its branches with tree): %w", id, sc.ID, errdefs.ErrNotFound)
 }
 
 // CheckPath refuses a path that is not absolute, and cleans it.
 func CheckPath(p string) (string, error) {
 	if p == "" || !path.IsAbs(p) {
-		return "", fmt.Errorf("path %q: give an absolute path in the context: %w", p, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("path %q: give an absolute path in the branch: %w", p, errdefs.ErrInvalidArgument)
 	}
 	return path.Clean(p), nil
 }
@@ -117,7 +117,7 @@ func fileErr(p string, err error) error {
 	case errors.Is(err, unix.ENOENT):
 		kind = errdefs.ErrNotFound
 	case errors.Is(err, unix.EROFS):
-		kind, hint = errdefs.ErrFailedPrecondition, " (a context is read-only while it has live branches: write in a branch, or commit or abort them)"
+		kind, hint = errdefs.ErrFailedPrecondition, " (the sandbox or a branch is read-only while it has live branches: write in one of those, or commit or abort them)"
 	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
 		kind = errdefs.ErrPermissionDenied
 	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENAMETOOLONG):
@@ -133,7 +133,7 @@ func fileErr(p string, err error) error {
 	return fmt.Errorf("%s: %v%s: %w", p, err, hint, kind)
 }
 
-// OpenFile opens a regular file of the context root is the root of.
+// OpenFile opens a regular file of the branch root is the root of.
 func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
 	// O_NONBLOCK: opening a fifo a branch made must not wait for a
 	// writer (it is then refused as not a regular file).

@@ -36,7 +36,8 @@ export interface ClientOptions {
 
 export type ContextState = 'live' | 'committing' | 'committed' | 'aborted' | 'stale';
 
-/** A context: the sandbox itself (id "0") or a branch. */
+/** A branch: the sandbox itself (id "0") or a branch forked from it. (The
+ * type keeps its old name, Context, for the code written against it.) */
 export interface Context {
   id: string;
   parent?: string;
@@ -87,7 +88,7 @@ export interface CreateSandboxOptions extends Registry {
 
 export interface ForkOptions {
   count?: number;
-  /** The context to fork: "0" (default) or a branch id. */
+  /** The branch to fork: "0" (default, the sandbox) or a branch id. */
   parent?: string;
   /** Fork from this checkpoint of the parent. */
   from?: string;
@@ -104,7 +105,7 @@ export interface ForkOptions {
 }
 
 export interface CheckpointOptions {
-  /** Record the context's running processes too. */
+  /** Record the branch's running processes too. */
   with_memory?: boolean;
 }
 
@@ -227,7 +228,7 @@ export declare class Client {
 export declare class Sandbox {
   readonly client: Client;
   readonly name: string;
-  /** The sandbox's own context, "0". */
+  /** The sandbox itself, branch "0". */
   readonly root: Branch;
   branch(id: string | number): Branch;
   fork(opts?: ForkOptions): Promise<Branch[]>;
@@ -243,7 +244,7 @@ export declare class Sandbox {
 export declare class Branch {
   readonly sandbox: Sandbox;
   readonly id: string;
-  /** The context as fork returned it. */
+  /** The branch as fork returned it. */
   readonly info?: Context;
   execStream(args: string[], opts?: ExecOptions): AsyncIterable<ExecEvent>;
   exec(args: string[], opts?: ExecOptions): Promise<ExecResult>;

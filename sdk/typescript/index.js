@@ -166,7 +166,7 @@ export class Sandbox {
     return `${this.client._ns()}/sandboxes/${enc(this.name)}${rest}`;
   }
 
-  /** The sandbox's own context, "0". */
+  /** The sandbox itself, branch "0". */
   get root() {
     return new Branch(this, '0');
   }

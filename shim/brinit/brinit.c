@@ -1,4 +1,4 @@
-// brinit: the init of a branch context, run by the shim in new PID and
+// brinit: the init of a branch, run by the shim in new PID and
 // mount namespaces (and whatever others the branch needs). It runs before
 // the Go runtime starts (a constructor) and never returns to it, so that a
 // branch starts without a run of the Go runtime: see init.go.

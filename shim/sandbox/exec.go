@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Exec starts a process in a branch context.
+// Exec starts a process in a branch.
 func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.ExecResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
 	if len(req.Args) == 0 {

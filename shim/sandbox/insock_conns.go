@@ -11,9 +11,9 @@ import (
 )
 
 // sockConns counts the connections open on one branch socket. A memory
-// dump of the context must wait until there are none: a process holding
+// dump of the branch must wait until there are none: a process holding
 // one holds a socket connected to the shim, which CRIU cannot copy, and a
-// caller that asked for a memory fork of its own context closes its
+// caller that asked for a memory fork of its own branch closes its
 // connection before it is dumped (selfcall.go).
 type sockConns struct {
 	mu      sync.Mutex

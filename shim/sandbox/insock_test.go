@@ -22,7 +22,7 @@ func TestIsBranchCgroup(t *testing.T) {
 
 // TestPeerIn checks the peer check against this process's own cgroup: in
 // it, under it (a leaf such as .sealed), but not in a branch below it or
-// in another context.
+// in another branch.
 func TestPeerIn(t *testing.T) {
 	paths, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
 	if err != nil {

@@ -349,8 +349,8 @@ func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Bran
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if ck.Context != parent.id {
-		return nil, fmt.Errorf("%s: it is a state of branch %s, not of %s: %w", what, ck.Context, parent.id, errdefs.ErrInvalidArgument)
+	if ck.Branch != parent.id {
+		return nil, fmt.Errorf("%s: it is a state of branch %s, not of %s: %w", what, ck.Branch, parent.id, errdefs.ErrInvalidArgument)
 	}
 	return keptImage(what, ck)
 }
@@ -424,8 +424,8 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	if n.state.has(held) {
 		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
 	}
-	if ck.Context != n.id {
-		return fmt.Errorf("%s: it is a state of branch %s: %w", what, ck.Context, errdefs.ErrInvalidArgument)
+	if ck.Branch != n.id {
+		return fmt.Errorf("%s: it is a state of branch %s: %w", what, ck.Branch, errdefs.ErrInvalidArgument)
 	}
 	var kids []string
 	for _, o := range sb.nodes {

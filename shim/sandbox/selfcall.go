@@ -3,14 +3,14 @@
 package sandbox
 
 // Calls that copy their own caller: a memory fork, or a checkpoint with
-// memory, that a process asks for of its own context through the branch
+// memory, that a process asks for of its own branch through the branch
 // socket (`branchctl self fork --memory`, `self checkpoint --memory`). The
 // caller is one of the processes to dump, and the connection it asks on is
 // a socket connected to the shim, which CRIU cannot copy. So the call is
 // made after it returns, as fork(2) returns twice: it answers at once with
 // a token; the caller closes its connection and waits, holding nothing but
 // its process, for call-TOKEN.json in the socket's directory; the shim
-// waits until no connection to the context's socket is open, makes the
+// waits until no connection to the branch's socket is open, makes the
 // call with the token written into the memory image, and writes the
 // outcome there. Every restore of that image, a branch of the fork or one
 // forked from (or rolled back to) the checkpoint at any later time, writes
@@ -38,7 +38,7 @@ import (
 
 const (
 	// selfCallWait bounds the wait for the caller, and any other process
-	// of the context, to close its connection to the socket.
+	// of the branch, to close its connection to the socket.
 	selfCallWait = 10 * time.Second
 	// selfCallKeep is how long an outcome stays for its reader.
 	selfCallKeep = time.Minute
@@ -56,7 +56,7 @@ func selfCallToken(ctx context.Context) string {
 }
 
 // callerApartKey marks a call through the branch socket that dumps a
-// descendant of the caller's context, whose processes the caller is not
+// descendant of the caller's branch, whose processes the caller is not
 // among: it is made as any other.
 type callerApartKey struct{}
 

@@ -180,7 +180,7 @@ func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ 
 }
 
 // execFor finds a process started through a socket, if the caller may
-// reach its context.
+// reach its branch.
 func (s *selfService) execFor(ctx context.Context, b, execID string) (*selfExec, error) {
 	s.c.insock.mu.Lock()
 	e := s.c.insock.execs[selfKey(s.sandbox, execID)]

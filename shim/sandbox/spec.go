@@ -14,7 +14,7 @@ import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
 
-// Network modes of a branch context.
+// Network modes of a branch.
 const (
 	NetShared   = "shared"
 	NetIsolated = "isolated"

@@ -9,7 +9,7 @@ import (
 )
 
 // LiveCache remembers where each upper is mounted, so that finding a
-// writable context's live mount (once per fork) costs a statx and a statfs
+// writable branch's live mount (once per fork) costs a statx and a statfs
 // instead of reading and parsing the whole mount table. An entry is trusted
 // only while the mount at its target still has the same unique mount id
 // (never reused, unlike mountinfo's ids), so an unmount, or a mount on top,

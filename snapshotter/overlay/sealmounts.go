@@ -302,7 +302,7 @@ func SealedMounts(ms []NSMount) []branch.SealedMount {
 // SealEach makes each of ms read-only. If one refuses (EBUSY: files are
 // open for writing on it), those done are made writable again and the
 // error names the writers on every mount of the superblock (all). name is
-// the context, for messages.
+// the branch, for messages.
 func SealEach(ctx context.Context, name string, all, ms []NSMount) error {
 	ms2, err := newMountSealer()
 	if err != nil {
@@ -325,7 +325,7 @@ func SealEach(ctx context.Context, name string, all, ms []NSMount) error {
 				}
 			}
 			if errors.Is(err, unix.EBUSY) {
-				return &branch.WritersError{Context: name, Writers: findWriters(all)}
+				return &branch.WritersError{Branch: name, Writers: findWriters(all)}
 			}
 			return fmt.Errorf("make mount %s of %s read-only (namespace %d): %w", m.point, name, m.ns, err)
 		}
@@ -449,5 +449,5 @@ func SetEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper s
 }
 
 func LogSealed(ctx context.Context, name string, ms []NSMount, took time.Duration) {
-	log.G(ctx).WithFields(log.Fields{"context": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount: the superblock holds files unlinked while open")
+	log.G(ctx).WithFields(log.Fields{"branch": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount: the superblock holds files unlinked while open")
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Command containerd-shim-branch-v1-init is the init of a branch context:
+// Command containerd-shim-branch-v1-init is the init of a branch:
 // the shim starts it in the branch's new namespaces, it builds the
 // branch's root (mounts, devices, pivot_root) from the shim's instructions,
 // then starts the branch's processes as the shim asks. All of it is C

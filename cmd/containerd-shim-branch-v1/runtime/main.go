@@ -3,7 +3,7 @@
 // Command containerd-shim-branch-v1-runtime is the runtime half of
 // containerd-shim-branch-v1 alone: the runc-compatible command line (package
 // ocirt) and libcontainer's container init, without containerd's shim code.
-// The shim runs it for branch contexts when it is installed beside the shim:
+// The shim runs it for branches when it is installed beside the shim:
 // each branch start executes the runtime twice (create, then libcontainer's
 // re-exec as the init), and this binary starts in about half the time of
 // the shim binary (fewer pages to fault in, far fewer package initialisers).

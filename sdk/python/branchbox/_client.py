@@ -239,7 +239,7 @@ def _registry(doc, plain_http, user, secret):
 
 
 class Sandbox:
-    """A sandbox: its contexts, checkpoints and images."""
+    """A sandbox: its branches, checkpoints and images."""
 
     def __init__(self, client, name):
         self.client = client
@@ -250,7 +250,7 @@ class Sandbox:
 
     @property
     def root(self):
-        """The sandbox's own context, "0"."""
+        """The sandbox itself, branch "0"."""
         return Branch(self, "0")
 
     def branch(self, id):
@@ -272,11 +272,11 @@ class Sandbox:
         return [Branch(self, c["id"], c) for c in out["contexts"]]
 
     def tree(self):
-        """Every context, ended ones included (branchctl tree), as dicts."""
+        """Every branch, ended ones included (branchctl tree), as dicts."""
         return self.client._call("GET", self._path("/tree"))["contexts"]
 
     def checkpoint(self, name, branch=None, with_memory=False):
-        """Record a context's files as name; with_memory=True its running
+        """Record a branch's files as name; with_memory=True its running
         processes too."""
         doc = {"name": name}
         if branch is not None:
@@ -312,7 +312,7 @@ class Sandbox:
 
 
 class Branch:
-    """A context of a sandbox: a branch, or the sandbox itself ("0")."""
+    """A branch of a sandbox, or the sandbox itself ("0")."""
 
     def __init__(self, sandbox, id, info=None):
         self.sandbox = sandbox
@@ -397,7 +397,7 @@ class Branch:
     def commit(self):
         """Make the branch's changes its parent's. The first commit wins;
         its siblings are invalidated (a loser raises StaleError). Returns
-        {"parent": context, "invalidated": [ids]}."""
+        {"parent": branch, "invalidated": [ids]}."""
         return self.sandbox.client._call("POST", self._path("/commit"))["commit"]
 
     def abort(self):
