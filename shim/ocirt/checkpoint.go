@@ -3,7 +3,7 @@
 package ocirt
 
 // checkpoint and restore: runc's commands of those names, for the memory
-// forks of branch contexts (docs/memory-fork.md). Restore is runc's, on
+// forks of branches (docs/memory-fork.md). Restore is runc's, on
 // libcontainer's Restore. Checkpoint drives CRIU itself (go-criu, as
 // libcontainer does) for two reasons libcontainer's Checkpoint cannot
 // serve: the cgroup CRIU freezes must be the one the sandbox's processes

@@ -81,33 +81,16 @@ func tmpfsCopies(images, work string, spec *specs.Spec) (undo func(), err error)
 	}()
 	conf := criuConfigOf(spec)
 	for i, m := range mounts {
-		if len(m.Mountpoints) == 0 || strings.ContainsAny(m.File, "/\"\n") {
-			return undo, fmt.Errorf("%s: invalid entry %+v", tmpfsIndex, m)
-		}
-		for _, p := range m.Mountpoints {
-			if !path.IsAbs(p) || strings.ContainsAny(p, "\"\n") {
-				return undo, fmt.Errorf("%s: invalid mount point %q", tmpfsIndex, p)
-			}
-		}
 		target := filepath.Join(dir, strconv.Itoa(i))
+		if err := validTmpfsEntry(m); err != nil {
+			return undo, err
+		}
 		if err := os.Mkdir(target, 0o700); err != nil {
 			return undo, err
 		}
 		targets = append(targets, target)
-		if err := unix.Mount("tmpfs", target, "tmpfs", m.Flags&^unix.MS_RDONLY, m.Data); err != nil {
-			return undo, fmt.Errorf("tmpfs %s: mount (%s): %w", m.Mountpoints[0], m.Data, err)
-		}
-		mounted[target] = true
-		if err := unix.Mount("", target, "", unix.MS_PRIVATE, ""); err != nil {
+		if err := fillTmpfs(images, target, m, func() { mounted[target] = true }); err != nil {
 			return undo, err
-		}
-		if err := extractTmpfs(filepath.Join(images, m.File), target); err != nil {
-			return undo, fmt.Errorf("tmpfs %s: %w", m.Mountpoints[0], err)
-		}
-		if m.ReadOnly {
-			if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY|(m.Flags&^unix.MS_RDONLY), m.Data); err != nil {
-				return undo, fmt.Errorf("tmpfs %s: remount read-only: %w", m.Mountpoints[0], err)
-			}
 		}
 		for _, p := range m.Mountpoints {
 			conf = append(conf, fmt.Sprintf("ext-mount-map \"%s:%s\"", p, target))
@@ -125,6 +108,42 @@ func tmpfsCopies(images, work string, spec *specs.Spec) (undo func(), err error)
 	}
 	spec.Annotations[criuConfigAnnotation] = file
 	return undo, nil
+}
+
+// validTmpfsEntry refuses an index entry that would name a file outside
+// the image or break CRIU's configuration file.
+func validTmpfsEntry(m tmpfsMount) error {
+	if len(m.Mountpoints) == 0 || strings.ContainsAny(m.File, "/\"\n") {
+		return fmt.Errorf("%s: invalid entry %+v", tmpfsIndex, m)
+	}
+	for _, p := range m.Mountpoints {
+		if !path.IsAbs(p) || strings.ContainsAny(p, "\"\n") {
+			return fmt.Errorf("%s: invalid mount point %q", tmpfsIndex, p)
+		}
+	}
+	return nil
+}
+
+// fillTmpfs mounts at target a private tmpfs as m was mounted (mounted is
+// called once it is), fills it from its archive in images and makes it
+// read-only if m was.
+func fillTmpfs(images, target string, m tmpfsMount, mounted func()) error {
+	if err := unix.Mount("tmpfs", target, "tmpfs", m.Flags&^unix.MS_RDONLY, m.Data); err != nil {
+		return fmt.Errorf("tmpfs %s: mount (%s): %w", m.Mountpoints[0], m.Data, err)
+	}
+	mounted()
+	if err := unix.Mount("", target, "", unix.MS_PRIVATE, ""); err != nil {
+		return err
+	}
+	if err := extractTmpfs(filepath.Join(images, m.File), target); err != nil {
+		return fmt.Errorf("tmpfs %s: %w", m.Mountpoints[0], err)
+	}
+	if m.ReadOnly {
+		if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY|(m.Flags&^unix.MS_RDONLY), m.Data); err != nil {
+			return fmt.Errorf("tmpfs %s: remount read-only: %w", m.Mountpoints[0], err)
+		}
+	}
+	return nil
 }
 
 // criuConfigOf is the lines of the CRIU configuration libcontainer would

@@ -91,7 +91,7 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	if isSelfFork(ctx) && selfCallToken(ctx) == "" && !callerApart(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
-		// be given. (A call on the caller's own context is made after
+		// be given. (A call on the caller's own branch is made after
 		// the call instead: selfcall.go.)
 		return fmt.Errorf("%s: asked for from inside the sandbox, whose caller's connection to the branch socket cannot be copied; ask for it from outside (branchctl), or fork --from a checkpoint taken with memory: %w", what, errdefs.ErrNotImplemented)
 	}
