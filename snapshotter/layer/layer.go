@@ -22,8 +22,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
-
-	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
 // Entry is what a manifest records of one path of an upper: enough to tell
@@ -91,7 +89,9 @@ func Diff(ctx context.Context, upper string, prev Manifest) ([]Change, Manifest,
 	defer unix.Close(fd)
 	d := &differ{ctx: ctx, prev: prev, cur: Manifest{}, same: map[string]bool{"": true},
 		recent: time.Now().Add(-recentMargin()).UnixNano()}
-	if err := d.dir(fd, "", false, 0); err != nil {
+	// The upper is read in parallel, then compared in walk order.
+	sc := newScanner(ctx, prev).scan(fd, "", 0)
+	if err := d.walk(sc, "", false); err != nil {
 		return nil, nil, err
 	}
 	var gone []string
@@ -116,81 +116,56 @@ type differ struct {
 	changes []Change
 }
 
-func (d *differ) dir(fd int, rel string, underAdded bool, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("upper %s is deeper than %d levels: %w", rel, maxDepth, errdefs.ErrInvalidArgument)
+func (d *differ) walk(sc *scanned, rel string, underAdded bool) error {
+	if sc.err != nil {
+		return sc.err
 	}
-	var names []string
-	if err := readNames(fd, func(name string) error {
-		names = append(names, name)
-		return nil
-	}); err != nil {
-		return err
-	}
-	stats := statNames(fd, names)
-	for i, name := range names {
+	for i, name := range sc.names {
 		if err := d.ctx.Err(); err != nil {
 			return err
 		}
-		if err := d.entry(fd, rel, name, stats[i], underAdded, depth); err != nil {
-			return err
+		p := join(rel, name)
+		st := sc.stats[i]
+		if st.err != nil {
+			if st.err == unix.ENOENT { // removed while walking: it is gone
+				continue
+			}
+			return fmt.Errorf("stat %s in upper: %w", p, st.err)
+		}
+		e := Entry{Mode: st.mode & unix.S_IFMT, Ino: st.ino, Ctime: st.ctime}
+		if e.Ctime >= d.recent {
+			e.Ctime = 0
+		}
+		d.cur[p] = e
+		isDir := e.Mode == unix.S_IFDIR
+		added := false
+		if !underAdded {
+			old, ok := d.prev[p]
+			opaque := isDir && !ok && sc.opaque[i]
+			switch {
+			case !ok && isDir && !opaque:
+				// A new directory merged with whatever lies below it
+				// (copied up to hold a change): only its own entries
+				// changed, each listed on its own, so a rollback rewrites
+				// them rather than the whole directory.
+				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
+			case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
+				added = true
+				d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
+			case old.Ctime == 0 || old.Ctime != st.ctime:
+				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
+			}
+			if isDir && !added {
+				d.same[p] = true
+			}
+		}
+		if sub := sc.subs[i]; isDir && sub != nil {
+			if err := d.walk(sub, p, underAdded || added); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
-}
-
-// entry compares one entry of directory fd (rel in the upper), stat'ed as
-// st, with the manifest, and walks it if it is a directory.
-func (d *differ) entry(fd int, rel, name string, st entryStat, underAdded bool, depth int) error {
-	p := join(rel, name)
-	if st.err != nil {
-		if st.err == unix.ENOENT { // removed while walking: it is gone
-			return nil
-		}
-		return fmt.Errorf("stat %s in upper: %w", p, st.err)
-	}
-	e := Entry{Mode: st.mode & unix.S_IFMT, Ino: st.ino, Ctime: st.ctime}
-	if e.Ctime >= d.recent {
-		e.Ctime = 0
-	}
-	d.cur[p] = e
-	isDir := e.Mode == unix.S_IFDIR
-	added := false
-	if !underAdded {
-		old, ok := d.prev[p]
-		opaque := false
-		if isDir && !ok {
-			opaque, _ = isOpaque(fd, name)
-		}
-		switch {
-		case !ok && isDir && !opaque:
-			// A new directory merged with whatever lies below it
-			// (copied up to hold a change): only its own entries
-			// changed, each listed on its own, so a rollback rewrites
-			// them rather than the whole directory.
-			d.changes = append(d.changes, Change{Path: p, Kind: Modified})
-		case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
-			added = true
-			d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
-		case old.Ctime == 0 || old.Ctime != st.ctime:
-			d.changes = append(d.changes, Change{Path: p, Kind: Modified})
-		}
-		if isDir && !added {
-			d.same[p] = true
-		}
-	}
-	if !isDir {
-		return nil
-	}
-	sub, err := safeopen.OpenBeneath(fd, name, unix.O_RDONLY|unix.O_DIRECTORY)
-	if err != nil {
-		if err == unix.ENOENT {
-			return nil
-		}
-		return fmt.Errorf("open %s in upper: %w", p, err)
-	}
-	defer unix.Close(sub)
-	return d.dir(sub, p, underAdded || added, depth+1)
 }
 
 // readNames calls fn for every name in the directory fd.
