@@ -31,14 +31,26 @@ type ckptFixture struct {
 // ckptSandbox is a mounted root snapshot over a base of files whose upper
 // already holds size bytes of files (checkpointed as "base"): the change a
 // benchmark makes rewrites them, so a rollback has their old content to
-// bring back, not only new files to delete.
-func ckptSandbox(b *testing.B, ctx context.Context, files, size int) ckptFixture {
+// bring back, not only new files to delete. written more empty files in
+// one directory are in the upper too, as a sandbox that wrote them has.
+func ckptSandbox(b *testing.B, ctx context.Context, files, size, written int) ckptFixture {
 	b.Helper()
 	requireRoot(b)
-	return benchFixtures.get(b, fmt.Sprintf("ckpt-%d-%d", files, size), func(dir string, add func(func())) (any, error) {
+	return benchFixtures.get(b, fmt.Sprintf("ckpt-%d-%d-%d", files, size, written), func(dir string, add func(func())) (any, error) {
 		s, live, err := mountedSandbox(b, ctx, dir, files, add)
 		if err != nil {
 			return nil, err
+		}
+		if written > 0 {
+			tree := filepath.Join(live, "tree")
+			if err := os.Mkdir(tree, 0o755); err != nil {
+				return nil, err
+			}
+			for i := range written {
+				if err := os.WriteFile(filepath.Join(tree, strconv.Itoa(i+1)), nil, 0o644); err != nil {
+					return nil, err
+				}
+			}
 		}
 		writeChangeByte(b, live, size, 1)
 		root := branch.Ref{Root: branch.Root{Key: "sandbox"}}
@@ -80,7 +92,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		for _, sz := range checkpointSizes {
 			b.Run(fmt.Sprintf("files=%d/size=%s", files, sz.name), func(b *testing.B) {
 				b.Run("impl=branch", func(b *testing.B) {
-					f := ckptSandbox(b, ctx, files, sz.size)
+					f := ckptSandbox(b, ctx, files, sz.size, 0)
 					prev := ""
 					for b.Loop() {
 						b.StopTimer()
@@ -120,19 +132,7 @@ func BenchmarkRollback(b *testing.B) {
 	for _, files := range []int{10000, 100000} {
 		for _, sz := range checkpointSizes {
 			b.Run(fmt.Sprintf("files=%d/size=%s", files, sz.name), func(b *testing.B) {
-				b.Run("impl=branch", func(b *testing.B) {
-					f := ckptSandbox(b, ctx, files, sz.size)
-					i := 0
-					for b.Loop() {
-						b.StopTimer()
-						i++
-						writeChangeByte(b, f.live, sz.size, byte(i+1))
-						b.StartTimer()
-						if err := f.s.Rollback(ctx, f.root, "base"); err != nil {
-							b.Fatal(err)
-						}
-					}
-				})
+				b.Run("impl=branch", func(b *testing.B) { benchRollback(b, ctx, ckptSandbox(b, ctx, files, sz.size, 0), sz.size) })
 				b.Run("impl=cp-a", func(b *testing.B) { benchCopyTree(b, files, sz.size) })
 			})
 		}
@@ -164,34 +164,17 @@ func benchCopyTree(b *testing.B, files, size int) {
 // 1 KB change: finding the change costs a stat per entry of the upper.
 func BenchmarkRollbackWrittenUpper(b *testing.B) {
 	ctx := context.Background()
-	requireRoot(b)
-	f := benchFixtures.get(b, "ckpt-written-upper-10000", func(dir string, add func(func())) (any, error) {
-		s, live, err := mountedSandbox(b, ctx, dir, 1000, add)
-		if err != nil {
-			return nil, err
-		}
-		tree := filepath.Join(live, "tree")
-		if err := os.Mkdir(tree, 0o755); err != nil {
-			return nil, err
-		}
-		for i := range 10000 {
-			if err := os.WriteFile(filepath.Join(tree, strconv.Itoa(i+1)), nil, 0o644); err != nil {
-				return nil, err
-			}
-		}
-		writeChangeByte(b, live, 1<<10, 1)
-		root := branch.Ref{Root: branch.Root{Key: "sandbox"}}
-		if _, err := s.Checkpoint(ctx, root, "base"); err != nil {
-			return nil, err
-		}
-		unix.Sync()
-		return ckptFixture{s: s, root: root, live: live, seq: new(int)}, nil
-	}).(ckptFixture)
+	benchRollback(b, ctx, ckptSandbox(b, ctx, 1000, 1<<10, 10000), 1<<10)
+}
+
+// benchRollback times rollbacks of f to "base", each after rewriting size
+// bytes of its files.
+func benchRollback(b *testing.B, ctx context.Context, f ckptFixture, size int) {
 	i := 0
 	for b.Loop() {
 		b.StopTimer()
 		i++
-		writeChangeByte(b, f.live, 1<<10, byte(i+1))
+		writeChangeByte(b, f.live, size, byte(i+1))
 		b.StartTimer()
 		if err := f.s.Rollback(ctx, f.root, "base"); err != nil {
 			b.Fatal(err)
