@@ -21,6 +21,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/fscopy"
 )
 
 // TempPrefix starts the name of every temporary entry Apply creates in
@@ -106,11 +108,9 @@ type applier struct {
 	links   map[devIno]string
 	tmpBase string
 	tmpSeq  int
-	buf     []byte
-	// noCFR remembers that copy_file_range refused this pair of
-	// filesystems (upper's and the mount's), to skip the try next time;
-	// noSendfile the same of sendfile, tried next.
-	noCFR, noSendfile bool
+	// copier copies file data, remembering which of the kernel's ways
+	// the pair of filesystems (upper's and the mount's) refused.
+	copier fscopy.Copier
 	// tgtUpper is the fd of target's upper directory (-1 if not known);
 	// peekDir/peekFd the last directory of it looked into (peekFd -1 if it
 	// does not exist there).

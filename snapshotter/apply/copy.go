@@ -148,7 +148,7 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 			return fail(rel, "create target file", err)
 		}
 		defer unix.Close(dst)
-		n, end, err := a.copyData(src, dst, st.Size)
+		n, end, err := a.copier.Data(src, dst, st.Size)
 		if err != nil {
 			return fail(rel, "copy data", err)
 		}
@@ -177,137 +177,6 @@ func (a *applier) file(upFd, tgtFd int, rel, name string, xattrs []string) error
 		a.stats.Files++
 		return nil
 	})
-}
-
-// copyData copies the data extents of src to dst, leaving holes as holes,
-// and returns the bytes copied and the end of the last one.
-func (a *applier) copyData(src, dst int, size int64) (copied, end int64, err error) {
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(src, off, unix.SEEK_DATA)
-		if err == unix.ENXIO {
-			break // only a hole remains; Ftruncate makes it
-		}
-		if err != nil {
-			// A filesystem without SEEK_DATA: copy everything.
-			data = off
-		}
-		hole, err := unix.Seek(src, data, unix.SEEK_HOLE)
-		if err != nil {
-			hole = size
-		}
-		hole = min(hole, size)
-		if hole <= data {
-			break
-		}
-		n, err := a.copyRange(src, dst, data, hole-data)
-		copied += n
-		end = data + n
-		if err != nil {
-			return copied, end, err
-		}
-		if n < hole-data {
-			break // upper file shrank under us: stop at its end
-		}
-		off = hole
-	}
-	return copied, end, nil
-}
-
-func (a *applier) copyRange(src, dst int, off, n int64) (int64, error) {
-	if a.noCFR {
-		return a.copySendfile(src, dst, off, n)
-	}
-	var done int64
-	for done < n {
-		roff, woff := off+done, off+done
-		c, err := unix.CopyFileRange(src, &roff, dst, &woff, int(min(n-done, 1<<30)), 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EXDEV || err == unix.EINVAL || err == unix.EOPNOTSUPP || err == unix.ENOSYS {
-			a.noCFR = true
-			m, err := a.copySendfile(src, dst, off+done, n-done)
-			return done + m, err
-		}
-		if err != nil {
-			return done, err
-		}
-		if c == 0 {
-			return done, nil
-		}
-		done += int64(c)
-	}
-	return done, nil
-}
-
-// copySendfile is copyRange for file pairs copy_file_range refuses, as an
-// upper's file and a file of the overlay mount a commit applies through
-// are (another filesystem): sendfile still copies in the kernel, without
-// the copy through a buffer of ours (100 MB into an overlay here: 33.5 ms,
-// against 41 ms through a buffer). sendfile writes at dst's file offset.
-func (a *applier) copySendfile(src, dst int, off, n int64) (int64, error) {
-	if a.noSendfile {
-		return a.copyRW(src, dst, off, n)
-	}
-	if _, err := unix.Seek(dst, off, unix.SEEK_SET); err != nil {
-		return 0, err
-	}
-	var done int64
-	for done < n {
-		roff := off + done
-		c, err := unix.Sendfile(dst, src, &roff, int(min(n-done, 1<<30)))
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP {
-			a.noSendfile = true
-			m, err := a.copyRW(src, dst, off+done, n-done)
-			return done + m, err
-		}
-		if err != nil {
-			return done, err
-		}
-		if c == 0 {
-			return done, nil
-		}
-		done += int64(c)
-	}
-	return done, nil
-}
-
-// copyRW is copyRange for file pairs neither copy_file_range nor sendfile
-// serves.
-func (a *applier) copyRW(src, dst int, off, n int64) (int64, error) {
-	// Sized to the data up to 1 MiB: a commit of a few small files must
-	// not pay for zeroing a large buffer.
-	if want := int(min(n, 1<<20)); len(a.buf) < want {
-		a.buf = make([]byte, want)
-	}
-	var done int64
-	for done < n {
-		r, err := unix.Pread(src, a.buf[:min(n-done, int64(len(a.buf)))], off+done)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return done, err
-		}
-		if r == 0 {
-			return done, nil
-		}
-		for w := 0; w < r; {
-			m, err := unix.Pwrite(dst, a.buf[w:r], off+done+int64(w))
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return done, err
-			}
-			w += m
-		}
-		done += int64(r)
-	}
-	return done, nil
 }
 
 func (a *applier) symlink(upFd, tgtFd int, rel, name string, st *unix.Stat_t, xattrs []string) error {

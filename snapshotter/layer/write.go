@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/internal/fscopy"
 	"github.com/branchbox/branchbox/internal/safeopen"
 )
 
@@ -88,6 +89,9 @@ type writer struct {
 	whole map[string]bool // paths written with everything below them
 	dirs  []dirTimes
 	stats Stats
+	// copier copies file data, in the kernel where it can (a checkpoint
+	// reads the upper, a rollback an overlay mount of the checkpoint).
+	copier fscopy.Copier
 }
 
 func (w *writer) change(c Change, merged bool) error {
@@ -285,7 +289,7 @@ func (w *writer) file(dirfd int, name, rel, out string, st *unix.Stat_t) error {
 		return fmt.Errorf("create %s: %w", out, err)
 	}
 	defer unix.Close(o)
-	n, err := copyData(in, o, now.Size)
+	n, _, err := w.copier.Data(in, o, now.Size)
 	w.stats.Bytes += n
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", rel, err)
@@ -297,53 +301,6 @@ func (w *writer) file(dirfd int, name, rel, out string, st *unix.Stat_t) error {
 		return err
 	}
 	return setTimes(out, &now)
-}
-
-// copyData copies data extents, keeping holes.
-func copyData(in, out int, size int64) (int64, error) {
-	var copied int64
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(in, off, unix.SEEK_DATA)
-		if err == unix.ENXIO {
-			break
-		}
-		if err != nil {
-			data = off
-		}
-		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
-		if err != nil || hole > size {
-			hole = size
-		}
-		if hole <= data {
-			break
-		}
-		for pos := data; pos < hole; {
-			roff, woff := pos, pos
-			c, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(hole-pos, 1<<30)), 0)
-			if err == unix.EINTR {
-				continue
-			}
-			if err == unix.EXDEV || err == unix.EINVAL || err == unix.EOPNOTSUPP || err == unix.ENOSYS {
-				// Across filesystems (from an overlay mount): copy by hand.
-				n, err := copyRW(in, out, pos, hole-pos)
-				copied += n
-				if err != nil || n < hole-pos {
-					return copied, err
-				}
-				break
-			}
-			if err != nil {
-				return copied, err
-			}
-			if c == 0 {
-				return copied, nil // shrank under us
-			}
-			pos += int64(c)
-			copied += int64(c)
-		}
-		off = hole
-	}
-	return copied, nil
 }
 
 // meta gives out the owner, mode and xattrs of src entry name of dirfd
@@ -438,26 +395,4 @@ func lgetxattr(path, name string) ([]byte, error) {
 		}
 		return buf[:n], nil
 	}
-}
-
-func copyRW(in, out int, off, n int64) (int64, error) {
-	buf := make([]byte, min(n, 1<<20))
-	var done int64
-	for done < n {
-		c, err := unix.Pread(in, buf[:min(int64(len(buf)), n-done)], off+done)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return done, err
-		}
-		if c == 0 {
-			return done, nil
-		}
-		if _, err := unix.Pwrite(out, buf[:c], off+done); err != nil {
-			return done, err
-		}
-		done += int64(c)
-	}
-	return done, nil
 }
