@@ -39,54 +39,68 @@ type cachedManifest struct {
 }
 
 // load returns the manifest at path, from the cache if the file is the
-// one cached.
+// one cached. A manifest read is cached under the file's identity taken
+// before the read: a file replaced meanwhile is read again next time,
+// never served as the one replaced.
 func (c *manifestCache) load(path string) (layer.Manifest, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err == nil {
-		c.mu.Lock()
-		for i, e := range c.entries {
-			if e.path == path && e.ino == st.Ino && e.ctime == st.Ctim && e.size == st.Size {
-				copy(c.entries[1:i+1], c.entries[:i])
-				c.entries[0] = e
-				c.mu.Unlock()
-				return e.m, nil
-			}
+	statErr := unix.Stat(path, &st)
+	if statErr == nil {
+		if m, ok := c.hit(path, &st); ok {
+			return m, nil
 		}
-		c.mu.Unlock()
 	}
 	m, err := layer.LoadManifest(path)
 	if err != nil {
 		return nil, err
 	}
-	c.put(path, m)
+	if statErr == nil {
+		c.insert(path, &st, m)
+	}
 	return m, nil
 }
 
 // put caches m as the manifest at path, as the file is now.
 func (c *manifestCache) put(path string, m layer.Manifest) {
-	if len(m) > manifestCacheEntries {
-		return
-	}
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
+	if unix.Stat(path, &st) == nil {
+		c.insert(path, &st, m)
+	}
+}
+
+// hit returns the manifest cached for path if st is the file cached, and
+// makes it the most recently used.
+func (c *manifestCache) hit(path string, st *unix.Stat_t) (layer.Manifest, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range c.entries {
+		if e.path == path && e.ino == st.Ino && e.ctime == st.Ctim && e.size == st.Size {
+			copy(c.entries[1:i+1], c.entries[:i])
+			c.entries[0] = e
+			return e.m, true
+		}
+	}
+	return nil, false
+}
+
+// insert caches m as the manifest of the file at path that st describes,
+// first, dropping the least recently used beyond the bounds.
+func (c *manifestCache) insert(path string, st *unix.Stat_t, m layer.Manifest) {
+	if len(m) > manifestCacheEntries {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	kept := c.entries[:0]
+	entries := []cachedManifest{{path: path, ino: st.Ino, ctime: st.Ctim, size: st.Size, m: m}}
+	total := len(m)
 	for _, e := range c.entries {
-		if e.path != path {
-			kept = append(kept, e)
+		if e.path == path {
+			continue
 		}
-	}
-	c.entries = append([]cachedManifest{{path: path, ino: st.Ino, ctime: st.Ctim, size: st.Size, m: m}}, kept...)
-	total := 0
-	for i, e := range c.entries {
-		total += len(e.m)
-		if i == manifestCacheSize || (i > 0 && total > manifestCacheEntries) {
-			clear(c.entries[i:])
-			c.entries = c.entries[:i]
+		if total += len(e.m); len(entries) == manifestCacheSize || total > manifestCacheEntries {
 			break
 		}
+		entries = append(entries, e)
 	}
+	c.entries = entries
 }
