@@ -162,8 +162,7 @@ func TestMemoryCheckpointRefusals(t *testing.T) {
 // its processes: the processes it runs now are killed and the
 // checkpoint's are restored, with the checkpoint's files, so its REPL is
 // where it was (its variables, its command counter, its open file's
-// contents). The sandbox's own processes cannot be replaced: a rollback of
-// the sandbox to a checkpoint with memory is refused, naming why.
+// contents).
 func TestMemoryRollback(t *testing.T) {
 	ctx, env, sc := replSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=root`)
@@ -227,11 +226,14 @@ func TestMemoryRollback(t *testing.T) {
 	if _, err := sc.Checkpoint(ctx, "", "root-mem", client.CheckpointWithMemory()); err != nil {
 		t.Fatal(err)
 	}
-	if err := sc.Rollback(ctx, "", "root-mem"); !errdefs.IsNotImplemented(err) {
-		t.Fatalf("rollback of the sandbox to a checkpoint with memory: %v; want not implemented, saying why", err)
+	replIn(t, ctx, env, sc, branch.RootID, 1, `mem=moved`)
+	// The sandbox itself is rolled back with its processes too
+	// (TestMemoryRollbackSandbox has the rest).
+	if err := sc.Rollback(ctx, "", "root-mem"); err != nil {
+		t.Fatalf("rollback of the sandbox to a checkpoint with memory: %v", err)
 	}
 	if got := replIn(t, ctx, env, sc, branch.RootID, 1, `echo $mem`); got != "root\n" {
-		t.Fatalf("sandbox after a refused rollback: %q", got)
+		t.Fatalf("sandbox after its rollback: %q, want the checkpoint's mem=root", got)
 	}
 	assertNoMemoryImages(t, env)
 }
@@ -396,7 +398,8 @@ func TestMemorySelfForkLive(t *testing.T) {
 // checkpoint --memory, run by the REPL): the call returns in the sandbox
 // with the checkpoint, and returns again, printing nothing, in a copy
 // restored from it later by a fork --from it, which continues from the
-// checkpoint's state, not the sandbox's present.
+// checkpoint's state, not the sandbox's present, and in the sandbox itself
+// rolled back to it.
 func TestMemorySelfCheckpoint(t *testing.T) {
 	ctx, env, sc := insockReplSandbox(t)
 	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=then`)
@@ -442,6 +445,26 @@ func TestMemorySelfCheckpoint(t *testing.T) {
 	}
 	if got := replIn(t, ctx, env, sc, k, 4, `echo "mem=$mem"`); got != "mem=then\n" {
 		t.Fatalf("branch %s after its rollback: %q, want mem=then", k, got)
+	}
+	// The sandbox itself rolled back to its own checkpoint: its call
+	// returns again there too.
+	if _, err := sc.Abort(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Rollback(ctx, "", "warm"); err != nil {
+		t.Fatalf("rollback of the sandbox to warm: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		o, _ := execIn(ctx, env, "sb", "cat", "/dev/shm/out.1")
+		if got = o; got == "rc=0 ck=[] mem=then\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox after its rollback: its checkpoint call printed %q, want rc=0 ck=[] mem=then", got)
+		}
+	}
+	if got := replIn(t, ctx, env, sc, branch.RootID, 2, `echo "mem=$mem"`); got != "mem=then\n" {
+		t.Fatalf("sandbox after its rollback: %q, want mem=then", got)
 	}
 }
 

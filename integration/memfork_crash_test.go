@@ -16,6 +16,8 @@ import (
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/events"
 )
 
 // TestMemoryForkCrash kills (SIGKILL) the snapshotter, and in a second
@@ -89,20 +91,7 @@ func TestMemoryForkCrash(t *testing.T) {
 		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
-		}
-		// The wait ends with the shim's connection, before containerd's
-		// cleanup of it.
-		select {
-		case <-deleted:
-		case err := <-evErrs:
-			t.Fatalf("containerd's events: %v", err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("containerd did not report the dead shim's task deleted within 30s")
-		}
+		awaitDeadShimCleanup(t, exited, deleted, evErrs)
 		waitUntil(t, "the sandbox's processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
 		if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) > 0 || len(pids) > 0 {
 			t.Fatalf("branch cgroups %v (processes %v) left", dirs, pids)
@@ -139,4 +128,23 @@ func mountsUnder(dir string) []string {
 		}
 	}
 	return out
+}
+
+// awaitDeadShimCleanup waits for a task whose shim was killed to exit (its
+// Wait ends with the shim's connection, before containerd's cleanup of the
+// shim), then for containerd to report it deleted: the cleanup is done.
+func awaitDeadShimCleanup(t *testing.T, exited <-chan containerd.ExitStatus, deleted <-chan *events.Envelope, evErrs <-chan error) {
+	t.Helper()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
+	}
+	select {
+	case <-deleted:
+	case err := <-evErrs:
+		t.Fatalf("containerd's events: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("containerd did not report the dead shim's task deleted within 30s")
+	}
 }

@@ -98,6 +98,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if err := r.Delete(ctx, id, &runcC.DeleteOpts{Force: true}); err != nil {
 		log.G(ctx).WithError(err).Warn("failed to remove container")
 	}
+	sandbox.RemoveDeadSandboxCgroup(ctx, path)
 	unmountDeadRootfs(ctx, filepath.Join(path, "rootfs"))
 	pid, err := runcC.ReadPidFile(filepath.Join(path, process.InitPidFile))
 	if err != nil {
@@ -242,17 +243,21 @@ func Register() {
 // exitPublisher is the task service's publisher: when a container's init
 // exits it ends the container's branches before the exit is published, so
 // that containerd, and whoever waits for the exit, sees a stopped sandbox
-// only once nothing of it runs.
+// only once nothing of it runs. While a rollback with memory replaces a
+// sandbox's processes, the events of the old init's end and of the new
+// one's creation are not published (sandbox.Service.HoldEvent).
 type exitPublisher struct {
 	cshim.Publisher
 	sandboxes atomic.Pointer[sandbox.Service]
 }
 
 func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.Event) error {
-	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID {
-		if c := p.sandboxes.Load(); c != nil {
-			c.SandboxExited(ctx, e.ContainerID)
-		}
+	c := p.sandboxes.Load()
+	if c != nil && c.HoldEvent(ctx, topic, event) {
+		return nil // a replacement of the sandbox's processes runs
+	}
+	if e, ok := event.(*eventstypes.TaskExit); ok && e.ID == e.ContainerID && c != nil {
+		c.SandboxExited(ctx, e.ContainerID)
 	}
 	return p.Publisher.Publish(ctx, topic, event)
 }
@@ -281,9 +286,27 @@ func (s *taskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		if sb, err := s.sandboxes.Sandbox(r.ID); err == nil && s.sandboxes.Paused(sb) {
 			return nil, errgrpc.ToGRPC(fmt.Errorf("delete %s: %w", r.ID, sandbox.PausedError(sb)))
 		}
+		lost := s.sandboxes.LostExit(r.ID)
 		s.sandboxes.Teardown(ctx, r.ID)
+		if lost != nil {
+			// Its processes' replacement failed after the task service's
+			// task was deleted: the exit is the old init's.
+			return &taskAPI.DeleteResponse{Pid: lost.Pid, ExitStatus: lost.ExitStatus, ExitedAt: lost.ExitedAt}, nil
+		}
 	}
 	return s.TTRPCTaskService.Delete(ctx, r)
+}
+
+// State of a sandbox whose processes' replacement failed after its task
+// was deleted is the old init's exit (see Delete).
+func (s *taskService) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	if lost := s.sandboxes.LostExit(r.ID); lost != nil && r.ExecID == "" {
+		return &taskAPI.StateResponse{
+			ID: r.ID, Bundle: s.sandboxes.Bundle(r.ID), Pid: lost.Pid, Status: tasktypes.Status_STOPPED,
+			ExitStatus: lost.ExitStatus, ExitedAt: lost.ExitedAt,
+		}, nil
+	}
+	return s.TTRPCTaskService.State(ctx, r)
 }
 
 // Kill is runc-v2's, and then, for a SIGKILL of a sandbox, thaws the
@@ -300,10 +323,31 @@ func (s *taskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes
 }
 
 // Wait for a container's init returns once its branches are gone too (see
-// exitPublisher): a stopped sandbox has nothing running.
+// exitPublisher): a stopped sandbox has nothing running. An init that a
+// rollback with memory replaced is not an exit: the new one is waited for.
 func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
-	resp, err := s.TTRPCTaskService.Wait(ctx, r)
-	if err != nil || r.ExecID != "" {
+	if r.ExecID != "" {
+		return s.TTRPCTaskService.Wait(ctx, r)
+	}
+	var (
+		resp *taskAPI.WaitResponse
+		err  error
+	)
+	for {
+		gen := s.sandboxes.ReplaceGen(r.ID)
+		resp, err = s.TTRPCTaskService.Wait(ctx, r)
+		again, rerr := s.sandboxes.Replaced(ctx, r.ID, gen)
+		if rerr != nil {
+			return nil, errgrpc.ToGRPC(fmt.Errorf("wait for %s, whose processes are being replaced: %w", r.ID, rerr))
+		}
+		if !again {
+			break
+		}
+	}
+	if lost := s.sandboxes.LostExit(r.ID); lost != nil {
+		resp, err = &taskAPI.WaitResponse{ExitStatus: lost.ExitStatus, ExitedAt: lost.ExitedAt}, nil
+	}
+	if err != nil {
 		return resp, err
 	}
 	if err := s.sandboxes.WaitStopped(ctx, r.ID); err != nil {

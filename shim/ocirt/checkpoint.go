@@ -308,7 +308,13 @@ func restore(c *cmdline) error {
 	}
 	undo := func() {}
 	defer func() { undo() }()
+	var keptHooks *specs.Hooks
 	container, spec, err := bundleContainer(c, func(spec *specs.Spec) error {
+		if bundle, err := os.Getwd(); err == nil {
+			if netns := keptNetNS(bundle); netns != "" {
+				keptHooks = joinKeptNetNS(spec, netns) // keptnet.go
+			}
+		}
 		work := c.str("work-path")
 		if work == "" {
 			work = "." // the bundle
@@ -344,5 +350,8 @@ func restore(c *cmdline) error {
 		subreaper:     !c.bool("no-subreaper"),
 		restore:       opts,
 	}
-	return r.run(spec.Process)
+	if err := r.run(spec.Process); err != nil {
+		return err
+	}
+	return recordHooks(c, spec, keptHooks)
 }

@@ -256,14 +256,16 @@ func kill(c *cmdline) error {
 func deleteContainer(c *cmdline) error {
 	id := c.args[0]
 	force := c.bool("force")
+	// A restore killed midway (its shim killed, the CRIU of it killed by
+	// the cleanup) leaves libcontainer's bind mount of the rootfs in the
+	// container's state directory (criu-root), which it unmounts only on
+	// return; the directory cannot be removed with it.
+	path := filepath.Join(c.g.root, id)
+	_ = unix.Unmount(filepath.Join(path, "criu-root"), unix.MNT_DETACH)
 	container, err := getContainer(c)
 	if err != nil {
 		if errors.Is(err, libcontainer.ErrNotExist) {
-			// An aborted create can leave the directory without state.json,
-			// and an aborted restore libcontainer's bind mount of the
-			// rootfs in it (criu-root), which it unmounts only on return.
-			path := filepath.Join(c.g.root, id)
-			_ = unix.Unmount(filepath.Join(path, "criu-root"), unix.MNT_DETACH)
+			// An aborted create can leave the directory without state.json.
 			if e := os.RemoveAll(path); e != nil {
 				fmt.Fprintf(os.Stderr, "remove %s: %v\n", path, e)
 			}
@@ -282,6 +284,12 @@ func deleteContainer(c *cmdline) error {
 	}
 	switch s {
 	case libcontainer.Stopped:
+		if err := dropHooksIfKept(c, bundleOf(container)); err != nil {
+			return err
+		}
+		if container, err = getContainer(c); err != nil {
+			return err
+		}
 		// Processes that outlived init (a shared PID namespace, or ones
 		// that entered the cgroup some other way) go too.
 		if err := killCgroup(container); err != nil {

@@ -109,8 +109,11 @@ func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ 
 	err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
 	if errdefs.IsFailedPrecondition(err) {
 		if ck, lerr := c.checkpointNamed(ctx, sb, req.Name); lerr == nil && ck.MemoryBytes > 0 {
-			if id == branch.RootID {
-				return nil, fmt.Errorf("rollback of %s to %q: it holds the sandbox's processes, which cannot be replaced: the sandbox's init is the task containerd (and nerdctl, the kubelet) watch; fork --from %s --memory continues from it in a branch: %w", sb.id, req.Name, req.Name, errdefs.ErrNotImplemented)
+			if root := sb.nodes[branch.RootID]; id == branch.RootID && root != nil {
+				if err := c.rollbackRoot(ctx, sb, root, ck); err != nil {
+					return nil, err
+				}
+				return &shimv1.Empty{}, nil
 			}
 			return nil, fmt.Errorf("rollback of branch %s of %s to %q: it holds processes, and the branch runs on the branch init, whose processes cannot be restored: %w", id, sb.id, req.Name, errdefs.ErrNotImplemented)
 		}

@@ -206,6 +206,14 @@ func StopDead(ctx context.Context, r *runcC.Runc, stateRoot, bundle, id string) 
 	killCriuOf(ctx, bundle)
 	stopBranches(ctx, r, bundle, id)
 	removeMemoryImages(ctx, bundle)
+	// A rollback with memory that was replacing the sandbox's processes
+	// (rollbackroot.go) leaves their network namespace bound in the
+	// bundle, and the restore's tmpfs copies mounted in its work
+	// directory; the container's delete after this runs its hooks.
+	dropKeptNetNS(ctx, bundle)
+	if err := mount.UnmountRecursive(filepath.Join(bundle, restoreWorkDir), unix.MNT_DETACH); err != nil {
+		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("unmount what a restore left in the bundle")
+	}
 }
 
 // stopBranches is the cleanup of a sandbox whose shim died: it force
@@ -323,5 +331,50 @@ func killCgroupsBelow(ctx context.Context, sbPath string) {
 				log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes")
 			}
 		}
+	}
+}
+
+// RemoveDeadSandboxCgroup is the last of the cleanup of a sandbox whose
+// shim died, after the runtime's delete: a shim killed while a rollback
+// with memory restored the sandbox's processes leaves, if the restore had
+// not yet written the runtime's state, the sandbox's cgroup (and maybe
+// restored processes in it) that the delete did not find. Those processes
+// are killed and the cgroup removed; a cgroup the delete removed is not
+// there any more.
+func RemoveDeadSandboxCgroup(ctx context.Context, bundle string) {
+	spec, err := ReadSpec(bundle)
+	if err != nil || spec.Linux == nil {
+		return
+	}
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
+	if err != nil {
+		return
+	}
+	ms, err := cgroup.Mounts()
+	if err != nil {
+		return
+	}
+	dirs := cgroup.DirsIn(ms, cg)
+	var present []cgroup.Dir
+	for _, d := range dirs {
+		if _, err := os.Stat(d.Path); err == nil {
+			present = append(present, d)
+		}
+	}
+	if len(present) == 0 {
+		return
+	}
+	log.G(ctx).WithField("cgroup", cg).Warn("removing the cgroup of a sandbox whose shim died while restoring its processes")
+	if err := cgroup.KillDirs(ctx, cg, present); err != nil {
+		log.G(ctx).WithError(err).Warn("kill what is left in a dead sandbox's cgroup")
+	}
+	// Reaped by the host's init, maybe late (see removeBranchCgroups).
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err = cgroup.RemoveDirs(present); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("remove a dead sandbox's cgroup")
 	}
 }

@@ -418,24 +418,8 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 // checkpoint's files with no process running (commit or abort it).
 func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck branch.Checkpoint) error {
 	what := fmt.Sprintf("rollback of branch %s of %s to %q", n.id, sb.id, ck.Name)
-	if c.Paused(sb) {
-		return PausedError(sb)
-	}
-	if n.state.has(held) {
-		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
-	}
-	if ck.Branch != n.id {
-		return fmt.Errorf("%s: it is a state of branch %s: %w", what, ck.Branch, errdefs.ErrInvalidArgument)
-	}
-	var kids []string
-	for _, o := range sb.nodes {
-		if o.parent == n.id && o.id != branch.RootID {
-			kids = append(kids, o.id)
-		}
-	}
-	if len(kids) > 0 {
-		sort.Strings(kids)
-		return fmt.Errorf("%s: it has %d live children (%s) built on its current state; commit or abort them first: %w", what, len(kids), strings.Join(kids, ", "), errdefs.ErrFailedPrecondition)
+	if err := c.checkRollbackMemory(sb, n, ck, what); err != nil {
+		return err
 	}
 	img, err := keptImage(what, ck)
 	if err != nil {
@@ -472,5 +456,30 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 		return fmt.Errorf("%s: its files are the checkpoint's, but %w", what, err)
 	}
 	n.state.clear(exited)
+	return nil
+}
+
+// checkRollbackMemory refuses, before anything changes, a rollback of
+// branch n with its processes to ck that could not be done: what names it.
+func (c *Service) checkRollbackMemory(sb *Sandbox, n *Branch, ck branch.Checkpoint, what string) error {
+	if c.Paused(sb) {
+		return PausedError(sb)
+	}
+	if n.state.has(held) {
+		return fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
+	}
+	if ck.Branch != n.id {
+		return fmt.Errorf("%s: it is a state of branch %s: %w", what, ck.Branch, errdefs.ErrInvalidArgument)
+	}
+	var kids []string
+	for _, o := range sb.nodes {
+		if o.parent == n.id && o.id != branch.RootID {
+			kids = append(kids, o.id)
+		}
+	}
+	if len(kids) > 0 {
+		sort.Strings(kids)
+		return fmt.Errorf("%s: it has %d live children (%s) built on its current state; commit or abort them first: %w", what, len(kids), strings.Join(kids, ", "), errdefs.ErrFailedPrecondition)
+	}
 	return nil
 }

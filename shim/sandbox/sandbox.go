@@ -74,6 +74,12 @@ type Sandbox struct {
 	// commit that killed its branch still gets the exit status.
 	endedMu sync.Mutex
 	ended   map[string]process.Process // by branch/exec id
+
+	// create is the task's creation as the task service was asked for it
+	// (its rootfs aside), to create it again from a memory image
+	// (rollbackroot.go); replace is that replacement's state (replace.go).
+	create  *taskAPI.CreateTaskRequest
+	replace replacement
 }
 
 // maxEnded bounds the processes of ended branches kept for Wait.
@@ -205,6 +211,10 @@ func (c *Service) AddSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	c.sandboxes[r.ID] = &Sandbox{
 		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgPath, stoppedCh: make(chan struct{}),
 		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
+		create: &taskAPI.CreateTaskRequest{
+			ID: r.ID, Bundle: r.Bundle, Terminal: r.Terminal, Options: r.Options,
+			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr,
+		},
 	}
 }
 

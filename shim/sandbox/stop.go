@@ -40,12 +40,16 @@ func (c *Service) SandboxExited(ctx context.Context, id string) {
 	if err != nil {
 		return
 	}
-	defer sb.markStopped()
-	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	c.exitedLocked(ctx, sb)
+}
+
+// exitedLocked is SandboxExited with sb.mu held.
+func (c *Service) exitedLocked(ctx context.Context, sb *Sandbox) {
+	defer sb.markStopped()
 	sb.stopped = true
-	c.endAll(ctx, sb)
+	c.endAll(withNS(ctx, sb), sb)
 }
 
 // markStopped says that nothing of the sandbox's branches runs any more.
