@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -22,6 +23,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
@@ -37,14 +39,15 @@ const nerdctlHook = `#!/bin/sh
 // nerdctlLogger stands in for nerdctl as the shim's binary logger
 // (`binary://nerdctl?_NERDCTL_INTERNAL_LOGGING=DATASTORE`): the shim runs it
 // with the container's stdout on fd 3, stderr on fd 4 and a pipe on fd 5
-// to close once ready, and with no PATH.
+// to close once ready, and with no PATH. It appends, as nerdctl's
+// json-file logger does.
 const nerdctlLogger = `#!/bin/sh
 [ "$1" = _NERDCTL_INTERNAL_LOGGING ] || exit 2
 d="$2/$CONTAINER_NAMESPACE/$CONTAINER_ID"
 /bin/mkdir -p "$d"
 # The readers must not hold the ready pipe open.
-/bin/cat <&3 > "$d/stdout" 5>&- &
-/bin/cat <&4 > "$d/stderr" 5>&- &
+/bin/cat <&3 >> "$d/stdout" 5>&- &
+/bin/cat <&4 >> "$d/stderr" 5>&- &
 exec 3<&- 4<&- 5>&-
 wait
 `
@@ -60,105 +63,10 @@ wait
 // both hooks run.
 func TestNerdctlStyleContainer(t *testing.T) {
 	ctx, env := startEnv(t)
-	importImage(t, ctx, env, "overlayfs") // nerdctl's own pulls unpack elsewhere first
-	client, err := containerd.New(env.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx = namespaces.WithNamespace(ctx, env.Namespace)
 	id := "nerdctl-style"
-	t.Cleanup(func() {
-		cctx := namespaces.WithNamespace(context.Background(), env.Namespace)
-		if c, err := client.LoadContainer(cctx, id); err == nil {
-			if task, err := c.Task(cctx, nil); err == nil {
-				_, _ = task.Delete(cctx, containerd.WithProcessKill)
-			}
-			_ = c.Delete(cctx, containerd.WithSnapshotCleanup)
-		}
-		client.Close()
-		killLeftovers(t, env.Namespace)
-		if err := os.Remove(filepath.Join(runtimeRoot, env.Namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("runtime state left: %v", err)
-			_ = os.RemoveAll(filepath.Join(runtimeRoot, env.Namespace))
-		}
-	})
-
-	dir := t.TempDir()
-	dataStore, hookDir := filepath.Join(dir, "nerdctl"), filepath.Join(dir, "hooks")
-	for _, d := range []string{dataStore, hookDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hook, logger := filepath.Join(dir, "nerdctl-hook"), filepath.Join(dir, "nerdctl-logger")
-	if err := os.WriteFile(hook, []byte(nerdctlHook), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(logger, []byte(nerdctlLogger), 0o755); err != nil {
-		t.Fatal(err)
-	}
-
-	// EnsureImage: nerdctl unpacks an image it already has into the
-	// snapshotter asked for when it is not unpacked there.
-	img, err := client.GetImage(ctx, ociimage.ImageRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := img.IsUnpacked(ctx, "branch"); err != nil || ok {
-		t.Fatalf("image unpacked into branch before nerdctl's unpack (%v, %v)", ok, err)
-	}
-	if err := img.Unpack(ctx, "branch"); err != nil {
-		t.Fatal(err)
-	}
-
-	logURI, err := cio.LogURIGenerator("binary", logger, map[string]string{"_NERDCTL_INTERNAL_LOGGING": dataStore})
-	if err != nil {
-		t.Fatal(err)
-	}
-	platform := "linux/" + runtime.GOARCH
-	nerdctlLabels := map[string]string{
-		"nerdctl/namespace":  env.Namespace,
-		"nerdctl/name":       "agent-1",
-		"nerdctl/hostname":   "agent-1",
-		"nerdctl/extraHosts": "null",
-		"nerdctl/state-dir":  filepath.Join(dataStore, "containers", env.Namespace, id),
-		"nerdctl/networks":   `["none"]`,
-		"nerdctl/log-uri":    logURI.String(),
-		"nerdctl/platform":   platform,
-	}
-	hookArgs := []string{hook, "internal", "oci-hook"}
-	hookEnv := []string{"HOOK_DIR=" + hookDir, "PATH=/usr/bin:/bin"}
-	withHooks := func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		if s.Hooks == nil {
-			s.Hooks = &specs.Hooks{}
-		}
-		s.Hooks.CreateRuntime = append(s.Hooks.CreateRuntime, specs.Hook{Path: hook, Args: append(append([]string{}, hookArgs...), "createRuntime"), Env: hookEnv})
-		s.Hooks.Poststop = append(s.Hooks.Poststop, specs.Hook{Path: hook, Args: append(append([]string{}, hookArgs...), "postStop"), Env: hookEnv})
-		return nil
-	}
-	// nerdctl copies the container's labels into the spec's annotations.
-	withLabelAnnotations := func(ctx context.Context, oc oci.Client, c *containers.Container, s *specs.Spec) error {
-		return oci.WithAnnotations(c.Labels)(ctx, oc, c, s)
-	}
-	var spec specs.Spec
-	container, err := client.NewContainer(ctx, id,
-		containerd.WithImage(img),
-		containerd.WithSnapshotter("branch"),
-		containerd.WithNewSnapshot(id, img),
-		containerd.WithImageStopSignal(img, "SIGTERM"),
-		containerd.WithRuntime(branchRuntime, nil), // no options: nerdctl's choice for non-runc runtimes
-		containerd.WithAdditionalContainerLabels(nerdctlLabels),
-		containerd.WithSpec(&spec,
-			oci.WithDefaultSpec(),
-			oci.WithImageConfigArgs(img, []string{"sh", "-c", `trap 'echo stopping >&2; exit 0' TERM; echo hello from nerdctl; sleep 1000 & wait`}),
-			oci.WithHostname("agent-1"),
-			withHooks,
-			withLabelAnnotations,
-		),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := newNerdctlStyle(t, ctx, env, id, `trap 'echo stopping >&2; exit 0' TERM; echo hello from nerdctl; sleep 1000 & wait`)
+	ctx, client, container, spec := ns.ctx, ns.client, ns.container, ns.spec
+	hookDir, dataStore, nerdctlLabels, logURI := ns.hookDir, ns.dataStore, ns.labels, ns.logURI
 	info, err := container.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +168,124 @@ func TestNerdctlStyleContainer(t *testing.T) {
 	if _, err := client.SnapshotService("branch").Stat(ctx, id); err == nil {
 		t.Error("the container's snapshot is left")
 	}
+}
+
+// nerdctlStyle is a container made as nerdctl makes it (see
+// TestNerdctlStyleContainer), not yet with a task.
+type nerdctlStyle struct {
+	ctx                context.Context // in the env's namespace
+	client             *containerd.Client
+	container          containerd.Container
+	spec               specs.Spec
+	hookDir, dataStore string
+	labels             map[string]string
+	logURI             *url.URL
+}
+
+// newNerdctlStyle makes container id the way nerdctl run does, running
+// the shell command cmd, with nerdctl's hooks (recording each event in
+// hookDir) and binary logger (keeping its output under dataStore).
+func newNerdctlStyle(t *testing.T, ctx context.Context, env *daemons.Env, id, cmd string) *nerdctlStyle {
+	t.Helper()
+	importImage(t, ctx, env, "overlayfs") // nerdctl's own pulls unpack elsewhere first
+	client, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx = namespaces.WithNamespace(ctx, env.Namespace)
+	t.Cleanup(func() {
+		cctx := namespaces.WithNamespace(context.Background(), env.Namespace)
+		if c, err := client.LoadContainer(cctx, id); err == nil {
+			if task, err := c.Task(cctx, nil); err == nil {
+				_, _ = task.Delete(cctx, containerd.WithProcessKill)
+			}
+			_ = c.Delete(cctx, containerd.WithSnapshotCleanup)
+		}
+		client.Close()
+		killLeftovers(t, env.Namespace)
+		if err := os.Remove(filepath.Join(runtimeRoot, env.Namespace)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("runtime state left: %v", err)
+			_ = os.RemoveAll(filepath.Join(runtimeRoot, env.Namespace))
+		}
+	})
+
+	dir := t.TempDir()
+	dataStore, hookDir := filepath.Join(dir, "nerdctl"), filepath.Join(dir, "hooks")
+	for _, d := range []string{dataStore, hookDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook, logger := filepath.Join(dir, "nerdctl-hook"), filepath.Join(dir, "nerdctl-logger")
+	if err := os.WriteFile(hook, []byte(nerdctlHook), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(logger, []byte(nerdctlLogger), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// EnsureImage: nerdctl unpacks an image it already has into the
+	// snapshotter asked for when it is not unpacked there.
+	img, err := client.GetImage(ctx, ociimage.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := img.IsUnpacked(ctx, "branch"); err != nil || ok {
+		t.Fatalf("image unpacked into branch before nerdctl's unpack (%v, %v)", ok, err)
+	}
+	if err := img.Unpack(ctx, "branch"); err != nil {
+		t.Fatal(err)
+	}
+
+	logURI, err := cio.LogURIGenerator("binary", logger, map[string]string{"_NERDCTL_INTERNAL_LOGGING": dataStore})
+	if err != nil {
+		t.Fatal(err)
+	}
+	platform := "linux/" + runtime.GOARCH
+	nerdctlLabels := map[string]string{
+		"nerdctl/namespace":  env.Namespace,
+		"nerdctl/name":       "agent-1",
+		"nerdctl/hostname":   "agent-1",
+		"nerdctl/extraHosts": "null",
+		"nerdctl/state-dir":  filepath.Join(dataStore, "containers", env.Namespace, id),
+		"nerdctl/networks":   `["none"]`,
+		"nerdctl/log-uri":    logURI.String(),
+		"nerdctl/platform":   platform,
+	}
+	hookArgs := []string{hook, "internal", "oci-hook"}
+	hookEnv := []string{"HOOK_DIR=" + hookDir, "PATH=/usr/bin:/bin"}
+	withHooks := func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		if s.Hooks == nil {
+			s.Hooks = &specs.Hooks{}
+		}
+		s.Hooks.CreateRuntime = append(s.Hooks.CreateRuntime, specs.Hook{Path: hook, Args: append(append([]string{}, hookArgs...), "createRuntime"), Env: hookEnv})
+		s.Hooks.Poststop = append(s.Hooks.Poststop, specs.Hook{Path: hook, Args: append(append([]string{}, hookArgs...), "postStop"), Env: hookEnv})
+		return nil
+	}
+	// nerdctl copies the container's labels into the spec's annotations.
+	withLabelAnnotations := func(ctx context.Context, oc oci.Client, c *containers.Container, s *specs.Spec) error {
+		return oci.WithAnnotations(c.Labels)(ctx, oc, c, s)
+	}
+	ns := &nerdctlStyle{ctx: ctx, client: client, hookDir: hookDir, dataStore: dataStore, labels: nerdctlLabels, logURI: logURI}
+	ns.container, err = client.NewContainer(ctx, id,
+		containerd.WithImage(img),
+		containerd.WithSnapshotter("branch"),
+		containerd.WithNewSnapshot(id, img),
+		containerd.WithImageStopSignal(img, "SIGTERM"),
+		containerd.WithRuntime(branchRuntime, nil), // no options: nerdctl's choice for non-runc runtimes
+		containerd.WithAdditionalContainerLabels(nerdctlLabels),
+		containerd.WithSpec(&ns.spec,
+			oci.WithDefaultSpec(),
+			oci.WithImageConfigArgs(img, []string{"sh", "-c", cmd}),
+			oci.WithHostname("agent-1"),
+			withHooks,
+			withLabelAnnotations,
+		),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 // readHook waits for the hook script's record of event and decodes it.

@@ -16,8 +16,10 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
@@ -320,5 +322,91 @@ func TestMemoryRollbackSandboxShimKill(t *testing.T) {
 				return len(mountsUnder(bundle)) == 0 && len(mountsUnder(filepath.Join(runtimeRoot, env.Namespace))) == 0
 			})
 		})
+	}
+}
+
+// TestMemoryRollbackNerdctlStyle rolls back, with its processes, a
+// container made as nerdctl makes it: its OCI hooks (nerdctl's network
+// setup and teardown) run once at its creation and once at its real end,
+// not for the replacement, and its binary logger gets the restored
+// processes' output.
+func TestMemoryRollbackNerdctlStyle(t *testing.T) {
+	ctx, env := startEnv(t)
+	id := "nerdctl-mem"
+	ns := newNerdctlStyle(t, ctx, env, id, `n=0; echo ready; while :; do if [ -e /go ]; then rm /go; n=$((n+1)); echo "n=$n"; fi; sleep 0.02; done`)
+	ctx = ns.ctx
+	task, err := ns.container.NewTask(ctx, cio.LogURI(ns.logURI))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exitCh, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var created specs.State
+	readHook(t, ns.hookDir, "createRuntime", &created)
+	stdout := filepath.Join(ns.dataStore, env.Namespace, id, "stdout")
+	logged := func(want string) {
+		t.Helper()
+		waitUntil(t, "the logger to get "+strings.TrimSpace(want), 10*time.Second, func() bool {
+			b, _ := os.ReadFile(stdout)
+			return string(b) == want
+		})
+	}
+	step := func() {
+		t.Helper()
+		if out, err := execIn(ctx, env, id, "touch", "/go"); err != nil {
+			t.Fatalf("exec: %v %s", err, out)
+		}
+	}
+	logged("ready\n")
+	step()
+	logged("ready\nn=1\n")
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := sc.Checkpoint(ctx, "", "one", client.CheckpointWithMemory()); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	logged("ready\nn=1\nn=2\n")
+	if err := sc.Rollback(ctx, "", "one"); err != nil {
+		t.Fatalf("rollback of a nerdctl-style container with memory: %v", err)
+	}
+	step()
+	logged("ready\nn=1\nn=2\nn=2\n")
+	var again specs.State
+	readHook(t, ns.hookDir, "createRuntime", &again)
+	if again.Pid != created.Pid {
+		t.Errorf("the createRuntime hook ran again for the replacement (pid %d, first %d)", again.Pid, created.Pid)
+	}
+	if _, err := os.Stat(filepath.Join(ns.hookDir, "postStop.json")); !os.IsNotExist(err) {
+		t.Errorf("the postStop hook ran for the replacement: %v", err)
+	}
+	select {
+	case e := <-exitCh:
+		t.Fatalf("the Wait on the task returned (%d) for the replacement", e.ExitCode())
+	default:
+	}
+	if err := task.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exitCh:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit within 10s of SIGKILL")
+	}
+	if _, err := task.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var stopped specs.State
+	readHook(t, ns.hookDir, "postStop", &stopped)
+	if stopped.ID != id {
+		t.Errorf("postStop hook state id %q", stopped.ID)
 	}
 }
