@@ -249,7 +249,8 @@ func benchCriuByHand(b *testing.B, env *daemons.Env, bin string, mb, n int) {
 // one branch --from a checkpoint with memory, aborted untimed; impl=files:
 // --from one without), op=rollback (of a memory branch to a checkpoint of
 // it with memory: its processes killed and restored; impl=files: to a
-// checkpoint without, its processes left running).
+// checkpoint without, its processes left running), op=rollback-sandbox
+// (the same of the sandbox itself: its task's processes replaced).
 func BenchmarkMemoryCheckpoint(b *testing.B) {
 	ctx, env, _, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
@@ -308,6 +309,18 @@ func BenchmarkMemoryCheckpoint(b *testing.B) {
 				quiesce(b)
 				for b.Loop() {
 					if err := sc.Rollback(ctx, kids[0].ID, "back"); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run(name+"/op=rollback-sandbox/impl="+impl, func(b *testing.B) {
+				if _, err := sc.Checkpoint(ctx, "", "root-back", opts...); err != nil {
+					b.Fatal(err)
+				}
+				defer func() { _ = sc.DeleteCheckpoint(ctx, "root-back") }()
+				quiesce(b)
+				for b.Loop() {
+					if err := sc.Rollback(ctx, "", "root-back"); err != nil {
 						b.Fatal(err)
 					}
 				}
