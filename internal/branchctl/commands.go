@@ -59,7 +59,7 @@ func commands(inv *invocation) []*cli.Command {
 		},
 		{
 			Name: "checkpoint", Category: checkpoints, Action: do(cmdCheckpoint),
-			Flags:     withGlobals(&cli.BoolFlag{Name: "memory", Usage: "its running processes too (CRIU): fork --from NAME --memory restores them into each branch, rollback into a memory branch (docs/memory-fork.md)"}),
+			Flags:     withGlobals(&cli.BoolFlag{Name: "memory", Usage: "its running processes too (CRIU): fork --from NAME --memory restores them into each branch, rollback into the sandbox or a memory branch (docs/memory-fork.md)"}),
 			ArgsUsage: "SANDBOX[/BRANCH] NAME | ls SANDBOX | rm SANDBOX NAME",
 			Usage:     "record a branch's rootfs as NAME (cost: what changed since its last checkpoint); list; delete",
 			Description: `checkpoint SANDBOX[/BRANCH] NAME records the branch's rootfs as NAME;
@@ -71,7 +71,7 @@ it); checkpoints built on it keep its layer while they need it.`,
 		{
 			Name: "rollback", Category: checkpoints, Action: do(cmdRollback), Flags: withGlobals(),
 			ArgsUsage: "SANDBOX[/BRANCH] NAME",
-			Usage:     "bring the branch's rootfs back to checkpoint NAME, under its running processes",
+			Usage:     "bring the branch's rootfs back to checkpoint NAME, under its running processes; to one taken with --memory, its processes too",
 		},
 		{
 			Name: "push", Category: images, Action: inv.heavy("push"), Flags: withGlobals(remoteFlags()...),
