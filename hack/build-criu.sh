@@ -12,7 +12,9 @@
 # already uses), checked against the sha256 below before anything is built.
 #
 # Patched (hack/criu/*.patch, applied in order): an external network
-# namespace is dumped as its key only (0001), which a container's always is.
+# namespace is dumped as its key only (0001), which a container's always is;
+# a root task restored into a new user namespace is born in the external
+# network namespace, which it could not join from there (0002).
 #
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail

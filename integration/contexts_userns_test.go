@@ -19,7 +19,9 @@ import (
 // forks branches, and a branch of a branch, that join its namespace (a
 // namespace of their own could not mount sysfs for the sandbox's network
 // namespace), see the image as root's, and commit files that land owned
-// by the mapped root on the host.
+// by the mapped root on the host. A memory fork, and a fork from a
+// checkpoint with memory, restore the processes in a user namespace of
+// their own with the same mappings.
 func TestContextsUserns(t *testing.T) {
 	m := fmt.Sprintf("0:%d:%d", usernsHost, usernsSize)
 	ctx, env, sc := sandboxCtxEnv(t, "--uidmap", m, "--gidmap", m)
@@ -55,10 +57,30 @@ func TestContextsUserns(t *testing.T) {
 			t.Fatalf("branch %s's init is in user namespace %q (%v), the sandbox's is %s", k.ID, ns, err, sbUserns)
 		}
 	}
-	// A memory fork is refused before it stops anything: CRIU cannot
-	// restore into the namespace.
-	if _, err := sc.ForkResult(ctx, client.ForkOptions{Parent: kids[0].ID, Count: 1, WithMemory: true}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "user namespace") {
-		t.Fatalf("memory fork in a user namespace: %v, want not implemented", err)
+	// A memory fork: CRIU restores the sandbox's processes in a user
+	// namespace of their own with the same mappings (it could not join
+	// the sandbox's from the one it makes), in the sandbox's network
+	// namespace.
+	mem, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork in a user namespace: %v", err)
+	}
+	m0 := mem.Branches[0]
+	if got := norm(mustRun(t, ctx, sc, m0.ID, "sh", "-c", probe)); got != want {
+		t.Fatalf("memory branch %s sees:\n%s\nwant:\n%s", m0.ID, got, want)
+	}
+	for _, f := range []string{"uid_map", "gid_map"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", m0.InitPid, f))
+		if err != nil || strings.Join(strings.Fields(string(b)), " ") != mapLine {
+			t.Fatalf("memory branch %s's init: %s %q (%v), want %s", m0.ID, f, b, err, mapLine)
+		}
+	}
+	sbNet, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", task.Pid()))
+	if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", m0.InitPid)); err != nil || ns != sbNet {
+		t.Fatalf("memory branch %s's init is in network namespace %q (%v), the sandbox's is %s", m0.ID, ns, err, sbNet)
+	}
+	if _, err := sc.Abort(ctx, m0.ID); err != nil {
+		t.Fatal(err)
 	}
 	mustRun(t, ctx, sc, nested[0].ID, "sh", "-c", "echo hi > /made && chown 7:7 /made && echo after > /state")
 	if _, err := sc.Commit(ctx, nested[0].ID); err != nil {
@@ -79,5 +101,27 @@ func TestContextsUserns(t *testing.T) {
 		if int(st.Uid) != want || int(st.Gid) != want {
 			t.Errorf("/%s is %d:%d on the host after the commit, want %d:%d", name, st.Uid, st.Gid, want, want)
 		}
+	}
+	// A checkpoint with memory, and a fork --from it with memory, in a user
+	// namespace of their own again; the sandbox itself cannot be rolled
+	// back to it (refused before anything changes).
+	if _, err := sc.Checkpoint(ctx, "", "u1", client.CheckpointWithMemory()); err != nil {
+		t.Fatalf("checkpoint with memory in a user namespace: %v", err)
+	}
+	from, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, From: "u1", WithMemory: true})
+	if err != nil {
+		t.Fatalf("fork --from u1 --memory in a user namespace: %v", err)
+	}
+	if got := norm(mustRun(t, ctx, sc, from.Branches[0].ID, "sh", "-c", probe)); got != want {
+		t.Fatalf("branch %s forked from u1 with memory sees:\n%s\nwant:\n%s", from.Branches[0].ID, got, want)
+	}
+	if _, err := sc.Abort(ctx, from.Branches[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Rollback(ctx, "", "u1"); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "user namespace") {
+		t.Fatalf("rollback with memory of a sandbox in a user namespace: %v, want not implemented", err)
+	}
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", probe); err != nil || norm(out) != want {
+		t.Fatalf("the sandbox after a refused rollback sees (%v):\n%s\nwant:\n%s", err, out, want)
 	}
 }

@@ -230,6 +230,11 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 	if err := addDumpMounts(opts, config, st.InitProcessPid); err != nil {
 		return nil, closeWork, err
 	}
+	if config.Namespaces.Contains(configs.NEWUSER) {
+		if err := externalSysfs(opts, st.InitProcessPid, images); err != nil {
+			return nil, closeWork, fmt.Errorf("checkpoint: the container's sysfs mounts: %w", err)
+		}
+	}
 	if cgroupsFlat(st.InitProcessPid) {
 		opts.ManageCgroups = proto.Bool(false)
 		if err := os.WriteFile(filepath.Join(images, cgroupsIgnored), nil, 0o600); err != nil {

@@ -159,6 +159,12 @@ func copyable(mounts []*mountinfo.Info) (tmpfsMount, bool) {
 		}
 		t.Flags |= f
 	}
+	if t.Flags&(unix.MS_RELATIME|unix.MS_NOATIME) == 0 {
+		// mountinfo shows neither for a strictatime mount, which its copy
+		// must be too: CRIU sets each mount's flags from the image, and in
+		// a user namespace it may not change a mount's atime flags.
+		t.Flags |= unix.MS_STRICTATIME
+	}
 	var data []string
 	for _, o := range strings.Split(mounts[0].VFSOptions, ",") {
 		switch o {

@@ -37,77 +37,145 @@ const (
 )
 
 // tmpfsCopies mounts and fills the tmpfs mounts the image's dump copied,
-// below work, and points spec's CRIU configuration at a file mapping each
-// to its key (what the spec or runc's default configuration held, first).
-// undo detaches the mounts and removes what it made; it is a no-op for an
-// image without copies.
+// and the sysfs mounts it left external (sysfs.go), below work, and points
+// spec's CRIU configuration at a file mapping each to its key (what the
+// spec or runc's default configuration held, first). undo detaches the
+// mounts and removes what it made; it is a no-op for an image without any.
 func tmpfsCopies(images, work string, spec *specs.Spec) (undo func(), err error) {
 	undo = func() {}
-	index, err := os.ReadFile(filepath.Join(images, tmpfsIndex))
-	if errors.Is(err, os.ErrNotExist) {
-		return undo, nil
-	}
-	if err != nil {
-		return undo, err
-	}
 	var mounts []tmpfsMount
-	if err := json.Unmarshal(index, &mounts); err != nil {
-		return undo, fmt.Errorf("%s: %w", tmpfsIndex, err)
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
+	index, err := os.ReadFile(filepath.Join(images, tmpfsIndex))
+	if err == nil {
+		if err := json.Unmarshal(index, &mounts); err != nil {
+			return undo, fmt.Errorf("%s: %w", tmpfsIndex, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return undo, err
 	}
-	dir, err := os.MkdirTemp(work, "tmpfs-")
+	sysfs, err := readSysfsIndex(images)
+	if err != nil || (len(mounts) == 0 && len(sysfs) == 0) {
+		return undo, err
+	}
+	dir, err := copiesDir(work, spec)
 	if err != nil {
 		return undo, err
 	}
-	var targets []string
-	mounted := map[string]bool{}
-	undo = func() {
-		// Never a RemoveAll: a mount CRIU bound into the branch shares
-		// its content with the one here.
-		for _, t := range targets {
-			if !mounted[t] || unix.Unmount(t, unix.MNT_DETACH) == nil {
-				_ = os.Remove(t)
-			}
-		}
-		_ = os.Remove(filepath.Join(dir, "criu.conf"))
-		_ = os.Remove(dir)
-	}
+	e := &extMounts{dir: dir, mounted: map[string]bool{}, conf: criuConfigOf(spec)}
+	undo = e.undo
 	defer func() {
 		if err != nil {
 			undo()
 		}
 	}()
-	conf := criuConfigOf(spec)
 	for i, m := range mounts {
-		target := filepath.Join(dir, strconv.Itoa(i))
-		if err := validTmpfsEntry(m); err != nil {
+		if err = e.tmpfs(images, i, m); err != nil {
 			return undo, err
-		}
-		if err := os.Mkdir(target, 0o700); err != nil {
-			return undo, err
-		}
-		targets = append(targets, target)
-		if err := fillTmpfs(images, target, m, func() { mounted[target] = true }); err != nil {
-			return undo, err
-		}
-		for _, p := range m.Mountpoints {
-			conf = append(conf, fmt.Sprintf("ext-mount-map \"%s:%s\"", p, target))
 		}
 	}
-	file := filepath.Join(dir, "criu.conf")
+	for i, m := range sysfs {
+		if err = e.sysfs(i, m, specNetNS(spec)); err != nil {
+			return undo, err
+		}
+	}
+	err = e.writeConf(work, spec)
+	return undo, err
+}
+
+// copiesDir makes the directory below work that the copies are mounted in.
+func copiesDir(work string, spec *specs.Spec) (string, error) {
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp(work, "tmpfs-")
+	if err != nil {
+		return "", err
+	}
+	if inUserNS(spec) {
+		// CRIU binds them from inside the user namespace it restores
+		// the processes in, as its root (a host uid of its range), which
+		// must be able to reach them: searchable, not listable.
+		for _, d := range []string{work, dir} {
+			if err := os.Chmod(d, 0o711); err != nil {
+				os.Remove(dir)
+				return "", err
+			}
+		}
+	}
+	return dir, nil
+}
+
+// extMounts are the mounts a restore makes for CRIU to bind in place of
+// the image's external ones, and the CRIU configuration that maps them.
+type extMounts struct {
+	dir     string
+	targets []string
+	mounted map[string]bool
+	conf    []string
+}
+
+// undo detaches and removes them. Never a RemoveAll: a mount CRIU bound
+// into the container shares its content with the one here.
+func (e *extMounts) undo() {
+	for _, t := range e.targets {
+		if !e.mounted[t] || unix.Unmount(t, unix.MNT_DETACH) == nil {
+			_ = os.Remove(t)
+		}
+	}
+	_ = os.Remove(filepath.Join(e.dir, "criu.conf"))
+	_ = os.Remove(e.dir)
+}
+
+// tmpfs mounts and fills the copy of the image's i-th tmpfs mount m.
+func (e *extMounts) tmpfs(images string, i int, m tmpfsMount) error {
+	target := filepath.Join(e.dir, strconv.Itoa(i))
+	if err := validTmpfsEntry(m); err != nil {
+		return err
+	}
+	if err := os.Mkdir(target, 0o700); err != nil {
+		return err
+	}
+	e.targets = append(e.targets, target)
+	if err := fillTmpfs(images, target, m, func() { e.mounted[target] = true }); err != nil {
+		return err
+	}
+	for _, p := range m.Mountpoints {
+		e.conf = append(e.conf, fmt.Sprintf("ext-mount-map \"%s:%s\"", p, target))
+	}
+	return nil
+}
+
+// sysfs mounts the i-th external sysfs mount m for network namespace netns.
+func (e *extMounts) sysfs(i int, m sysfsMount, netns string) error {
+	if netns == "" {
+		return fmt.Errorf("sysfs %s: the spec joins no network namespace to mount it for", m.Mountpoint)
+	}
+	target := filepath.Join(e.dir, fmt.Sprintf("sys-%d", i))
+	if err := os.Mkdir(target, 0o700); err != nil {
+		return err
+	}
+	e.targets = append(e.targets, target)
+	if err := mountSysfs(target, netns, m.Flags); err != nil {
+		return fmt.Errorf("sysfs %s: %w", m.Mountpoint, err)
+	}
+	e.mounted[target] = true
+	e.conf = append(e.conf, fmt.Sprintf("ext-mount-map \"%s:%s\"", m.Mountpoint, target))
+	return nil
+}
+
+// writeConf writes the CRIU configuration and points spec at it.
+func (e *extMounts) writeConf(work string, spec *specs.Spec) error {
+	file := filepath.Join(e.dir, "criu.conf")
 	if strings.ContainsAny(file, "\"\n") {
-		return undo, fmt.Errorf("work directory %q: CRIU's configuration cannot name it", work)
+		return fmt.Errorf("work directory %q: CRIU's configuration cannot name it", work)
 	}
-	if err := os.WriteFile(file, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
-		return undo, err
+	if err := os.WriteFile(file, []byte(strings.Join(e.conf, "\n")+"\n"), 0o600); err != nil {
+		return err
 	}
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
 	spec.Annotations[criuConfigAnnotation] = file
-	return undo, nil
+	return nil
 }
 
 // validTmpfsEntry refuses an index entry that would name a file outside
@@ -299,4 +367,17 @@ func entryTimes(root int, h *tar.Header) error {
 func setTimes(parent int, base string, h *tar.Header) error {
 	t := unix.NsecToTimespec(h.ModTime.UnixNano())
 	return unix.UtimesNanoAt(parent, base, []unix.Timespec{t, t}, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// inUserNS says whether a spec's processes run in a user namespace.
+func inUserNS(spec *specs.Spec) bool {
+	if spec.Linux == nil {
+		return false
+	}
+	for _, n := range spec.Linux.Namespaces {
+		if n.Type == specs.UserNamespace {
+			return true
+		}
+	}
+	return false
 }

@@ -25,7 +25,6 @@ import (
 	runcC "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/opencontainers/cgroups"
-	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
@@ -106,15 +105,12 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	if parent.id != branch.RootID && parent.container == nil {
 		return fmt.Errorf("%s: it runs on the branch init, whose control connection to the shim cannot be restored; only a branch made by a memory fork can be dumped: %w", what, errdefs.ErrNotImplemented)
 	}
-	if parent.spec != nil && parent.spec.Linux != nil {
-		for _, n := range parent.spec.Linux.Namespaces {
-			if n.Type == specs.UserNamespace {
-				// CRIU's restore into the parent's user namespace is
-				// refused by the kernel (it cannot set up the network
-				// namespace there), after a dump that stopped the parent.
-				return fmt.Errorf("%s: it runs in a user namespace, which CRIU cannot restore branches into; fork it without --memory (docs/userns.md): %w", what, errdefs.ErrNotImplemented)
-			}
-		}
+	if joined := sharedWithUserNS(parent.spec); joined != "" {
+		// CRIU restores the processes in a new user namespace with the
+		// same mappings (restoredUserNS), from which the kernel refuses
+		// it a namespace owned by the parent's: refused before the dump
+		// stops anything.
+		return fmt.Errorf("%s: it runs in a user namespace and joins the %s namespace of another process (a pod's), which CRIU cannot join from the user namespace it restores into; fork it without --memory (docs/userns.md): %w", what, joined, errdefs.ErrNotImplemented)
 	}
 	if parent.spec != nil && parent.spec.Process != nil && parent.spec.Process.Terminal {
 		return fmt.Errorf("%s: its init holds a terminal whose other end is on the host (ctr run -t, nerdctl -t), which a restored copy cannot be given: %w", what, errdefs.ErrFailedPrecondition)

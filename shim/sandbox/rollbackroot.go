@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
@@ -94,6 +95,17 @@ func (c *Service) checkRollbackRoot(ctx context.Context, sb *Sandbox, n *Branch,
 		// A checkpoint with memory of it was refused already.
 		return nil, 0, fmt.Errorf("%s: its init holds a terminal whose other end is on the host, which restored processes cannot be given: %w", what, errdefs.ErrFailedPrecondition)
 	}
+	if spec, err := ReadSpec(sb.bundle); err == nil && spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.UserNamespace {
+				// CRIU's restore as the task's own fails there: its root
+				// task, in the user namespace it makes, is refused the
+				// runtime's tmpfs copies ("Failed to open_tree ...:
+				// Permission denied"), where a branch's is not.
+				return nil, 0, fmt.Errorf("%s: it runs in a user namespace, where its own processes cannot be restored yet; fork --from %s --memory continues from the checkpoint in a branch (docs/userns.md): %w", what, ck.Name, errdefs.ErrNotImplemented)
+			}
+		}
+	}
 	img, err := keptImage(what, ck)
 	if err != nil {
 		return nil, 0, err
@@ -128,6 +140,11 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 		cr.Rootfs = append(cr.Rootfs, &types.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
 	c.clearRestoredCaller(ctx, sb, n, img.dir)
+	if spec, err := ReadSpec(sb.bundle); err == nil {
+		if err := imageForUserNS(img.dir, spec); err != nil {
+			return err
+		}
+	}
 	c.expect(sb, runtime.TaskCreateEventTopic)
 	if _, err := c.task.Create(ctx, cr); err != nil {
 		c.unexpect(sb, runtime.TaskCreateEventTopic)

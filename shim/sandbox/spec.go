@@ -135,3 +135,88 @@ func branchSpec(parent *specs.Spec, cgroupPath string, join joinNS, req *shimv1.
 	}
 	return &s, nil
 }
+
+// restoredUserNS makes a memory branch's spec ask for a user namespace of
+// its own, with the parent's mappings, in place of joining the parent's:
+// CRIU makes it from the image's, and a task born in it could not join the
+// parent's (a sibling it holds no capability over). Its processes run with
+// the same ids, on the host as in the namespace.
+func restoredUserNS(s *specs.Spec) {
+	for i, n := range s.Linux.Namespaces {
+		if n.Type == specs.UserNamespace {
+			s.Linux.Namespaces[i].Path = ""
+		}
+	}
+}
+
+// sharedWithUserNS names a namespace (ipc, uts) that a spec in a user
+// namespace joins by path, or is "": a pod's container with hostUsers:
+// false joins its pod's, owned by the pod's user namespace.
+func sharedWithUserNS(s *specs.Spec) string {
+	if s == nil || s.Linux == nil {
+		return ""
+	}
+	user, joined := false, ""
+	for _, n := range s.Linux.Namespaces {
+		switch n.Type {
+		case specs.UserNamespace:
+			user = true
+		case specs.IPCNamespace, specs.UTSNamespace, specs.CgroupNamespace:
+			if n.Path != "" && joined == "" {
+				joined = string(n.Type)
+			}
+		}
+	}
+	if !user {
+		return ""
+	}
+	return joined
+}
+
+// imageForUserNS gives a memory image to the root of the user namespace a
+// spec asks for, if it asks for one: CRIU's restored root task opens the
+// image's files from inside that namespace, first with the host root's ids
+// (before its own are set) and then as the namespace's root (a host uid of
+// its range), which holds no right over the host root's files ("Unable to
+// open tty-info.img: Permission denied"). So each file is owned by that
+// uid and the host root's group, readable by both and by no one else.
+// They are reached through the image directory CRIU holds open, not
+// through the directories above it.
+func imageForUserNS(dir string, s *specs.Spec) error {
+	if s == nil || s.Linux == nil {
+		return nil
+	}
+	user := false
+	for _, n := range s.Linux.Namespaces {
+		user = user || n.Type == specs.UserNamespace
+	}
+	uid := -1
+	for _, m := range s.Linux.UIDMappings {
+		if m.ContainerID == 0 {
+			uid = int(m.HostID)
+		}
+	}
+	if !user || uid < 0 {
+		return nil
+	}
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&os.ModeSymlink != 0 {
+			return nil
+		}
+		mode := os.FileMode(0o640)
+		if d.IsDir() {
+			mode = 0o750
+		}
+		if err := os.Lchown(p, uid, 0); err != nil {
+			return err
+		}
+		return os.Chmod(p, mode)
+	})
+	if err != nil {
+		return fmt.Errorf("give the memory image to the user namespace's root (uid %d): %w", uid, err)
+	}
+	return nil
+}

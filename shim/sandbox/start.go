@@ -46,6 +46,9 @@ func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info b
 	if err != nil {
 		return nil, err
 	}
+	if img != nil {
+		restoredUserNS(spec)
+	}
 	n.spec = spec
 	// Searchable, not listable, as containerd makes bundles: root of a
 	// user namespace (a host uid of its range) must reach the rootfs.
@@ -146,6 +149,9 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 	}
 	if img != nil {
 		c.clearRestoredCaller(ctx, sb, n, img.dir)
+		if err := imageForUserNS(img.dir, n.spec); err != nil {
+			return fmt.Errorf("branch %s: %w", n.id, err)
+		}
 	}
 	started := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
