@@ -410,3 +410,48 @@ func TestMemoryRollbackNerdctlStyle(t *testing.T) {
 		t.Errorf("postStop hook state id %q", stopped.ID)
 	}
 }
+
+// TestMemoryRollbackSandboxSnapshotterKill kills (SIGKILL) the snapshotter
+// at a random moment of a rollback of the sandbox with its processes, and
+// starts it again: the sandbox runs on whatever happened. Either the
+// rollback was refused before anything changed (the snapshotter could not
+// be asked) and the sandbox runs its own state, or it was carried through
+// (the shim waits for the snapshotter once the old processes are gone) and
+// runs the checkpoint's; its task is never seen to end.
+func TestMemoryRollbackSandboxSnapshotterKill(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	replIn(t, ctx, env, sc, branch.RootID, 0, `mem=saved`)
+	if _, err := sc.Checkpoint(ctx, "", "s1", client.CheckpointWithMemory()); err != nil {
+		t.Fatal(err)
+	}
+	st := watchSandboxTask(t, ctx, env)
+	next := 1 // the REPL's next command
+	for round := 0; round < 4; round++ {
+		replIn(t, ctx, env, sc, branch.RootID, next, `mem=changed`)
+		next++
+		done := make(chan error, 1)
+		go func() { done <- sc.Rollback(ctx, "", "s1") }()
+		time.Sleep(time.Duration(round*20+rand.Intn(20)) * time.Millisecond)
+		if err := env.StopSnapshotter(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := env.StartSnapshotter(ctx); err != nil {
+			t.Fatal(err)
+		}
+		err := <-done
+		t.Logf("round %d: rollback: %v", round, err)
+		st.assertRunsOn(t, ctx, fmt.Sprintf("round %d", round))
+		want := "changed\n"
+		if err != nil && !errdefs.IsUnavailable(err) {
+			t.Fatalf("round %d: a rollback refused for want of the snapshotter: %v; want unavailable, to retry", round, err)
+		}
+		if err == nil {
+			want, next = "saved\n", 1 // the checkpoint's REPL, at its command 1
+		}
+		if got := replIn(t, ctx, env, sc, branch.RootID, next, `echo $mem`); got != want {
+			t.Fatalf("round %d: after the rollback (%v) the sandbox's REPL has mem=%q, want %q", round, err, got, want)
+		}
+		next++
+	}
+}

@@ -108,7 +108,14 @@ func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ 
 	}
 	err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
 	if errdefs.IsFailedPrecondition(err) {
-		if ck, lerr := c.checkpointNamed(ctx, sb, req.Name); lerr == nil && ck.MemoryBytes > 0 {
+		ck, lerr := c.checkpointNamed(ctx, sb, req.Name)
+		if lerr != nil {
+			// The refusal may be for the processes the checkpoint holds,
+			// which the shim would restore: the error is the lookup's (a
+			// snapshotter gone meanwhile: unavailable, to retry).
+			return nil, fmt.Errorf("rollback of %s to %q: whether the checkpoint holds processes: %w (the snapshotter refused its files alone: %v)", sb.id, req.Name, lerr, err)
+		}
+		if ck.MemoryBytes > 0 {
 			if root := sb.nodes[branch.RootID]; id == branch.RootID && root != nil {
 				if err := c.rollbackRoot(ctx, sb, root, ck); err != nil {
 					return nil, err

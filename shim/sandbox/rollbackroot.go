@@ -16,9 +16,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -124,10 +126,20 @@ func (c *Service) checkRollbackRoot(ctx context.Context, sb *Sandbox, n *Branch,
 // service create its task again from the checkpoint's memory image, once
 // the old task was deleted.
 func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck branch.Checkpoint, img *memoryImage) error {
-	if err := sb.snapshot.Rollback(ctx, sb.ref(n.id), ck.Name, branch.WithProcesses()); err != nil {
+	// The old processes are gone: a snapshotter restarting meanwhile is
+	// waited for, rather than the sandbox given up (a rollback to the
+	// same checkpoint again is the same rollback).
+	err := retryUnavailable(ctx, func() error {
+		return sb.snapshot.Rollback(ctx, sb.ref(n.id), ck.Name, branch.WithProcesses())
+	})
+	if err != nil {
 		return fmt.Errorf("its rootfs could not be rolled back: %w", err)
 	}
-	mounts, err := sb.snapshot.Mounts(ctx, sb.ref(n.id))
+	var mounts []mount.Mount
+	err = retryUnavailable(ctx, func() (err error) {
+		mounts, err = sb.snapshot.Mounts(ctx, sb.ref(n.id))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("its rootfs, the checkpoint's, could not be mounted: %w", err)
 	}
@@ -146,7 +158,7 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 		}
 	}
 	c.expect(sb, runtime.TaskCreateEventTopic)
-	if _, err := c.task.Create(ctx, cr); err != nil {
+	if _, err = c.task.Create(ctx, cr); err != nil {
 		c.unexpect(sb, runtime.TaskCreateEventTopic)
 		return fmt.Errorf("its task could not be created again: %w", errgrpc.ToNative(err))
 	}
@@ -229,5 +241,23 @@ func holdReaders(ctx context.Context, paths ...string) (closeAll func()) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
+	}
+}
+
+// snapshotterRestart bounds the wait for a snapshotter that went away in
+// the middle of a replacement of a sandbox's processes.
+const snapshotterRestart = 20 * time.Second
+
+// retryUnavailable calls f until it does not fail for want of the
+// snapshotter, for at most snapshotterRestart.
+func retryUnavailable(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(snapshotterRestart)
+	for {
+		err := f()
+		if !errdefs.IsUnavailable(err) || time.Now().After(deadline) {
+			return err
+		}
+		log.G(ctx).WithError(err).Warn("replacing a sandbox's processes: waiting for the snapshotter")
+		time.Sleep(100 * time.Millisecond)
 	}
 }
