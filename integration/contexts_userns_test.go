@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/branchbox/branchbox/client"
 )
 
@@ -19,9 +17,9 @@ import (
 // forks branches, and a branch of a branch, that join its namespace (a
 // namespace of their own could not mount sysfs for the sandbox's network
 // namespace), see the image as root's, and commit files that land owned
-// by the mapped root on the host. A memory fork, and a fork from a
-// checkpoint with memory, restore the processes in a user namespace of
-// their own with the same mappings.
+// by the mapped root on the host. A memory fork, a fork from a checkpoint
+// with memory and a rollback of the sandbox to it restore the processes
+// in a user namespace of their own with the same mappings.
 func TestContextsUserns(t *testing.T) {
 	m := fmt.Sprintf("0:%d:%d", usernsHost, usernsSize)
 	ctx, env, sc := sandboxCtxEnv(t, "--uidmap", m, "--gidmap", m)
@@ -102,9 +100,9 @@ func TestContextsUserns(t *testing.T) {
 			t.Errorf("/%s is %d:%d on the host after the commit, want %d:%d", name, st.Uid, st.Gid, want, want)
 		}
 	}
-	// A checkpoint with memory, and a fork --from it with memory, in a user
-	// namespace of their own again; the sandbox itself cannot be rolled
-	// back to it (refused before anything changes).
+	// A checkpoint with memory, a fork --from it with memory and a
+	// rollback of the sandbox to it, in a user namespace of their own
+	// again.
 	if _, err := sc.Checkpoint(ctx, "", "u1", client.CheckpointWithMemory()); err != nil {
 		t.Fatalf("checkpoint with memory in a user namespace: %v", err)
 	}
@@ -118,10 +116,18 @@ func TestContextsUserns(t *testing.T) {
 	if _, err := sc.Abort(ctx, from.Branches[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := sc.Rollback(ctx, "", "u1"); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "user namespace") {
-		t.Fatalf("rollback with memory of a sandbox in a user namespace: %v, want not implemented", err)
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "echo later > /state"); err != nil {
+		t.Fatalf("%v %s", err, out)
 	}
-	if out, err := execIn(ctx, env, "sb", "sh", "-c", probe); err != nil || norm(out) != want {
-		t.Fatalf("the sandbox after a refused rollback sees (%v):\n%s\nwant:\n%s", err, out, want)
+	_, task = sandboxTask(t, ctx, env, "sb")
+	before := task.Pid()
+	if err := sc.Rollback(ctx, "", "u1"); err != nil {
+		t.Fatalf("rollback with memory of a sandbox in a user namespace: %v", err)
+	}
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", probe+"; cat /state"); err != nil || norm(out) != want+"\nafter" {
+		t.Fatalf("the sandbox after its rollback sees (%v):\n%s\nwant:\n%s\nafter", err, out, want)
+	}
+	if _, task = sandboxTask(t, ctx, env, "sb"); task.Pid() == before {
+		t.Fatalf("the sandbox's task still runs its old init (%d) after the rollback", before)
 	}
 }

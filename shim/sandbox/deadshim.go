@@ -211,7 +211,7 @@ func StopDead(ctx context.Context, r *runcC.Runc, stateRoot, bundle, id string) 
 	// bundle, and the restore's tmpfs copies mounted in its work
 	// directory; the container's delete after this runs its hooks.
 	dropKeptNetNS(ctx, bundle)
-	if err := mount.UnmountRecursive(filepath.Join(bundle, restoreWorkDir), unix.MNT_DETACH); err != nil {
+	if err := mount.UnmountRecursive(filepath.Join(bundle, sandboxRestoreWorkDir), unix.MNT_DETACH); err != nil {
 		log.G(ctx).WithError(err).WithField("bundle", bundle).Warn("unmount what a restore left in the bundle")
 	}
 }

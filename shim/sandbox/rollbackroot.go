@@ -20,13 +20,16 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
-	"github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cgroup"
@@ -97,17 +100,6 @@ func (c *Service) checkRollbackRoot(ctx context.Context, sb *Sandbox, n *Branch,
 		// A checkpoint with memory of it was refused already.
 		return nil, 0, fmt.Errorf("%s: its init holds a terminal whose other end is on the host, which restored processes cannot be given: %w", what, errdefs.ErrFailedPrecondition)
 	}
-	if spec, err := ReadSpec(sb.bundle); err == nil && spec.Linux != nil {
-		for _, ns := range spec.Linux.Namespaces {
-			if ns.Type == specs.UserNamespace {
-				// CRIU's restore as the task's own fails there: its root
-				// task, in the user namespace it makes, is refused the
-				// runtime's tmpfs copies ("Failed to open_tree ...:
-				// Permission denied"), where a branch's is not.
-				return nil, 0, fmt.Errorf("%s: it runs in a user namespace, where its own processes cannot be restored yet; fork --from %s --memory continues from the checkpoint in a branch (docs/userns.md): %w", what, ck.Name, errdefs.ErrNotImplemented)
-			}
-		}
-	}
 	img, err := keptImage(what, ck)
 	if err != nil {
 		return nil, 0, err
@@ -143,8 +135,12 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 	if err != nil {
 		return fmt.Errorf("its rootfs, the checkpoint's, could not be mounted: %w", err)
 	}
+	opts, err := restoreOptions(sb)
+	if err != nil {
+		return err
+	}
 	cr := &taskAPI.CreateTaskRequest{
-		ID: sb.create.ID, Bundle: sb.create.Bundle, Terminal: sb.create.Terminal, Options: sb.create.Options,
+		ID: sb.create.ID, Bundle: sb.create.Bundle, Terminal: sb.create.Terminal, Options: opts,
 		Stdin: sb.create.Stdin, Stdout: sb.create.Stdout, Stderr: sb.create.Stderr,
 		Checkpoint: img.dir,
 	}
@@ -168,7 +164,7 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 	readers()
 	if err != nil {
 		c.unexpect(sb, runtime.TaskStartEventTopic)
-		why := criuErrors(filepath.Join(sb.bundle, restoreWorkDir, "restore.log"))
+		why := criuErrors(filepath.Join(sb.bundle, sandboxRestoreWorkDir, "restore.log"))
 		c.expect(sb, runtime.TaskDeleteEventTopic)
 		if _, derr := c.task.Delete(ctx, &taskAPI.DeleteRequest{ID: sb.id}); derr != nil {
 			c.unexpect(sb, runtime.TaskDeleteEventTopic)
@@ -260,4 +256,27 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 		log.G(ctx).WithError(err).Warn("replacing a sandbox's processes: waiting for the snapshotter")
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// sandboxRestoreWorkDir, in a sandbox's bundle, is CRIU's work directory
+// for the restore of its processes (its log, and the runtime's tmpfs
+// copies). Not the task service's default, <bundle>/work: containerd
+// links that into its root directory, which the root of a user namespace
+// CRIU restores in cannot reach, where it can reach the bundle.
+const sandboxRestoreWorkDir = "restore-work"
+
+// restoreOptions are the sandbox's runtime options with CRIU's work
+// directory at sandboxRestoreWorkDir.
+func restoreOptions(sb *Sandbox) (*anypb.Any, error) {
+	v, err := typeurl.UnmarshalAny(sb.create.Options)
+	if err != nil {
+		return nil, fmt.Errorf("its runtime options: %w", err)
+	}
+	o, ok := v.(*options.Options)
+	if !ok {
+		return nil, fmt.Errorf("its runtime options are %T, not runc's", v)
+	}
+	o = proto.Clone(o).(*options.Options)
+	o.CriuWorkPath = filepath.Join(sb.bundle, sandboxRestoreWorkDir)
+	return typeurl.MarshalAnyToProto(o)
 }
