@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
@@ -246,6 +248,12 @@ func TestCRIUserns(t *testing.T) {
 		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", k.InitPid)); err != nil || ns != podUserns {
 			t.Fatalf("branch %s's init is in user namespace %q (%v), the pod's is %s", k.ID, ns, err, podUserns)
 		}
+	}
+	// A memory fork is refused before the dump stops anything: the
+	// container joins the pod's IPC and UTS namespaces, which CRIU cannot
+	// join from the user namespace it restores into.
+	if _, err := sc.ForkResult(c.ctx, client.ForkOptions{Count: 1, WithMemory: true}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "a pod's") {
+		t.Fatalf("memory fork of a pod's container in a user namespace: %v, want not implemented", err)
 	}
 	// A nested branch keeps the mapping too.
 	nested, err := sc.Fork(c.ctx, client.ForkOptions{Parent: kids[0].ID, Count: 1})
