@@ -232,10 +232,22 @@ func TestMemoryRollbackSandboxRefused(t *testing.T) {
 }
 
 // TestMemoryRollbackSandboxFails: a restore that fails (the checkpoint's
-// memory pages lost) leaves a stopped sandbox, as if its processes had
-// been killed: the Wait on its task returns, the error says why, and the
-// task is deleted as any stopped one, leaving nothing behind.
+// memory pages lost), or never ends (its pages emptied: CRIU's restored
+// task spins, logging each turn, and the shim kills CRIU once its log
+// passes its bound), leaves a stopped
+// sandbox, as if its processes had been killed: the Wait on its task
+// returns, the error says why, and the task is deleted as any stopped
+// one, leaving nothing behind.
 func TestMemoryRollbackSandboxFails(t *testing.T) {
+	t.Run("lost", func(t *testing.T) {
+		testRollbackDamaged(t, os.Remove, "")
+	})
+	t.Run("hung", func(t *testing.T) {
+		testRollbackDamaged(t, func(p string) error { return os.Truncate(p, 0) }, "CRIU was killed")
+	})
+}
+
+func testRollbackDamaged(t *testing.T, damage func(string) error, why string) {
 	ctx, env, sc := replSandbox(t)
 	if _, err := sc.Checkpoint(ctx, "", "s1", client.CheckpointWithMemory()); err != nil {
 		t.Fatal(err)
@@ -245,15 +257,18 @@ func TestMemoryRollbackSandboxFails(t *testing.T) {
 		t.Fatal("no memory pages in the checkpoint (the test looks in the wrong place)")
 	}
 	for _, p := range pages {
-		if err := os.Remove(p); err != nil {
+		if err := damage(p); err != nil {
 			t.Fatal(err)
 		}
 	}
 	st := watchSandboxTask(t, ctx, env)
+	start := time.Now()
 	err := sc.Rollback(ctx, "", "s1")
-	if err == nil || !strings.Contains(err.Error(), "the sandbox has stopped") {
-		t.Fatalf("rollback to a damaged image: %v; want an error saying the sandbox stopped", err)
+	t.Logf("rollback failed after %s: %v", time.Since(start), err)
+	if err == nil || !strings.Contains(err.Error(), "the sandbox has stopped") || !strings.Contains(err.Error(), why) {
+		t.Fatalf("rollback to a damaged image: %v; want an error saying the sandbox stopped (and %q)", err, why)
 	}
+	assertNoCriu(t, env)
 	select {
 	case e := <-st.exit:
 		if e.ExitCode() != 137 {

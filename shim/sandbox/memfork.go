@@ -9,7 +9,9 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -304,9 +306,10 @@ func alive(pid int) bool {
 	return ok && state != 'Z' && state != 'X'
 }
 
-// criuErrors is CRIU's error lines of a log, to say why it failed.
+// criuErrors is CRIU's error lines of a log, to say why it failed: of its
+// last MB (a runaway restore's log runs to GBs, restorewatch.go).
 func criuErrors(logPath string) string {
-	b, err := os.ReadFile(logPath)
+	b, err := readTail(logPath, 1<<20)
 	if err != nil {
 		return ""
 	}
@@ -478,4 +481,27 @@ func (c *Service) checkRollbackMemory(sb *Sandbox, n *Branch, ck branch.Checkpoi
 		return fmt.Errorf("%s: it has %d live children (%s) built on its current state; commit or abort them first: %w", what, len(kids), strings.Join(kids, ", "), errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// readTail reads at most the last max bytes of a file.
+func readTail(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	off := fi.Size() - max
+	if off < 0 {
+		off = 0
+	}
+	b := make([]byte, fi.Size()-off)
+	n, err := f.ReadAt(b, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return b[:n], nil
 }

@@ -160,7 +160,11 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 	}
 	c.expect(sb, runtime.TaskStartEventTopic)
 	readers := holdReaders(ctx, cr.Stdout, cr.Stderr)
+	watched := restoreWatch(ctx, sb.bundle, filepath.Join(sb.bundle, sandboxRestoreWorkDir, "restore.log"), img.size)
 	_, err = c.task.Start(ctx, &taskAPI.StartRequest{ID: sb.id})
+	if werr := watched(); werr != nil && err != nil {
+		err = fmt.Errorf("%w: %v", werr, err)
+	}
 	readers()
 	if err != nil {
 		c.unexpect(sb, runtime.TaskStartEventTopic)

@@ -173,7 +173,15 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			// midway would leave CRIU restoring on.
 			sctx = context.WithoutCancel(ctx)
 		}
-		if _, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID}); err != nil {
+		watched := func() error { return nil }
+		if n.memory && img != nil {
+			watched = restoreWatch(ctx, n.bundle, filepath.Join(n.bundle, restoreWorkDir, "restore.log"), img.size)
+		}
+		_, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID})
+		if werr := watched(); werr != nil && err != nil {
+			err = fmt.Errorf("%w: %v", werr, err)
+		}
+		if err != nil {
 			why := ""
 			if n.memory {
 				why = criuErrors(filepath.Join(n.bundle, restoreWorkDir, "restore.log")) // read before the bundle goes
