@@ -51,12 +51,12 @@ func startDaemon(t *testing.T, ctx context.Context, env *daemons.Env, sc *client
 }
 
 // runsFreely says whether a command runs in branch k within a few seconds
-// (it would not in a frozen branch).
-func runsFreely(ctx context.Context, sc *client.SandboxClient, k, want string, args ...string) bool {
+// (it would not in a frozen branch), and what it got.
+func runsFreely(ctx context.Context, sc *client.SandboxClient, k, want string, args ...string) (bool, string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	out, st, err := runErr(ctx, sc, k, args...)
-	return err == nil && st.Code == 0 && out == want
+	return err == nil && st.Code == 0 && out == want, fmt.Sprintf("%q, exit %d, %v", out, st.Code, err)
 }
 
 // rootMarkers lists the marker files the sandbox's running processes see
@@ -230,8 +230,8 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 			t.Errorf("commit with the snapshotter stopped: %v; want unavailable", err)
 		}
 		// Not made: both run on, a not frozen.
-		if !runsFreely(ctx, sc, a.ID, "stopped-a\n", "cat", "/m/stopped-a") {
-			t.Fatal("the winner of a commit that was not made does not run freely")
+		if ok, got := runsFreely(ctx, sc, a.ID, "stopped-a\n", "cat", "/m/stopped-a"); !ok {
+			t.Fatalf("the winner of a commit that was not made does not run freely: %s", got)
 		}
 		if left := survivors(aProcs); len(left) != len(aProcs) {
 			t.Fatalf("processes of the branch of a commit not made died: %d of %d left", len(left), len(aProcs))
