@@ -57,6 +57,9 @@ func (c *Service) beginReplace(sb *Sandbox) (end func()) {
 func (c *Service) expect(sb *Sandbox, topic string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if sb.replace.hold == nil {
+		sb.replace.hold = map[string]int{}
+	}
 	sb.replace.hold[topic]++
 }
 
