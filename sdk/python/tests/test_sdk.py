@@ -111,6 +111,13 @@ class SDKTest(unittest.TestCase):
         (m,) = self.sb.fork(1, from_checkpoint="mem", with_memory=True)
         self.assertTrue(m.info.get("memoryFork"))
         self.assertEqual(m.abort(), [m.id])
+        # The sandbox itself rolled back to it: its processes replaced,
+        # its files the checkpoint's, its task running on.
+        self.sb.root.write_file("/v", "later")
+        self.sb.rollback("mem")
+        self.assertEqual(self.sb.root.read_file("/v"), b"1")
+        r = self.sb.root.exec_interactive(["sh", "-c", "echo alive"]).wait()
+        self.assertEqual((r.exit_code, r.stdout), (0, "alive\n"))
         self.sb.delete_checkpoint("mem")
 
     def test_errors_and_tokens(self):

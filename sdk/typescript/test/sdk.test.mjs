@@ -109,6 +109,14 @@ describe('branchbox SDK', () => {
       const [m] = await sb.fork({ from: 'mem', with_memory: true });
       assert.equal(m.info?.memoryFork, true);
       assert.deepEqual(await m.abort(), [m.id]);
+      // The sandbox itself rolled back to it: its processes replaced, its
+      // files the checkpoint's, its task running on.
+      await sb.root.writeFile('/v', 'later');
+      await sb.rollback('mem');
+      assert.equal((await sb.root.readFile('/v')).toString(), '1');
+      const r = await sb.root.exec(['sh', '-c', 'echo alive']);
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, 'alive\n');
       await sb.deleteCheckpoint('mem');
       await rejectsWith(() => c.sandbox('nosuch').fork(), 'not-found');
       await rejectsWith(() => sb.fork({ count: 0 }), 'invalid-argument');
