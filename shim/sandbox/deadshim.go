@@ -249,12 +249,8 @@ func stopBranches(ctx context.Context, r *runcC.Runc, bundle, id string) {
 // commit when the shim died) stays frozen, and its processes with it,
 // ignoring SIGKILL. A paused sandbox is killed whole and thawed first.
 func killBranchCgroups(ctx context.Context, bundle string) {
-	spec, err := ReadSpec(bundle)
-	if err != nil || spec.Linux == nil {
-		return
-	}
-	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
-	if err != nil {
+	cg, ok := bundleCgroup(bundle)
+	if !ok {
 		return
 	}
 	killCgroupsBelow(ctx, cg)
@@ -263,12 +259,8 @@ func killBranchCgroups(ctx context.Context, bundle string) {
 // removeBranchCgroups removes the cgroups below a sandbox's (its branches',
 // their seal and own leaves), deepest first; their processes are gone.
 func removeBranchCgroups(ctx context.Context, bundle string) {
-	spec, err := ReadSpec(bundle)
-	if err != nil || spec.Linux == nil {
-		return
-	}
-	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
-	if err != nil {
+	cg, ok := bundleCgroup(bundle)
+	if !ok {
 		return
 	}
 	ms, err := cgroup.Mounts()
@@ -342,12 +334,8 @@ func killCgroupsBelow(ctx context.Context, sbPath string) {
 // are killed and the cgroup removed; a cgroup the delete removed is not
 // there any more.
 func RemoveDeadSandboxCgroup(ctx context.Context, bundle string) {
-	spec, err := ReadSpec(bundle)
-	if err != nil || spec.Linux == nil {
-		return
-	}
-	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
-	if err != nil {
+	cg, ok := bundleCgroup(bundle)
+	if !ok {
 		return
 	}
 	ms, err := cgroup.Mounts()
@@ -377,4 +365,15 @@ func RemoveDeadSandboxCgroup(ctx context.Context, bundle string) {
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("remove a dead sandbox's cgroup")
 	}
+}
+
+// bundleCgroup is the cgroup path (SandboxPath's) of the sandbox whose
+// bundle this is, if its spec names one.
+func bundleCgroup(bundle string) (string, bool) {
+	spec, err := ReadSpec(bundle)
+	if err != nil || spec.Linux == nil {
+		return "", false
+	}
+	cg, err := cgroup.SandboxPath(spec.Linux.CgroupsPath)
+	return cg, err == nil
 }
