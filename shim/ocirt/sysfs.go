@@ -50,18 +50,11 @@ func externalSysfs(opts *criurpc.CriuOpts, pid int, images string) error {
 		if m.FSType != "sysfs" {
 			continue
 		}
-		s := sysfsMount{Mountpoint: m.Mountpoint}
-		for _, o := range strings.Split(m.Options, ",") {
-			f, ok := mountFlag(o)
-			if !ok {
-				return fmt.Errorf("sysfs %s: mount option %q", m.Mountpoint, o)
-			}
-			s.Flags |= f
+		flags, ok := mountFlags(m.Options)
+		if !ok {
+			return fmt.Errorf("sysfs %s: mount options %q", m.Mountpoint, m.Options)
 		}
-		if s.Flags&(unix.MS_RELATIME|unix.MS_NOATIME) == 0 {
-			s.Flags |= unix.MS_STRICTATIME
-		}
-		out = append(out, s)
+		out = append(out, sysfsMount{Mountpoint: m.Mountpoint, Flags: flags})
 		opts.ExtMnt = append(opts.ExtMnt, &criurpc.ExtMountMap{Key: proto.String(m.Mountpoint), Val: proto.String(m.Mountpoint)})
 	}
 	if len(out) == 0 {

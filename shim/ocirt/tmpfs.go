@@ -71,6 +71,26 @@ type tmpfsMount struct {
 	id int // its first mount's id, while dumping
 }
 
+// mountFlags are the flags of a mount's per-mount options as mountinfo
+// shows them, and whether the runtime knows each. mountinfo shows neither
+// relatime nor noatime for a strictatime mount, whose copy must be one
+// too: CRIU sets each mount's flags from the image, and in a user
+// namespace it may not change a mount's atime flags.
+func mountFlags(options string) (uintptr, bool) {
+	var flags uintptr
+	for _, o := range strings.Split(options, ",") {
+		f, ok := mountFlag(o)
+		if !ok {
+			return 0, false
+		}
+		flags |= f
+	}
+	if flags&(unix.MS_RELATIME|unix.MS_NOATIME) == 0 {
+		flags |= unix.MS_STRICTATIME
+	}
+	return flags, true
+}
+
 // mountFlag is the flag of a per-mount option mountinfo shows ("rw": 0),
 // and whether it is one the runtime knows.
 func mountFlag(o string) (uintptr, bool) {
@@ -152,19 +172,11 @@ func copyable(mounts []*mountinfo.Info) (tmpfsMount, bool) {
 		}
 		t.Mountpoints = append(t.Mountpoints, m.Mountpoint)
 	}
-	for _, o := range strings.Split(mounts[0].Options, ",") {
-		f, ok := mountFlag(o)
-		if !ok {
-			return t, false
-		}
-		t.Flags |= f
+	flags, ok := mountFlags(mounts[0].Options)
+	if !ok {
+		return t, false
 	}
-	if t.Flags&(unix.MS_RELATIME|unix.MS_NOATIME) == 0 {
-		// mountinfo shows neither for a strictatime mount, which its copy
-		// must be too: CRIU sets each mount's flags from the image, and in
-		// a user namespace it may not change a mount's atime flags.
-		t.Flags |= unix.MS_STRICTATIME
-	}
+	t.Flags = flags
 	var data []string
 	for _, o := range strings.Split(mounts[0].VFSOptions, ",") {
 		switch o {
