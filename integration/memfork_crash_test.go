@@ -68,30 +68,13 @@ func TestMemoryForkCrash(t *testing.T) {
 	t.Run("shim", func(t *testing.T) {
 		ctx, env, sc := replSandbox(t)
 		replIn(t, ctx, env, sc, branch.RootID, 0, `mem=kept`)
-		cc, task := sandboxTask(t, ctx, env, "sb")
-		exited, err := task.Wait(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// containerd publishes the task's deletion once its cleanup of
-		// the dead shim (the shim binary's delete) is done.
-		evctx, stopEvents := context.WithCancel(ctx)
-		defer stopEvents()
-		deleted, evErrs := cc.EventService().Subscribe(evctx, `topic=="/tasks/delete"`)
-		initPid := int(task.Pid())
-		shims := env.ShimPids()
-		if len(shims) != 1 {
-			t.Fatalf("shims: %v", shims)
-		}
+		death := watchShimDeath(t, ctx, env)
 		bundle := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb")
 		go func() { _, _ = sc.ForkResult(ctx, client.ForkOptions{Count: 2, WithMemory: true}) }()
 		// Past the seal, into the dump or the restores.
 		time.Sleep(time.Duration(50+rand.Intn(200)) * time.Millisecond)
-		procs := containerHostProcs(env.Namespace, "sb", initPid)
-		if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		awaitDeadShimCleanup(t, exited, deleted, evErrs)
+		procs := containerHostProcs(env.Namespace, "sb", death.initPid)
+		death.kill(t)
 		waitUntil(t, "the sandbox's processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
 		if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) > 0 || len(pids) > 0 {
 			t.Fatalf("branch cgroups %v (processes %v) left", dirs, pids)
@@ -130,19 +113,50 @@ func mountsUnder(dir string) []string {
 	return out
 }
 
-// awaitDeadShimCleanup waits for a task whose shim was killed to exit (its
-// Wait ends with the shim's connection, before containerd's cleanup of the
-// shim), then for containerd to report it deleted: the cleanup is done.
-func awaitDeadShimCleanup(t *testing.T, exited <-chan containerd.ExitStatus, deleted <-chan *events.Envelope, evErrs <-chan error) {
+// shimDeath watches the REPL sandbox's task for the death of its one shim.
+type shimDeath struct {
+	shim, initPid int
+	exited        <-chan containerd.ExitStatus
+	deleted       <-chan *events.Envelope
+	errs          <-chan error
+}
+
+// watchShimDeath starts a Wait on the sandbox's task and a watch of
+// containerd's task deletions (published once its cleanup of a dead shim,
+// the shim binary's delete, is done).
+func watchShimDeath(t *testing.T, ctx context.Context, env *daemons.Env) *shimDeath {
 	t.Helper()
+	cc, task := sandboxTask(t, ctx, env, "sb")
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evctx, stopEvents := context.WithCancel(ctx)
+	t.Cleanup(stopEvents)
+	deleted, errs := cc.EventService().Subscribe(evctx, `topic=="/tasks/delete"`)
+	shims := env.ShimPids()
+	if len(shims) != 1 {
+		t.Fatalf("shims: %v", shims)
+	}
+	return &shimDeath{shim: shims[0], initPid: int(task.Pid()), exited: exited, deleted: deleted, errs: errs}
+}
+
+// kill SIGKILLs the shim, then waits for the task to exit (its Wait ends
+// with the shim's connection, before containerd's cleanup of the shim)
+// and for containerd to report it deleted: the cleanup is done.
+func (d *shimDeath) kill(t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(d.shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
 	select {
-	case <-exited:
+	case <-d.exited:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the sandbox's task did not exit within 30s of its shim's death")
 	}
 	select {
-	case <-deleted:
-	case err := <-evErrs:
+	case <-d.deleted:
+	case err := <-d.errs:
 		t.Fatalf("containerd's events: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("containerd did not report the dead shim's task deleted within 30s")

@@ -308,25 +308,11 @@ func TestMemoryRollbackSandboxShimKill(t *testing.T) {
 			if _, err := sc.Checkpoint(ctx, "", "s1", client.CheckpointWithMemory()); err != nil {
 				t.Fatal(err)
 			}
-			cc, task := sandboxTask(t, ctx, env, "sb")
-			exited, err := task.Wait(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			evctx, stopEvents := context.WithCancel(ctx)
-			defer stopEvents()
-			deleted, evErrs := cc.EventService().Subscribe(evctx, `topic=="/tasks/delete"`)
-			shims := env.ShimPids()
-			if len(shims) != 1 {
-				t.Fatalf("shims: %v", shims)
-			}
-			procs := containerHostProcs(env.Namespace, "sb", int(task.Pid()))
+			death := watchShimDeath(t, ctx, env)
+			procs := containerHostProcs(env.Namespace, "sb", death.initPid)
 			go func() { _ = sc.Rollback(ctx, "", "s1") }()
 			time.Sleep(time.Duration(round*30+rand.Intn(30)) * time.Millisecond)
-			if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			awaitDeadShimCleanup(t, exited, deleted, evErrs)
+			death.kill(t)
 			waitUntil(t, "the sandbox's old processes to end", 10*time.Second, func() bool { return len(survivors(procs)) == 0 })
 			waitUntil(t, "no process left in the sandbox's cgroup", 10*time.Second, func() bool {
 				return len(containerHostProcs(env.Namespace, "sb", 0)) == 0
