@@ -25,27 +25,37 @@ func KillDirs(ctx context.Context, path string, dirs []Dir) error {
 	return KillLoop(ctx, path, dirs, dirs[:1])
 }
 
-// KillBranch is KillDirs for a branch whose processes all live in the PID
-// namespace of its init, of which initPidfd is a pidfd: the kernel kills
-// the rest of the namespace as the init dies and reports the init's exit
-// only once they are all gone, so that is waited for rather than polled.
-// The cgroup is then checked on one hierarchy (on cgroup v2 its populated
-// flag covers the subtree in one read), not on all of them as KillDirs
-// does; only a process put into it from outside the namespace could be
-// elsewhere, and release kills those before it removes the cgroup. frozen
-// says the shim froze the branch or a part of it, which is thawed first:
-// a frozen task on cgroup v1 ignores SIGKILL.
-func KillBranch(ctx context.Context, path string, dirs []Dir, initPidfd int, frozen bool) error {
+// SignalBranch sends SIGKILL to every process of a branch once, thawing
+// it first if the shim froze it or a part of it (frozen: a frozen task on
+// cgroup v1 ignores SIGKILL). Where the kill is atomic (cgroup.kill) none
+// of them runs another instruction of its own once it returns; what their
+// exits wait for (their namespaces, their mounts) is AwaitBranch's.
+func SignalBranch(ctx context.Context, dirs []Dir, frozen bool) error {
 	if len(dirs) == 0 {
 		return nil
 	}
 	if frozen {
 		Thaw(dirs)
 	}
-	if err := SignalAll(ctx, dirs); err == nil && WaitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
+	return SignalAll(ctx, dirs)
+}
+
+// AwaitBranch waits until the processes SignalBranch killed (signalErr is
+// its error) are gone. The kernel kills the rest of the init's PID
+// namespace as the init dies and reports the init's exit only once they
+// are all gone, so that is waited for rather than polled. The cgroup is
+// then checked on one hierarchy (on cgroup v2 its populated flag covers
+// the subtree in one read), not on all of them as KillDirs does; only a
+// process put into it from outside the namespace could be elsewhere, and
+// release kills those before it removes the cgroup.
+func AwaitBranch(ctx context.Context, path string, dirs []Dir, initPidfd int, signalErr error) error {
+	if len(dirs) == 0 {
 		return nil
-	} else if err != nil {
-		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill branch processes at once; killing them one by one")
+	}
+	if signalErr == nil && WaitExit(initPidfd, time.Now().Add(100*time.Millisecond)) && !populated(dirs) {
+		return nil
+	} else if signalErr != nil {
+		log.G(ctx).WithError(signalErr).WithField("cgroup", path).Warn("kill branch processes at once; killing them one by one")
 	}
 	// The init is not gone (frozen by someone else?), something outside
 	// its namespace is in the cgroup, or the kill at once failed: the slow

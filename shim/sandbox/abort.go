@@ -22,8 +22,11 @@ func (c *Service) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shimv
 	for _, d := range gone {
 		delete(sb.nodes, d.id)
 	}
-	c.destroyAll(ctx, sb, gone)
-	aborted, err := sb.snapshot.Abort(ctx, sb.ref(n.id))
+	// The snapshotter discards the layers while the processes die: once
+	// they are sent SIGKILL none of them writes to a layer again, and the
+	// reply still waits for both.
+	var aborted []string
+	c.destroyAll(ctx, sb, gone, func() { aborted, err = sb.snapshot.Abort(ctx, sb.ref(n.id)) })
 	if err != nil {
 		// Its processes are dead and it is forgotten here; the snapshotter
 		// may still hold it, and the next reconciliation aborts it there.

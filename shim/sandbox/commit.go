@@ -80,7 +80,7 @@ func (c *Service) committed(ctx context.Context, sb *Sandbox, winner, parentID s
 			delete(sb.nodes, id)
 		}
 	}
-	c.destroyAll(ctx, sb, gone)
+	c.destroyAll(ctx, sb, gone, nil)
 	if p, ok := sb.nodes[parentID]; ok {
 		c.unsealIfIdle(ctx, sb, p)
 	}

@@ -22,7 +22,7 @@ import (
 // destroy kills every process of a branch (and of any branch nested in
 // it), then removes its init, its rootfs mount, cgroup and bundle.
 func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
-	c.destroyAll(ctx, sb, []*Branch{n})()
+	c.destroyAll(ctx, sb, []*Branch{n}, nil)()
 }
 
 // destroyAll destroys branches together: their processes are all killed
@@ -30,10 +30,13 @@ func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
 // their rootfs mounts are detached. It returns once that is done, which is
 // all the snapshotter needs before it commits or discards their layers,
 // and all a caller needs before it replies: nothing of the branches runs
-// any more. The rest (runtime state, cgroups, bundles) goes on in the
+// any more. whileDying, if not nil, runs once every process has been sent
+// its SIGKILL, while they die: work that needs only that they never run
+// again (the snapshotter's discard of their layers) overlaps the wait for
+// their exits. The rest (runtime state, cgroups, bundles) goes on in the
 // background, counted in sb.releasing; the returned wait blocks until it
 // is done.
-func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wait func()) {
+func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch, whileDying func()) (wait func()) {
 	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
@@ -44,7 +47,7 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wa
 			live = append(live, n)
 		}
 	}
-	dirs := killAll(ctx, ms, live)
+	dirs := killAll(ctx, ms, live, whileDying)
 	containers := make([]branchProcs, len(live))
 	for i, n := range live {
 		switch {
@@ -72,8 +75,9 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch) (wa
 }
 
 // killAll kills every process of the live branches, together, and
-// returns each one's cgroup directories.
-func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Dir {
+// returns each one's cgroup directories. Every branch is signalled first;
+// whileDying (if not nil) then runs while their exits are waited for.
+func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch, whileDying func()) [][]cgroup.Dir {
 	dirs := make([][]cgroup.Dir, len(live))
 	// A branch frozen for its children may have frozen descendants among
 	// live, whose processes the kill of any of them reaches.
@@ -99,6 +103,7 @@ func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Di
 		if n.state.has(held) && len(dirs[i]) > 0 && killHeld(ctx, n, dirs[i]) {
 			continue
 		}
+		signalErr := cgroup.SignalBranch(ctx, dirs[i], frozen)
 		pidfd := -1
 		if n.init != nil {
 			pidfd = n.init.Init().DupPidfd()
@@ -109,12 +114,15 @@ func killAll(ctx context.Context, ms []cgroup.Dir, live []*Branch) [][]cgroup.Di
 			kill := func() error { return cgroup.KillDirs(ctx, n.cgroup, dirs[i]) }
 			if pidfd >= 0 {
 				defer unix.Close(pidfd)
-				kill = func() error { return cgroup.KillBranch(ctx, n.cgroup, dirs[i], pidfd, frozen) }
+				kill = func() error { return cgroup.AwaitBranch(ctx, n.cgroup, dirs[i], pidfd, signalErr) }
 			}
 			if err := kill(); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill branch processes")
 			}
 		}()
+	}
+	if whileDying != nil {
+		whileDying()
 	}
 	wg.Wait()
 	return dirs
@@ -173,7 +181,7 @@ func (c *Service) release(ctx context.Context, sb *Sandbox, n *Branch, procs bra
 	c.closeSelf(sb.id, n.id)
 	if fc, ok := procs.(*initdriver.Branch); ok {
 		fc.Close()
-		// KillBranch looked at one hierarchy; a process put into the
+		// AwaitBranch looked at one hierarchy; a process put into the
 		// cgroup from outside the branch may be in the others.
 		if err := cgroup.KillLoop(ctx, n.cgroup, cgDirs, cgDirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Error("kill what is left in a branch cgroup")

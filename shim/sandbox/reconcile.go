@@ -174,7 +174,7 @@ func (c *Service) reconcileWith(ctx context.Context, sb *Sandbox, infos []branch
 			delete(sb.nodes, n.id)
 		}
 		log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branches": ids(gone)}).Info("branches ended in the snapshotter: killing their processes")
-		c.destroyAll(ctx, sb, gone)
+		c.destroyAll(ctx, sb, gone, nil)
 	}
 	finished := map[string]branch.CommitResult{}
 	for _, in := range infos {
