@@ -23,8 +23,9 @@ func (c *Service) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shimv
 		delete(sb.nodes, d.id)
 	}
 	// The snapshotter discards the layers while the processes die: once
-	// they are sent SIGKILL none of them writes to a layer again, and the
-	// reply still waits for both.
+	// sent SIGKILL they run none of their own code (one forked while
+	// cgroup v1 kills them one by one dies with the PID namespace
+	// meanwhile), and the reply still waits for both.
 	var aborted []string
 	c.destroyAll(ctx, sb, gone, func() { aborted, err = sb.snapshot.Abort(ctx, sb.ref(n.id)) })
 	if err != nil {
