@@ -72,10 +72,10 @@ type tailKind struct {
 // BENCH_TAIL_OPS operations each) of what a user waits for on a running
 // 10,000-file sandbox at rest: a fork of 1 branch, the same right after
 // every file of the sandbox was looked up (the seal's remount drops the
-// overlay's cached dentries, a cost that follows their number), a fork of
-// 8 (per branch), a commit of a live branch holding a 1 KB change, an abort of a
-// live branch, and a rollback of the sandbox to a checkpoint after a 1 KB
-// change; beside two baselines timed in the same run: the null request
+// overlay's cached dentries, a cost that follows their number), a fork
+// of 8 (per branch), a commit of a live branch holding a 1 KB change, an
+// abort of a live branch, and a rollback of the sandbox to a checkpoint
+// after a 1 KB change; beside two baselines timed in the same run: the null request
 // (a call through client -> shim -> snapshotter that does nothing: list
 // the sandbox's checkpoints, issue 17's "list-call") and a fork+exec+wait
 // of /bin/true in a new PID and mount namespace (what a kernel-level
