@@ -331,3 +331,87 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 		})
 	}
 }
+
+// TestContextsAbortSnapshotterDown aborts the only branch of the sandbox
+// through the shim while the snapshotter is stopped, and while it dies at
+// each fault point of an abort (decided, layer removed): the abort runs
+// the snapshotter's part while the branch's processes die, so whatever the
+// snapshotter does, the reply comes only once the branch's daemon is gone.
+// Once the snapshotter is back, the branch is gone there too (nobody calls
+// the shim: it reconciles by itself), no cgroup is left and the sandbox,
+// which the fork sealed, is writable again.
+func TestContextsAbortSnapshotterDown(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t)
+	if _, err := execIn(ctx, env, "sb", "sh", "-c", "mkdir -p /m && touch /m/base"); err != nil {
+		t.Fatal(err)
+	}
+	for _, point := range []string{"stopped", snapshotter.FaultAbortDecided, snapshotter.FaultAbortRemoved} {
+		t.Run(point, func(t *testing.T) {
+			t.Cleanup(func() {
+				if env.SnapshotterPid() == 0 {
+					if err := env.StartSnapshotter(ctx); err != nil {
+						t.Errorf("restart the snapshotter: %v", err)
+					}
+				}
+			})
+			kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
+			a := kids[0]
+			procs := startDaemon(t, ctx, env, sc, a, "aborted-"+strings.ReplaceAll(point, ":", "-"))
+			var daemon []hostProc
+			for _, p := range procs {
+				if strings.Contains(p.cmd, "while") {
+					daemon = append(daemon, p)
+				}
+			}
+			if point == "stopped" {
+				if err := env.StopSnapshotter(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := env.StopSnapshotter(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				if err := env.StartSnapshotter(ctx, "BRANCHBOX_FAULT_POINT="+point); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := sc.Abort(ctx, a.ID)
+			// Checked first: the daemon must be gone when the reply comes.
+			if left := survivors(daemon); len(left) != 0 {
+				t.Fatalf("the branch's daemon outlived the abort's reply: %v", left)
+			}
+			if err == nil {
+				t.Fatalf("abort succeeded with the snapshotter %s", point)
+			}
+			t.Logf("abort with the snapshotter %s: %v", point, err)
+			if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "processes were killed") {
+				t.Fatalf("abort with the snapshotter %s: %v; want unavailable, saying its processes were killed", point, err)
+			}
+			if point != "stopped" {
+				if err := env.WaitSnapshotterExit(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+					t.Fatalf("snapshotter not killed at %s: %v", point, err)
+				}
+			}
+			if err := env.StartSnapshotter(ctx); err != nil {
+				t.Fatal(err)
+			}
+			assertBranchGone(t, env, a, procs)
+			waitUntil(t, "the branch to leave the snapshotter", 10*time.Second, func() bool {
+				return len(liveInSnapshotter(t, ctx, env, "sb")) == 0
+			})
+			if _, err := sc.Abort(ctx, a.ID); !errdefs.IsNotFound(err) {
+				t.Fatalf("abort again: %v; want not found", err)
+			}
+			if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) != 0 || len(pids) != 0 {
+				t.Fatalf("branch cgroups left: %v (processes %v)", dirs, pids)
+			}
+			waitUntil(t, "the sandbox to be writable again", 10*time.Second, func() bool {
+				_, err := execIn(ctx, env, "sb", "sh", "-c", "echo x > /probe")
+				return err == nil
+			})
+			if got := rootMarkers(t, ctx, env, "sb"); len(got) != 0 {
+				t.Fatalf("the aborted branch's marker reached the sandbox: %v", got)
+			}
+		})
+	}
+}
