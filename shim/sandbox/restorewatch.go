@@ -68,3 +68,15 @@ func restoreWatch(ctx context.Context, bundle, logPath string, size int64) (done
 		return nil
 	}
 }
+
+// watchRestore runs start, a restore from a memory image of size bytes
+// whose CRIU works for bundle and logs to logPath, under restoreWatch: a
+// restore the watch ended fails saying so.
+func watchRestore(ctx context.Context, bundle, logPath string, size int64, start func() error) error {
+	done := restoreWatch(ctx, bundle, logPath, size)
+	err := start()
+	if werr := done(); werr != nil && err != nil {
+		err = fmt.Errorf("%w: %v", werr, err)
+	}
+	return err
+}

@@ -160,15 +160,15 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 	}
 	c.expect(sb, runtime.TaskStartEventTopic)
 	readers := holdReaders(ctx, cr.Stdout, cr.Stderr)
-	watched := restoreWatch(ctx, sb.bundle, filepath.Join(sb.bundle, sandboxRestoreWorkDir, "restore.log"), img.size)
-	_, err = c.task.Start(ctx, &taskAPI.StartRequest{ID: sb.id})
-	if werr := watched(); werr != nil && err != nil {
-		err = fmt.Errorf("%w: %v", werr, err)
-	}
+	restoreLog := filepath.Join(sb.bundle, sandboxRestoreWorkDir, "restore.log")
+	err = watchRestore(ctx, sb.bundle, restoreLog, img.size, func() error {
+		_, err := c.task.Start(ctx, &taskAPI.StartRequest{ID: sb.id})
+		return err
+	})
 	readers()
 	if err != nil {
 		c.unexpect(sb, runtime.TaskStartEventTopic)
-		why := criuErrors(filepath.Join(sb.bundle, sandboxRestoreWorkDir, "restore.log"))
+		why := criuErrors(restoreLog)
 		c.expect(sb, runtime.TaskDeleteEventTopic)
 		if _, derr := c.task.Delete(ctx, &taskAPI.DeleteRequest{ID: sb.id}); derr != nil {
 			c.unexpect(sb, runtime.TaskDeleteEventTopic)
@@ -269,18 +269,14 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // CRIU restores in cannot reach, where it can reach the bundle.
 const sandboxRestoreWorkDir = "restore-work"
 
-// restoreOptions are the sandbox's runtime options with CRIU's work
-// directory at sandboxRestoreWorkDir.
+// restoreOptions are the sandbox's runtime options (as its create
+// recorded them, parsed) with CRIU's work directory at
+// sandboxRestoreWorkDir.
 func restoreOptions(sb *Sandbox) (*anypb.Any, error) {
-	v, err := typeurl.UnmarshalAny(sb.create.Options)
-	if err != nil {
-		return nil, fmt.Errorf("its runtime options: %w", err)
+	if sb.opts == nil {
+		return nil, fmt.Errorf("its runtime options were not recorded: %w", errdefs.ErrFailedPrecondition)
 	}
-	o, ok := v.(*options.Options)
-	if !ok {
-		return nil, fmt.Errorf("its runtime options are %T, not runc's", v)
-	}
-	o = proto.Clone(o).(*options.Options)
+	o := proto.Clone(sb.opts).(*options.Options)
 	o.CriuWorkPath = filepath.Join(sb.bundle, sandboxRestoreWorkDir)
 	return typeurl.MarshalAnyToProto(o)
 }

@@ -173,18 +173,21 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			// midway would leave CRIU restoring on.
 			sctx = context.WithoutCancel(ctx)
 		}
-		watched := func() error { return nil }
-		if n.memory && img != nil {
-			watched = restoreWatch(ctx, n.bundle, filepath.Join(n.bundle, restoreWorkDir, "restore.log"), img.size)
+		start := func() error {
+			_, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID})
+			return err
 		}
-		_, err := container.Start(sctx, &taskAPI.StartRequest{ID: n.runtimeID})
-		if werr := watched(); werr != nil && err != nil {
-			err = fmt.Errorf("%w: %v", werr, err)
+		restoreLog := filepath.Join(n.bundle, restoreWorkDir, "restore.log")
+		var err error
+		if n.memory && img != nil {
+			err = watchRestore(ctx, n.bundle, restoreLog, img.size, start)
+		} else {
+			err = start()
 		}
 		if err != nil {
 			why := ""
 			if n.memory {
-				why = criuErrors(filepath.Join(n.bundle, restoreWorkDir, "restore.log")) // read before the bundle goes
+				why = criuErrors(restoreLog) // read before the bundle goes
 			}
 			c.destroy(ctx, sb, n)
 			if n.memory {
