@@ -201,20 +201,9 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 		}
 	}
 	mustBase()
-	// A subtest that fails with the snapshotter down must not take the
-	// next ones with it.
-	restart := func(t *testing.T) {
-		t.Cleanup(func() {
-			if env.SnapshotterPid() == 0 {
-				if err := env.StartSnapshotter(ctx); err != nil {
-					t.Errorf("restart the snapshotter: %v", err)
-				}
-			}
-		})
-	}
 
 	t.Run("stopped", func(t *testing.T) {
-		restart(t)
+		restartSnapshotterAfter(t, ctx, env)
 		kids := fork(t, ctx, sc, client.ForkOptions{Count: 2})
 		a, b := kids[0], kids[1]
 		aProcs := startDaemon(t, ctx, env, sc, a, "stopped-a")
@@ -258,7 +247,7 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 
 	for _, point := range []string{snapshotter.FaultCommitDecided, snapshotter.FaultCommitApplied, snapshotter.FaultCommitFinished} {
 		t.Run(point, func(t *testing.T) {
-			restart(t)
+			restartSnapshotterAfter(t, ctx, env)
 			before := rootMarkers(t, ctx, env, "sb")
 			kids := fork(t, ctx, sc, client.ForkOptions{Count: 3})
 			a := kids[0]
@@ -332,6 +321,19 @@ func TestContextsCommitSnapshotterDown(t *testing.T) {
 	}
 }
 
+// restartSnapshotterAfter starts the snapshotter again when t ends, if
+// it is down: a subtest that fails with the snapshotter down must not take
+// the next ones with it.
+func restartSnapshotterAfter(t *testing.T, ctx context.Context, env *daemons.Env) {
+	t.Cleanup(func() {
+		if env.SnapshotterPid() == 0 {
+			if err := env.StartSnapshotter(ctx); err != nil {
+				t.Errorf("restart the snapshotter: %v", err)
+			}
+		}
+	})
+}
+
 // TestContextsAbortSnapshotterDown aborts the only branch of the sandbox
 // through the shim while the snapshotter is stopped, and while it dies at
 // each fault point of an abort (decided, layer removed): the abort runs
@@ -347,13 +349,7 @@ func TestContextsAbortSnapshotterDown(t *testing.T) {
 	}
 	for _, point := range []string{"stopped", snapshotter.FaultAbortDecided, snapshotter.FaultAbortRemoved} {
 		t.Run(point, func(t *testing.T) {
-			t.Cleanup(func() {
-				if env.SnapshotterPid() == 0 {
-					if err := env.StartSnapshotter(ctx); err != nil {
-						t.Errorf("restart the snapshotter: %v", err)
-					}
-				}
-			})
+			restartSnapshotterAfter(t, ctx, env)
 			kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
 			a := kids[0]
 			procs := startDaemon(t, ctx, env, sc, a, "aborted-"+strings.ReplaceAll(point, ":", "-"))
