@@ -197,19 +197,15 @@ func (s *Branches) makeForkDirs(ctx context.Context, f *fork) error {
 }
 
 // sealForked seals the parent of a recorded fork if the fork made it ours
-// to seal: its superblock, else (a file unlinked while open) each of its
-// mounts. If the seal fails the children are aborted, as if they had
-// never been.
+// to seal: its superblock, else (a file unlinked while open, or a
+// superblock seal that was slow: sealChoice) each of its mounts. If the
+// seal fails the children are aborted, as if they had never been.
 func (s *Branches) sealForked(ctx context.Context, f *fork) error {
 	p := f.tree.Nodes[f.parent]
 	if !p.SealedByUs || f.wasSealed || p.SealMode != branch.SealSuperblock {
 		return nil
 	}
-	err := s.sealSuperblock(ctx, f.r.id(), f.live)
-	if errors.Is(err, overlay.ErrSuperblockBusy) {
-		err = s.sealEachMount(ctx, f.r, f.parent, f.c.String())
-	}
-	if err != nil {
+	if err := s.sealParent(ctx, f); err != nil {
 		// Undo: the children never existed for anyone.
 		if uerr := s.abortAll(ctx, f.r, f.kids); uerr != nil {
 			log.G(ctx).WithError(uerr).Warn("undo fork after failed seal")
@@ -217,6 +213,37 @@ func (s *Branches) sealForked(ctx context.Context, f *fork) error {
 		return fmt.Errorf("fork %s: seal the parent: %w", f.c, err)
 	}
 	return nil
+}
+
+// sealParent seals the parent of fork f, recorded with a superblock seal,
+// the way sealChoice says, and tells it what that cost.
+func (s *Branches) sealParent(ctx context.Context, f *fork) error {
+	name := f.c.String()
+	if s.choice.eachMount(f.parentUpper) {
+		start := time.Now()
+		err := s.sealEachMount(ctx, f.r, f.parent, name)
+		if err == nil || errors.As(err, new(*branch.WritersError)) {
+			// Writers would refuse the superblock's remount too.
+			s.choice.eachMountTook(f.parentUpper, time.Since(start))
+			return err
+		}
+		// Something else failed (a namespace entered, a mount moved
+		// meanwhile): the superblock's remount does not depend on those.
+		log.G(ctx).WithError(err).WithField("branch", name).Warn("seal mount by mount failed; sealing the superblock")
+		s.choice.forget(f.parentUpper)
+		if err := s.recordSealMode(ctx, f.r, f.parent, name, branch.SealSuperblock, nil); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	err := s.sealSuperblock(ctx, f.r.id(), f.live)
+	if err == nil {
+		s.choice.superblockTook(f.parentUpper, time.Since(start))
+	}
+	if errors.Is(err, overlay.ErrSuperblockBusy) {
+		err = s.sealEachMount(ctx, f.r, f.parent, name)
+	}
+	return err
 }
 
 // sealSuperblock makes the superblock of the overlay mounted at live

@@ -160,17 +160,7 @@ func TestSealPerMountUnlinkedOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	km := mountAt(t, kids[0].Mounts)
-	writeFile(t, filepath.Join(km, "app", "main.txt"), "version 2\n")
-	if err := unix.Unmount(km, unix.MNT_DETACH); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.CommitBranch(ctx, sb.ctx(kids[0].ID)); err != nil {
-		t.Fatal(err)
-	}
-	if got := readFile(t, filepath.Join(other, "app", "main.txt")); got != "version 2\n" {
-		t.Fatalf("after commit the other namespace sees %q", got)
-	}
+	commitVersion2(t, ctx, sb, kids[0].ID, mountAt(t, kids[0].Mounts), other)
 	expectWritable(t, "after commit, the other namespace", filepath.Join(other, "x"))
 }
 
@@ -287,4 +277,132 @@ func TestSealPerMountRecovery(t *testing.T) {
 	}
 	expectWritable(t, "unsealed, this namespace", filepath.Join(p, "x"))
 	expectWritable(t, "unsealed, the other namespace", filepath.Join(other, "x"))
+}
+
+// TestSealEachMountAfterSlowSeal: a parent whose superblock seal was slow
+// (its dentries freed first: 20,000 files looked up through its mount) is
+// sealed mount by mount at its next fork, in this mount namespace and in
+// a second one; the children see it as it was, abort and commit make it
+// writable again everywhere, and a seal that is no longer slow to make
+// (nothing looked up since) sends it back to the superblock's in time.
+func TestSealEachMountAfterSlowSeal(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	p := mountAt(t, rm)
+	for d := 0; d < 200; d++ {
+		dir := filepath.Join(p, "tree", strconv.Itoa(d))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f := 0; f < 100; f++ {
+			if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(f)), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pid := inOtherMountNS(t, "true")
+	other := "/proc/" + strconv.Itoa(pid) + "/root" + p
+	selfNS, otherNS := nsOf(t, "self"), nsOf(t, strconv.Itoa(pid))
+	lookUp := func() {
+		t.Helper()
+		if err := filepath.WalkDir(filepath.Join(p, "tree"), func(path string, d os.DirEntry, err error) error {
+			if err == nil {
+				_, err = d.Info()
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sealMode := func() branch.Node {
+		t.Helper()
+		tr, err := s.Tree(ctx, sb.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Nodes[0].Node
+	}
+
+	// The first fork frees the 20,000 dentries the writes left: slow.
+	kids, err := s.Fork(ctx, sb.ctx(""), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sealMode(); n.SealMode != branch.SealSuperblock {
+		t.Fatalf("first fork sealed %q, want the superblock", n.SealMode)
+	}
+	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 2; round++ {
+		lookUp()
+		kids, err := s.Fork(ctx, sb.ctx(""), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := sealMode(); n.SealMode != branch.SealMounts || !sealedIn(n.SealedMounts, selfNS) || !sealedIn(n.SealedMounts, otherNS) {
+			t.Fatalf("round %d: after a slow seal the root is sealed %q with mounts %v, want %q in this namespace (%d) and the other (%d)", round, n.SealMode, n.SealedMounts, branch.SealMounts, selfNS, otherNS)
+		}
+		expectEROFS(t, "sealed, this namespace", filepath.Join(p, "x"))
+		expectEROFS(t, "sealed, the other namespace", filepath.Join(other, "x"))
+		km := mountAt(t, kids[0].Mounts)
+		if got := readFile(t, filepath.Join(km, "app", "main.txt")); got != "version 1\n" {
+			t.Fatalf("child sees %q", got)
+		}
+		if _, err := os.Stat(filepath.Join(km, "tree", "199", "99")); err != nil {
+			t.Fatalf("child does not see the parent's files: %v", err)
+		}
+		if _, err := s.Abort(ctx, sb.ctx(kids[1].ID)); err != nil {
+			t.Fatal(err)
+		}
+		expectEROFS(t, "one child left", filepath.Join(p, "x"))
+		if round == 0 {
+			if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			commitVersion2(t, ctx, sb, kids[0].ID, km, other)
+		}
+		expectWritable(t, "unsealed, this namespace", filepath.Join(p, "x"))
+		expectWritable(t, "unsealed, the other namespace", filepath.Join(other, "x"))
+		if n := sealMode(); n.SealedByUs || n.SealMode != "" || n.SealedMounts != nil {
+			t.Fatalf("round %d: unsealed root still records a seal: %+v", round, n)
+		}
+	}
+	// With nothing looked up the per-mount seals are kept until the slow
+	// seal's cost, decayed, is below theirs; then the superblock again.
+	for i := 0; ; i++ {
+		kids, err := s.Fork(ctx, sb.ctx(""), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode := sealMode().SealMode
+		if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+			t.Fatal(err)
+		}
+		if mode == branch.SealSuperblock {
+			break
+		}
+		if i == 40 {
+			t.Fatal("still sealed mount by mount after 40 forks with nothing looked up")
+		}
+	}
+}
+
+// commitVersion2 writes version 2 of app/main.txt in branch id, mounted
+// at km, and commits it: the parent's mount seen from the other
+// namespace (other) must show it.
+func commitVersion2(t *testing.T, ctx context.Context, sb sandbox, id, km, other string) {
+	t.Helper()
+	writeFile(t, filepath.Join(km, "app", "main.txt"), "version 2\n")
+	if err := unix.Unmount(km, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.s.CommitBranch(ctx, sb.ctx(id)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(other, "app", "main.txt")); got != "version 2\n" {
+		t.Fatalf("after commit the other namespace sees %q", got)
+	}
 }

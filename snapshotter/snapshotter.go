@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -68,6 +69,7 @@ type Branches struct {
 	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)
 	journalSeq atomic.Uint64       // names the journals of commit attempts
 	seals      overlay.SealThreads // the threads that run those seals' remounts
+	choice     sealChoice          // the parents sealed mount by mount, their superblock's being slow
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 	manifests   manifestCache // checkpoint manifests decoded (manifestcache.go)
@@ -83,6 +85,19 @@ type Opt func(*config)
 
 type config struct {
 	fault func(point string)
+	// slowSeal is sealChoice's threshold: 0 the default, below 0 never.
+	slowSeal time.Duration
+}
+
+// WithSlowSeal sets how long a parent's superblock seal may take before
+// its next forks seal it mount by mount (sealchoice.go; default
+// 2ms); 0 keeps every parent on the superblock's seal.
+func WithSlowSeal(d time.Duration) Opt {
+	return func(c *config) {
+		if c.slowSeal = d; d == 0 {
+			c.slowSeal = -1
+		}
+	}
 }
 
 // New opens (creating if needed) a snapshotter rooted at root. It takes an
@@ -139,6 +154,7 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	}
 	st := &store{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
 	s := &Snapshotter{store: st, Branches: &Branches{store: st}}
+	s.choice.threshold = c.slowSeal
 	defer func() {
 		if retErr != nil {
 			ms.Close()

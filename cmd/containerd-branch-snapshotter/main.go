@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/snapshotter"
 	"github.com/branchbox/branchbox/snapshotter/server"
 )
 
@@ -41,6 +42,7 @@ func main() {
 		address  = flag.String("address", branch.DefaultSnapshotterAddress, "unix socket to serve the snapshots API on")
 		logLevel = flag.String("log-level", "info", "log level: trace, debug, info, warn, error")
 		reap     = flag.Duration("reap-interval", 5*time.Minute, "how often to remove orphaned snapshot and branch state (0: only at start)")
+		slowSeal = flag.Duration("seal-mounts-after", snapshotter.SlowSuperblockSeal, "seal a forked parent mount by mount once its superblock's seal took longer than this, as after its files were looked up (0: always the superblock's; docs/seal.md)")
 	)
 	flag.Parse()
 	if flag.NArg() != 0 {
@@ -57,7 +59,11 @@ func main() {
 		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: --reap-interval %s is negative\n", *reap)
 		os.Exit(2)
 	}
-	if err := server.Serve(ctx, server.Config{Root: *root, Address: *address, ReapInterval: *reap, FaultPoint: os.Getenv(faultEnv)}); err != nil {
+	if *slowSeal < 0 {
+		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: --seal-mounts-after %s is negative\n", *slowSeal)
+		os.Exit(2)
+	}
+	if err := server.Serve(ctx, server.Config{Root: *root, Address: *address, ReapInterval: *reap, FaultPoint: os.Getenv(faultEnv), SlowSeal: slowSeal}); err != nil {
 		log.G(ctx).WithError(err).Error("containerd-branch-snapshotter failed")
 		fmt.Fprintf(os.Stderr, "containerd-branch-snapshotter: %v\n", err)
 		os.Exit(1)

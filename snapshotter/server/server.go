@@ -45,6 +45,8 @@ type Config struct {
 	// FaultPoint, if set, names a fault point (snapshotter.Fault*) at which
 	// the process kills itself with SIGKILL: the crash-safety tests arm it.
 	FaultPoint string
+	// SlowSeal, if set, is snapshotter.WithSlowSeal's threshold.
+	SlowSeal *time.Duration
 }
 
 // Serve serves until ctx is done (then drains in-flight calls) or a
@@ -67,6 +69,9 @@ func Serve(ctx context.Context, cfg Config) error {
 				select {} // never go on past the fault point
 			}
 		}))
+	}
+	if cfg.SlowSeal != nil {
+		opts = append(opts, snapshotter.WithSlowSeal(*cfg.SlowSeal))
 	}
 	// New takes the root lock before anything else, so a second instance
 	// fails here without touching the first one's socket.
