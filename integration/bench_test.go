@@ -60,7 +60,10 @@ func benchEnv(b *testing.B) (context.Context, *daemons.Env, *containerd.Client, 
 	requireRoot(b)
 	bench.once.Do(func() {
 		ctx := context.Background()
-		if bench.env, bench.err = daemons.Start(ctx, daemons.Config{LogLevel: "info"}); bench.err != nil {
+		// BENCH_SNAPSHOTTER_FLAGS: the snapshotter's flags, to compare its
+		// settings in one build (--seal-mounts-after=0, say).
+		cfg := daemons.Config{LogLevel: "info", SnapshotterFlags: strings.Fields(os.Getenv("BENCH_SNAPSHOTTER_FLAGS"))}
+		if bench.env, bench.err = daemons.Start(ctx, cfg); bench.err != nil {
 			return
 		}
 		archive := bench.env.Dir + "/busybox.tar"

@@ -42,6 +42,8 @@ type Env struct {
 	cri         *CRIConfig
 	logLevel    string
 	extraEnv    []string
+	// snapshotterFlags are Config.SnapshotterFlags.
+	snapshotterFlags []string
 }
 
 // Config says where the binaries are and where to put the state.
@@ -62,6 +64,9 @@ type Config struct {
 	// ContainerdEnv is added to containerd's environment, which its shims
 	// inherit (the shim's node-wide settings, BRANCHBOX_*).
 	ContainerdEnv []string
+	// SnapshotterFlags are given to every start of the snapshotter
+	// (benchmarks compare its settings this way).
+	SnapshotterFlags []string
 	// PrivateNetwork runs the env's daemons (and so the shims and the
 	// pods on the host's network) in a network namespace of its own, with
 	// loopback and the address NodeIP; Stop removes it with the rest.
@@ -130,6 +135,7 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 		cri:                cfg.CRI,
 		logLevel:           cfg.LogLevel,
 		extraEnv:           cfg.ContainerdEnv,
+		snapshotterFlags:   cfg.SnapshotterFlags,
 	}
 	if e.logLevel == "" {
 		e.logLevel = "debug"
@@ -167,7 +173,8 @@ func (e *Env) StartSnapshotterWith(ctx context.Context, flags []string, extraEnv
 	if e.snapshotter != nil {
 		return errors.New("snapshotter already running")
 	}
-	args := append([]string{"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", e.logLevel}, flags...)
+	args := append([]string{"--root", e.SnapshotterRoot, "--address", e.SnapshotterAddress, "--log-level", e.logLevel}, e.snapshotterFlags...)
+	args = append(args, flags...)
 	cmd, err := e.spawn("snapshotter", extraEnv, filepath.Join(e.BinDir, "containerd-branch-snapshotter"), args...)
 	if err != nil {
 		return err
