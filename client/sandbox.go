@@ -244,7 +244,7 @@ type BranchInfo struct {
 }
 
 // ContextInfo is BranchInfo's old name, kept so that code written against
-// it still builds.
+// it still builds until the release after next (docs/design.md#names).
 //
 // Deprecated: use BranchInfo.
 type ContextInfo = BranchInfo
