@@ -74,7 +74,8 @@ func (i Info) Age(now time.Time) time.Duration { return now.Sub(i.Created) }
 // Checkpoint is an immutable, named state of a branch's rootfs.
 type Checkpoint struct {
 	Name string `json:"name"`
-	// Branch is the id of the branch it is a state of ("0": the sandbox).
+	// Branch is the id of the branch it is a state of ("0": the sandbox):
+	// in JSON "branch", and "context" too (MarshalJSON).
 	Branch string `json:"context"`
 	// Parent is the checkpoint whose state this one's layer holds the
 	// changes since ("" for a full one, "(deleted)" once that was deleted).

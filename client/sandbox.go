@@ -38,7 +38,7 @@ type SandboxClient struct {
 	// Created is when the container was created.
 	Created time.Time
 	conn    *ttrpc.Client
-	api     shimv1.ContextsService
+	api     shimv1.BranchesService
 }
 
 // NewSandboxClient finds the shim serving the container name names (see
@@ -91,8 +91,8 @@ func NewSandboxClient(ctx context.Context, address, namespace, name string) (*Sa
 		log.G(ctx).WithError(err).WithField("socket", sock).Debug("dial the sandbox's shim")
 		return nil, fmt.Errorf("sandbox %s has no running task (start it: ctr -n %s tasks start %s, or nerdctl start): %w", sandboxLabel(name, id), namespace, id, errdefs.ErrFailedPrecondition)
 	}
-	tc := ttrpc.NewClient(conn)
-	sc := &SandboxClient{ID: id, Namespace: namespace, Created: sb.Created, conn: tc, api: shimv1.NewContextsClient(tc)}
+	tc, api := dialShim(conn)
+	sc := &SandboxClient{ID: id, Namespace: namespace, Created: sb.Created, conn: tc, api: api}
 	if rt == criRuntimeType {
 		if _, err := sc.api.Tree(sc.ctx(ctx), &shimv1.TreeRequest{Sandbox: id}); status.Code(err) == codes.Unimplemented {
 			tc.Close()
@@ -124,8 +124,8 @@ func dialDirect(ctx context.Context, address, namespace, name string) *SandboxCl
 	if err != nil {
 		return nil
 	}
-	tc := ttrpc.NewClient(conn)
-	sc := &SandboxClient{ID: name, Namespace: namespace, conn: tc, api: shimv1.NewContextsClient(tc)}
+	tc, api := dialShim(conn)
+	sc := &SandboxClient{ID: name, Namespace: namespace, conn: tc, api: api}
 	if resp, err := sc.api.Describe(sc.ctx(ctx), &shimv1.DescribeRequest{Sandbox: name}); err != nil || resp.Sandbox != name {
 		tc.Close()
 		return nil
@@ -244,12 +244,12 @@ type BranchInfo struct {
 }
 
 // ContextInfo is BranchInfo's old name, kept so that code written against
-// it still builds.
+// it still builds until the release after next (docs/design.md#names).
 //
 // Deprecated: use BranchInfo.
 type ContextInfo = BranchInfo
 
-func branchFromProto(c *shimv1.Context) BranchInfo {
+func branchFromProto(c *shimv1.Branch) BranchInfo {
 	if c == nil {
 		return BranchInfo{}
 	}
@@ -278,7 +278,7 @@ func branchFromProto(c *shimv1.Context) BranchInfo {
 	return i
 }
 
-func branchesFromProto(list []*shimv1.Context) []BranchInfo {
+func branchesFromProto(list []*shimv1.Branch) []BranchInfo {
 	out := make([]BranchInfo, len(list))
 	for i, c := range list {
 		out[i] = branchFromProto(c)

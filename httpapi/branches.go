@@ -27,8 +27,17 @@ type Fork struct {
 	WithMemory bool `json:"with_memory,omitempty"`
 }
 
+// branchesDoc is fork's and tree's answer. Contexts is Branches under the
+// key's name before a node of the tree was called a branch, for the
+// clients built before the rename (deprecated, removed in the release
+// after next: docs/design.md#names).
 type branchesDoc struct {
-	Branches []client.BranchInfo `json:"contexts"`
+	Branches []client.BranchInfo `json:"branches"`
+	Contexts []client.BranchInfo `json:"contexts"`
+}
+
+func branchesOf(list []client.BranchInfo) branchesDoc {
+	return branchesDoc{Branches: list, Contexts: list}
 }
 
 func (s *Server) fork(w http.ResponseWriter, r request) error {
@@ -51,7 +60,7 @@ func (s *Server) fork(w http.ResponseWriter, r request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, branchesDoc{Branches: kids})
+	writeJSON(w, http.StatusOK, branchesOf(kids))
 	return nil
 }
 
@@ -75,7 +84,7 @@ func (s *Server) tree(w http.ResponseWriter, r request) error {
 	if nodes == nil {
 		nodes = []client.BranchInfo{}
 	}
-	writeJSON(w, http.StatusOK, branchesDoc{Branches: nodes})
+	writeJSON(w, http.StatusOK, branchesOf(nodes))
 	return nil
 }
 

@@ -90,9 +90,12 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r request) error {
 	return nil
 }
 
+// rollbackDoc is rollback's answer; Context is Branch under the key's old
+// name, as in branchesDoc.
 type rollbackDoc struct {
 	Rollback struct {
-		Branch     string  `json:"context"`
+		Branch     string  `json:"branch"`
+		Context    string  `json:"context"`
 		Checkpoint string  `json:"checkpoint"`
 		Seconds    float64 `json:"seconds"`
 	} `json:"rollback"`
@@ -121,6 +124,7 @@ func (s *Server) rollback(w http.ResponseWriter, r request) error {
 	if doc.Rollback.Branch == "" {
 		doc.Rollback.Branch = branch.RootID
 	}
+	doc.Rollback.Context = doc.Rollback.Branch
 	writeJSON(w, http.StatusOK, doc)
 	return nil
 }

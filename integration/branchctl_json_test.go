@@ -168,18 +168,24 @@ func TestBranchctlJSON(t *testing.T) {
 	}
 	// Successes, in an order that leaves something for the next.
 	check("sandboxes", 0, "ls")
-	check("contexts", 0, "fork", "sb", "-n", "3")
+	check("branches", 0, "fork", "sb", "-n", "3")
 	ex := check("exec", 3, "exec", "sb/1", "--", "sh", "-c", "echo out; echo err >&2; echo x > /f; exit 3")
 	if ex["stdout"] != "out\n" || ex["stderr"] != "err\n" || ex["exitCode"] != float64(3) {
 		t.Errorf("exec --json: %v; want its output and exit code in the document", ex)
 	}
-	check("contexts", 0, "tree", "sb")
+	check("branches", 0, "tree", "sb")
 	check("abort", 0, "abort", "sb/3")
-	check("checkpoint", 0, "checkpoint", "sb/1", "c1")
+	// A branch's keys, and their old names (docs/design.md#names).
+	sameBranch := func(what string, m map[string]any, want string) {
+		if m["branch"] != want || m["context"] != want {
+			t.Errorf("%s --json: branch %v, context %v; want both %q", what, m["branch"], m["context"], want)
+		}
+	}
+	sameBranch("checkpoint", check("checkpoint", 0, "checkpoint", "sb/1", "c1"), "1")
 	check("checkpoints", 0, "checkpoint", "ls", "sb")
 	check("commit", 0, "commit", "sb/1")
 	check("checkpoint", 0, "checkpoint", "sb", "c2")
-	check("rollback", 0, "rollback", "sb", "c2")
+	sameBranch("rollback", check("rollback", 0, "rollback", "sb", "c2"), "sb")
 	check("object", 0, "checkpoint", "rm", "sb", "c2")
 	check("object", 0, "save", "sb", tar)
 	check("object", 0, "load", tar)

@@ -110,7 +110,7 @@ func TestHTTPAPIAuthAndBounds(t *testing.T) {
 				Branches []struct {
 					ID   string
 					Pids []int
-				} `json:"contexts"`
+				} `json:"branches"`
 			}
 			local.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &tree)
 			var pids []int

@@ -23,12 +23,24 @@ import (
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
+type apiBranch struct {
+	ID, Parent, State, Status, Winner string
+	InitPid                           int
+	MemoryFork                        bool
+}
+
+// apiBranches is fork's and tree's answer; Contexts is its branches under
+// their old key (docs/design.md#names), which stays the same for now.
 type apiBranches struct {
-	Branches []struct {
-		ID, Parent, State, Status, Winner string
-		InitPid                           int
-		MemoryFork                        bool
-	} `json:"contexts"`
+	Branches []apiBranch `json:"branches"`
+	Contexts []apiBranch `json:"contexts"`
+}
+
+func (b apiBranches) sameUnderOldKey(t *testing.T) {
+	t.Helper()
+	if !slices.Equal(b.Branches, b.Contexts) {
+		t.Fatalf("branches %+v, but contexts (their old key) %+v", b.Branches, b.Contexts)
+	}
 }
 
 // TestHTTPAPI drives every operation of api/openapi/branchbox.json through
@@ -125,6 +137,7 @@ func TestHTTPAPI(t *testing.T) {
 
 	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 2}).decode(t, &kids)
+	kids.sameUnderOldKey(t)
 	if len(kids.Branches) != 2 {
 		t.Fatalf("fork: %+v", kids)
 	}
@@ -232,12 +245,12 @@ func TestHTTPAPI(t *testing.T) {
 	api.must(ctx, 200, "PUT", br1+"/files"+q("/answer"), []byte("two\n"))
 	var cks struct {
 		Checkpoints []struct {
-			Name   string
-			Branch string `json:"context"`
+			Name            string
+			Branch, Context string
 		}
 	}
 	api.must(ctx, 200, "GET", sb+"/checkpoints", nil).decode(t, &cks)
-	if len(cks.Checkpoints) != 1 || cks.Checkpoints[0].Name != "c1" || cks.Checkpoints[0].Branch != b1 {
+	if len(cks.Checkpoints) != 1 || cks.Checkpoints[0].Name != "c1" || cks.Checkpoints[0].Branch != b1 || cks.Checkpoints[0].Context != b1 {
 		t.Fatalf("checkpoints: %+v", cks)
 	}
 	api.must(ctx, 200, "POST", sb+"/rollback", map[string]any{"branch": b1, "name": "c1"})
@@ -319,6 +332,7 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	var tree apiBranches
 	api.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &tree)
+	tree.sameUnderOldKey(t)
 	states := map[string]string{}
 	for _, c := range tree.Branches {
 		states[c.ID] = c.State
@@ -392,8 +406,10 @@ func TestHTTPAPI(t *testing.T) {
 	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
 	api.fails(ctx, 404, "not-found", "GET", sb+"/branches/0/files"+q("/answer"), nil)
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
-	if r := api.must(ctx, 200, "GET", sb+"/tree", nil); strings.Count(string(r.Body), `"id":`) != 2 {
-		t.Fatalf("the new sandbox's tree: %s", r.Body)
+	var anew apiBranches
+	api.must(ctx, 200, "GET", sb+"/tree", nil).decode(t, &anew)
+	if anew.sameUnderOldKey(t); len(anew.Branches) != 2 {
+		t.Fatalf("the new sandbox's tree: %+v", anew.Branches)
 	}
 
 	api.must(ctx, 200, "DELETE", sb, nil)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -97,10 +98,12 @@ func runInsockSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id st
 	waitFor(t, func() bool { _, err := execIn(ctx, env, id, "test", "-e", "/state"); return err == nil })
 }
 
-// selfTree is `branchctl self tree --json`.
+// selfTree is `branchctl self tree --json`; Contexts is its branches
+// under their old key (docs/design.md#names), which must stay the same.
 type selfTree struct {
 	Self     string              `json:"self"`
-	Branches []client.BranchInfo `json:"contexts"`
+	Branches []client.BranchInfo `json:"branches"`
+	Contexts []client.BranchInfo `json:"contexts"`
 }
 
 func parseSelfTree(t *testing.T, out string) selfTree {
@@ -108,6 +111,9 @@ func parseSelfTree(t *testing.T, out string) selfTree {
 	var st selfTree
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("tree output %q: %v", out, err)
+	}
+	if !reflect.DeepEqual(st.Branches, st.Contexts) || st.Branches == nil {
+		t.Fatalf("tree output %q: branches and contexts differ, or are missing", out)
 	}
 	return st
 }

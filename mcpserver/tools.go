@@ -135,9 +135,13 @@ type SandboxIn struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
 }
 
-// TreeOut is tree's output.
+// TreeOut is tree's output. Contexts, CheckpointOut's and RollbackOut's
+// Context are the keys' names before a node of the tree was called a
+// branch, kept with the same values for the clients built before the
+// rename (deprecated: docs/design.md#names).
 type TreeOut struct {
-	Branches []Branch `json:"contexts"`
+	Branches []Branch `json:"branches"`
+	Contexts []Branch `json:"contexts" jsonschema:"deprecated: the same as branches, under the key's old name; removed in the release after next"`
 }
 
 // CheckpointIn names a checkpoint of a branch.
@@ -150,14 +154,16 @@ type CheckpointIn struct {
 
 // CheckpointOut is checkpoint's output.
 type CheckpointOut struct {
-	Name   string `json:"name"`
-	Branch string `json:"context"`
-	Size   int64  `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
+	Name    string `json:"name"`
+	Branch  string `json:"branch"`
+	Context string `json:"context" jsonschema:"deprecated: the same as branch, under the key's old name; removed in the release after next"`
+	Size    int64  `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
 }
 
 // RollbackOut is rollback's output.
 type RollbackOut struct {
-	Branch     string `json:"context"`
+	Branch     string `json:"branch"`
+	Context    string `json:"context" jsonschema:"deprecated: the same as branch, under the key's old name; removed in the release after next"`
 	Checkpoint string `json:"checkpoint"`
 }
 
@@ -420,11 +426,11 @@ func (s *Server) tree(ctx context.Context, in SandboxIn) (TreeOut, error) {
 	if err != nil {
 		return TreeOut{}, err
 	}
-	out := TreeOut{Branches: []Branch{}}
+	list := []Branch{}
 	for _, n := range nodes {
-		out.Branches = append(out.Branches, branchOf(n))
+		list = append(list, branchOf(n))
 	}
-	return out, nil
+	return TreeOut{Branches: list, Contexts: list}, nil
 }
 
 func rootOr(id string) string {
@@ -448,7 +454,7 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 	if err != nil {
 		return CheckpointOut{}, err
 	}
-	return CheckpointOut{Name: ck.Name, Branch: ck.Branch, Size: ck.Size}, nil
+	return CheckpointOut{Name: ck.Name, Branch: ck.Branch, Context: ck.Branch, Size: ck.Size}, nil
 }
 
 func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {
@@ -464,7 +470,7 @@ func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, er
 	if id == "" {
 		id = branch.RootID
 	}
-	return RollbackOut{Branch: id, Checkpoint: in.Name}, nil
+	return RollbackOut{Branch: id, Context: id, Checkpoint: in.Name}, nil
 }
 
 func (s *Server) listSandboxes(ctx context.Context, _ struct{}) (ListSandboxesOut, error) {

@@ -264,7 +264,7 @@ func (p *exitPublisher) Publish(ctx context.Context, topic string, event events.
 
 // taskService is runc-v2's task service with the runtime options of every
 // new container set to run this binary as the runtime, serving the branch
-// branch API (shimv1.Contexts) on the same ttrpc server.
+// API (shimv1.Branches) on the same ttrpc server.
 type taskService struct {
 	taskAPI.TTRPCTaskService
 	self      string
@@ -273,6 +273,9 @@ type taskService struct {
 
 func (s *taskService) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, s)
+	shimv1.RegisterBranchesService(server, s.sandboxes)
+	// Its old name, for the clients built before the rename (deprecated,
+	// removed in the release after next: docs/design.md#names).
 	shimv1.RegisterContextsService(server, s.sandboxes)
 	return nil
 }

@@ -102,9 +102,12 @@ assert.deepEqual([r.exit_code, r.stdout, r.stderr], [3, '42\n', 'err\n']);
 const r2 = await call('exec', { branch: b2, args: ['sh', '-c', 'read x; echo $x > /answer; cat /answer'], stdin: 'wrong\n' });
 assert.deepEqual([r2.exit_code, r2.stdout], [0, 'wrong\n']);
 
-await call('checkpoint', { branch: b1, name: 'c1' });
+// A branch's keys, and their old names (docs/design.md#names).
+const ck = await call('checkpoint', { branch: b1, name: 'c1' });
+assert.deepEqual([ck.branch, ck.context], [b1, b1]);
 await call('write_file', { branch: b1, path: '/answer', content: 'overwritten\n' });
-await call('rollback', { branch: b1, name: 'c1' });
+const rb = await call('rollback', { branch: b1, name: 'c1' });
+assert.deepEqual([rb.branch, rb.context], [b1, b1]);
 assert.equal((await call('read_file', { branch: b1, path: '/answer' })).content, '42\n');
 
 // Errors an LLM can act on.
@@ -125,7 +128,9 @@ assert.equal((await call('exec', { branch: '0', command: 'cat /answer' })).stdou
 
 const { branches: [b3] } = await call('fork', {});
 assert.deepEqual((await call('abort', { branch: b3.id })).aborted, [b3.id]);
-const states = Object.fromEntries((await call('tree', {})).contexts.map((x) => [x.id, x.state]));
+const tree = await call('tree', {});
+assert.deepEqual(tree.contexts, tree.branches);
+const states = Object.fromEntries(tree.branches.map((x) => [x.id, x.state]));
 assert.deepEqual([states['0'], states[b1], states[b2], states[b3.id]], ['live', 'committed', 'stale', 'aborted']);
 
 await client.close();

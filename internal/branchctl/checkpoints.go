@@ -163,7 +163,9 @@ func cmdRollback(cc *cli.Context, g globals, inv *invocation) error {
 	}
 	took := time.Since(start)
 	if g.json {
-		return PrintJSON(stdout, map[string]any{"context": refName(sb, b), "checkpoint": pos[1], "seconds": took.Seconds()})
+		// "context": the key's old name (deprecated: docs/design.md#names).
+		ref := refName(sb, b)
+		return PrintJSON(stdout, map[string]any{"branch": ref, "context": ref, "checkpoint": pos[1], "seconds": took.Seconds()})
 	}
 	fmt.Fprintf(stdout, "rolled %s back to %s in %s\n", refName(sb, b), pos[1], took.Round(time.Microsecond))
 	return nil

@@ -164,7 +164,8 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			return 1, err
 		}
 		if g.json {
-			return 0, PrintJSON(stdout, map[string]any{"self": self, "contexts": nodes})
+			// "contexts": the key's old name (deprecated: docs/design.md#names).
+			return 0, PrintJSON(stdout, map[string]any{"self": self, "branches": nodes, "contexts": nodes})
 		}
 		return 0, printSelfTree(stdout, self, nodes, time.Now())
 	case "checkpoint":

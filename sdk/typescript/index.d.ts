@@ -34,14 +34,15 @@ export interface ClientOptions {
   ca?: string | Buffer;
 }
 
-export type ContextState = 'live' | 'committing' | 'committed' | 'aborted' | 'stale';
+export type BranchState = 'live' | 'committing' | 'committed' | 'aborted' | 'stale';
 
-/** A branch: the sandbox itself (id "0") or a branch forked from it. (The
- * type keeps its old name, Context, for the code written against it.) */
-export interface Context {
+/** A branch, as fork and tree describe it: the sandbox itself (id "0") or
+ * a branch forked from it. (Branch is the class of the handle on one, as
+ * BranchInfo is the Go client's name for this.) */
+export interface BranchInfo {
   id: string;
   parent?: string;
-  state: ContextState;
+  state: BranchState;
   epoch: number;
   created: string;
   sealed: boolean;
@@ -142,8 +143,13 @@ export interface InteractiveExec extends AsyncIterable<ExecEvent> {
   wait(): Promise<ExecResult>;
 }
 
+/** @deprecated BranchState's old name; removed in the release after next. */
+export type ContextState = BranchState;
+/** @deprecated BranchInfo's old name; removed in the release after next. */
+export type Context = BranchInfo;
+
 export interface CommitResult {
-  parent: Context;
+  parent: BranchInfo;
   invalidated: string[];
 }
 
@@ -158,6 +164,9 @@ export interface DirEntry {
 
 export interface Checkpoint {
   name: string;
+  /** The branch it is a state of ("0": the sandbox). */
+  branch: string;
+  /** @deprecated branch under its old name; removed in the release after next. */
   context: string;
   parent?: string;
   created: string;
@@ -172,6 +181,8 @@ export interface Checkpoint {
 }
 
 export interface RollbackResult {
+  branch: string;
+  /** @deprecated branch under its old name; removed in the release after next. */
   context: string;
   checkpoint: string;
   seconds: number;
@@ -232,7 +243,7 @@ export declare class Sandbox {
   readonly root: Branch;
   branch(id: string | number): Branch;
   fork(opts?: ForkOptions): Promise<Branch[]>;
-  tree(): Promise<Context[]>;
+  tree(): Promise<BranchInfo[]>;
   checkpoint(name: string, branch?: string, opts?: CheckpointOptions): Promise<Checkpoint>;
   checkpoints(): Promise<Checkpoint[]>;
   deleteCheckpoint(name: string): Promise<void>;
@@ -245,7 +256,7 @@ export declare class Branch {
   readonly sandbox: Sandbox;
   readonly id: string;
   /** The branch as fork returned it. */
-  readonly info?: Context;
+  readonly info?: BranchInfo;
   execStream(args: string[], opts?: ExecOptions): AsyncIterable<ExecEvent>;
   exec(args: string[], opts?: ExecOptions): Promise<ExecResult>;
   /** Run args with its standard input open while its output comes. */

@@ -40,6 +40,15 @@ function toError(status, body) {
 
 const enc = encodeURIComponent;
 
+// The branches of a fork's or tree's answer: "branches", or "contexts", the
+// key's old name, from a server before the rename.
+const branchesOf = (doc) => doc.branches ?? doc.contexts;
+
+// A checkpoint's or rollback's answer with its branch under "branch", also
+// from a server before the rename, which has it only under "context" (a key
+// that goes in the release after next).
+const withBranch = (doc) => (doc.branch === undefined && doc.context !== undefined ? { ...doc, branch: doc.context } : doc);
+
 export class Client {
   /**
    * @param {{socket?: string, url?: string, token?: string, namespace?: string, ca?: string|Buffer}} [opts]
@@ -178,21 +187,21 @@ export class Sandbox {
   /** Make branches of the sandbox (or of opts.parent). */
   async fork(opts = {}) {
     const out = await this.client._call('POST', this._path('/fork'), { count: 1, ...opts });
-    return out.contexts.map((c) => new Branch(this, c.id, c));
+    return branchesOf(out).map((c) => new Branch(this, c.id, c));
   }
 
   async tree() {
-    return (await this.client._call('GET', this._path('/tree'))).contexts;
+    return branchesOf(await this.client._call('GET', this._path('/tree')));
   }
 
   async checkpoint(name, branch, opts = {}) {
     const doc = { name, ...opts };
     if (branch !== undefined) doc.branch = String(branch);
-    return (await this.client._call('POST', this._path('/checkpoints'), doc)).checkpoint;
+    return withBranch((await this.client._call('POST', this._path('/checkpoints'), doc)).checkpoint);
   }
 
   async checkpoints() {
-    return (await this.client._call('GET', this._path('/checkpoints'))).checkpoints;
+    return (await this.client._call('GET', this._path('/checkpoints'))).checkpoints.map(withBranch);
   }
 
   async deleteCheckpoint(name) {
@@ -200,7 +209,7 @@ export class Sandbox {
   }
 
   async rollback(name, branch) {
-    return (await this.client._call('POST', this._path('/rollback'), branch === undefined ? { name } : { name, branch: String(branch) })).rollback;
+    return withBranch((await this.client._call('POST', this._path('/rollback'), branch === undefined ? { name } : { name, branch: String(branch) })).rollback);
   }
 
   async push(opts) {

@@ -66,7 +66,7 @@ func (s *selfService) resolve(ctx context.Context, id string) (string, error) {
 }
 
 // hide clears what only makes sense on the host: host pids and cgroup paths.
-func hide(d *shimv1.Context) *shimv1.Context {
+func hide(d *shimv1.Branch) *shimv1.Branch {
 	if d != nil {
 		d.InitPid, d.Pids, d.Cgroup = 0, nil, ""
 	}
@@ -262,7 +262,7 @@ func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (
 }
 
 // subtree is the caller's branch and its descendants among nodes.
-func (s *selfService) subtree(nodes []*shimv1.Context) map[string]bool {
+func (s *selfService) subtree(nodes []*shimv1.Branch) map[string]bool {
 	parents := map[string]string{}
 	for _, n := range nodes {
 		if n.Id != branch.RootID {

@@ -3,7 +3,7 @@
 package sandbox
 
 // The service of the shim's sandboxes and their branches (the ttrpc API
-// shimv1.Contexts): what the shim keeps for all of them. A sandbox is
+// shimv1.Branches): what the shim keeps for all of them. A sandbox is
 // sandbox.go, a branch branch.go; the operations are fork.go, start.go,
 // commit.go, abort.go and end.go, checkpoint.go, exec.go and tree.go.
 

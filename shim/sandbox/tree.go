@@ -64,8 +64,8 @@ func (c *Service) Tree(ctx context.Context, req *shimv1.TreeRequest) (_ *shimv1.
 // describe is a branch as the API reports it. Without readProcs, its
 // processes are not read from its cgroup: a branch just started without a
 // command has its init alone, and has had no OOM kill.
-func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs bool) *shimv1.Context {
-	d := &shimv1.Context{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup, Memory: n.memory}
+func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs bool) *shimv1.Branch {
+	d := &shimv1.Branch{Id: n.id, Parent: n.parent, Net: n.net, Seal: n.seal, Cgroup: n.cgroup, Memory: n.memory}
 	if info != nil {
 		d.Parent = info.Parent
 		d.State = string(info.State)
@@ -104,7 +104,7 @@ func (c *Service) describe(sb *Sandbox, n *Branch, info *branch.Info, readProcs 
 
 // readCgroup reports the processes of the cgroup cg, read on one
 // hierarchy, and whether the OOM killer killed one there.
-func (c *Service) readCgroup(d *shimv1.Context, cg string) {
+func (c *Service) readCgroup(d *shimv1.Branch, cg string) {
 	ms, err := c.cgroups.Mounts()
 	if err != nil {
 		return

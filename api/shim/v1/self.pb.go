@@ -5,12 +5,12 @@
 // source: api/shim/v1/self.proto
 
 // The branch API as seen from inside a sandbox: served by
-// containerd-shim-branch-v1 on one socket per context (the sandbox itself
-// and each of its branches), bind-mounted into that context at
+// containerd-shim-branch-v1 on one socket per branch (the sandbox itself
+// and each of its branches), bind-mounted into that branch at
 // /run/branchbox/branch.sock when the sandbox has the annotation
-// io.branchbox.socket=true. The context is the one whose socket the
+// io.branchbox.socket=true. The branch is the one whose socket the
 // connection came in on; no request names a sandbox, and every branch id
-// must be the caller's own context or one of its descendants.
+// must be the caller's own branch or one of its descendants.
 
 package shimv1
 
@@ -32,7 +32,7 @@ const (
 
 type SelfForkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "" for the caller's own context, or a descendant's id.
+	// "" for the caller's own branch, or a descendant's id.
 	Parent         string   `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
 	Count          uint32   `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	Seal           string   `protobuf:"bytes,3,opt,name=seal,proto3" json:"seal,omitempty"`
@@ -133,7 +133,7 @@ func (x *SelfForkRequest) GetMemory() bool {
 
 type SelfExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "" for the caller's own context (a branch), or a descendant's id.
+	// "" for the caller's own branch, or a descendant's id.
 	Branch        string   `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	Args          []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
 	Env           []string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"`
@@ -443,7 +443,7 @@ func (x *SelfKillRequest) GetSignal() uint32 {
 
 type SelfCommitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "" for the caller's own context.
+	// "" for the caller's own branch.
 	Branch        string `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -488,7 +488,7 @@ func (x *SelfCommitRequest) GetBranch() string {
 
 type SelfAbortRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "" for the caller's own context.
+	// "" for the caller's own branch.
 	Branch        string `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -569,9 +569,9 @@ func (*SelfTreeRequest) Descriptor() ([]byte, []int) {
 
 type SelfTreeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The caller's own context's id ("0": the sandbox itself).
-	Self          string     `protobuf:"bytes,1,opt,name=self,proto3" json:"self,omitempty"`
-	Nodes         []*Context `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The caller's own branch's id ("0": the sandbox itself).
+	Self          string    `protobuf:"bytes,1,opt,name=self,proto3" json:"self,omitempty"`
+	Nodes         []*Branch `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -613,7 +613,7 @@ func (x *SelfTreeResponse) GetSelf() string {
 	return ""
 }
 
-func (x *SelfTreeResponse) GetNodes() []*Context {
+func (x *SelfTreeResponse) GetNodes() []*Branch {
 	if x != nil {
 		return x.Nodes
 	}
@@ -772,7 +772,7 @@ var File_api_shim_v1_self_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\n" +
-	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/contexts.proto\"\xed\x01\n" +
+	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/branches.proto\"\xed\x01\n" +
 	"\x0fSelfForkRequest\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\tR\x06parent\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x12\n" +
@@ -809,10 +809,10 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\"*\n" +
 	"\x10SelfAbortRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\"\x11\n" +
-	"\x0fSelfTreeRequest\"X\n" +
+	"\x0fSelfTreeRequest\"W\n" +
 	"\x10SelfTreeResponse\x12\x12\n" +
-	"\x04self\x18\x01 \x01(\tR\x04self\x120\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x1a.branchbox.shim.v1.ContextR\x05nodes\"[\n" +
+	"\x04self\x18\x01 \x01(\tR\x04self\x12/\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x19.branchbox.shim.v1.BranchR\x05nodes\"[\n" +
 	"\x15SelfCheckpointRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -863,7 +863,7 @@ var file_api_shim_v1_self_proto_goTypes = []any{
 	(*SelfRollbackRequest)(nil),        // 12: branchbox.shim.v1.SelfRollbackRequest
 	(*Limits)(nil),                     // 13: branchbox.shim.v1.Limits
 	(*timestamppb.Timestamp)(nil),      // 14: google.protobuf.Timestamp
-	(*Context)(nil),                    // 15: branchbox.shim.v1.Context
+	(*Branch)(nil),                     // 15: branchbox.shim.v1.Branch
 	(*ForkResponse)(nil),               // 16: branchbox.shim.v1.ForkResponse
 	(*Empty)(nil),                      // 17: branchbox.shim.v1.Empty
 	(*CommitResponse)(nil),             // 18: branchbox.shim.v1.CommitResponse
@@ -874,7 +874,7 @@ var file_api_shim_v1_self_proto_goTypes = []any{
 var file_api_shim_v1_self_proto_depIdxs = []int32{
 	13, // 0: branchbox.shim.v1.SelfForkRequest.limits:type_name -> branchbox.shim.v1.Limits
 	14, // 1: branchbox.shim.v1.SelfWaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	15, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Context
+	15, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
 	0,  // 3: branchbox.shim.v1.Self.Fork:input_type -> branchbox.shim.v1.SelfForkRequest
 	1,  // 4: branchbox.shim.v1.Self.Exec:input_type -> branchbox.shim.v1.SelfExecRequest
 	3,  // 5: branchbox.shim.v1.Self.Wait:input_type -> branchbox.shim.v1.SelfWaitRequest
@@ -907,7 +907,7 @@ func file_api_shim_v1_self_proto_init() {
 	if File_api_shim_v1_self_proto != nil {
 		return
 	}
-	file_api_shim_v1_contexts_proto_init()
+	file_api_shim_v1_branches_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -229,6 +229,21 @@ class Client:
         return self._stream("GET", self._ns() + "/events" + q)
 
 
+def _branches(doc):
+    """The branches of a fork's or tree's answer: "branches", or
+    "contexts", the key's old name, from a server before the rename."""
+    return doc["branches"] if "branches" in doc else doc["contexts"]
+
+
+def _with_branch(doc):
+    """A checkpoint's or rollback's answer with its branch under "branch",
+    also from a server before the rename, which has it only under
+    "context" (a key that goes in the release after next)."""
+    if "branch" not in doc and "context" in doc:
+        doc["branch"] = doc["context"]
+    return doc
+
+
 def _registry(doc, plain_http, user, secret):
     if plain_http:
         doc["plainHttp"] = True
@@ -269,11 +284,11 @@ class Sandbox:
             if v is not None:
                 doc[k] = list(v) if k == "args" else (str(v) if k == "parent" else v)
         out = self.client._call("POST", self._path("/fork"), doc)
-        return [Branch(self, c["id"], c) for c in out["contexts"]]
+        return [Branch(self, c["id"], c) for c in _branches(out)]
 
     def tree(self):
         """Every branch, ended ones included (branchctl tree), as dicts."""
-        return self.client._call("GET", self._path("/tree"))["contexts"]
+        return _branches(self.client._call("GET", self._path("/tree")))
 
     def checkpoint(self, name, branch=None, with_memory=False):
         """Record a branch's files as name; with_memory=True its running
@@ -283,10 +298,10 @@ class Sandbox:
             doc["branch"] = str(branch)
         if with_memory:
             doc["with_memory"] = True
-        return self.client._call("POST", self._path("/checkpoints"), doc)["checkpoint"]
+        return _with_branch(self.client._call("POST", self._path("/checkpoints"), doc)["checkpoint"])
 
     def checkpoints(self):
-        return self.client._call("GET", self._path("/checkpoints"))["checkpoints"]
+        return [_with_branch(c) for c in self.client._call("GET", self._path("/checkpoints"))["checkpoints"]]
 
     def delete_checkpoint(self, name):
         self.client._call("DELETE", self._path("/checkpoints/" + urllib.parse.quote(name, safe="")))
@@ -295,7 +310,7 @@ class Sandbox:
         doc = {"name": name}
         if branch is not None:
             doc["branch"] = str(branch)
-        return self.client._call("POST", self._path("/rollback"), doc)["rollback"]
+        return _with_branch(self.client._call("POST", self._path("/rollback"), doc)["rollback"])
 
     def push(self, ref, branch=None, checkpoint=None, plain_http=False, user=None, secret=None):
         doc = {"ref": ref}

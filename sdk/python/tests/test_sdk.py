@@ -3,6 +3,8 @@ runs it, with BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN,
 BRANCHBOX_NAMESPACE and BRANCHBOX_IMAGE set)."""
 
 import asyncio
+import http.server
+import json
 import os
 import ssl
 import subprocess
@@ -29,6 +31,54 @@ def tls():
 
 def tcp():
     return branchbox.Client(url=ENV["BRANCHBOX_URL"], token=ENV["BRANCHBOX_TOKEN"], namespace=NS, ssl_context=tls())
+
+
+class _OldServer(http.server.BaseHTTPRequestHandler):
+    """A `branchctl serve` from before the rename: its documents have
+    their branches only under the keys "contexts" and "context"."""
+
+    protocol_version = "HTTP/1.1"
+    answers = {
+        ("POST", "/fork"): {"contexts": [{"id": "1", "state": "live"}]},
+        ("GET", "/tree"): {"contexts": [{"id": "0", "state": "live"}, {"id": "1", "state": "live"}]},
+        ("POST", "/checkpoints"): {"checkpoint": {"name": "c", "context": "1"}},
+        ("GET", "/checkpoints"): {"checkpoints": [{"name": "c", "context": "1"}]},
+        ("POST", "/rollback"): {"rollback": {"context": "1", "checkpoint": "c", "seconds": 0.1}},
+    }
+
+    def _answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        doc = self.answers.get((self.command, "/" + self.path.rsplit("/", 1)[-1]))
+        body = json.dumps(doc).encode()
+        self.send_response(200 if doc else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+class OldServerTest(unittest.TestCase):
+    """The SDK reads a server from before the rename (deprecated keys)."""
+
+    def test_old_keys(self):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OldServer)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS) as c:
+                sb = c.sandbox("sb")
+                self.assertEqual([b.id for b in sb.fork(1)], ["1"])
+                self.assertEqual([n["id"] for n in sb.tree()], ["0", "1"])
+                self.assertEqual(sb.checkpoint("c", branch=1)["branch"], "1")
+                self.assertEqual([ck["branch"] for ck in sb.checkpoints()], ["1"])
+                self.assertEqual(sb.rollback("c", branch=1)["branch"], "1")
+        finally:
+            srv.shutdown()
+            srv.server_close()
 
 
 class SDKTest(unittest.TestCase):
@@ -91,10 +141,13 @@ class SDKTest(unittest.TestCase):
 
     def test_checkpoint_rollback_abort(self):
         self.sb.root.write_file("/v", "1")
-        self.sb.checkpoint("one")
+        ck = self.sb.checkpoint("one")
+        # The branch under its key and under its old one, "context".
+        self.assertEqual((ck["branch"], ck["context"]), ("0", "0"))
         self.sb.root.write_file("/v", "2")
         self.assertEqual([c["name"] for c in self.sb.checkpoints()], ["one"])
-        self.sb.rollback("one")
+        rb = self.sb.rollback("one")
+        self.assertEqual((rb["branch"], rb["context"]), ("0", "0"))
         self.assertEqual(self.sb.root.read_file("/v"), b"1")
         (k,) = self.sb.fork(1, from_checkpoint="one", seal="ro")
         self.assertEqual(k.read_file("/v"), b"1")

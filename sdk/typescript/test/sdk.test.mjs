@@ -6,6 +6,7 @@
 
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 
 import { BranchboxError, Client, StaleError } from '@branchbox/sdk';
@@ -94,9 +95,12 @@ describe('branchbox SDK', () => {
     const sb = await c.createSandbox({ id: 'ts-ck', image: IMAGE, args: ['sleep', '1000000'] });
     try {
       await sb.root.writeFile('/v', '1');
-      await sb.checkpoint('one');
+      const one = await sb.checkpoint('one');
+      // The branch under its key and under its old one, context.
+      assert.deepEqual([one.branch, one.context], ['0', '0']);
       await sb.root.writeFile('/v', '2');
-      await sb.rollback('one');
+      const rb = await sb.rollback('one');
+      assert.deepEqual([rb.branch, rb.context], ['0', '0']);
       assert.equal((await sb.root.readFile('/v')).toString(), '1');
       const [k] = await sb.fork({ from: 'one' });
       await rejectsWith(() => sb.root.writeFile('/v', '3'), 'failed-precondition');
@@ -161,4 +165,39 @@ describe('branchbox SDK', () => {
   test('the best-of-N example', async () => {
     assert.equal(await bestOfNExample({ ...env, BRANCHBOX_SANDBOX: 'ts-best-of-n' }), 0);
   });
+});
+
+// A `branchctl serve` from before the rename: its documents have their
+// branches only under the keys contexts and context.
+test('a server from before the rename', async () => {
+  /** @type {Record<string, unknown>} */
+  const answers = {
+    'POST /fork': { contexts: [{ id: '1', state: 'live' }] },
+    'GET /tree': { contexts: [{ id: '0', state: 'live' }, { id: '1', state: 'live' }] },
+    'POST /checkpoints': { checkpoint: { name: 'c', context: '1' } },
+    'GET /checkpoints': { checkpoints: [{ name: 'c', context: '1' }] },
+    'POST /rollback': { rollback: { context: '1', checkpoint: 'c', seconds: 0.1 } },
+  };
+  const srv = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const doc = answers[`${req.method} /${(req.url ?? '').split('/').pop()}`];
+      res.writeHead(doc ? 200 : 404, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify(doc ?? null));
+    });
+  });
+  await new Promise((resolve) => srv.listen(0, '127.0.0.1', () => resolve(undefined)));
+  const addr = /** @type {import('node:net').AddressInfo} */ (srv.address());
+  const old = new Client({ url: `http://127.0.0.1:${addr.port}`, namespace: NS });
+  try {
+    const sb = old.sandbox('sb');
+    assert.deepEqual((await sb.fork()).map((b) => b.id), ['1']);
+    assert.deepEqual((await sb.tree()).map((b) => b.id), ['0', '1']);
+    assert.equal((await sb.checkpoint('c', '1')).branch, '1');
+    assert.deepEqual((await sb.checkpoints()).map((ck) => ck.branch), ['1']);
+    assert.equal((await sb.rollback('c', '1')).branch, '1');
+  } finally {
+    old.close();
+    srv.close();
+  }
 });
