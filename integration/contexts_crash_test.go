@@ -150,27 +150,36 @@ func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) 
 }
 
 // branchCgroupsOf lists the branch cgroups left below a sandbox's cgroup on
-// every hierarchy, and processes in any of them.
+// every hierarchy, and processes in any of them. A cgroup whose processes
+// are all inits waiting for a branch (the pool's, started in the cgroup of
+// a branch id not given yet) is not left.
 func branchCgroupsOf(namespace, id string) ([]string, []int) {
 	top := "/" + namespace + "/" + id
 	all, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", top, "b[0-9]*"))
 	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", top, "b[0-9]*"))
 	var dirs []string
-	for _, d := range append(all, v2...) {
-		if isDirPath(d) {
-			dirs = append(dirs, d)
-		}
-	}
 	var pids []int
-	for _, d := range dirs {
+	for _, d := range append(all, v2...) {
+		if !isDirPath(d) {
+			continue
+		}
+		var in []int
+		waiting := true
 		for _, sub := range walkDirs(d) {
 			b, _ := os.ReadFile(filepath.Join(sub, "cgroup.procs"))
 			for _, f := range strings.Fields(string(b)) {
 				if p, err := strconv.Atoi(f); err == nil {
-					pids = append(pids, p)
+					in = append(in, p)
+					comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+					waiting = waiting && strings.TrimSpace(string(comm)) == "brinit-wait"
 				}
 			}
 		}
+		if len(in) > 0 && waiting {
+			continue
+		}
+		dirs = append(dirs, d)
+		pids = append(pids, in...)
 	}
 	return dirs, pids
 }

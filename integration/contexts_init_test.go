@@ -161,7 +161,13 @@ func TestContextsWarmInits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		kids := fork(t, ctx, sc, client.ForkOptions{Count: 1 + i%3})
+		opts := client.ForkOptions{Count: 1 + i%3}
+		if i%5 == 4 {
+			// Not the pool's flags: the init the pool started in the
+			// cgroup of the next id is discarded, not joined.
+			opts.Net = "isolated"
+		}
+		kids := fork(t, ctx, sc, opts)
 		for _, k := range kids {
 			if !strings.HasSuffix(k.Cgroup, "/b"+k.ID) {
 				t.Fatalf("round %d: branch %s has cgroup %s, want one named b%s", i, k.ID, k.Cgroup, k.ID)
@@ -169,6 +175,15 @@ func TestContextsWarmInits(t *testing.T) {
 			got := mustRun(t, ctx, sc, k.ID, "sh", "-c", "grep -c ':"+k.Cgroup+"$' /proc/self/cgroup")
 			if got == "0\n" {
 				t.Fatalf("round %d: branch %s's process is not in %s", i, k.ID, k.Cgroup)
+			}
+			// Every hierarchy's cgroup is the branch's, none a pool's.
+			if got := mustRun(t, ctx, sc, k.ID, "sh", "-c", "grep -c 'bbx-pool-' /proc/self/cgroup; true"); got != "0\n" {
+				t.Fatalf("round %d: branch %s's process is in a pool's cgroup: %s", i, k.ID, mustRun(t, ctx, sc, k.ID, "cat", "/proc/self/cgroup"))
+			}
+			// One process: the init and the one exec'd (the pool's init
+			// of the next name is another cgroup's, not this one's).
+			if n := len(cgroupProcs(t, k.Cgroup)); n > 1 {
+				t.Fatalf("round %d: branch %s's cgroup %s holds %d processes, want its init only", i, k.ID, k.Cgroup, n)
 			}
 			assertDomainCgroup(t, fmt.Sprintf("round %d: branch %s", i, k.ID), k.Cgroup)
 		}

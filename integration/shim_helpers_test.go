@@ -330,3 +330,18 @@ func assertDomainCgroup(t *testing.T, what, cg string) {
 		t.Errorf("%s: cgroup %s is %q with controllers %q; want a domain cgroup with memory", what, cg, strings.TrimSpace(string(typ)), strings.TrimSpace(string(ctrls)))
 	}
 }
+
+// cgroupProcs lists the processes of the cgroup cg and the cgroups below
+// it, on the pids hierarchy (cgroup v1) or cgroup v2.
+func cgroupProcs(t *testing.T, cg string) []string {
+	t.Helper()
+	var pids []string
+	_ = filepath.WalkDir(filepath.Dir(cgroupFile("pids", cg, "cgroup.procs")), func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			pids = append(pids, strings.Fields(string(b))...)
+		}
+		return nil
+	})
+	return pids
+}

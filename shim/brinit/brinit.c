@@ -1040,7 +1040,9 @@ void brinit(int argc, char **argv) {
 	sigprocmask(SIG_BLOCK, &all, NULL);
 	// Nothing in the branch may ptrace or read this privileged process.
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
+	// Named brinit once it is a branch's: an init waiting for its config
+	// (in the pool, in the cgroup of a branch id not given yet) shows so.
+	prctl(PR_SET_NAME, "brinit-wait", 0, 0, 0);
 	// The control socket is not the branch's processes' either.
 	if (fcntl(CTL, F_SETFD, FD_CLOEXEC) < 0)
 		_exit(1);
@@ -1068,6 +1070,7 @@ void brinit(int argc, char **argv) {
 		_exit(1);
 	if (msgbuf[0] != 'C')
 		fail("expected a config");
+	prctl(PR_SET_NAME, "brinit", 0, 0, 0);
 	int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
 	int have_cmd = run_ops(nw, &cmdproc);
 	if (!pivoted)

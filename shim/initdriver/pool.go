@@ -4,15 +4,30 @@ package initdriver
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
 // maxWarm bounds the inits kept started for one sandbox.
 const maxWarm = 16
 
-// poolPrefix names the cgroups of inits started ahead of a fork; a branch
-// that takes one renames it to its own name.
+// poolPrefix names the cgroups of inits started ahead of a fork whose
+// branch's name is not known (Fill's names); a branch that takes one
+// renames it to its own name.
 const poolPrefix = "bbx-pool-"
+
+// Naming an init's cgroup ahead: a cgroup2 directory cannot be renamed
+// (nor the unified hierarchy's of a hybrid host), so a branch that takes
+// an init from the pool moves it into a new cgroup there, and the first
+// cgroup move after a quiet moment waits for an RCU grace period (the
+// kernel's cgroup_threadgroup_rwsem, taken for writing; 4.6-8 ms here,
+// unless the hierarchy is mounted favordynmods). So the pool starts each
+// init in the cgroup the branch that will likely take it gets, named from
+// the ids the sandbox gives next, and a fork that takes it moves or
+// renames nothing. A name is made exclusively; a branch started without
+// the pool's init of its name (another flag, the runtime) has it discarded
+// first (takeNamed, Evict), and the pool never names an init after a
+// cgroup a branch start asked for meanwhile (reserved).
 
 // Pool keeps branch inits started ahead of the forks of a sandbox's
 // root: in the namespaces a branch of it gets and in a cgroup under the
@@ -38,10 +53,56 @@ type Pool struct {
 	filling bool
 	closed  bool
 	filler  sync.WaitGroup
+	// names is the cgroup of the branch likely to take the k-th init of
+	// ready, "" if not known (Fill's).
+	names func(k int) string
+	// inflight is the cgroup of the init being started, if named so;
+	// spawned is signalled when it is in ready (or failed).
+	inflight string
+	spawned  *sync.Cond
+	// reserved are cgroups branch starts asked for and did not find here:
+	// the pool names no init after one of them.
+	reserved map[string]bool
 }
 
 func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
-	return &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
+	p := &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
+	p.spawned = sync.NewCond(&p.mu)
+	return p
+}
+
+// takeNamed takes the init named cgroup out of the pool, waiting for it if
+// it is being started; if there is none, the pool will not name one so.
+func (p *Pool) takeNamed(ctx context.Context, cgroup string) *Spawned {
+	p.mu.Lock()
+	for p.inflight == cgroup && cgroup != "" {
+		p.spawned.Wait()
+	}
+	i := slices.IndexFunc(p.ready, func(s *Spawned) bool { return s.cgroup == cgroup })
+	if i < 0 {
+		if p.reserved == nil {
+			p.reserved = map[string]bool{}
+		}
+		p.reserved[cgroup] = true
+		p.mu.Unlock()
+		return nil
+	}
+	s := p.ready[i]
+	p.ready = slices.Delete(p.ready, i, i+1)
+	p.mu.Unlock()
+	if err := s.waitJoined(); err != nil || s.ended() {
+		s.Discard(ctx)
+		return nil
+	}
+	return s
+}
+
+// Evict discards the init named cgroup, if the pool holds one, before a
+// branch of that name starts without it (on the runtime).
+func (p *Pool) Evict(ctx context.Context, cgroup string) {
+	if s := p.takeNamed(ctx, cgroup); s != nil {
+		s.Discard(ctx)
+	}
 }
 
 // takeReady takes a started init cloned with flags out of the pool, or
@@ -79,6 +140,11 @@ type Ahead struct {
 // TakeAhead takes an init for a branch whose cgroup will likely be guess
 // and starts renaming its cgroup to it; nil if the pool has none.
 func (p *Pool) TakeAhead(ctx context.Context, guess string) *Ahead {
+	if s := p.takeNamed(ctx, guess); s != nil {
+		a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
+		a.renamed <- nil
+		return a
+	}
 	s := p.takeReady(ctx, p.flags)
 	if s == nil {
 		return nil

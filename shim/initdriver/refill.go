@@ -5,6 +5,7 @@ package initdriver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"time"
@@ -48,10 +49,14 @@ func (p *Pool) roomFor() bool {
 }
 
 // Fill asks for at least n inits and starts what is missing in the
-// background.
-func (p *Pool) Fill(ctx context.Context, n int) {
+// background; names(k), if not nil, is the cgroup of the branch likely to
+// take the k-th init of the pool (the sandbox's next ids), each new init
+// started in it.
+func (p *Pool) Fill(ctx context.Context, n int, names func(k int) string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// The names reserved were branches' before these: none is named again.
+	p.names, p.reserved = names, nil
 	if n > maxWarm {
 		n = maxWarm
 	}
@@ -75,10 +80,18 @@ func (p *Pool) run(ctx context.Context) {
 			p.mu.Unlock()
 			return
 		}
-		p.next++
-		cg := path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
+		cg := ""
+		if p.names != nil {
+			cg = p.names(len(p.ready))
+		}
+		named := cg != "" && !p.reserved[cg]
+		if named {
+			p.inflight = cg
+		} else {
+			cg = p.poolName()
+		}
 		p.mu.Unlock()
-		s, err := p.d.Spawn(ctx, cg, p.flags)
+		s, err := p.spawnOne(ctx, cg, named)
 		if err == nil && p.prep != nil {
 			if perr := s.prep(p.prep); perr != nil {
 				// Inits from now on build all of their roots at the fork.
@@ -86,6 +99,7 @@ func (p *Pool) run(ctx context.Context) {
 				s.Discard(ctx)
 				p.mu.Lock()
 				p.prep = nil
+				p.startedOne()
 				p.mu.Unlock()
 				continue
 			}
@@ -93,6 +107,7 @@ func (p *Pool) run(ctx context.Context) {
 		p.mu.Lock()
 		if err != nil || p.closed {
 			p.filling = false
+			p.startedOne()
 			p.mu.Unlock()
 			if err != nil {
 				log.G(ctx).WithError(err).Warn("start a branch init ahead of a fork")
@@ -102,7 +117,41 @@ func (p *Pool) run(ctx context.Context) {
 			return
 		}
 		p.ready = append(p.ready, s)
+		p.startedOne()
 		p.mu.Unlock()
+	}
+}
+
+// spawnOne starts an init in cgroup cg, the pool's inflight one if it was
+// named for a branch: exclusively, and under a name of the pool's if a
+// branch has it already (the ids guessed were used behind the shim's
+// back).
+func (p *Pool) spawnOne(ctx context.Context, cg string, named bool) (*Spawned, error) {
+	if !named {
+		return p.d.Spawn(ctx, cg, p.flags)
+	}
+	s, err := p.d.spawn(ctx, cg, p.flags, true)
+	if !errors.Is(err, errCgroupExists) {
+		return s, err
+	}
+	p.mu.Lock()
+	cg = p.poolName()
+	p.startedOne()
+	p.mu.Unlock()
+	return p.d.Spawn(ctx, cg, p.flags)
+}
+
+// poolName is a new cgroup name of the pool's own; the caller holds p.mu.
+func (p *Pool) poolName() string {
+	p.next++
+	return path.Join(p.parent, fmt.Sprintf("%s%d", poolPrefix, p.next))
+}
+
+// startedOne ends the start of the inflight init; the caller holds p.mu.
+func (p *Pool) startedOne() {
+	if p.inflight != "" {
+		p.inflight = ""
+		p.spawned.Broadcast()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -93,6 +94,12 @@ func (d *Driver) StartBranch(ctx context.Context, b Config, from From, rootfs, c
 // cgroup and with that cgroup renamed to cgroup; or nil, and the branch
 // starts one of its own.
 func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned {
+	if s := p.takeNamed(ctx, cgroup); s != nil {
+		if s.Flags == flags {
+			return s
+		}
+		s.Discard(ctx) // its name is the branch's
+	}
 	s := p.takeReady(ctx, flags)
 	if s == nil {
 		return nil
@@ -130,19 +137,20 @@ func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
 // process limits above it hold from its first instant. On the other v1
 // hierarchies it is moved in the background while it can already build
 // a root; a fork refused by a process limit is a *PidsLimit.
-func (d *Driver) Spawn(ctx context.Context, cgroupPath string, flags uintptr) (_ *Spawned, retErr error) {
-	// Also done by the fork; the pool starts inits between forks.
-	if err := cgroup.PrepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
-		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
-	}
-	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
+func (d *Driver) Spawn(ctx context.Context, cgroupPath string, flags uintptr) (*Spawned, error) {
+	return d.spawn(ctx, cgroupPath, flags, false)
+}
+
+// errCgroupExists: an init to be spawned in a cgroup of its own found it
+// made already.
+var errCgroupExists = errors.New("cgroup exists")
+
+// spawn is Spawn; exclusive, it fails with errCgroupExists rather than
+// start the init in a cgroup that exists (a branch's, or another init's).
+func (d *Driver) spawn(ctx context.Context, cgroupPath string, flags uintptr, exclusive bool) (_ *Spawned, retErr error) {
+	cgm, err := makeCgroup(ctx, cgroupPath, exclusive)
 	if err != nil {
-		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
-	}
-	// The new cgroup (devices included) starts with what its parent
-	// allows, and its parent's limits bound it.
-	if err := cgm.Apply(-1); err != nil {
-		return nil, fmt.Errorf("make cgroup %s: %w", cgroupPath, err)
+		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
@@ -397,4 +405,44 @@ func (s *Spawned) joinedYet() (bool, error) {
 	default:
 		return false, nil
 	}
+}
+
+// makeCgroup makes the cgroup of an init to be spawned, on every
+// hierarchy; exclusive, errCgroupExists if it exists.
+func makeCgroup(ctx context.Context, cgroupPath string, exclusive bool) (cgroups.Manager, error) {
+	// Also done by the fork; the pool starts inits between forks.
+	if err := cgroup.PrepareBranchParent(ctx, filepath.Dir(cgroupPath)); err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
+	}
+	cgm, err := cgmanager.New(&cgroups.Cgroup{Path: cgroupPath, Resources: &cgroups.Resources{}})
+	if err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", cgroupPath, err)
+	}
+	if dir := firstDir(cgm.GetPaths()); exclusive && dir != "" {
+		// One hierarchy's mkdir decides; Apply makes the others.
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return nil, errCgroupExists
+			}
+			return nil, fmt.Errorf("make cgroup %s: %w", cgroupPath, err)
+		}
+	}
+	// The new cgroup (devices included) starts with what its parent
+	// allows, and its parent's limits bound it.
+	if err := cgm.Apply(-1); err != nil {
+		if exclusive {
+			_ = cgm.Destroy() // what it made, the first directory included
+		}
+		return nil, fmt.Errorf("make cgroup %s: %w", cgroupPath, err)
+	}
+	return cgm, nil
+}
+
+// firstDir is the directory of paths (a cgroup's, by controller) that an
+// exclusive spawn makes first: the unified hierarchy's, else the first.
+func firstDir(paths map[string]string) string {
+	if d, ok := paths[""]; ok || len(paths) == 0 {
+		return d
+	}
+	return paths[slices.Min(slices.Collect(maps.Keys(paths)))]
 }

@@ -140,6 +140,17 @@ func (f *fork) takeAhead(ctx context.Context) {
 	}
 }
 
+// nextNames names the cgroups of the root's next branches, the k-th from
+// now that of id nextID+k, for the pool to start its inits in (nil: the
+// next id is not known).
+func (sb *Sandbox) nextNames(parent string) func(int) string {
+	next := sb.nextID
+	if next == 0 {
+		return nil
+	}
+	return func(k int) string { return branchCgroup(parent, strconv.FormatUint(next+uint64(k), 10)) }
+}
+
 // releaseAhead discards the inits taken ahead that no start claimed.
 func (f *fork) releaseAhead(ctx context.Context) {
 	for _, a := range f.aheads {
@@ -332,7 +343,7 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 		if sb.pool == nil {
 			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
 		}
-		sb.pool.Fill(ctx, int(req.Count))
+		sb.pool.Fill(ctx, int(req.Count), sb.nextNames(parent.cgroup))
 	}
 	return resp
 }

@@ -153,6 +153,10 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 			return fmt.Errorf("branch %s: %w", n.id, err)
 		}
 	}
+	if n.parent == branch.RootID && sb.pool != nil {
+		// The pool may have started an init in the cgroup of this name.
+		sb.pool.Evict(ctx, n.cgroup)
+	}
 	started := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
 	// leaves its state for a container nobody knows of; the fork undoes
