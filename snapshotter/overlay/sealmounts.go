@@ -449,5 +449,5 @@ func SetEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper s
 }
 
 func LogSealed(ctx context.Context, name string, ms []NSMount, took time.Duration) {
-	log.G(ctx).WithFields(log.Fields{"branch": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount: the superblock holds files unlinked while open")
+	log.G(ctx).WithFields(log.Fields{"branch": name, "mounts": len(ms), "took": took}).Debug("sealed mount by mount")
 }
