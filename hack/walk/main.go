@@ -30,8 +30,8 @@ import (
 // its branches with the branch init, makes no memory image and does not
 // fail. Names are Recv.Method or Func, in any of the shim's packages.
 const defaultSkip = "Service.undoFork,Service.dumpMemory,Service.checkMemoryFork,Service.checkpointImage,memoryImage.remove," +
-	// once a sandbox: its first operation, the seccomp program's compile
-	"Service.prepare,Service.reconcile,Compile,Path.closeProg,sealedProgram,Program.Bytes,NewPool,PrepOf," +
+	// once a sandbox: its first operation, the seccomp program's compile, its pool started ahead of its first fork
+	"Service.prepare,Service.reconcile,Service.warm,Compile,Path.closeProg,sealedProgram,Program.Bytes,NewPool,PrepOf," +
 	// other requests' options: an isolated network, the runtime's start,
 	// --seal freeze or a parent with files open for writing, a command
 	"makeIsolatedNetns,Service.runOnRuntime,writeSpec,FreezeOwn,isSelfFork,ownWriters,writersOutside,Service.readCgroup,WriteProc," +

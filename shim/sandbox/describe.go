@@ -18,5 +18,6 @@ func (c *Service) Describe(ctx context.Context, req *shimv1.DescribeRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
+	c.warmSoon(ctx, sb)
 	return &shimv1.DescribeResponse{Sandbox: sb.id}, nil
 }
