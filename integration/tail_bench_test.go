@@ -66,6 +66,9 @@ type tailKind struct {
 	// run does the operation's untimed set-up, then calls timed around
 	// the operation itself, then its untimed tear-down.
 	run func(timed func(func()))
+	// soon: the operation follows its set-up at once; the pause
+	// (BENCH_TAIL_REST) comes before the set-up instead.
+	soon bool
 }
 
 // BenchmarkTail: the latency distribution (p50, p90, p99, max over
@@ -74,7 +77,10 @@ type tailKind struct {
 // every file of the sandbox was looked up (the seal's remount drops the
 // overlay's cached dentries, a cost that follows their number), a fork
 // of 8 (per branch), a commit of a live branch holding a 1 KB change, an
-// abort of a live branch, and a rollback of the sandbox to a checkpoint
+// abort of a live branch, the same right after the fork of a sandbox that
+// had just written 16 MB (op=abort-after-write: a superblock seal's remount
+// syncs the upper filesystem, and the unseal waits for that; its pause
+// comes before the writes), and a rollback of the sandbox to a checkpoint
 // after a 1 KB change; beside two baselines timed in the same run: the null request
 // (a call through client -> shim -> snapshotter that does nothing: list
 // the sandbox's checkpoints, issue 17's "list-call") and a fork+exec+wait
@@ -122,6 +128,7 @@ func BenchmarkTail(b *testing.B) {
 		return filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id, "branches", k, "rootfs")
 	}
 	change := bytes.Repeat([]byte("x"), 1024)
+	written := bytes.Repeat([]byte("w"), 16<<20)
 	if _, err := sc.Checkpoint(ctx, "", "tail-base"); err != nil {
 		b.Fatal(err)
 	}
@@ -197,6 +204,26 @@ func BenchmarkTail(b *testing.B) {
 				b.Fatal(err)
 			}
 		}},
+		{name: "abort-after-write", soon: true, run: func(timed func(func())) {
+			// 16 MB written through the sandbox's rootfs (a build, an
+			// install), a fork, and its abort at once: a superblock seal
+			// syncs the upper filesystem after its read-only point, and
+			// the abort's unseal waits for that sync.
+			time.Sleep(rest)
+			if err := os.WriteFile(filepath.Join(sandboxRootfs, "tail-written"), written, 0o644); err != nil {
+				b.Fatal(err)
+			}
+			k := fork(1)[0].ID
+			var err error
+			timed(func() { _, err = sc.Abort(ctx, k) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			// Gone before the rollback's turn, whose change is 1 KB.
+			if err := os.Remove(filepath.Join(sandboxRootfs, "tail-written")); err != nil {
+				b.Fatal(err)
+			}
+		}},
 		{name: "rollback-1KB", run: func(timed func(func())) {
 			if err := os.WriteFile(filepath.Join(sandboxRootfs, "tail-rollback"), change, 0o644); err != nil {
 				b.Fatal(err)
@@ -262,7 +289,9 @@ func BenchmarkTail(b *testing.B) {
 	for i := 0; i < ops; i++ {
 		for _, k := range kinds {
 			k.run(func(op func()) {
-				time.Sleep(rest)
+				if !k.soon {
+					time.Sleep(rest)
+				}
 				prof.enable(b, k.name)
 				t0 := time.Now()
 				op()
@@ -277,7 +306,7 @@ func BenchmarkTail(b *testing.B) {
 	report := func(name string, each []time.Duration) {
 		b.Run(name, func(b *testing.B) { reportTail(b, each) })
 	}
-	for _, op := range []string{"fork-1", "fork-1-looked-up", "fork-8", "commit", "abort", "rollback-1KB"} {
+	for _, op := range []string{"fork-1", "fork-1-looked-up", "fork-8", "commit", "abort", "abort-after-write", "rollback-1KB"} {
 		report("op="+op+"/impl=branch", samples[op])
 		report("op="+op+"/impl=null", samples["null"])
 		report("op="+op+"/impl=forkexec", samples["forkexec"])

@@ -325,7 +325,7 @@ func (s *Branches) setSealed(ctx context.Context, mounts overlay.Table, upper st
 	case branch.SealCaller:
 		return nil
 	case branch.SealMounts:
-		return overlay.SetEachRecorded(ctx, n.SealedMounts, upper, sealed)
+		return overlay.SetEachRecorded(ctx, s.sealer, n.SealedMounts, upper, sealed)
 	}
 	live := mounts.Live(upper)
 	if live.Target == "" || live.Readonly == sealed {

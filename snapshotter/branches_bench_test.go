@@ -379,8 +379,9 @@ func upperOf(b testing.TB, m []mount.Mount) string {
 // sandbox right after every file was looked up through its mount (what a
 // build or git status leaves in the dentry cache), then its abort, each
 // timed (ns/fork, ns/abort); the lookups are not. impl=superblock seals
-// the parent's superblock every time, as before sealChoice;
-// impl=adaptive is the default; op=at-rest forks without the lookups.
+// the parent's superblock every time (the default); impl=adaptive has
+// sealChoice's threshold set (--seal-mounts-after=2ms); op=at-rest forks
+// without the lookups.
 func BenchmarkForkLookedUp(b *testing.B) {
 	ctx := context.Background()
 	for _, op := range []string{"looked-up", "at-rest"} {
@@ -392,8 +393,8 @@ func BenchmarkForkLookedUp(b *testing.B) {
 						return [2]any{s, target}, err
 					}).([2]any)
 					s, target := v[0].(*Snapshotter), v[1].(string)
-					if impl == "superblock" {
-						s.choice.threshold = -1
+					if impl == "adaptive" {
+						s.choice.threshold = SlowSuperblockSeal
 					}
 					root := branch.Ref{Root: branch.Root{Key: "sandbox"}}
 					var forks, aborts time.Duration

@@ -47,7 +47,7 @@ func (s *Branches) sealEachMount(ctx context.Context, r rootSnap, id, name strin
 	if err := s.recordSealMode(ctx, r, id, name, branch.SealMounts, overlay.SealedMounts(writable)); err != nil {
 		return err
 	}
-	if err := overlay.SealEach(ctx, name, all, writable); err != nil {
+	if err := overlay.SealEach(ctx, s.sealer, name, all, writable); err != nil {
 		return err
 	}
 	overlay.LogSealed(ctx, name, writable, time.Since(start))

@@ -15,15 +15,17 @@ import (
 // its 10,000 files waits 15-20 ms for it, against 40 us at rest, and the
 // unseal's remount pays it again for what was looked up while sealed. The
 // per-mount seal touches no dentry but costs a scan of every mount
-// namespace and a transaction (about 1 ms here). So a parent whose last
-// superblock seal was slow, a sandbox that looks up many files between
-// forks (a build, a test run, git status), is sealed mount by mount from
-// then on, while that stays the cheaper; docs/seal.md says what the
-// per-mount seal does not reach.
+// namespace and a transaction (about 1 ms here). So, with a threshold set
+// (WithSlowSeal; off by default), a parent whose last superblock seal was
+// slow, a sandbox that looks up many files between forks (a build, a test
+// run, git status), is sealed mount by mount from then on, while that
+// stays the cheaper; docs/seal.md says what the per-mount seal does not
+// reach, and docs/benchmarks.md what it costs where (an abort right after
+// a fork that followed writes: 3 -> 10 ms, not understood yet).
 
-// SlowSuperblockSeal is how long a superblock seal may take before the
-// parent's next forks seal mount by mount: about 1,400 dentries freed,
-// about the per-mount seal's own cost.
+// SlowSuperblockSeal is the threshold docs/seal.md suggests: a superblock
+// seal that takes longer frees about 1,400 dentries, about the per-mount
+// seal's own cost.
 const SlowSuperblockSeal = 2 * time.Millisecond
 
 // sealChoiceSize bounds the parents remembered: the sandboxes that fork
@@ -36,8 +38,7 @@ const sealChoiceSize = 256
 type sealChoice struct {
 	mu   sync.Mutex
 	slow []slowSeal
-	// threshold is SlowSuperblockSeal if 0 (WithSlowSeal); below 0, no
-	// seal is slow.
+	// threshold is WithSlowSeal's; 0, no seal is slow.
 	threshold time.Duration
 }
 
@@ -46,13 +47,6 @@ type slowSeal struct {
 	// took is the superblock seal that was slow; the per-mount seal is
 	// kept while it costs less than that.
 	took time.Duration
-}
-
-func (c *sealChoice) limit() time.Duration {
-	if c.threshold > 0 {
-		return c.threshold
-	}
-	return SlowSuperblockSeal
 }
 
 // eachMount says whether the parent whose upper is upper should be
@@ -65,7 +59,7 @@ func (c *sealChoice) eachMount(upper string) bool {
 
 // superblockTook records a superblock seal of upper's parent that took d.
 func (c *sealChoice) superblockTook(upper string, d time.Duration) {
-	if c.threshold < 0 || d <= c.limit() {
+	if c.threshold <= 0 || d <= c.threshold {
 		return
 	}
 	c.mu.Lock()

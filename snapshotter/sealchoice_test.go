@@ -12,7 +12,12 @@ import (
 // to the per-mount seal, which it keeps while that is cheaper than the
 // slow seal decayed by a quarter a fork; others stay on the superblock.
 func TestSealChoice(t *testing.T) {
-	var c sealChoice
+	var off sealChoice
+	off.superblockTook("/a", time.Second)
+	if off.eachMount("/a") {
+		t.Fatal("with no threshold set a slow seal made its parent seal mount by mount")
+	}
+	c := sealChoice{threshold: SlowSuperblockSeal}
 	c.superblockTook("/a", SlowSuperblockSeal)
 	if c.eachMount("/a") {
 		t.Fatal("a seal at the threshold made its parent seal mount by mount")
@@ -50,12 +55,12 @@ func TestSealChoice(t *testing.T) {
 	if len(c.slow) != sealChoiceSize || c.eachMount("/p0") || !c.eachMount(fmt.Sprintf("/p%d", sealChoiceSize+9)) {
 		t.Fatalf("%d parents remembered (want %d); the oldest kept: %v", len(c.slow), sealChoiceSize, c.eachMount("/p0"))
 	}
-	// WithSlowSeal(0): never.
+	// WithSlowSeal sets the threshold.
 	var cfg config
-	WithSlowSeal(0)(&cfg)
-	off := sealChoice{threshold: cfg.slowSeal}
-	off.superblockTook("/a", time.Second)
-	if off.eachMount("/a") {
-		t.Fatal("with the choice turned off a slow seal made its parent seal mount by mount")
+	WithSlowSeal(time.Millisecond)(&cfg)
+	on := sealChoice{threshold: cfg.slowSeal}
+	on.superblockTook("/a", 2*time.Millisecond)
+	if !on.eachMount("/a") {
+		t.Fatal("WithSlowSeal(1ms): a 2 ms seal did not make its parent seal mount by mount")
 	}
 }

@@ -260,7 +260,7 @@ func TestSealPerMountRecovery(t *testing.T) {
 	s.Close()
 	closed = true
 	// The flags as a crash before they were set would leave them.
-	if err := overlay.SetEachRecorded(ctx, recorded, upper, false); err != nil {
+	if err := overlay.SetEachRecorded(ctx, s.sealer, recorded, upper, false); err != nil {
 		t.Fatal(err)
 	}
 	expectWritable(t, "flags cleared", filepath.Join(other, "x"))
@@ -287,6 +287,7 @@ func TestSealPerMountRecovery(t *testing.T) {
 // (nothing looked up since) sends it back to the superblock's in time.
 func TestSealEachMountAfterSlowSeal(t *testing.T) {
 	ctx, s := newTest(t)
+	s.choice.threshold = SlowSuperblockSeal // what --seal-mounts-after=2ms sets
 	sb := newSandbox(t, ctx, s, "sb")
 	rm, _ := s.Mounts(ctx, sb.key)
 	p := mountAt(t, rm)

@@ -70,6 +70,7 @@ type Branches struct {
 	journalSeq atomic.Uint64       // names the journals of commit attempts
 	seals      overlay.SealThreads // the threads that run those seals' remounts
 	choice     sealChoice          // the parents sealed mount by mount, their superblock's being slow
+	sealer     *overlay.Sealer     // what seals mount by mount, its namespace thread kept
 	// quarantined are the trees whose recovery failed (quarantine.go).
 	quarantined quarantine
 	manifests   manifestCache // checkpoint manifests decoded (manifestcache.go)
@@ -85,19 +86,16 @@ type Opt func(*config)
 
 type config struct {
 	fault func(point string)
-	// slowSeal is sealChoice's threshold: 0 the default, below 0 never.
+	// slowSeal is sealChoice's threshold: 0, never.
 	slowSeal time.Duration
 }
 
 // WithSlowSeal sets how long a parent's superblock seal may take before
-// its next forks seal it mount by mount (sealchoice.go; default
-// 2ms); 0 keeps every parent on the superblock's seal.
+// its next forks seal it mount by mount (sealchoice.go;
+// SlowSuperblockSeal is the value docs/seal.md suggests); 0, the default,
+// keeps every parent on the superblock's seal.
 func WithSlowSeal(d time.Duration) Opt {
-	return func(c *config) {
-		if c.slowSeal = d; d == 0 {
-			c.slowSeal = -1
-		}
-	}
+	return func(c *config) { c.slowSeal = d }
 }
 
 // New opens (creating if needed) a snapshotter rooted at root. It takes an
@@ -153,7 +151,13 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		return nil, err
 	}
 	st := &store{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
-	s := &Snapshotter{store: st, Branches: &Branches{store: st}}
+	sealer, err := overlay.NewSealer()
+	if err != nil {
+		ms.Close()
+		bdb.Close()
+		return nil, err
+	}
+	s := &Snapshotter{store: st, Branches: &Branches{store: st, sealer: sealer}}
 	s.choice.threshold = c.slowSeal
 	defer func() {
 		if retErr != nil {
@@ -405,6 +409,7 @@ func (s *Snapshotter) Close() error {
 	s.commitWG.Wait()
 	s.sealWG.Wait()
 	s.seals.Close()
+	s.sealer.Close()
 	s.trashWG.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()

@@ -42,7 +42,7 @@ func main() {
 		address  = flag.String("address", branch.DefaultSnapshotterAddress, "unix socket to serve the snapshots API on")
 		logLevel = flag.String("log-level", "info", "log level: trace, debug, info, warn, error")
 		reap     = flag.Duration("reap-interval", 5*time.Minute, "how often to remove orphaned snapshot and branch state (0: only at start)")
-		slowSeal = flag.Duration("seal-mounts-after", snapshotter.SlowSuperblockSeal, "seal a forked parent mount by mount once its superblock's seal took longer than this, as after its files were looked up (0: always the superblock's; docs/seal.md)")
+		slowSeal = flag.Duration("seal-mounts-after", 0, fmt.Sprintf("seal a forked parent mount by mount once its superblock's seal took longer than this, as after its files were looked up (0: always the superblock's; %s suggested; docs/seal.md)", snapshotter.SlowSuperblockSeal))
 	)
 	flag.Parse()
 	if flag.NArg() != 0 {

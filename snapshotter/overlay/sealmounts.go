@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -120,10 +122,16 @@ func toNSMount(ns uint64, pid int, m *mountinfo.Info) NSMount {
 
 // nsThread is a locked OS thread that enters other mount namespaces: it
 // unshares its filesystem attributes first (setns into a mount namespace
-// is refused to a thread sharing them), and ends with its goroutine, so
-// it never goes back to the Go runtime in a foreign namespace.
+// is refused to a thread sharing them), goes back to this process's
+// namespace after each use, and ends with its goroutine, so that it never
+// goes back to the Go runtime with either changed. It is kept between
+// seals: making an OS thread is a fork, which waits, like any, while a
+// cgroup migration anywhere on the host waits for an RCU grace period
+// (the shim's pool moving a new init: 5-8 ms here), and an unseal right
+// after a fork met one.
 type nsThread struct {
-	req chan func()
+	req    chan func()
+	broken atomic.Bool // it could not go back home: it ended, make another
 }
 
 func newNSThread() (*nsThread, error) {
@@ -137,9 +145,15 @@ func newNSThread() (*nsThread, error) {
 }
 
 // run serves t on the calling goroutine's locked thread, never unlocked:
-// the thread leaves this process's filesystem attributes and namespace,
-// so it ends with the goroutine.
+// the thread leaves this process's filesystem attributes, so it ends with
+// the goroutine.
 func (t *nsThread) run(ready chan<- error) {
+	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		ready <- fmt.Errorf("open this process's mount namespace: %w", err)
+		return
+	}
+	defer unix.Close(home)
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		ready <- fmt.Errorf("unshare filesystem attributes: %w", err)
 		return
@@ -147,12 +161,27 @@ func (t *nsThread) run(ready chan<- error) {
 	ready <- nil
 	for f := range t.req {
 		f()
+		if err := unix.Setns(home, unix.CLONE_NEWNS); err != nil {
+			t.broken.Store(true)
+			go func() { // what was sent meanwhile is refused
+				for f := range t.req {
+					f()
+				}
+			}()
+			return
+		}
 	}
 }
 
 func (t *nsThread) do(f func() error) error {
 	done := make(chan error, 1)
-	t.req <- func() { done <- f() }
+	t.req <- func() {
+		if t.broken.Load() {
+			done <- errors.New("the namespace thread ended")
+			return
+		}
+		done <- f()
+	}
 	return <-done
 }
 
@@ -162,30 +191,52 @@ func (t *nsThread) close() {
 	}
 }
 
-// mountSealer sets or clears the read-only flag of single mounts, in this
-// process's mount namespace or (through an nsThread made on first need)
-// in another.
-type mountSealer struct {
+// Sealer sets or clears the read-only flag of single mounts, in this
+// process's mount namespace or (through an nsThread made on first need
+// and kept) in another. One serves a snapshotter for its life.
+type Sealer struct {
 	self   uint64
+	mu     sync.Mutex
 	thread *nsThread
 }
 
-func newMountSealer() (*mountSealer, error) {
+func NewSealer() (*Sealer, error) {
 	self, err := MountNS("/proc/self/ns/mnt")
 	if err != nil {
 		return nil, fmt.Errorf("find this process's mount namespace: %w", err)
 	}
-	return &mountSealer{self: self}, nil
+	return &Sealer{self: self}, nil
 }
 
-func (s *mountSealer) close() { s.thread.close() }
+// Close ends the sealer's thread.
+func (s *Sealer) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.thread.close()
+	s.thread = nil
+}
+
+// inNS runs f on the sealer's thread, made again if the last one ended.
+func (s *Sealer) inNS(f func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.thread == nil || s.thread.broken.Load() {
+		s.thread.close()
+		t, err := newNSThread()
+		if err != nil {
+			return err
+		}
+		s.thread = t
+	}
+	return s.thread.do(f)
+}
 
 // set makes mount m read-only (or writable). The mount is opened from this
 // namespace, through /proc/<pid>/root for another one, without following
 // symbolic links (its path is the container's to change), and must be the
 // mount of that id; the flag is then changed from inside its namespace,
 // which mount_setattr requires of an attached mount.
-func (s *mountSealer) set(m NSMount, readonly bool) error {
+func (s *Sealer) set(m NSMount, readonly bool) error {
 	attr := &unix.MountAttr{}
 	if readonly {
 		attr.Attr_set = unix.MOUNT_ATTR_RDONLY
@@ -209,12 +260,7 @@ func (s *mountSealer) set(m NSMount, readonly bool) error {
 	if err := unix.Fstat(nsfd, &st); err != nil || st.Ino != m.ns {
 		return fmt.Errorf("pid %d left mount namespace %d: %w", m.pid, m.ns, unix.ESRCH)
 	}
-	if s.thread == nil {
-		if s.thread, err = newNSThread(); err != nil {
-			return err
-		}
-	}
-	return s.thread.do(func() error {
+	return s.inNS(func() error {
 		if err := unix.Setns(nsfd, unix.CLONE_NEWNS); err != nil {
 			return fmt.Errorf("enter mount namespace %d: %w", m.ns, err)
 		}
@@ -303,12 +349,7 @@ func SealedMounts(ms []NSMount) []branch.SealedMount {
 // open for writing on it), those done are made writable again and the
 // error names the writers on every mount of the superblock (all). name is
 // the branch, for messages.
-func SealEach(ctx context.Context, name string, all, ms []NSMount) error {
-	ms2, err := newMountSealer()
-	if err != nil {
-		return err
-	}
-	defer ms2.close()
+func SealEach(ctx context.Context, ms2 *Sealer, name string, all, ms []NSMount) error {
 	for i, m := range ms {
 		err := ms2.set(m, true)
 		if err != nil && !errors.Is(err, unix.EBUSY) && m.pid != 0 && !stillMounted(m) {
@@ -421,16 +462,11 @@ func namespacePids() map[uint64]int {
 // SetEachRecorded sets the read-only flag of every mount a per-mount seal
 // of the overlay whose upper is upper recorded: cleared at unseal, set again at recovery. It goes on past a
 // failure and returns them all.
-func SetEachRecorded(ctx context.Context, recorded []branch.SealedMount, upper string, readonly bool) error {
+func SetEachRecorded(ctx context.Context, sealer *Sealer, recorded []branch.SealedMount, upper string, readonly bool) error {
 	ms, err := resolveSealed(recorded, upper)
 	if err != nil {
 		return err
 	}
-	sealer, err := newMountSealer()
-	if err != nil {
-		return err
-	}
-	defer sealer.close()
 	var errs []error
 	for _, m := range ms {
 		if err := sealer.set(m, readonly); err != nil {
