@@ -18,6 +18,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -138,6 +139,12 @@ func (f *fork) takeAhead(ctx context.Context) {
 		}
 		f.aheads = append(f.aheads, a)
 	}
+}
+
+// newPool is the pool of inits started ahead of forks of parent whose
+// branches have spec, up to their cgroup's name.
+func newPool(ctx context.Context, d *initdriver.Driver, parent *Branch, spec *specs.Spec) *initdriver.Pool {
+	return initdriver.NewPool(d, parent.cgroup, brinit.CloneFlags(spec), initdriver.PrepOf(ctx, spec))
 }
 
 // nextNames names the cgroups of the root's next branches, the k-th from
@@ -341,7 +348,7 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
 	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
 		if sb.pool == nil {
-			sb.pool = initdriver.NewPool(c.inits, parent.cgroup, brinit.CloneFlags(made[0].spec), initdriver.PrepOf(ctx, made[0].spec))
+			sb.pool = newPool(ctx, c.inits, parent, made[0].spec)
 		}
 		sb.pool.Fill(ctx, int(req.Count), sb.nextNames(parent.cgroup))
 	}

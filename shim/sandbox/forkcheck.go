@@ -147,9 +147,16 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 		}
 		return nil, err
 	}
-	f.join = joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
-	if req.Net == NetShared {
-		f.join.net = fmt.Sprintf("/proc/%d/ns/net", pid)
-	}
+	f.join = joinOf(pid, req.Net)
 	return f, nil
+}
+
+// joinOf is what a branch of the process pid joins of its namespaces:
+// its user namespace, and its network namespace with net shared.
+func joinOf(pid int, net string) joinNS {
+	j := joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid)}
+	if net == NetShared {
+		j.net = fmt.Sprintf("/proc/%d/ns/net", pid)
+	}
+	return j
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client/branchapi"
@@ -44,7 +45,7 @@ type Sandbox struct {
 	snapshot *branchapi.Client
 	pool     *initdriver.Pool // inits started ahead of forks of the root, or nil
 	nextID   uint64           // the branch id the snapshotter likely gives next (0: not known)
-	warming  bool             // warm ran: its pool is started, or was not to be (warm.go)
+	warming  atomic.Bool      // warm ran: its pool is started, or was not to be (warm.go)
 	initPath initdriver.Path  // how its branches start (initdriver.Path, start.go's useInit)
 	// releasing counts the removals of ended branches' cgroups and
 	// runtime state still going on; Teardown waits for them.

@@ -11,8 +11,6 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/shim/brinit"
-	"github.com/branchbox/branchbox/shim/initdriver"
 )
 
 // warm starts the sandbox's pool of inits at its first contact through the
@@ -27,12 +25,11 @@ import (
 // is known; a tree with a history (the task started again) makes the
 // guess wrong, and the first fork drops that init. It runs on its own
 // goroutine, after the call that made the contact: that call does not
-// wait for it. The caller holds sb.mu.
+// wait for it. It runs once a sandbox. The caller holds sb.mu.
 func (c *Service) warm(ctx context.Context, sb *Sandbox) {
-	if sb.warming || c.inits.Binary == "" || (sb.opts != nil && sb.opts.NoPivotRoot) {
+	if sb.warming.Swap(true) {
 		return
 	}
-	sb.warming = true
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		sb.mu.Lock()
@@ -45,22 +42,24 @@ func (c *Service) warm(ctx context.Context, sb *Sandbox) {
 
 // warmSoon has a sandbox a client just dialled (Describe) loaded and its
 // pool started, in the background: the client's next call is likely its
-// first fork.
+// first fork. Once warm has run, every later dial costs nothing here.
 func (c *Service) warmSoon(ctx context.Context, sb *Sandbox) {
+	if sb.warming.Load() {
+		return
+	}
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		sb.mu.Lock()
 		defer sb.mu.Unlock()
-		if !sb.warming {
-			_ = c.view(ctx, sb) // calls warm; a failure is the next call's to report
-		}
+		_ = c.view(ctx, sb) // calls warm; a failure is the next call's to report
 	}()
 }
 
 // startPool makes the pool warm starts, under sb.mu.
 func (c *Service) startPool(ctx context.Context, sb *Sandbox) error {
 	root := sb.nodes[branch.RootID]
-	if sb.pool != nil || sb.stopped || sb.closed || root == nil || c.Paused(sb) {
+	if sb.pool != nil || sb.stopped || sb.closed || root == nil || c.Paused(sb) ||
+		c.inits.Binary == "" || (sb.opts != nil && sb.opts.NoPivotRoot) {
 		return nil
 	}
 	if sb.nextID == 0 && len(sb.nodes) == 1 {
@@ -73,19 +72,18 @@ func (c *Service) startPool(ctx context.Context, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	join := joinNS{user: fmt.Sprintf("/proc/%d/ns/user", pid), net: fmt.Sprintf("/proc/%d/ns/net", pid)}
 	req := &shimv1.ForkRequest{Count: 1}
 	if err := checkFork(req); err != nil {
 		return err
 	}
-	spec, err := branchSpec(root.spec, branchCgroup(root.cgroup, strconv.FormatUint(sb.nextID, 10)), join, req)
+	spec, err := branchSpec(root.spec, branchCgroup(root.cgroup, strconv.FormatUint(sb.nextID, 10)), joinOf(pid, req.Net), req)
 	if err != nil {
 		return err
 	}
 	if !c.useInit(ctx, sb, spec) {
 		return fmt.Errorf("its branches start on the runtime")
 	}
-	sb.pool = initdriver.NewPool(c.inits, root.cgroup, brinit.CloneFlags(spec), initdriver.PrepOf(ctx, spec))
+	sb.pool = newPool(ctx, c.inits, root, spec)
 	sb.pool.Fill(ctx, 1, sb.nextNames(root.cgroup))
 	return nil
 }

@@ -130,12 +130,19 @@ func toNSMount(ns uint64, pid int, m *mountinfo.Info) NSMount {
 // (the shim's pool moving a new init: 5-8 ms here), and an unseal right
 // after a fork met one.
 type nsThread struct {
-	req    chan func()
+	req    chan nsRequest
 	broken atomic.Bool // it could not go back home: it ended, make another
 }
 
+// nsRequest is one call on an nsThread; done gets its result once the
+// thread is back home (or broken), so the next call sees broken.
+type nsRequest struct {
+	f    func() error
+	done chan error
+}
+
 func newNSThread() (*nsThread, error) {
-	t := &nsThread{req: make(chan func())}
+	t := &nsThread{req: make(chan nsRequest)}
 	ready := make(chan error, 1)
 	lockedthread.Go(func() { t.run(ready) })
 	if err := <-ready; err != nil {
@@ -159,29 +166,21 @@ func (t *nsThread) run(ready chan<- error) {
 		return
 	}
 	ready <- nil
-	for f := range t.req {
-		f()
-		if err := unix.Setns(home, unix.CLONE_NEWNS); err != nil {
+	for r := range t.req {
+		err := r.f()
+		if serr := unix.Setns(home, unix.CLONE_NEWNS); serr != nil {
 			t.broken.Store(true)
-			go func() { // what was sent meanwhile is refused
-				for f := range t.req {
-					f()
-				}
-			}()
+			r.done <- err
 			return
 		}
+		r.done <- err
 	}
 }
 
+// do runs f on t; the caller (Sealer.inNS) sends no call to a broken t.
 func (t *nsThread) do(f func() error) error {
 	done := make(chan error, 1)
-	t.req <- func() {
-		if t.broken.Load() {
-			done <- errors.New("the namespace thread ended")
-			return
-		}
-		done <- f()
-	}
+	t.req <- nsRequest{f: f, done: done}
 	return <-done
 }
 
