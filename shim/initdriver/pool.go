@@ -6,6 +6,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/containerd/log"
 )
 
 // maxWarm bounds the inits kept started for one sandbox.
@@ -27,7 +29,10 @@ const poolPrefix = "bbx-pool-"
 // renames nothing. A name is made exclusively; a branch started without
 // the pool's init of its name (another flag, the runtime) has it discarded
 // first (takeNamed, Evict), and the pool never names an init after a
-// cgroup a branch start asked for meanwhile (reserved).
+// cgroup a branch start asked for meanwhile (reserved). An init taken for
+// another name (takeReady) keeps its cgroup until it is moved away, so a
+// branch start that wants that name waits until then (leaving): else it
+// would make its cgroup in the directory being renamed away under it.
 
 // Pool keeps branch inits started ahead of the forks of a sandbox's
 // root: in the namespaces a branch of it gets and in a cgroup under the
@@ -63,6 +68,9 @@ type Pool struct {
 	// reserved are cgroups branch starts asked for and did not find here:
 	// the pool names no init after one of them.
 	reserved map[string]bool
+	// leaving are the cgroups of inits taken for another name and not yet
+	// moved away or removed.
+	leaving map[string]bool
 }
 
 func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
@@ -75,7 +83,7 @@ func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
 // it is being started; if there is none, the pool will not name one so.
 func (p *Pool) takeNamed(ctx context.Context, cgroup string) *Spawned {
 	p.mu.Lock()
-	for p.inflight == cgroup && cgroup != "" {
+	for cgroup != "" && (p.inflight == cgroup || p.leaving[cgroup]) {
 		p.spawned.Wait()
 	}
 	i := slices.IndexFunc(p.ready, func(s *Spawned) bool { return s.cgroup == cgroup })
@@ -105,17 +113,37 @@ func (p *Pool) Evict(ctx context.Context, cgroup string) {
 	}
 }
 
-// takeReady takes a started init cloned with flags out of the pool, or
-// returns nil.
-func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
+// takeReady takes a started init cloned with flags out of the pool, for a
+// branch whose cgroup is to be cgroup, and gives it that name; or returns
+// nil.
+func (p *Pool) takeReady(ctx context.Context, flags uintptr, cgroup string) *Spawned {
+	if s := p.takeOut(flags); s != nil {
+		return p.moveAway(ctx, s, cgroup)
+	}
+	return nil
+}
+
+// takeOut takes the first started init cloned with flags out of the pool,
+// or returns nil; its cgroup's name is leaving until moveAway.
+func (p *Pool) takeOut(flags uintptr) *Spawned {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.closed || flags != p.flags || len(p.ready) == 0 {
-		p.mu.Unlock()
 		return nil
 	}
 	s := p.ready[0]
 	p.ready = p.ready[1:]
-	p.mu.Unlock()
+	if p.leaving == nil {
+		p.leaving = map[string]bool{}
+	}
+	p.leaving[s.cgroup] = true
+	return s
+}
+
+// moveAway renames the cgroup of an init taken out to cgroup, or discards
+// the init (nil).
+func (p *Pool) moveAway(ctx context.Context, s *Spawned, cgroup string) *Spawned {
+	defer p.left(s.cgroup)
 	// A rename waits for the move into the cgroup, which writes to the
 	// cgroup's files by their path; an init that died while it waited
 	// (the sandbox's OOM killer, say) is no use.
@@ -123,7 +151,20 @@ func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
 		s.Discard(ctx)
 		return nil
 	}
+	if err := s.rename(cgroup); err != nil {
+		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
+		s.Discard(ctx) // what is left under either name
+		return nil
+	}
 	return s
+}
+
+// left ends the move of an init's cgroup away from the name from.
+func (p *Pool) left(from string) {
+	p.mu.Lock()
+	delete(p.leaving, from)
+	p.spawned.Broadcast()
+	p.mu.Unlock()
 }
 
 // Ahead is an init taken from the pool before the snapshotter named its
@@ -131,9 +172,10 @@ func (p *Pool) takeReady(ctx context.Context, flags uintptr) *Spawned {
 // sandbox gives next would have (guess). The rename, a third of a start
 // on a v1 host, then overlaps the snapshotter's work.
 type Ahead struct {
-	s       *Spawned
-	Guess   string
-	renamed chan error
+	Guess string
+	// renamed gives the init once renamed, nil if it could not be
+	// (discarded).
+	renamed chan *Spawned
 	claimed bool
 }
 
@@ -141,16 +183,16 @@ type Ahead struct {
 // and starts renaming its cgroup to it; nil if the pool has none.
 func (p *Pool) TakeAhead(ctx context.Context, guess string) *Ahead {
 	if s := p.takeNamed(ctx, guess); s != nil {
-		a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
-		a.renamed <- nil
+		a := &Ahead{Guess: guess, renamed: make(chan *Spawned, 1)}
+		a.renamed <- s
 		return a
 	}
-	s := p.takeReady(ctx, p.flags)
+	s := p.takeOut(p.flags)
 	if s == nil {
 		return nil
 	}
-	a := &Ahead{s: s, Guess: guess, renamed: make(chan error, 1)}
-	go func() { a.renamed <- s.rename(guess) }()
+	a := &Ahead{Guess: guess, renamed: make(chan *Spawned, 1)}
+	go func() { a.renamed <- p.moveAway(ctx, s, guess) }()
 	return a
 }
 

@@ -27,8 +27,9 @@ func (a *Ahead) Release(ctx context.Context) {
 		return
 	}
 	a.claimed = true
-	<-a.renamed
-	a.s.Discard(ctx)
+	if s := <-a.renamed; s != nil {
+		s.Discard(ctx)
+	}
 }
 
 // roomFor says whether one more init may be started ahead under the

@@ -100,36 +100,25 @@ func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned 
 		}
 		s.Discard(ctx) // its name is the branch's
 	}
-	s := p.takeReady(ctx, flags)
-	if s == nil {
-		return nil
-	}
-	return s.renamedOrDiscarded(ctx, cgroup)
+	return p.takeReady(ctx, flags, cgroup)
 }
 
-// renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
-// returns it, or discards it if the rename fails (nil: the branch starts
-// an init of its own).
-func (s *Spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *Spawned {
+// Claim returns the init for the branch whose cgroup is cgroup (the
+// guess: Fork drops every init taken ahead if one guess is wrong), renamed
+// again if its guess was not cgroup; nil if it cannot be used, and it is
+// discarded.
+func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
+	a.claimed = true
+	s := <-a.renamed
+	if s == nil || a.Guess == cgroup {
+		return s
+	}
 	if err := s.rename(cgroup); err != nil {
 		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
 		s.Discard(ctx)
 		return nil
 	}
 	return s
-}
-
-// Claim returns the init for the branch whose cgroup is cgroup (the
-// guess: Fork drops every init taken ahead if one guess is wrong), renamed
-// again if its rename failed; nil if it cannot be used, and it is
-// discarded.
-func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
-	a.claimed = true
-	err := <-a.renamed
-	if err == nil && a.Guess == cgroup {
-		return a.s
-	}
-	return a.s.renamedOrDiscarded(ctx, cgroup)
 }
 
 // Spawn makes a cgroup and starts an init in new namespaces (flags),
