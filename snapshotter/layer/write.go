@@ -47,7 +47,7 @@ func Write(ctx context.Context, src Source, changes []Change, dst string) (Stats
 		return Stats{}, fmt.Errorf("open %s: %w", src.Root, err)
 	}
 	defer unix.Close(sfd)
-	w := &writer{ctx: ctx, src: sfd, dst: dst, links: map[[2]uint64]string{}, made: map[string]bool{"": true}, whole: map[string]bool{}}
+	w := &writer{ctx: ctx, src: sfd, dst: dst, links: map[[2]uint64]string{}, made: map[string]bool{"": true}, whole: map[string]bool{}, protect: !src.Merged}
 	// The root's own attributes: a merged view shows the top layer's.
 	var rst unix.Stat_t
 	if err := unix.Fstat(sfd, &rst); err != nil {
@@ -92,6 +92,9 @@ type writer struct {
 	// copier copies file data, in the kernel where it can (a checkpoint
 	// reads the upper, a rollback an overlay mount of the checkpoint).
 	copier fscopy.Copier
+	// protect: the source is a live upper, whose files its processes may
+	// write through shared mappings (protectMapped).
+	protect bool
 }
 
 func (w *writer) change(c Change, merged bool) error {
@@ -284,6 +287,11 @@ func (w *writer) file(dirfd int, name, rel, out string, st *unix.Stat_t) error {
 	if now.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("%s changed type while being copied: %w", rel, errdefs.ErrAborted)
 	}
+	if w.protect {
+		if err := protectMapped(in); err != nil {
+			return fmt.Errorf("write back %s before copying it: %w", rel, err)
+		}
+	}
 	o, err := unix.Open(out, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", out, err)
@@ -301,6 +309,23 @@ func (w *writer) file(dirfd int, name, rel, out string, st *unix.Stat_t) error {
 		return err
 	}
 	return setTimes(out, &now)
+}
+
+// protectMapped writes back the dirty pages of an upper's file before a
+// checkpoint copies it. A write through a shared mapping to a page that is
+// dirty already changes neither the file's ctime nor anything else a diff
+// could see; the kernel updates the ctime at the first write to a page
+// after it was written back, because writeback makes the page read-only in
+// every mapping. A file written through a mapping since the last
+// checkpoint changed its ctime at that first write, so it is among the
+// changes copied now; written back here, before its copy, each later
+// write to it through a mapping changes its ctime again, and the next
+// checkpoint or a rollback sees it (TestCheckpointSeesMappedWrites). The
+// writeback is started, not waited for: the pages are made read-only when
+// it starts. WAIT_BEFORE: a page already being written back when it was
+// dirtied again is waited for, since starting writeback skips it.
+func protectMapped(fd int) error {
+	return unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE)
 }
 
 // meta gives out the owner, mode and xattrs of src entry name of dirfd
