@@ -35,7 +35,7 @@ func ToGRPC(err error) error {
 	}
 	var we *WritersError
 	if errors.As(err, &we) {
-		d := &branchv1.WritersDetail{Context: we.Branch}
+		d := &branchv1.WritersDetail{Branch: we.Branch}
 		for _, w := range we.Writers {
 			d.Writers = append(d.Writers, &branchv1.Writer{Pid: int32(w.Pid), Command: w.Command, Path: w.Path})
 		}
@@ -64,7 +64,7 @@ func FromGRPC(err error) error {
 	if st.Code() == codes.FailedPrecondition {
 		for _, d := range st.Details() {
 			if wd, ok := d.(*branchv1.WritersDetail); ok {
-				we := &WritersError{Branch: wd.Context}
+				we := &WritersError{Branch: wd.Branch}
 				for _, w := range wd.Writers {
 					we.Writers = append(we.Writers, Writer{Pid: int(w.Pid), Command: w.Command, Path: w.Path})
 				}
@@ -82,8 +82,8 @@ func RootToProto(r Root) *branchv1.Root {
 	return &branchv1.Root{Ref: &branchv1.Root_Key{Key: r.Key}}
 }
 
-func RefToProto(r Ref) *branchv1.Context {
-	return &branchv1.Context{Root: RootToProto(r.Root), Branch: r.Branch}
+func RefToProto(r Ref) *branchv1.BranchRef {
+	return &branchv1.BranchRef{Root: RootToProto(r.Root), Branch: r.Branch}
 }
 
 func MountsFromProto(ms []*branchv1.Mount) []mount.Mount {
@@ -118,8 +118,8 @@ func RootFromProto(r *branchv1.Root) Root {
 }
 
 // RefFromProto is RefToProto's inverse.
-func RefFromProto(c *branchv1.Context) Ref {
-	return Ref{Root: RootFromProto(c.GetRoot()), Branch: c.GetBranch()}
+func RefFromProto(r *branchv1.BranchRef) Ref {
+	return Ref{Root: RootFromProto(r.GetRoot()), Branch: r.GetBranch()}
 }
 
 // MountsToProto is MountsFromProto's inverse.
@@ -197,7 +197,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 	if c == nil {
 		return Checkpoint{}
 	}
-	out := Checkpoint{Name: c.Name, Branch: c.Context, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := Checkpoint{Name: c.Name, Branch: c.Branch, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: int(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if c.Created != nil {
@@ -208,7 +208,7 @@ func CheckpointFromProto(c *typesv1.Checkpoint) Checkpoint {
 
 // CheckpointToProto converts a checkpoint for either API.
 func CheckpointToProto(c Checkpoint) *typesv1.Checkpoint {
-	out := &typesv1.Checkpoint{Name: c.Name, Context: c.Branch, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
+	out := &typesv1.Checkpoint{Name: c.Name, Branch: c.Branch, Parent: c.Parent, Size: c.Size, Entries: c.Entries,
 		Depth: uint32(c.Depth), Head: c.Head, Children: c.Children, Branches: c.Branches,
 		MemoryBytes: c.MemoryBytes, MemoryDir: c.MemoryDir}
 	if !c.Created.IsZero() {

@@ -79,9 +79,9 @@ func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest)
 	var m []mount.Mount
 	var err error
 	if req.GetCheckpoint() != "" {
-		m, err = b.s.CheckpointMounts(ctx, branch.RefFromProto(req.GetContext()), req.GetCheckpoint())
+		m, err = b.s.CheckpointMounts(ctx, branch.RefFromProto(req.GetBranch()), req.GetCheckpoint())
 	} else {
-		m, err = b.s.BranchMounts(ctx, branch.RefFromProto(req.GetContext()))
+		m, err = b.s.BranchMounts(ctx, branch.RefFromProto(req.GetBranch()))
 	}
 	if err != nil {
 		return nil, branch.ToGRPC(err)
@@ -97,7 +97,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 		}
 		opts = append(opts, branch.WithMemoryImage(d))
 	}
-	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetContext()), req.GetName(), opts...)
+	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetBranch()), req.GetName(), opts...)
 	if err != nil {
 		return nil, branch.ToGRPC(err)
 	}
@@ -128,7 +128,7 @@ func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequ
 	if req.GetProcesses() {
 		opts = append(opts, branch.WithProcesses())
 	}
-	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetContext()), req.GetName(), opts...); err != nil {
+	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetBranch()), req.GetName(), opts...); err != nil {
 		return nil, branch.ToGRPC(err)
 	}
 	return &branchv1.RollbackResponse{}, nil

@@ -14,7 +14,7 @@ func (c *Client) Checkpoint(ctx context.Context, ref branch.Ref, name string, op
 		opt(&o)
 	}
 	resp := &branchv1.CheckpointResponse{}
-	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Context: branch.RefToProto(ref), Name: name, MemoryDir: o.MemoryDir}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Branch: branch.RefToProto(ref), Name: name, MemoryDir: o.MemoryDir}, resp); err != nil {
 		return branch.Checkpoint{}, branch.FromGRPC(err)
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
@@ -50,7 +50,7 @@ func (c *Client) Rollback(ctx context.Context, ref branch.Ref, name string, opts
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if err := c.t.invoke(ctx, "Rollback", &branchv1.RollbackRequest{Context: branch.RefToProto(ref), Name: name, Processes: o.Processes}, &branchv1.RollbackResponse{}); err != nil {
+	if err := c.t.invoke(ctx, "Rollback", &branchv1.RollbackRequest{Branch: branch.RefToProto(ref), Name: name, Processes: o.Processes}, &branchv1.RollbackResponse{}); err != nil {
 		return branch.FromGRPC(err)
 	}
 	return nil

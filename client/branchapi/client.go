@@ -119,7 +119,7 @@ func (c *Client) Tree(ctx context.Context, root branch.Root) ([]branch.Info, err
 // Mounts returns how to mount ref.
 func (c *Client) Mounts(ctx context.Context, ref branch.Ref) ([]mount.Mount, error) {
 	resp := &branchv1.MountsResponse{}
-	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: branch.RefToProto(ref)}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Branch: branch.RefToProto(ref)}, resp); err != nil {
 		return nil, branch.FromGRPC(err)
 	}
 	return branch.MountsFromProto(resp.Mounts), nil
@@ -129,7 +129,7 @@ func (c *Client) Mounts(ctx context.Context, ref branch.Ref) ([]mount.Mount, err
 // name, one of ref's own.
 func (c *Client) CheckpointMounts(ctx context.Context, ref branch.Ref, name string) ([]mount.Mount, error) {
 	resp := &branchv1.MountsResponse{}
-	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Context: branch.RefToProto(ref), Checkpoint: name}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Mounts", &branchv1.MountsRequest{Branch: branch.RefToProto(ref), Checkpoint: name}, resp); err != nil {
 		return nil, branch.FromGRPC(err)
 	}
 	return branch.MountsFromProto(resp.Mounts), nil

@@ -329,7 +329,7 @@ func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListChe
 	}
 	resp := &shimv1.ListCheckpointsResponse{}
 	for _, ck := range list.Checkpoints {
-		if in[ck.Context] {
+		if in[ck.Branch] {
 			resp.Checkpoints = append(resp.Checkpoints, ck)
 		}
 	}

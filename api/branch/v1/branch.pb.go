@@ -171,8 +171,11 @@ func (*Root_Key) isRoot_Ref() {}
 
 func (*Root_Upperdir) isRoot_Ref() {}
 
-// Context names the root ("" or "0") or a branch of a root.
-type Context struct {
+// BranchRef names the root ("" or "0") or a branch of a root: the root is
+// the tree's root branch. It was named Context, as were the fields that
+// hold one; neither a message's nor a field's name is on the wire, so the
+// rename changed no encoding.
+type BranchRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Root          *Root                  `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
 	Branch        string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
@@ -180,20 +183,20 @@ type Context struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *Context) Reset() {
-	*x = Context{}
+func (x *BranchRef) Reset() {
+	*x = BranchRef{}
 	mi := &file_api_branch_v1_branch_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *Context) String() string {
+func (x *BranchRef) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*Context) ProtoMessage() {}
+func (*BranchRef) ProtoMessage() {}
 
-func (x *Context) ProtoReflect() protoreflect.Message {
+func (x *BranchRef) ProtoReflect() protoreflect.Message {
 	mi := &file_api_branch_v1_branch_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -205,19 +208,19 @@ func (x *Context) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use Context.ProtoReflect.Descriptor instead.
-func (*Context) Descriptor() ([]byte, []int) {
+// Deprecated: Use BranchRef.ProtoReflect.Descriptor instead.
+func (*BranchRef) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *Context) GetRoot() *Root {
+func (x *BranchRef) GetRoot() *Root {
 	if x != nil {
 		return x.Root
 	}
 	return nil
 }
 
-func (x *Context) GetBranch() string {
+func (x *BranchRef) GetBranch() string {
 	if x != nil {
 		return x.Branch
 	}
@@ -295,12 +298,12 @@ type Branch struct {
 	Ended       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=ended,proto3" json:"ended,omitempty"`
 	Winner      string                 `protobuf:"bytes,8,opt,name=winner,proto3" json:"winner,omitempty"`
 	WinnerEpoch uint64                 `protobuf:"varint,9,opt,name=winner_epoch,json=winnerEpoch,proto3" json:"winner_epoch,omitempty"`
-	// Bytes and inodes in the context's own upper layer (live contexts).
+	// Bytes and inodes in the branch's own upper layer (live branches).
 	UpperSize   int64    `protobuf:"varint,10,opt,name=upper_size,json=upperSize,proto3" json:"upper_size,omitempty"`
 	UpperInodes int64    `protobuf:"varint,11,opt,name=upper_inodes,json=upperInodes,proto3" json:"upper_inodes,omitempty"`
 	Sealed      bool     `protobuf:"varint,12,opt,name=sealed,proto3" json:"sealed,omitempty"`
 	Children    []string `protobuf:"bytes,13,rep,name=children,proto3" json:"children,omitempty"`
-	// How to mount the context (live contexts; read-only while sealed).
+	// How to mount the branch (live branches; read-only while sealed).
 	Mounts []*Mount `protobuf:"bytes,14,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	// The checkpoint of its parent it was forked from, if any.
 	FromCheckpoint string `protobuf:"bytes,15,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
@@ -445,7 +448,7 @@ func (x *Branch) GetFromCheckpoint() string {
 
 type ForkRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
-	Parent *Context               `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent *BranchRef             `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
 	Count  uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	// Fork from this checkpoint of the parent instead of its current state.
 	FromCheckpoint string `protobuf:"bytes,3,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
@@ -486,7 +489,7 @@ func (*ForkRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *ForkRequest) GetParent() *Context {
+func (x *ForkRequest) GetParent() *BranchRef {
 	if x != nil {
 		return x.Parent
 	}
@@ -560,7 +563,7 @@ func (x *ForkResponse) GetBranches() []*Branch {
 
 type CommitRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Branch        *Context               `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	Branch        *BranchRef             `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -595,7 +598,7 @@ func (*CommitRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{6}
 }
 
-func (x *CommitRequest) GetBranch() *Context {
+func (x *CommitRequest) GetBranch() *BranchRef {
 	if x != nil {
 		return x.Branch
 	}
@@ -657,7 +660,7 @@ func (x *CommitResponse) GetInvalidated() []string {
 
 type AbortRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Branch        *Context               `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	Branch        *BranchRef             `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -692,7 +695,7 @@ func (*AbortRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{8}
 }
 
-func (x *AbortRequest) GetBranch() *Context {
+func (x *AbortRequest) GetBranch() *BranchRef {
 	if x != nil {
 		return x.Branch
 	}
@@ -850,10 +853,10 @@ func (x *TreeResponse) GetQuarantine() string {
 }
 
 type MountsRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	// With a checkpoint named (one of the context's own): a read-only mount
-	// of that checkpoint's state instead of the context's.
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch *BranchRef             `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	// With a checkpoint named (one of the branch's own): a read-only mount
+	// of that checkpoint's state instead of the branch's.
 	Checkpoint    string `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -889,9 +892,9 @@ func (*MountsRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *MountsRequest) GetContext() *Context {
+func (x *MountsRequest) GetBranch() *BranchRef {
 	if x != nil {
-		return x.Context
+		return x.Branch
 	}
 	return nil
 }
@@ -1013,9 +1016,10 @@ func (x *StaleDetail) GetWinnerEpoch() uint64 {
 // error for a fork whose seal was refused because files of the parent's
 // rootfs are open (or mapped) for writing.
 type WritersDetail struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Context       string                 `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	Writers       []*Writer              `protobuf:"bytes,2,rep,name=writers,proto3" json:"writers,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The branch whose seal was refused.
+	Branch        string    `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	Writers       []*Writer `protobuf:"bytes,2,rep,name=writers,proto3" json:"writers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1050,9 +1054,9 @@ func (*WritersDetail) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{15}
 }
 
-func (x *WritersDetail) GetContext() string {
+func (x *WritersDetail) GetBranch() string {
 	if x != nil {
-		return x.Context
+		return x.Branch
 	}
 	return ""
 }
@@ -1127,10 +1131,10 @@ func (x *Writer) GetPath() string {
 }
 
 type CheckpointRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// A directory holding a memory image of the context's processes, taken
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch *BranchRef             `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// A directory holding a memory image of the branch's processes, taken
 	// at the instant of its rootfs (the caller sealed it): copied into the
 	// checkpoint, which keeps it as long as its layer.
 	MemoryDir     string `protobuf:"bytes,3,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
@@ -1168,9 +1172,9 @@ func (*CheckpointRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{17}
 }
 
-func (x *CheckpointRequest) GetContext() *Context {
+func (x *CheckpointRequest) GetBranch() *BranchRef {
 	if x != nil {
-		return x.Context
+		return x.Branch
 	}
 	return nil
 }
@@ -1410,10 +1414,10 @@ func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
 }
 
 type RollbackRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Context *Context               `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
-	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// The caller restores the context's processes from the checkpoint's
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch *BranchRef             `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The caller restores the branch's processes from the checkpoint's
 	// memory image: without it, a rollback to a checkpoint taken with
 	// memory is refused (the files alone would not match the processes).
 	Processes     bool `protobuf:"varint,3,opt,name=processes,proto3" json:"processes,omitempty"`
@@ -1451,9 +1455,9 @@ func (*RollbackRequest) Descriptor() ([]byte, []int) {
 	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
 }
 
-func (x *RollbackRequest) GetContext() *Context {
+func (x *RollbackRequest) GetBranch() *BranchRef {
 	if x != nil {
-		return x.Context
+		return x.Branch
 	}
 	return nil
 }
@@ -1516,8 +1520,8 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x04Root\x12\x12\n" +
 	"\x03key\x18\x01 \x01(\tH\x00R\x03key\x12\x1c\n" +
 	"\bupperdir\x18\x02 \x01(\tH\x00R\bupperdirB\x05\n" +
-	"\x03ref\"P\n" +
-	"\aContext\x12-\n" +
+	"\x03ref\"R\n" +
+	"\tBranchRef\x12-\n" +
 	"\x04root\x18\x01 \x01(\v2\x19.branchbox.branch.v1.RootR\x04root\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\"M\n" +
 	"\x05Mount\x12\x12\n" +
@@ -1542,21 +1546,21 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x06sealed\x18\f \x01(\bR\x06sealed\x12\x1a\n" +
 	"\bchildren\x18\r \x03(\tR\bchildren\x122\n" +
 	"\x06mounts\x18\x0e \x03(\v2\x1a.branchbox.branch.v1.MountR\x06mounts\x12'\n" +
-	"\x0ffrom_checkpoint\x18\x0f \x01(\tR\x0efromCheckpoint\"\xa7\x01\n" +
-	"\vForkRequest\x124\n" +
-	"\x06parent\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\x06parent\x12\x14\n" +
+	"\x0ffrom_checkpoint\x18\x0f \x01(\tR\x0efromCheckpoint\"\xa9\x01\n" +
+	"\vForkRequest\x126\n" +
+	"\x06parent\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06parent\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12'\n" +
 	"\x0ffrom_checkpoint\x18\x03 \x01(\tR\x0efromCheckpoint\x12#\n" +
 	"\rparent_frozen\x18\x04 \x01(\bR\fparentFrozen\"G\n" +
 	"\fForkResponse\x127\n" +
-	"\bbranches\x18\x01 \x03(\v2\x1b.branchbox.branch.v1.BranchR\bbranches\"E\n" +
-	"\rCommitRequest\x124\n" +
-	"\x06branch\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\x06branch\"g\n" +
+	"\bbranches\x18\x01 \x03(\v2\x1b.branchbox.branch.v1.BranchR\bbranches\"G\n" +
+	"\rCommitRequest\x126\n" +
+	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\"g\n" +
 	"\x0eCommitResponse\x123\n" +
 	"\x06parent\x18\x01 \x01(\v2\x1b.branchbox.branch.v1.BranchR\x06parent\x12 \n" +
-	"\vinvalidated\x18\x02 \x03(\tR\vinvalidated\"D\n" +
-	"\fAbortRequest\x124\n" +
-	"\x06branch\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\x06branch\")\n" +
+	"\vinvalidated\x18\x02 \x03(\tR\vinvalidated\"F\n" +
+	"\fAbortRequest\x126\n" +
+	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\")\n" +
 	"\rAbortResponse\x12\x18\n" +
 	"\aaborted\x18\x01 \x03(\tR\aaborted\"<\n" +
 	"\vTreeRequest\x12-\n" +
@@ -1568,7 +1572,7 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"quarantine\x18\x03 \x01(\tR\n" +
 	"quarantine\"g\n" +
 	"\rMountsRequest\x126\n" +
-	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x1e\n" +
+	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x02 \x01(\tR\n" +
 	"checkpoint\"D\n" +
@@ -1577,16 +1581,16 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\vStaleDetail\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x16\n" +
 	"\x06winner\x18\x02 \x01(\tR\x06winner\x12!\n" +
-	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch\"`\n" +
-	"\rWritersDetail\x12\x18\n" +
-	"\acontext\x18\x01 \x01(\tR\acontext\x125\n" +
+	"\fwinner_epoch\x18\x03 \x01(\x04R\vwinnerEpoch\"^\n" +
+	"\rWritersDetail\x12\x16\n" +
+	"\x06branch\x18\x01 \x01(\tR\x06branch\x125\n" +
 	"\awriters\x18\x02 \x03(\v2\x1b.branchbox.branch.v1.WriterR\awriters\"H\n" +
 	"\x06Writer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\"~\n" +
 	"\x11CheckpointRequest\x126\n" +
-	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
+	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"memory_dir\x18\x03 \x01(\tR\tmemoryDir\"T\n" +
@@ -1603,7 +1607,7 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
 	"\x18DeleteCheckpointResponse\"{\n" +
 	"\x0fRollbackRequest\x126\n" +
-	"\acontext\x18\x01 \x01(\v2\x1c.branchbox.branch.v1.ContextR\acontext\x12\x12\n" +
+	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
 	"\tprocesses\x18\x03 \x01(\bR\tprocesses\"\x12\n" +
 	"\x10RollbackResponse*}\n" +
@@ -1644,7 +1648,7 @@ var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_api_branch_v1_branch_proto_goTypes = []any{
 	(State)(0),                       // 0: branchbox.branch.v1.State
 	(*Root)(nil),                     // 1: branchbox.branch.v1.Root
-	(*Context)(nil),                  // 2: branchbox.branch.v1.Context
+	(*BranchRef)(nil),                // 2: branchbox.branch.v1.BranchRef
 	(*Mount)(nil),                    // 3: branchbox.branch.v1.Mount
 	(*Branch)(nil),                   // 4: branchbox.branch.v1.Branch
 	(*ForkRequest)(nil),              // 5: branchbox.branch.v1.ForkRequest
@@ -1672,27 +1676,27 @@ var file_api_branch_v1_branch_proto_goTypes = []any{
 	(*v1.Checkpoint)(nil),            // 27: branchbox.types.v1.Checkpoint
 }
 var file_api_branch_v1_branch_proto_depIdxs = []int32{
-	1,  // 0: branchbox.branch.v1.Context.root:type_name -> branchbox.branch.v1.Root
+	1,  // 0: branchbox.branch.v1.BranchRef.root:type_name -> branchbox.branch.v1.Root
 	0,  // 1: branchbox.branch.v1.Branch.state:type_name -> branchbox.branch.v1.State
 	26, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
 	26, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
 	3,  // 4: branchbox.branch.v1.Branch.mounts:type_name -> branchbox.branch.v1.Mount
-	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.Context
+	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.BranchRef
 	4,  // 6: branchbox.branch.v1.ForkResponse.branches:type_name -> branchbox.branch.v1.Branch
-	2,  // 7: branchbox.branch.v1.CommitRequest.branch:type_name -> branchbox.branch.v1.Context
+	2,  // 7: branchbox.branch.v1.CommitRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	4,  // 8: branchbox.branch.v1.CommitResponse.parent:type_name -> branchbox.branch.v1.Branch
-	2,  // 9: branchbox.branch.v1.AbortRequest.branch:type_name -> branchbox.branch.v1.Context
+	2,  // 9: branchbox.branch.v1.AbortRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	1,  // 10: branchbox.branch.v1.TreeRequest.root:type_name -> branchbox.branch.v1.Root
 	4,  // 11: branchbox.branch.v1.TreeResponse.nodes:type_name -> branchbox.branch.v1.Branch
-	2,  // 12: branchbox.branch.v1.MountsRequest.context:type_name -> branchbox.branch.v1.Context
+	2,  // 12: branchbox.branch.v1.MountsRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	3,  // 13: branchbox.branch.v1.MountsResponse.mounts:type_name -> branchbox.branch.v1.Mount
 	17, // 14: branchbox.branch.v1.WritersDetail.writers:type_name -> branchbox.branch.v1.Writer
-	2,  // 15: branchbox.branch.v1.CheckpointRequest.context:type_name -> branchbox.branch.v1.Context
+	2,  // 15: branchbox.branch.v1.CheckpointRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	27, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
 	1,  // 17: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
 	27, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
 	1,  // 19: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
-	2,  // 20: branchbox.branch.v1.RollbackRequest.context:type_name -> branchbox.branch.v1.Context
+	2,  // 20: branchbox.branch.v1.RollbackRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	5,  // 21: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
 	7,  // 22: branchbox.branch.v1.Branches.Commit:input_type -> branchbox.branch.v1.CommitRequest
 	9,  // 23: branchbox.branch.v1.Branches.Abort:input_type -> branchbox.branch.v1.AbortRequest

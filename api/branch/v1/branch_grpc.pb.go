@@ -37,7 +37,8 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type BranchesClient interface {
-	// Fork makes count writable children of a context over its current state.
+	// Fork makes count writable children of a branch (or the root) over its
+	// current state.
 	Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ForkResponse, error)
 	// Commit makes a leaf branch's changes its parent's; the first commit into
 	// a parent wins and every sibling becomes stale.
@@ -46,17 +47,17 @@ type BranchesClient interface {
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 	// Tree returns the whole branch tree of a root snapshot.
 	Tree(ctx context.Context, in *TreeRequest, opts ...grpc.CallOption) (*TreeResponse, error)
-	// Mounts returns the mounts of a context (the root or a branch).
+	// Mounts returns the mounts of a branch (or the root).
 	Mounts(ctx context.Context, in *MountsRequest, opts ...grpc.CallOption) (*MountsResponse, error)
-	// Checkpoint records an immutable, named state of a context's rootfs, at
-	// the cost of what changed since the context's previous checkpoint.
+	// Checkpoint records an immutable, named state of a branch's rootfs, at
+	// the cost of what changed since the branch's previous checkpoint.
 	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error)
-	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
+	// ListCheckpoints lists the checkpoints of a root snapshot's branches.
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
 	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
 	// live branch is forked from it (checkpoints built on it keep its layer).
 	DeleteCheckpoint(ctx context.Context, in *DeleteCheckpointRequest, opts ...grpc.CallOption) (*DeleteCheckpointResponse, error)
-	// Rollback brings a context's rootfs back to one of its checkpoints,
+	// Rollback brings a branch's rootfs back to one of its checkpoints,
 	// through its live mount; refused while it has live children.
 	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*RollbackResponse, error)
 }
@@ -163,7 +164,8 @@ func (c *branchesClient) Rollback(ctx context.Context, in *RollbackRequest, opts
 // All implementations must embed UnimplementedBranchesServer
 // for forward compatibility.
 type BranchesServer interface {
-	// Fork makes count writable children of a context over its current state.
+	// Fork makes count writable children of a branch (or the root) over its
+	// current state.
 	Fork(context.Context, *ForkRequest) (*ForkResponse, error)
 	// Commit makes a leaf branch's changes its parent's; the first commit into
 	// a parent wins and every sibling becomes stale.
@@ -172,17 +174,17 @@ type BranchesServer interface {
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	// Tree returns the whole branch tree of a root snapshot.
 	Tree(context.Context, *TreeRequest) (*TreeResponse, error)
-	// Mounts returns the mounts of a context (the root or a branch).
+	// Mounts returns the mounts of a branch (or the root).
 	Mounts(context.Context, *MountsRequest) (*MountsResponse, error)
-	// Checkpoint records an immutable, named state of a context's rootfs, at
-	// the cost of what changed since the context's previous checkpoint.
+	// Checkpoint records an immutable, named state of a branch's rootfs, at
+	// the cost of what changed since the branch's previous checkpoint.
 	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
-	// ListCheckpoints lists the checkpoints of a root snapshot's contexts.
+	// ListCheckpoints lists the checkpoints of a root snapshot's branches.
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	// DeleteCheckpoint removes one; refused (FAILED_PRECONDITION) while a
 	// live branch is forked from it (checkpoints built on it keep its layer).
 	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*DeleteCheckpointResponse, error)
-	// Rollback brings a context's rootfs back to one of its checkpoints,
+	// Rollback brings a branch's rootfs back to one of its checkpoints,
 	// through its live mount; refused while it has live children.
 	Rollback(context.Context, *RollbackRequest) (*RollbackResponse, error)
 	mustEmbedUnimplementedBranchesServer()

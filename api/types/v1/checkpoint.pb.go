@@ -5,7 +5,7 @@
 // source: api/types/v1/checkpoint.proto
 
 // Messages both of branchbox's APIs carry: the snapshotter's branch API
-// (api/branch/v1) and the shim's branch contexts (api/shim/v1).
+// (api/branch/v1) and the shim's branch API (api/shim/v1).
 
 package typesv1
 
@@ -25,12 +25,16 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Checkpoint is an immutable, named state of a context's rootfs.
+// Checkpoint is an immutable, named state of a branch's rootfs.
 type Checkpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// The context it is a state of.
-	Context string `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
+	// The branch it is a state of ("0": the root). The field was named
+	// context; its JSON name stays "context": the shim writes this message
+	// in protojson into the self calls' outcome files, which a `branchctl
+	// self` built before the rename reads, refusing unknown keys (protojson
+	// reads "branch" too, and "context" from a shim built before it).
+	Branch string `protobuf:"bytes,2,opt,name=branch,json=context,proto3" json:"branch,omitempty"`
 	// The checkpoint this one holds the changes since ("" for a full one,
 	// "(deleted)" once that was deleted).
 	Parent  string                 `protobuf:"bytes,3,opt,name=parent,proto3" json:"parent,omitempty"`
@@ -39,7 +43,7 @@ type Checkpoint struct {
 	Size    int64  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
 	Entries int64  `protobuf:"varint,6,opt,name=entries,proto3" json:"entries,omitempty"`
 	Depth   uint32 `protobuf:"varint,7,opt,name=depth,proto3" json:"depth,omitempty"`
-	// The context's next checkpoint builds on this one.
+	// The branch's next checkpoint builds on this one.
 	Head     bool     `protobuf:"varint,8,opt,name=head,proto3" json:"head,omitempty"`
 	Children []string `protobuf:"bytes,9,rep,name=children,proto3" json:"children,omitempty"`
 	Branches []string `protobuf:"bytes,10,rep,name=branches,proto3" json:"branches,omitempty"`
@@ -89,9 +93,9 @@ func (x *Checkpoint) GetName() string {
 	return ""
 }
 
-func (x *Checkpoint) GetContext() string {
+func (x *Checkpoint) GetBranch() string {
 	if x != nil {
-		return x.Context
+		return x.Branch
 	}
 	return ""
 }
@@ -170,11 +174,11 @@ var File_api_types_v1_checkpoint_proto protoreflect.FileDescriptor
 
 const file_api_types_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
-	"\x1dapi/types/v1/checkpoint.proto\x12\x12branchbox.types.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x02\n" +
+	"\x1dapi/types/v1/checkpoint.proto\x12\x12branchbox.types.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\acontext\x18\x02 \x01(\tR\acontext\x12\x16\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
+	"\x06branch\x18\x02 \x01(\tR\acontext\x12\x16\n" +
 	"\x06parent\x18\x03 \x01(\tR\x06parent\x124\n" +
 	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x12\n" +
 	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x18\n" +
