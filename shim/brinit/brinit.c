@@ -592,97 +592,6 @@ static void op_seccomp(char **a) {
 	seccomp_flags = num(a[0]);
 }
 
-// unescape_mountinfo decodes mountinfo's octal escapes (\040 for a
-// space, \011, \012, \134) in place.
-static void unescape_mountinfo(char *s) {
-	char *w = s;
-	for (char *r = s; *r;) {
-		if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' && r[3] >= '0' &&
-		    r[3] <= '7') {
-			*w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
-			r += 4;
-		} else
-			*w++ = *r++;
-	}
-	*w = 0;
-}
-
-// upper_under says whether a mountinfo line is an overlay whose upper
-// directory lies under prefix (a directory, without its trailing slash).
-static int upper_under(char *line, const char *prefix) {
-	char *sep = strstr(line, " - ");
-	if (!sep || strncmp(sep + 3, "overlay ", 8) != 0)
-		return 0;
-	char *u = strstr(sep, "upperdir=");
-	size_t n = strlen(prefix);
-	if (!u)
-		return 0;
-	u += strlen("upperdir=");
-	return strncmp(u, prefix, n) == 0 && u[n] == '/';
-}
-
-static void op_detach(char **a) {
-	// detach PREFIX: an init started ahead waits in a copy of the shim's
-	// mount namespace, which holds a copy of every overlay mount of the
-	// host, its sandbox's rootfs among them. It needs none (its branch's
-	// rootfs comes as a mount fd, op_root), and each copy is one more
-	// mount in one more namespace that the per-mount seal of that rootfs
-	// must find and seal (snapshotter/overlay/sealmounts.go). So the
-	// overlays whose upper directory lies under PREFIX, the snapshotter's
-	// root, go. Best effort: a mount left is only a slower seal. Mounts
-	// stop propagating first: a detach must not reach the host's.
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		return;
-	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	for (ssize_t r; buf;) {
-		if (len + 1 >= cap) {
-			char *nb = realloc(buf, cap *= 2);
-			if (!nb) {
-				free(buf);
-				buf = NULL;
-				break;
-			}
-			buf = nb;
-		}
-		r = read(fd, buf + len, cap - len - 1);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += (size_t)r;
-	}
-	close(fd);
-	if (!buf)
-		return;
-	buf[len] = 0;
-	for (char *line = buf, *next; line && *line; line = next) {
-		next = strchr(line, '\n');
-		if (next)
-			*next++ = 0;
-		if (!upper_under(line, a[0]))
-			continue;
-		// id parent major:minor root mountpoint ...
-		char *f = line;
-		for (int i = 0; i < 4 && f; i++) {
-			f = strchr(f, ' ');
-			if (f)
-				f++;
-		}
-		char *end = f ? strchr(f, ' ') : NULL;
-		if (!end)
-			continue;
-		*end = 0;
-		unescape_mountinfo(f);
-		// Below one detached already, or gone: either way not here.
-		umount2(f, MNT_DETACH);
-	}
-	free(buf);
-}
-
 struct op {
 	const char *name;
 	int nargs;
@@ -697,7 +606,7 @@ static const struct op ops[] = {
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
     {"joined", 0, op_joined},   {"fsmount", 5, op_fsmount},  {"attach", 2, op_attach},
-    {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat}, {"detach", 1, op_detach},
+    {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat},
 };
 
 // proc_key takes one key of a process description; it returns the number

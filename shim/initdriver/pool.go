@@ -50,12 +50,6 @@ type Pool struct {
 	// prep is the early part of a branch's plan (splitPrep) that each
 	// init runs once started, or nil.
 	prep []byte
-	// detach is the snapshotter's root: each init, once started, drops
-	// the overlay mounts under it from its copy of the shim's mount
-	// namespace ("": none). A waiting init needs none of them, and each
-	// is one more mount of its sandbox's rootfs, in one more namespace,
-	// for a per-mount seal to find and seal.
-	detach string
 
 	mu      sync.Mutex
 	ready   []*Spawned
@@ -79,8 +73,8 @@ type Pool struct {
 	leaving map[string]bool
 }
 
-func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte, detach string) *Pool {
-	p := &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep, detach: detach}
+func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
+	p := &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
 	p.spawned = sync.NewCond(&p.mu)
 	return p
 }

@@ -30,7 +30,7 @@ func readyInit(t *testing.T, root, name string) (*Spawned, chan error) {
 func TestPoolTakeNamedWaitsForLeaving(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	p := NewPool(&Driver{}, "/sb", 0, nil, "")
+	p := NewPool(&Driver{}, "/sb", 0, nil)
 	s17, joined := readyInit(t, root, "b17")
 	p.ready = []*Spawned{s17}
 

@@ -93,13 +93,13 @@ func (p *Pool) run(ctx context.Context) {
 		}
 		p.mu.Unlock()
 		s, err := p.spawnOne(ctx, cg, named)
-		if err == nil && (p.prep != nil || p.detach != "") {
-			if perr := s.prep(p.prep, p.detach); perr != nil {
+		if err == nil && p.prep != nil {
+			if perr := s.prep(p.prep); perr != nil {
 				// Inits from now on build all of their roots at the fork.
 				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
 				s.Discard(ctx)
 				p.mu.Lock()
-				p.prep, p.detach = nil, ""
+				p.prep = nil
 				p.startedOne()
 				p.mu.Unlock()
 				continue
@@ -172,17 +172,11 @@ func PrepOf(ctx context.Context, spec *specs.Spec) []byte {
 	return bytes.Clone(early.Bytes())
 }
 
-// prep sends a spawned init the early part of a plan, after the drop of
-// the overlay mounts under detach if not "" (brinit's detach), and waits
-// for it to be done.
-func (s *Spawned) prep(early []byte, detach string) error {
-	var msg brinit.Config
-	msg.WriteByte('P')
-	if detach != "" {
-		msg.Op("detach", detach)
-	}
-	msg.Write(early)
-	if _, err := s.ctl.Write(msg.Bytes()); err != nil {
+// prep sends a spawned init the early part of a plan and waits for it to
+// be done.
+func (s *Spawned) prep(early []byte) error {
+	msg := append([]byte{'P'}, early...)
+	if _, err := s.ctl.Write(msg); err != nil {
 		return fmt.Errorf("send the branch init its early set-up: %w", err)
 	}
 	_ = s.ctl.SetReadDeadline(time.Now().Add(time.Minute))

@@ -141,12 +141,10 @@ func (f *fork) takeAhead(ctx context.Context) {
 	}
 }
 
-// newPool is the pool of inits started ahead of forks of sb's root parent
-// whose branches have spec, up to their cgroup's name. Its inits drop
-// their copies of the snapshotter's overlay mounts (initdriver.Pool).
-func newPool(ctx context.Context, d *initdriver.Driver, sb *Sandbox, parent *Branch, spec *specs.Spec) *initdriver.Pool {
-	root, _ := branch.RootOfUpper(sb.upper) // "": none dropped
-	return initdriver.NewPool(d, parent.cgroup, brinit.CloneFlags(spec), initdriver.PrepOf(ctx, spec), root)
+// newPool is the pool of inits started ahead of forks of parent whose
+// branches have spec, up to their cgroup's name.
+func newPool(ctx context.Context, d *initdriver.Driver, parent *Branch, spec *specs.Spec) *initdriver.Pool {
+	return initdriver.NewPool(d, parent.cgroup, brinit.CloneFlags(spec), initdriver.PrepOf(ctx, spec))
 }
 
 // nextNames names the cgroups of the root's next branches, the k-th from
@@ -350,7 +348,7 @@ func (c *Service) forked(ctx context.Context, f *fork) *shimv1.ForkResponse {
 	c.publish(ctx, TopicFork, &branchEvent{Sandbox: sb.id, Parent: f.parentID, Branches: ids})
 	if f.parentID == branch.RootID && req.Net == NetShared && made[0].init != nil {
 		if sb.pool == nil {
-			sb.pool = newPool(ctx, c.inits, sb, parent, made[0].spec)
+			sb.pool = newPool(ctx, c.inits, parent, made[0].spec)
 		}
 		sb.pool.Fill(ctx, int(req.Count), sb.nextNames(parent.cgroup))
 	}

@@ -83,7 +83,7 @@ func (c *Service) startPool(ctx context.Context, sb *Sandbox) error {
 	if !c.useInit(ctx, sb, spec) {
 		return fmt.Errorf("its branches start on the runtime")
 	}
-	sb.pool = newPool(ctx, c.inits, sb, root, spec)
+	sb.pool = newPool(ctx, c.inits, root, spec)
 	sb.pool.Fill(ctx, 1, sb.nextNames(root.cgroup))
 	return nil
 }
