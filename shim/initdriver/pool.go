@@ -151,9 +151,16 @@ func (p *Pool) moveAway(ctx context.Context, s *Spawned, cgroup string) *Spawned
 		s.Discard(ctx)
 		return nil
 	}
+	return s.renamedOrDiscarded(ctx, cgroup)
+}
+
+// renamedOrDiscarded renames a pre-started init's cgroup to cgroup and
+// returns it, or discards it, with what is left under either name, if the
+// rename fails (nil: the branch starts an init of its own).
+func (s *Spawned) renamedOrDiscarded(ctx context.Context, cgroup string) *Spawned {
 	if err := s.rename(cgroup); err != nil {
 		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
-		s.Discard(ctx) // what is left under either name
+		s.Discard(ctx)
 		return nil
 	}
 	return s

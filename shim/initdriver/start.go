@@ -113,12 +113,7 @@ func (a *Ahead) Claim(ctx context.Context, cgroup string) *Spawned {
 	if s == nil || a.Guess == cgroup {
 		return s
 	}
-	if err := s.rename(cgroup); err != nil {
-		log.G(ctx).WithError(err).WithField("cgroup", cgroup).Warn("use a pre-started branch init; starting one instead")
-		s.Discard(ctx)
-		return nil
-	}
-	return s
+	return s.renamedOrDiscarded(ctx, cgroup)
 }
 
 // Spawn makes a cgroup and starts an init in new namespaces (flags),
