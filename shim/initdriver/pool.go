@@ -6,6 +6,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 )
@@ -71,10 +72,16 @@ type Pool struct {
 	// leaving are the cgroups of inits taken for another name and not yet
 	// moved away or removed.
 	leaving map[string]bool
+	// busy counts the sandbox's operations running, lastActive is when
+	// the last ended, and wake tells a refill waiting for quiet
+	// (quiet.go).
+	busy       int
+	lastActive time.Time
+	wake       chan struct{}
 }
 
 func NewPool(d *Driver, parentCgroup string, flags uintptr, prep []byte) *Pool {
-	p := &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep}
+	p := &Pool{d: d, parent: parentCgroup, flags: flags, prep: prep, wake: make(chan struct{}, 1)}
 	p.spawned = sync.NewCond(&p.mu)
 	return p
 }
@@ -215,6 +222,7 @@ func (p *Pool) Close(ctx context.Context) {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.wakeUp()
 	p.filler.Wait() // what it starts now, it discards
 	p.mu.Lock()
 	ready := p.ready

@@ -75,3 +75,51 @@ func TestPoolTakeNamedWaitsForLeaving(t *testing.T) {
 		t.Fatalf("reserved %v, leaving %v: want b17 reserved and nothing leaving", p.reserved, p.leaving)
 	}
 }
+
+// The refill starts no init while an operation of the sandbox runs
+// (quiet.go): waitQuiet returns only after the operation ended, or after
+// quietMax.
+func TestPoolWaitQuiet(t *testing.T) {
+	p := NewPool(&Driver{}, "/sb", 0, nil)
+	done := p.Active()
+	var ended time.Time
+	returned := make(chan time.Time, 1)
+	go func() {
+		p.mu.Lock()
+		p.waitQuiet()
+		p.mu.Unlock()
+		returned <- time.Now()
+	}()
+	time.Sleep(quietMax / 4)
+	ended = time.Now()
+	done()
+	if at := <-returned; at.Before(ended) {
+		t.Fatalf("waitQuiet returned %v before the operation ended", ended.Sub(at))
+	}
+
+	// With no operation, nothing to wait for once the gap has passed.
+	time.Sleep(quietGap)
+	p.mu.Lock()
+	p.waitQuiet()
+	p.mu.Unlock()
+
+	// An operation that never ends holds the refill back quietMax at most,
+	// and a closed pool not at all.
+	_ = p.Active()
+	start := time.Now()
+	p.mu.Lock()
+	p.waitQuiet()
+	p.mu.Unlock()
+	if waited := time.Since(start); waited < quietMax {
+		t.Fatalf("waitQuiet returned after %v with an operation running, want quietMax (%v)", waited, quietMax)
+	}
+	go func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		p.wakeUp()
+	}()
+	p.mu.Lock()
+	p.waitQuiet()
+	p.mu.Unlock()
+}

@@ -76,6 +76,9 @@ func (p *Pool) run(ctx context.Context) {
 	defer p.filler.Done()
 	for {
 		p.mu.Lock()
+		if !p.closed && len(p.ready) < p.want {
+			p.waitQuiet()
+		}
 		if p.closed || len(p.ready) >= p.want || !p.roomFor() {
 			p.filling = false
 			p.mu.Unlock()

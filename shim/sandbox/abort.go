@@ -18,6 +18,7 @@ func (c *Service) Abort(ctx context.Context, req *shimv1.AbortRequest) (_ *shimv
 	}
 	ctx = withNS(ctx, sb)
 	defer sb.mu.Unlock()
+	defer sb.active()()
 	gone := append(sb.descendants(n.id), n)
 	for _, d := range gone {
 		delete(sb.nodes, d.id)

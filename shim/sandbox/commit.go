@@ -35,6 +35,7 @@ func (c *Service) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *shi
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	defer sb.active()()
 	if err := c.load(ctx, sb); err != nil {
 		return nil, err
 	}

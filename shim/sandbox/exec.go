@@ -34,6 +34,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 	if err != nil {
 		return nil, err
 	}
+	defer sb.active()() // sb.mu is held here
 	ctx = withNS(ctx, sb)
 	if n.state.has(exited) {
 		sb.mu.Unlock()

@@ -59,6 +59,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	defer sb.active()()
 	if err := c.load(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -145,6 +146,16 @@ func (f *fork) takeAhead(ctx context.Context) {
 // branches have spec, up to their cgroup's name.
 func newPool(ctx context.Context, d *initdriver.Driver, parent *Branch, spec *specs.Spec) *initdriver.Pool {
 	return initdriver.NewPool(d, parent.cgroup, brinit.CloneFlags(spec), initdriver.PrepOf(ctx, spec))
+}
+
+// active marks an operation of sb as running, for its pool's refill,
+// which starts its inits once the sandbox is quiet
+// (initdriver.Pool.Active); the caller holds sb.mu.
+func (sb *Sandbox) active() (done func()) {
+	if sb.pool == nil {
+		return func() {}
+	}
+	return sb.pool.Active()
 }
 
 // nextNames names the cgroups of the root's next branches, the k-th from
