@@ -152,34 +152,49 @@ func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) 
 // branchCgroupsOf lists the branch cgroups left below a sandbox's cgroup on
 // every hierarchy, and processes in any of them. A cgroup whose processes
 // are all inits waiting for a branch (the pool's, started in the cgroup of
-// a branch id not given yet) is not left.
+// a branch id not given yet) is not left, on any hierarchy: such an init is
+// born in its pids and memory cgroups and moved into the others a moment
+// later, so for that moment its cgroup there is empty.
 func branchCgroupsOf(namespace, id string) ([]string, []int) {
 	top := "/" + namespace + "/" + id
 	all, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", top, "b[0-9]*"))
 	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", top, "b[0-9]*"))
-	var dirs []string
-	var pids []int
+	type found struct {
+		dirs    []string
+		pids    []int
+		waiting bool
+	}
+	byName := map[string]*found{}
+	var names []string
 	for _, d := range append(all, v2...) {
 		if !isDirPath(d) {
 			continue
 		}
-		var in []int
-		waiting := true
+		f := byName[filepath.Base(d)]
+		if f == nil {
+			f = &found{waiting: true}
+			byName[filepath.Base(d)] = f
+			names = append(names, filepath.Base(d))
+		}
+		f.dirs = append(f.dirs, d)
 		for _, sub := range walkDirs(d) {
 			b, _ := os.ReadFile(filepath.Join(sub, "cgroup.procs"))
-			for _, f := range strings.Fields(string(b)) {
-				if p, err := strconv.Atoi(f); err == nil {
-					in = append(in, p)
+			for _, field := range strings.Fields(string(b)) {
+				if p, err := strconv.Atoi(field); err == nil {
+					f.pids = append(f.pids, p)
 					comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
-					waiting = waiting && strings.TrimSpace(string(comm)) == "brinit-wait"
+					f.waiting = f.waiting && strings.TrimSpace(string(comm)) == "brinit-wait"
 				}
 			}
 		}
-		if len(in) > 0 && waiting {
-			continue
+	}
+	var dirs []string
+	var pids []int
+	for _, n := range names {
+		if f := byName[n]; len(f.pids) == 0 || !f.waiting {
+			dirs = append(dirs, f.dirs...)
+			pids = append(pids, f.pids...)
 		}
-		dirs = append(dirs, d)
-		pids = append(pids, in...)
 	}
 	return dirs, pids
 }
