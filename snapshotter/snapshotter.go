@@ -64,7 +64,7 @@ type Branches struct {
 	*store
 	locks      rootLocks
 	live       overlay.LiveCache   // where branches are mounted
-	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks
+	sealWG     sync.WaitGroup      // background seals of forked parents' superblocks, and write-backs of parents sealed mount by mount
 	commitWG   sync.WaitGroup      // decided commits being carried through; a caller may have gone
 	undone     undoneCommits       // committing branches whose parent was put back (commitundo.go)
 	journalSeq atomic.Uint64       // names the journals of commit attempts
