@@ -230,7 +230,7 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		}
 		return nil
 	}
-	if err != nil && ctx.Err() != nil {
+	if err != nil && ops.Ended(ctx) {
 		// Timed out or the client left: the process goes, then its
 		// status is collected so that its stdio is released.
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

@@ -284,7 +284,7 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := p.Wait(tctx)
-	if err != nil && tctx.Err() != nil {
+	if err != nil && ops.Ended(tctx) {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer kcancel()
 		_ = p.Kill(kctx, uint32(unix.SIGKILL))

@@ -122,23 +122,15 @@ func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
 	}
 }
 
-// release deletes the exited exec, which waits for its output to drain:
-// the exit status can come before the output, and the output before it
-// would be lost. Right after the exit the task may not report the exec
-// stopped yet (Delete is then refused): it is asked again, and if it
-// still refuses, the output is waited for all the same, for a while.
+// release deletes the exited exec once its output has drained.
+// containerd's Delete closes the FIFOs before it waits for their copies,
+// so output still in a FIFO would be lost (an exit with no output, seen
+// under load): the task's side closes its write ends once the process's
+// output ends, and the copies are waited for first. A process that left a
+// child holding its output is waited for a while, as runc-v2's own Delete
+// waits for its copies. Right after the exit the task may not report the
+// exec stopped yet (Delete is then refused): it is asked again.
 func (rp *rootProcess) release(ctx context.Context) {
-	var err error
-	for i := 0; i < 100; i++ {
-		if _, err = rp.p.Delete(ctx); err == nil || !errdefs.IsFailedPrecondition(err) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err == nil {
-		return
-	}
-	log.G(ctx).WithError(err).WithField("exec", rp.p.ID()).Warn("delete an exec of the sandbox's task")
 	if pio := rp.p.IO(); pio != nil {
 		drained := make(chan struct{})
 		go func() {
@@ -148,6 +140,21 @@ func (rp *rootProcess) release(ctx context.Context) {
 		select {
 		case <-drained:
 		case <-time.After(5 * time.Second):
+		}
+	}
+	var err error
+	for i := 0; i < 100; i++ {
+		if _, err = rp.p.Delete(ctx); err == nil || !errdefs.IsFailedPrecondition(err) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("exec", rp.p.ID()).Warn("delete an exec of the sandbox's task")
+		// Its FIFOs are the server's to close all the same.
+		if pio := rp.p.IO(); pio != nil {
+			pio.Cancel()
+			pio.Close()
 		}
 	}
 }
@@ -169,4 +176,16 @@ func (e *eofReader) Read(b []byte) (int, error) {
 		e.once.Do(e.eof)
 	}
 	return n, err
+}
+
+// Ended says whether ctx is done or past its deadline: a timed wait can
+// fail with the deadline before ctx says so (the shim's end of the call
+// has the same deadline, and under load its timer can fire first), and
+// the process must then be killed all the same.
+func Ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
