@@ -154,8 +154,21 @@ func runningInShim(t *testing.T, ctx context.Context, sc *client.SandboxClient) 
 // are all inits waiting for a branch (the pool's, started in the cgroup of
 // a branch id not given yet) is not left, on any hierarchy: such an init is
 // born in its pids and memory cgroups and moved into the others a moment
-// later, so for that moment its cgroup there is empty.
+// later, so for that moment its cgroup there is empty. An init being born
+// is not named as waiting yet (it is the shim's clone until its exec): the
+// cgroups are read again for a while, and only what stays is left.
 func branchCgroupsOf(namespace, id string) ([]string, []int) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		dirs, pids := branchCgroupsOnce(namespace, id)
+		if len(dirs) == 0 || time.Now().After(deadline) {
+			return dirs, pids
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func branchCgroupsOnce(namespace, id string) ([]string, []int) {
 	top := "/" + namespace + "/" + id
 	all, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", top, "b[0-9]*"))
 	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", top, "b[0-9]*"))
