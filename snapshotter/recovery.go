@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/overlay"
@@ -101,12 +103,70 @@ func (s *Branches) resealAll(ctx context.Context, r rootSnap) error {
 			if errors.Is(err, overlay.ErrSuperblockBusy) {
 				err = s.sealEachMount(ctx, r, id, branchName(id)+" of "+t.Root)
 			}
+			if err != nil && refusedByWriters(err) {
+				err = s.undoUnheldFork(ctx, r, t, id, err)
+			}
 			if err != nil {
 				return err
 			}
 		}
 	}
 	return s.unsealIdle(ctx, r)
+}
+
+// refusedByWriters says whether a seal failed because files of the
+// rootfs are open for writing.
+func refusedByWriters(err error) bool {
+	return errors.As(err, new(*branch.WritersError)) || errors.Is(err, unix.EBUSY)
+}
+
+// undoUnheldFork discards the children of branch id, whose seal writers
+// refused at recovery, as the fork's own undo would have. A sealed mount
+// takes no new writer, so writers now mean that the seal never held: the
+// fork that made the children was cut short between its record and its
+// seal (the snapshotter killed), and never answered, so nobody was given
+// them. Only children that hold nothing are discarded (no children of
+// their own, an empty upper); otherwise the tree stays quarantined with
+// cause, nothing lost.
+func (s *Branches) undoUnheldFork(ctx context.Context, r rootSnap, t *branch.Tree, id string, cause error) error {
+	kids := t.Children(id)
+	for _, k := range kids {
+		if len(t.Children(k)) > 0 {
+			return cause
+		}
+		if empty, err := emptyDir(s.branchUpper(r.id(), k)); err != nil || !empty {
+			return cause
+		}
+	}
+	// Whatever flags a per-mount seal cut short had set go first; the
+	// record goes with the children. A crash in between finds the same
+	// state again.
+	mounts, err := overlay.ReadTable()
+	if err != nil {
+		return err
+	}
+	if err := s.setSealed(ctx, mounts, s.branchUpper(r.id(), id), t.Nodes[id], false); err != nil {
+		return fmt.Errorf("unseal %s after a seal cut short: %w", branchName(id), err)
+	}
+	log.G(ctx).WithError(cause).WithFields(log.Fields{"root": t.Root, "branch": branchName(id), "discarded": kids}).
+		Warn("a fork's seal was cut short by a crash and never held: its branches, never handed out, are discarded")
+	return s.abortAll(ctx, r, kids)
+}
+
+// emptyDir says whether dir has no entries.
+func emptyDir(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != nil {
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		return false, err
+	}
+	return false, nil
 }
 
 // orphanBranchDirectories lists branch layers that no tree owns, and
