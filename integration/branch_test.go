@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,15 +13,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/branchbox/branchbox/client/branchapi"
-
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
+	"github.com/branchbox/branchbox/internal/ops"
 	"github.com/branchbox/branchbox/snapshotter"
 )
 
@@ -68,8 +71,39 @@ func removeContainer(t *testing.T, env *daemons.Env, id string) {
 	}
 }
 
+// execIn runs args in container id's task, as `ctr tasks exec` does, and
+// returns its standard output; a failure or an exit other than 0 is an
+// error that carries its output and standard error. It goes through the
+// path of the HTTP API (internal/ops), not ctr: ctr 2.2 deletes the exec
+// before its output has drained, and containerd's Process.Delete closes
+// the FIFOs first, so under load ctr printed nothing for a process that
+// wrote (containerd/containerd#13931, fixed after 2.2).
 func execIn(ctx context.Context, env *daemons.Env, id string, args ...string) (string, error) {
-	return env.Ctr(ctx, append([]string{"tasks", "exec", "--exec-id", "e" + time.Now().Format("150405.000000000"), id}, args...)...)
+	fail := func(err error, out ...*syncBuffer) (string, error) {
+		if len(out) == 0 {
+			return "", fmt.Errorf("exec %q in %s: %w", args, id, err)
+		}
+		return out[0].String(), fmt.Errorf("exec %q in %s: %w\n%s%s", args, id, err, out[0].String(), out[1].String())
+	}
+	cc, err := containerd.New(env.Address)
+	if err != nil {
+		return fail(err)
+	}
+	defer cc.Close()
+	var stdout, stderr syncBuffer
+	p, err := ops.Exec(ctx, cc, &client.SandboxClient{ID: id, Namespace: env.Namespace}, branch.RootID,
+		client.ExecOptions{Args: args, Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return fail(err)
+	}
+	st, err := p.Wait(ctx)
+	if err == nil && st.Code != 0 {
+		err = fmt.Errorf("exit status %d", st.Code)
+	}
+	if err != nil {
+		return fail(err, &stdout, &stderr)
+	}
+	return stdout.String(), nil
 }
 
 func waitFor(t *testing.T, cond func() bool) {
