@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -98,6 +99,17 @@ func BenchmarkContainerStart(b *testing.B) {
 // BenchmarkExec measures one exec of /bin/true in a running container, from
 // exec to its exit status.
 func BenchmarkExec(b *testing.B) {
+	benchExec(b, []string{"true"}, func() cio.Creator { return cio.NullIO })
+}
+
+// BenchmarkExecOutput is BenchmarkExec for a process that writes a line to
+// its stdout, read through a FIFO as ctr and nerdctl read it: the exit
+// status waits for the output to be read (shim/drain.go).
+func BenchmarkExecOutput(b *testing.B) {
+	benchExec(b, []string{"echo", "x"}, func() cio.Creator { return cio.NewCreator(cio.WithStreams(nil, io.Discard, io.Discard)) })
+}
+
+func benchExec(b *testing.B, args []string, stdio func() cio.Creator) {
 	ctx, env, client, _ := benchEnv(b)
 	defer removeRuntimeRoot(env)
 	for _, rt := range benchRuntimes() {
@@ -116,11 +128,11 @@ func BenchmarkExec(b *testing.B) {
 				b.Fatal(err)
 			}
 			pspec := specs.Process(*spec.Process)
-			pspec.Args = []string{"true"}
+			pspec.Args = args
 			i := 0
 			quiesce(b)
 			for b.Loop() {
-				proc, err := task.Exec(ctx, fmt.Sprintf("e%d", i), &pspec, cio.NullIO)
+				proc, err := task.Exec(ctx, fmt.Sprintf("e%d", i), &pspec, stdio())
 				i++
 				if err != nil {
 					b.Fatal(err)

@@ -326,11 +326,16 @@ func (s *taskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes
 }
 
 // Wait for a container's init returns once its branches are gone too (see
-// exitPublisher): a stopped sandbox has nothing running. An init that a
+// exitPublisher): a stopped sandbox has nothing running. Wait for any
+// process returns once its output has been read (awaitDrained). An init that a
 // rollback with memory replaced is not an exit: the new one is waited for.
 func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
 	if r.ExecID != "" {
-		return s.TTRPCTaskService.Wait(ctx, r)
+		resp, err := s.TTRPCTaskService.Wait(ctx, r)
+		if err == nil {
+			s.awaitDrained(ctx, r.ID, r.ExecID)
+		}
+		return resp, err
 	}
 	var (
 		resp *taskAPI.WaitResponse
@@ -353,6 +358,7 @@ func (s *taskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAP
 	if err != nil {
 		return resp, err
 	}
+	s.awaitDrained(ctx, r.ID, "")
 	if err := s.sandboxes.WaitStopped(ctx, r.ID); err != nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("wait for the branches of %s to end: %w", r.ID, err))
 	}
