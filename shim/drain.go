@@ -42,12 +42,12 @@ func (s *taskService) awaitDrained(ctx context.Context, id, execID string) {
 	}
 	var (
 		paths []string
-		fifos []unix.Stat_t
+		fifos []procfd.File
 	)
 	for _, p := range []string{st.Stdout, st.Stderr} {
 		var fs unix.Stat_t
 		if p != "" && unix.Stat(p, &fs) == nil && fs.Mode&unix.S_IFMT == unix.S_IFIFO {
-			paths, fifos = append(paths, p), append(fifos, fs)
+			paths, fifos = append(paths, p), append(fifos, procfd.File{Dev: fs.Dev, Ino: fs.Ino})
 		}
 	}
 	if len(fifos) == 0 {
@@ -82,12 +82,11 @@ func (s *taskService) awaitDrained(ctx context.Context, id, execID string) {
 
 // state says whether this process still holds one of fifos for writing
 // (the task service's copy of the output, which closes it once the
-// process's output ends) and how many bytes they hold unread.
-func state(paths []string, fifos []unix.Stat_t) (copying bool, unread int) {
-	self := os.Getpid()
-	for _, f := range fifos {
-		copying = copying || procfd.HoldsForWriting(self, f.Dev, f.Ino)
-	}
+// process's output ends) and how many bytes they hold unread. The writer
+// is looked at first: once it is closed nothing more comes, so nothing
+// unread then means all was read.
+func state(paths []string, fifos []procfd.File) (copying bool, unread int) {
+	copying = procfd.HoldsForWriting(os.Getpid(), fifos)
 	for _, p := range paths {
 		unread += unreadIn(p)
 	}

@@ -93,22 +93,12 @@ func scan(pids []int, mounts Mounts, limit int, named bool) []Writer {
 	)
 	for _, pid := range pids {
 		p := "/proc/" + strconv.Itoa(pid)
-		f, err := os.Open(p + "/fd")
-		if err != nil {
-			continue
-		}
-		fds, _ := f.Readdirnames(-1)
-		f.Close()
-		for _, fd := range fds {
+		for _, fd := range fdNames(p) {
 			link := p + "/fd/" + fd
 			if unix.Statx(unix.AT_FDCWD, link, unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &stx) != nil || !mounts[stx.Mnt_id] {
 				continue
 			}
-			b, err := os.ReadFile(p + "/fdinfo/" + fd)
-			if err != nil {
-				continue
-			}
-			flags, mnt, ok := parseFdinfo(b)
+			flags, mnt, ok := fdFlags(p, fd)
 			if !ok || !mounts[mnt] || flags&unix.O_ACCMODE == unix.O_RDONLY {
 				continue
 			}
