@@ -79,18 +79,15 @@ func removeContainer(t *testing.T, env *daemons.Env, id string) {
 // the FIFOs first, so under load ctr printed nothing for a process that
 // wrote (containerd/containerd#13931, fixed after 2.2).
 func execIn(ctx context.Context, env *daemons.Env, id string, args ...string) (string, error) {
-	fail := func(err error, out ...*syncBuffer) (string, error) {
-		if len(out) == 0 {
-			return "", fmt.Errorf("exec %q in %s: %w", args, id, err)
-		}
-		return out[0].String(), fmt.Errorf("exec %q in %s: %w\n%s%s", args, id, err, out[0].String(), out[1].String())
+	var stdout, stderr syncBuffer
+	fail := func(err error) (string, error) {
+		return stdout.String(), fmt.Errorf("exec %q in %s: %w\n%s%s", args, id, err, stdout.String(), stderr.String())
 	}
 	cc, err := containerd.New(env.Address)
 	if err != nil {
 		return fail(err)
 	}
 	defer cc.Close()
-	var stdout, stderr syncBuffer
 	p, err := ops.Exec(ctx, cc, &client.SandboxClient{ID: id, Namespace: env.Namespace}, branch.RootID,
 		client.ExecOptions{Args: args, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
@@ -101,7 +98,7 @@ func execIn(ctx context.Context, env *daemons.Env, id string, args ...string) (s
 		err = fmt.Errorf("exit status %d", st.Code)
 	}
 	if err != nil {
-		return fail(err, &stdout, &stderr)
+		return fail(err)
 	}
 	return stdout.String(), nil
 }
