@@ -63,11 +63,7 @@ func TestContextsInitSchedTimens(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	sc := sandboxClient(t, ctx, env, "sb")
 	want, err := execIn(ctx, env, "sb", "sh", "-c", schedReport)
 	if err != nil {
 		t.Fatalf("%v: %s", err, want)

@@ -44,6 +44,31 @@ func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env
 	return ctx, env, sc
 }
 
+// runSandbox runs the sandbox "sb" of image with the command args, as
+// `ctr run -d` does, and returns a branch client for it; both go when
+// the test ends.
+func runSandbox(t *testing.T, ctx context.Context, env *daemons.Env, image string, args ...string) *client.SandboxClient {
+	t.Helper()
+	run := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", image, "sb"}, args...)
+	if _, err := env.Ctr(ctx, run...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	return sandboxClient(t, ctx, env, "sb")
+}
+
+// sandboxClient is a branch client for sandbox id, closed when the test
+// ends.
+func sandboxClient(t *testing.T, ctx context.Context, env *daemons.Env, id string) *client.SandboxClient {
+	t.Helper()
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return sc
+}
+
 // run runs a command in a branch and returns its output (stdout and
 // stderr) and exit code; a failure to run it at all fails the test.
 func run(t *testing.T, ctx context.Context, sc *client.SandboxClient, b string, args ...string) (string, int) {

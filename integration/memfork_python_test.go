@@ -59,15 +59,7 @@ func pySandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClie
 	t.Helper()
 	ctx, env, _ := shimEnv(t)
 	importPythonImage(t, ctx, env)
-	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.PythonImageRef, "sb", "sh", "-c", pyREPL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	sc := runSandbox(t, ctx, env, ociimage.PythonImageRef, "sh", "-c", pyREPL)
 	waitFor(t, func() bool { _, err := execIn(ctx, env, "sb", "test", "-p", "/dev/shm/in"); return err == nil })
 	return ctx, env, sc
 }

@@ -39,16 +39,8 @@ done`
 func replSandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClient) {
 	t.Helper()
 	ctx, env, _ := shimEnv(t)
-	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", ociimage.ImageRef, "sb", "sh", "-c", replScript); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c", replScript)
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/data.log"); return out == "before\n" })
-	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
 	return ctx, env, sc
 }
 

@@ -592,6 +592,108 @@ static void op_seccomp(char **a) {
 	seccomp_flags = num(a[0]);
 }
 
+// The command's output: the init reads the pipe the command writes to
+// and appends it to the branch's log, a host file the shim opened, so
+// that copying it is the branch's own cost (its cgroup's CPU) and the log
+// stays bounded: once it holds 2*log_max bytes, its last log_max are
+// moved to its start. What cannot be written (a full disk) is dropped;
+// the command is never blocked by its log.
+static int log_in = -1, log_out = -1;
+static off_t log_size, log_max;
+static char log_buf[64 * 1024];
+
+static void op_log(char **a) {
+	// log MAX: the pipe's read end and the log file are the config's last
+	// two descriptors (before the seccomp program's, which its op takes
+	// first).
+	if (cfg_nfds < 3)
+		fail("log: no descriptors");
+	log_out = cfg_fds[--cfg_nfds];
+	log_in = cfg_fds[--cfg_nfds];
+	log_max = (off_t)num(a[0]);
+	if (log_max < 4096 || log_max > ((off_t)1 << 40))
+		fail("log: a bound of %s bytes", a[0]);
+	// Read as it comes, between the control socket's requests (the
+	// command's end of the pipe is its own description, left blocking).
+	int fl = fcntl(log_in, F_GETFL);
+	if (fl < 0 || fcntl(log_in, F_SETFL, fl | O_NONBLOCK) < 0)
+		fail("log: %s", strerror(errno));
+	struct stat st;
+	if (fstat(log_out, &st) < 0 || !S_ISREG(st.st_mode))
+		fail("log: not a file");
+	log_size = st.st_size;
+}
+
+static int write_at(int fd, const char *b, size_t n, off_t off) {
+	while (n > 0) {
+		ssize_t w = pwrite(fd, b, n, off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		b += w, n -= (size_t)w, off += w;
+	}
+	return 0;
+}
+
+// log_keep_end moves the log's last log_max bytes to its start.
+static int log_keep_end(void) {
+	off_t from = log_size - log_max, to = 0;
+	while (to < log_max) {
+		size_t want = sizeof(log_buf);
+		if ((off_t)want > log_max - to)
+			want = (size_t)(log_max - to);
+		ssize_t n = pread(log_out, log_buf, want, from + to);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || write_at(log_out, log_buf, (size_t)n, to) < 0)
+			return -1;
+		to += n;
+	}
+	if (ftruncate(log_out, to) < 0)
+		return -1;
+	log_size = to;
+	return 0;
+}
+
+// log_pump copies at most reads chunks of what the pipe holds into the
+// log (a bound, so that a writer that never stops does not starve the
+// control socket); it returns 0 once the pipe has no writer left and is
+// empty.
+static int log_pump(int reads) {
+	while (reads-- > 0) {
+		ssize_t n = read(log_in, log_buf, sizeof(log_buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return errno == EAGAIN;
+		if (n == 0)
+			return 0;
+		if (log_out < 0)
+			continue;
+		if (write_at(log_out, log_buf, (size_t)n, log_size) < 0) {
+			close(log_out);
+			log_out = -1;
+			continue;
+		}
+		log_size += n;
+		if (log_size >= 2 * log_max && log_keep_end() < 0) {
+			close(log_out);
+			log_out = -1;
+		}
+	}
+	return 1;
+}
+
+// exit_branch ends the branch with status, once what its command wrote
+// before it exited is in the log (writers left, its children, die with
+// this init: what they write meanwhile is bounded by the reads).
+static void exit_branch(int status) {
+	if (log_in >= 0)
+		log_pump(1024);
+	_exit(status);
+}
+
 struct op {
 	const char *name;
 	int nargs;
@@ -606,7 +708,7 @@ static const struct op ops[] = {
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
     {"joined", 0, op_joined},   {"fsmount", 5, op_fsmount},  {"attach", 2, op_attach},
-    {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat},
+    {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat}, {"log", 1, op_log},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -1126,9 +1228,9 @@ void brinit(int argc, char **argv) {
 	}
 	sendf("O%d", (int)cmd);
 	fds = cfg_fds;
-	struct pollfd pf[2] = {{.fd = CTL, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+	struct pollfd pf[3] = {{.fd = CTL, .events = POLLIN}, {.fd = sfd, .events = POLLIN}, {.fd = log_in, .events = POLLIN}};
 	for (;;) {
-		if (poll(pf, 2, -1) < 0) {
+		if (poll(pf, 3, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			_exit(1);
@@ -1140,13 +1242,15 @@ void brinit(int argc, char **argv) {
 			int st;
 			pid_t pid;
 			while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-				if (pid == cmd) {
-					if (WIFSIGNALED(st))
-						_exit(128 + WTERMSIG(st));
-					_exit(WEXITSTATUS(st));
-				}
+				if (pid == cmd)
+					exit_branch(WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st));
 				sendf("X%d %d", (int)pid, st);
 			}
+		}
+		if (pf[2].revents && !log_pump(16)) {
+			// Every writer is gone: the log is complete.
+			close(log_in);
+			log_in = pf[2].fd = -1;
 		}
 		if (pf[0].revents) {
 			n = recv_msg(msgbuf, sizeof(msgbuf), fds, &nfds);

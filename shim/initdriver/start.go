@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 
 	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/cmdlog"
 )
 
 // A branch's init started, in one call from the sandbox: taken from the
@@ -321,12 +323,23 @@ func setUp(ctx context.Context, b Config, s *Spawned, plan *brinit.Plan, prog *S
 			return nil, nil, nil, err
 		}
 		closers = append(closers, func() { null.Close() })
-		out, err := os.OpenFile(cmdLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+		// The command writes to a pipe that its init copies into the
+		// log, bounded, at the branch's cost (brinit.c, op log): a file
+		// it wrote to itself would grow without end.
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			return nil, nil, nil, fmt.Errorf("branch %s: command output pipe: %w", b.ID, err)
+		}
+		closers = append(closers, func() { unix.Close(p[0]); unix.Close(p[1]) })
+		out, err := os.OpenFile(cmdLog, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("branch %s: command log: %w", b.ID, err)
 		}
 		closers = append(closers, func() { out.Close() })
-		fds = append(fds, int(null.Fd()), int(out.Fd()), int(out.Fd()))
+		conf.Op("log", strconv.Itoa(cmdlog.MaxSize))
+		// stdin, stdout, stderr; then the log's (ops take their
+		// descriptors from the end: the seccomp program's, then these).
+		fds = append(fds, int(null.Fd()), p[1], p[1], p[0], int(out.Fd()))
 	}
 	if prog != nil {
 		fds = append(fds, int(prog.file.Fd())) // last: the seccomp op (brinit.NewPlan)

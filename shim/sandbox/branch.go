@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/shim/cmdlog"
 	"github.com/branchbox/branchbox/shim/initdriver"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
@@ -26,7 +27,8 @@ type Branch struct {
 	init       *initdriver.Branch // run by the branch init; nil for the sandbox
 	limits     *shimv1.Limits     // given at fork
 	hasCommand bool
-	memory     bool // its processes were restored from a memory fork
+	memory     bool        // its processes were restored from a memory fork
+	output     *cmdlog.Log // the runtime's processes' output, copied to init.log
 }
 
 // state is where a branch is in its life, beyond running: conditions

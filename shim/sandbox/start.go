@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/branchbox/branchbox/shim/cmdlog"
 	"github.com/branchbox/branchbox/shim/initdriver"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -29,6 +30,13 @@ import (
 // The life of a sandbox's branches: a sandbox added and prepared, a branch
 // started (by a branch init or the runtime), destroyed and released, and
 // every branch ended with its sandbox.
+
+// A branch's output (its command's, or its restored processes'), kept in
+// its bundle: the log and the FIFO the task service writes it to.
+const (
+	initLog    = "init.log"
+	outputFIFO = "output"
+)
 
 // start creates one branch: its bundle, its rootfs mount and its
 // init, through the same runtime path as any container of this shim.
@@ -96,8 +104,11 @@ func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info b
 }
 
 // createRequest is the task service's request that creates branch n's
-// init with the runtime, run as its sandbox is.
-func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage) (*taskAPI.CreateTaskRequest, error) {
+// init with the runtime, run as its sandbox is; the copy of its output,
+// if kept, is started, and keep is to be called once the task service
+// has opened it (or failed).
+func (c *Service) createRequest(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage) (_ *taskAPI.CreateTaskRequest, keep func(), err error) {
+	keep = func() {}
 	opts := &options.Options{BinaryName: c.runtime, Root: DefaultRoot}
 	if sb.opts != nil {
 		if sb.opts.Root != "" {
@@ -108,7 +119,7 @@ func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, im
 	}
 	anyOpts, err := typeurl.MarshalAnyToProto(opts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var rootfs []*types.Mount
 	for _, m := range mounts {
@@ -119,11 +130,6 @@ func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, im
 		// Created from the image: the runtime restores it at Start.
 		cr.Checkpoint = img.dir
 	}
-	if n.hasCommand || n.memory {
-		// The command's output is kept with the branch (init.log).
-		cr.Stdout = "file://" + filepath.Join(n.bundle, "init.log")
-		cr.Stderr = cr.Stdout
-	}
 	if img != nil {
 		// Restored processes get a pipe as their stdin, as containerd
 		// gives a sandbox's init: the runtime maps a dumped pipe to the
@@ -132,21 +138,33 @@ func (c *Service) createRequest(sb *Sandbox, n *Branch, mounts []mount.Mount, im
 		// not the host's /dev/null the shim would give instead.
 		stdin := filepath.Join(n.bundle, "stdin")
 		if err := unix.Mkfifo(stdin, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
+			return nil, nil, fmt.Errorf("branch %s: make its stdin: %w", n.id, err)
 		}
 		cr.Stdin = stdin
 	}
-	return cr, nil
+	if n.hasCommand || n.memory {
+		// The command's output is kept with the branch, bounded: the
+		// task service writes it to a FIFO the shim copies into
+		// init.log (shim/cmdlog).
+		cr.Stdout = filepath.Join(n.bundle, outputFIFO)
+		cr.Stderr = cr.Stdout
+		// Last: from here the log runs until keep.
+		if keep, err = n.startOutput(ctx, cr.Stdout); err != nil {
+			return nil, nil, err
+		}
+	}
+	return cr, keep, nil
 }
 
 // runOnRuntime runs branch n's init with the runtime, in its bundle (spec
 // written) on rootfs mounts: waiting, or running args, or restored from a
 // memory image (nil: none).
 func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, mounts []mount.Mount, img *memoryImage, args []string) error {
-	cr, err := c.createRequest(sb, n, mounts, img)
+	cr, keep, err := c.createRequest(ctx, sb, n, mounts, img)
 	if err != nil {
 		return err
 	}
+	defer keep() // the task service has opened the output by then, or failed
 	if img != nil {
 		c.clearRestoredCaller(ctx, sb, n, img.dir)
 		if err := imageForUserNS(img.dir, n.spec); err != nil {
@@ -222,6 +240,26 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 	return nil
 }
 
+// startOutput starts the copy of what branch n's processes, run by the
+// runtime, write to fifo into its log; keep is to be called once the
+// task service has opened fifo (or failed).
+func (n *Branch) startOutput(ctx context.Context, fifo string) (keep func(), err error) {
+	if n.output != nil {
+		// The processes a restore replaces were killed: what they wrote
+		// last goes to the log first (a bounded wait).
+		select {
+		case <-n.output.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	out, keep, err := cmdlog.FIFO(ctx, fifo, filepath.Join(n.bundle, initLog), cmdlog.MaxSize)
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: its output log: %w", n.id, err)
+	}
+	n.output = out
+	return keep, nil
+}
+
 // startWithInit starts a branch with the branch init: its rootfs
 // is mounted at <bundle>/rootfs as the runtime would, then the init builds
 // the rest. The init is warm's if given, else taken from pool if it has
@@ -230,7 +268,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, inf
 	// The init is taken from the pool (its cgroup renamed to the
 	// branch's), or started, while the rootfs is mounted.
 	rootfs := filepath.Join(n.bundle, "rootfs")
-	fc, err := c.inits.StartBranch(ctx, n.initConfig(sb), initdriver.From{Ahead: warm, Pool: pool}, rootfs, filepath.Join(n.bundle, "init.log"), func() error {
+	fc, err := c.inits.StartBranch(ctx, n.initConfig(sb), initdriver.From{Ahead: warm, Pool: pool}, rootfs, filepath.Join(n.bundle, initLog), func() error {
 		var ms []mount.Mount
 		for _, m := range info.Mounts {
 			ms = append(ms, mount.Mount{Type: m.Type, Source: m.Source, Options: m.Options})

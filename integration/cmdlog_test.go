@@ -1,0 +1,100 @@
+//go:build linux
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
+)
+
+// The bounds of a branch's output log (shim/cmdlog, brinit.c's op log):
+// it keeps the last 1 MiB to 2 MiB, plus what one read of the pipe adds
+// before the log is cut again.
+const (
+	outputLogMin = 1 << 20
+	outputLogMax = 2<<20 + 64<<10
+)
+
+// outputLog reads the log of the sandbox sb's branch id, once it holds
+// end at its end.
+func outputLog(t *testing.T, env *daemons.Env, id, end string) []byte {
+	t.Helper()
+	path := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", id, "init.log")
+	var b []byte
+	waitUntil(t, "the end of branch "+id+"'s output in its log", 30*time.Second, func() bool {
+		b, _ = os.ReadFile(path)
+		return bytes.HasSuffix(b, []byte(end))
+	})
+	return b
+}
+
+// checkOutputLog: a log of a process that wrote 8 MB then end holds the
+// last part of it, within the bounds, and nothing else (no write error:
+// the process's end of the pipe blocks, and is never failed with
+// EAGAIN).
+func checkOutputLog(t *testing.T, b []byte, fill byte, end string) {
+	t.Helper()
+	if len(b) < outputLogMin || len(b) > outputLogMax {
+		t.Fatalf("the branch's log holds %d bytes after 8 MB of output, want %d to %d", len(b), outputLogMin, outputLogMax)
+	}
+	body := bytes.TrimSuffix(b, []byte("\n"+end))
+	if len(bytes.Trim(body, string(fill))) != 0 {
+		t.Fatalf("the branch's log holds more than the output's end: %.200q", bytes.Trim(body, string(fill)))
+	}
+}
+
+// TestBranchOutputLogBounded: what a branch's processes write to their
+// stdout and stderr is kept in its bundle's init.log, bounded: a command
+// given at fork (run by the branch init, which copies the output at the
+// branch's cost) and a memory branch's restored processes (run by the
+// runtime; the shim copies) each write 8 MB, and the log keeps the last 1
+// to 2 MiB of it. Before, the file grew with everything written (3 GB in
+// 5 s of `yes`, in containerd's state directory, a tmpfs on a node).
+func TestBranchOutputLogBounded(t *testing.T) {
+	t.Run("command", func(t *testing.T) {
+		ctx, env, sc := sandboxCtxEnv(t)
+		k := fork(t, ctx, sc, client.ForkOptions{Count: 1, Args: []string{"sh", "-c",
+			`head -c 8000000 /dev/zero | tr '\0' x || echo "the pipeline failed"; echo; echo END; exit 3`}})[0]
+		checkOutputLog(t, outputLog(t, env, k.ID, "END\n"), 'x', "END\n")
+		waitUntil(t, "the command's exit", 10*time.Second, func() bool {
+			st, code := branchStatus(t, ctx, sc, k.ID)
+			return st == "exited" && code == 3
+		})
+	})
+	t.Run("memory", func(t *testing.T) {
+		// Its process writes once /go exists: in the branch only.
+		ctx, env, _ := shimEnv(t)
+		sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c",
+			`while [ ! -e /go ]; do sleep 0.05; done; head -c 8000000 /dev/zero | tr '\0' y || echo "the pipeline failed"; echo; echo END; exec sleep 100000`)
+		kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRun(t, ctx, sc, kids[0].ID, "touch", "/go")
+		checkOutputLog(t, outputLog(t, env, kids[0].ID, "END\n"), 'y', "END\n")
+	})
+}
+
+// branchStatus is branch id's status and exit status, as the tree says.
+func branchStatus(t *testing.T, ctx context.Context, sc *client.SandboxClient, id string) (string, int) {
+	t.Helper()
+	nodes, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.ID == id {
+			return n.Status, n.ExitStatus
+		}
+	}
+	t.Fatalf("branch %s not in the tree", id)
+	return "", 0
+}
