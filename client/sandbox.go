@@ -350,6 +350,18 @@ func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, e
 	return resp.Aborted, nil
 }
 
+// Output returns what a branch's command (ForkOptions.Args), or a memory
+// branch's restored processes, wrote to stdout and stderr: the last 1 to
+// 2 MiB of it, kept by the shim until the branch ends. A branch with
+// neither has none.
+func (s *SandboxClient) Output(ctx context.Context, branchID string) ([]byte, error) {
+	resp, err := s.api.Output(s.ctx(ctx), &shimv1.OutputRequest{Sandbox: s.ID, Branch: branchID})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	return resp.Output, nil
+}
+
 // Tree lists every branch of the sandbox, ended ones included.
 func (s *SandboxClient) Tree(ctx context.Context) ([]BranchInfo, error) {
 	resp, err := s.api.Tree(s.ctx(ctx), &shimv1.TreeRequest{Sandbox: s.ID})

@@ -4,6 +4,7 @@ package httpapi
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
@@ -113,6 +114,24 @@ type abortDoc struct {
 	Abort struct {
 		Aborted []string `json:"aborted"`
 	} `json:"abort"`
+}
+
+// logs writes a branch's output (client Output) as it was written.
+func (s *Server) logs(w http.ResponseWriter, r request) error {
+	sc, done, err := s.dial(r)
+	if err != nil {
+		return err
+	}
+	defer done()
+	out, err := sc.Output(r.Context(), r.PathValue("branch"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+	return nil
 }
 
 func (s *Server) abort(w http.ResponseWriter, r request) error {

@@ -326,6 +326,7 @@ func (s *Server) routeTable() map[string]handler {
 		"POST " + br + "/exec":                 s.exec,
 		"POST " + br + "/commit":               s.commit,
 		"POST " + br + "/abort":                s.abort,
+		"GET " + br + "/logs":                  s.logs,
 		"GET " + br + "/files":                 s.readFile,
 		"PUT " + br + "/files":                 s.writeFile,
 		"GET " + br + "/dir":                   s.listDir,

@@ -174,6 +174,10 @@ func TestBranchctlJSON(t *testing.T) {
 		t.Errorf("exec --json: %v; want its output and exit code in the document", ex)
 	}
 	check("branches", 0, "tree", "sb")
+	logs := check("logs", 0, "logs", "sb/3")
+	if logs["output"] != "" {
+		t.Errorf("logs --json of a branch without a command: %v; want an empty output", logs)
+	}
 	check("abort", 0, "abort", "sb/3")
 	// A branch's keys, and their old names (docs/design.md#names).
 	sameBranch := func(what string, m map[string]any, want string) {
@@ -205,6 +209,7 @@ func TestBranchctlJSON(t *testing.T) {
 		{[]string{"tree", "nosuch"}, true},
 		{[]string{"commit", "sb/99"}, false},
 		{[]string{"abort", "sb/99"}, false},
+		{[]string{"logs", "sb"}, false},
 		{[]string{"checkpoint", "sb", "bad/name"}, false},
 		{[]string{"checkpoint", "ls", "nosuch"}, true},
 		{[]string{"checkpoint", "rm", "sb", "nosuch"}, false},
@@ -230,7 +235,7 @@ func TestBranchctlJSON(t *testing.T) {
 		}
 	}
 	var missing []string
-	for _, c := range []string{"ls", "fork", "exec", "tree", "commit", "abort", "checkpoint", "rollback", "push", "pull", "save", "load", "self", "speculate", "best-of-n", "tournament", "reflexion", "beam", "tree-search"} {
+	for _, c := range []string{"ls", "fork", "exec", "tree", "commit", "abort", "logs", "checkpoint", "rollback", "push", "pull", "save", "load", "self", "speculate", "best-of-n", "tournament", "reflexion", "beam", "tree-search"} {
 		if !seen[c] {
 			missing = append(missing, c)
 		}

@@ -7,8 +7,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -23,16 +26,26 @@ const (
 	outputLogMax = 2<<20 + 64<<10
 )
 
-// outputLog reads the log of the sandbox sb's branch id, once it holds
-// end at its end.
-func outputLog(t *testing.T, env *daemons.Env, id, end string) []byte {
+// outputLog reads the output of the sandbox sb's branch id (the client's
+// Output), once it holds end at its end, and checks that branchctl logs
+// and the file in the bundle say the same.
+func outputLog(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.SandboxClient, id, end string) []byte {
 	t.Helper()
-	path := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", id, "init.log")
 	var b []byte
-	waitUntil(t, "the end of branch "+id+"'s output in its log", 30*time.Second, func() bool {
-		b, _ = os.ReadFile(path)
+	waitUntil(t, "the end of branch "+id+"'s output", 30*time.Second, func() bool {
+		var err error
+		if b, err = sc.Output(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 		return bytes.HasSuffix(b, []byte(end))
 	})
+	file, err := os.ReadFile(filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", id, "init.log"))
+	if err != nil || !bytes.Equal(file, b) {
+		t.Fatalf("the branch's init.log (%d bytes, %v) is not what Output returned (%d bytes)", len(file), err, len(b))
+	}
+	if out, errOut, code := branchctl(t, ctx, env, "", "logs", "sb/"+id); code != 0 || out != string(b) {
+		t.Fatalf("branchctl logs sb/%s: exit %d, %d bytes, not Output's %d: %s", id, code, len(out), len(b), errOut)
+	}
 	return b
 }
 
@@ -56,14 +69,19 @@ func checkOutputLog(t *testing.T, b []byte, fill byte, end string) {
 // given at fork (run by the branch init, which copies the output at the
 // branch's cost) and a memory branch's restored processes (run by the
 // runtime; the shim copies) each write 8 MB, and the log keeps the last 1
-// to 2 MiB of it. Before, the file grew with everything written (3 GB in
+// to 2 MiB of it, which the client's Output and branchctl logs return.
+// Before, the file grew with everything written (3 GB in
 // 5 s of `yes`, in containerd's state directory, a tmpfs on a node).
 func TestBranchOutputLogBounded(t *testing.T) {
 	t.Run("command", func(t *testing.T) {
 		ctx, env, sc := sandboxCtxEnv(t)
 		k := fork(t, ctx, sc, client.ForkOptions{Count: 1, Args: []string{"sh", "-c",
 			`head -c 8000000 /dev/zero | tr '\0' x || echo "the pipeline failed"; echo; echo END; exit 3`}})[0]
-		checkOutputLog(t, outputLog(t, env, k.ID, "END\n"), 'x', "END\n")
+		checkOutputLog(t, outputLog(t, ctx, env, sc, k.ID, "END\n"), 'x', "END\n")
+		// The sandbox's own output is containerd's, not a branch's log.
+		if _, err := sc.Output(ctx, "0"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "nerdctl logs") {
+			t.Fatalf("output of the sandbox itself: %v; want invalid argument naming nerdctl logs", err)
+		}
 		waitUntil(t, "the command's exit", 10*time.Second, func() bool {
 			st, code := branchStatus(t, ctx, sc, k.ID)
 			return st == "exited" && code == 3
@@ -79,7 +97,7 @@ func TestBranchOutputLogBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustRun(t, ctx, sc, kids[0].ID, "touch", "/go")
-		checkOutputLog(t, outputLog(t, env, kids[0].ID, "END\n"), 'y', "END\n")
+		checkOutputLog(t, outputLog(t, ctx, env, sc, kids[0].ID, "END\n"), 'y', "END\n")
 	})
 }
 

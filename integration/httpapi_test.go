@@ -322,6 +322,16 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	api.must(ctx, 200, "DELETE", sb+"/checkpoints/m1", nil)
 
+	// A command's output, from the branch's log; none for the sandbox.
+	var cmdKids apiBranches
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1, "args": []string{"sh", "-c", "echo hello from the command; exec sleep 100000"}}).decode(t, &cmdKids)
+	logs := sb + "/branches/" + cmdKids.Branches[0].ID + "/logs"
+	waitUntil(t, "the command's output in its log", 10*time.Second, func() bool {
+		return string(api.must(ctx, 200, "GET", logs, nil).Body) == "hello from the command\n"
+	})
+	api.fails(ctx, 400, "invalid-argument", "GET", sb+"/branches/0/logs", nil)
+	api.must(ctx, 200, "POST", sb+"/branches/"+cmdKids.Branches[0].ID+"/abort", nil)
+
 	// Abort.
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1, "seal": "ro"}).decode(t, &kids)
 	b3 := kids.Branches[0].ID

@@ -53,6 +53,11 @@ func commands(inv *invocation) []*cli.Command {
 			Usage:     "kill and discard a branch",
 		},
 		{
+			Name: "logs", Category: branches, Action: do(cmdLogs), Flags: withGlobals(),
+			ArgsUsage: "SANDBOX/BRANCH",
+			Usage:     "what a branch's command (fork -- CMD), or a memory branch's processes, wrote: its last 1-2 MiB",
+		},
+		{
 			Name: "tree", Category: branches, Action: do(cmdTree), Flags: withGlobals(),
 			ArgsUsage: "SANDBOX",
 			Usage:     "every branch: state, epoch, status, seal, processes, upper size, age",

@@ -343,13 +343,20 @@ func refArg(c *cli.Context, name string) (string, string, error) {
 	return splitRef(ref, name != "tree")
 }
 
+// dialRef dials the sandbox of the command's SANDBOX/BRANCH argument (for
+// tree, SANDBOX) and returns the names too.
+func dialRef(c *cli.Context, g globals, name string) (*client.SandboxClient, string, string, error) {
+	sb, b, err := refArg(c, name)
+	if err != nil {
+		return nil, "", "", err
+	}
+	sc, err := dial(c.Context, g, sb)
+	return sc, sb, b, err
+}
+
 func cmdCommit(c *cli.Context, g globals, inv *invocation) error {
 	ctx, stdout := c.Context, inv.stdout
-	sb, b, err := refArg(c, "commit")
-	if err != nil {
-		return err
-	}
-	sc, err := dial(ctx, g, sb)
+	sc, sb, b, err := dialRef(c, g, "commit")
 	if err != nil {
 		return err
 	}
@@ -377,13 +384,28 @@ func nodeName(id string) string {
 	return "branch " + id
 }
 
-func cmdAbort(c *cli.Context, g globals, inv *invocation) error {
+func cmdLogs(c *cli.Context, g globals, inv *invocation) error {
 	ctx, stdout := c.Context, inv.stdout
-	sb, b, err := refArg(c, "abort")
+	sc, _, b, err := dialRef(c, g, "logs")
 	if err != nil {
 		return err
 	}
-	sc, err := dial(ctx, g, sb)
+	defer sc.Close()
+	out, err := sc.Output(ctx, b)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		// As text: bytes that are not UTF-8 become U+FFFD.
+		return PrintJSON(stdout, map[string]string{"output": string(out)})
+	}
+	_, err = stdout.Write(out)
+	return err
+}
+
+func cmdAbort(c *cli.Context, g globals, inv *invocation) error {
+	ctx, stdout := c.Context, inv.stdout
+	sc, _, b, err := dialRef(c, g, "abort")
 	if err != nil {
 		return err
 	}
@@ -401,11 +423,7 @@ func cmdAbort(c *cli.Context, g globals, inv *invocation) error {
 
 func cmdTree(c *cli.Context, g globals, inv *invocation) error {
 	ctx, stdout := c.Context, inv.stdout
-	sb, _, err := refArg(c, "tree")
-	if err != nil {
-		return err
-	}
-	sc, err := dial(ctx, g, sb)
+	sc, sb, _, err := dialRef(c, g, "tree")
 	if err != nil {
 		return err
 	}

@@ -265,6 +265,8 @@ export declare class Branch {
   writeFile(path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<{ path: string; size: number }>;
   listDir(path: string): Promise<DirEntry[]>;
   commit(): Promise<CommitResult>;
+  /** What the branch's command (fork's args), or a memory branch's processes, wrote to stdout and stderr: its last 1-2 MiB. */
+  logs(): Promise<Buffer>;
   abort(): Promise<string[]>;
 }
 

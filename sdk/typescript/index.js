@@ -363,6 +363,11 @@ export class Branch {
     return (await this.sandbox.client._call('POST', this._path('/commit'))).commit;
   }
 
+  /** What the branch's command (fork's args), or a memory branch's processes, wrote to stdout and stderr: its last 1-2 MiB. */
+  async logs() {
+    return this.sandbox.client._call('GET', this._path('/logs'));
+  }
+
   async abort() {
     return (await this.sandbox.client._call('POST', this._path('/abort'))).abort.aborted;
   }

@@ -26,6 +26,11 @@ import (
 // MaxSize is the max of a branch's log: it keeps the last 1 to 2 MiB.
 const MaxSize = 1 << 20
 
+// ReadSize is the most one read of the output adds to a log before it is
+// cut (the branch init reads as much at once, brinit.c's log_buf): a log
+// is at most 2*MaxSize+ReadSize bytes.
+const ReadSize = 64 << 10
+
 // Log is the copy of one branch's output into its file.
 type Log struct {
 	path string
@@ -79,7 +84,7 @@ func (l *Log) run(ctx context.Context) {
 	defer close(l.done)
 	defer l.r.Close()
 	f, size, err := l.open()
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, ReadSize)
 	for err == nil {
 		var n int
 		if n, err = l.r.Read(buf); n > 0 {

@@ -28,6 +28,102 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type OutputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Branch        string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputRequest) Reset() {
+	*x = OutputRequest{}
+	mi := &file_api_shim_v1_branches_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputRequest) ProtoMessage() {}
+
+func (x *OutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_branches_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputRequest.ProtoReflect.Descriptor instead.
+func (*OutputRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *OutputRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *OutputRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+type OutputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Output        []byte                 `protobuf:"bytes,1,opt,name=output,proto3" json:"output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputResponse) Reset() {
+	*x = OutputResponse{}
+	mi := &file_api_shim_v1_branches_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputResponse) ProtoMessage() {}
+
+func (x *OutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_branches_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputResponse.ProtoReflect.Descriptor instead.
+func (*OutputResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OutputResponse) GetOutput() []byte {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
 type DescribeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -37,7 +133,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[0]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +145,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[0]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +158,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{0}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DescribeRequest) GetSandbox() string {
@@ -81,7 +177,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[1]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -93,7 +189,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[1]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -106,7 +202,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{1}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DescribeResponse) GetSandbox() string {
@@ -124,7 +220,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[2]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -136,7 +232,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[2]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -149,7 +245,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{2}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{4}
 }
 
 type Limits struct {
@@ -166,7 +262,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[3]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -178,7 +274,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[3]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -191,7 +287,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{3}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Limits) GetMemory() int64 {
@@ -241,7 +337,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[4]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +349,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[4]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +362,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{4}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForkRequest) GetSandbox() string {
@@ -373,7 +469,7 @@ type Branch struct {
 
 func (x *Branch) Reset() {
 	*x = Branch{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[5]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +481,7 @@ func (x *Branch) String() string {
 func (*Branch) ProtoMessage() {}
 
 func (x *Branch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[5]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +494,7 @@ func (x *Branch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Branch.ProtoReflect.Descriptor instead.
 func (*Branch) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Branch) GetId() string {
@@ -587,7 +683,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[6]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +695,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[6]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +708,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForkResponse) GetBranches() []*Branch {
@@ -648,7 +744,7 @@ type MemoryFork struct {
 
 func (x *MemoryFork) Reset() {
 	*x = MemoryFork{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[7]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +756,7 @@ func (x *MemoryFork) String() string {
 func (*MemoryFork) ProtoMessage() {}
 
 func (x *MemoryFork) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[7]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +769,7 @@ func (x *MemoryFork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryFork.ProtoReflect.Descriptor instead.
 func (*MemoryFork) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MemoryFork) GetPauseNs() int64 {
@@ -724,7 +820,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[8]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +832,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[8]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +845,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecRequest) GetSandbox() string {
@@ -831,7 +927,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[9]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +939,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[9]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +952,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -877,7 +973,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[10]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +985,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[10]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +998,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WaitRequest) GetSandbox() string {
@@ -937,7 +1033,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[11]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1045,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[11]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1058,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WaitResponse) GetExitStatus() uint32 {
@@ -999,7 +1095,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[12]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1107,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[12]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1120,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResizePtyRequest) GetSandbox() string {
@@ -1073,7 +1169,7 @@ type CloseIORequest struct {
 
 func (x *CloseIORequest) Reset() {
 	*x = CloseIORequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[13]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1181,7 @@ func (x *CloseIORequest) String() string {
 func (*CloseIORequest) ProtoMessage() {}
 
 func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[13]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1194,7 @@ func (x *CloseIORequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseIORequest.ProtoReflect.Descriptor instead.
 func (*CloseIORequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CloseIORequest) GetSandbox() string {
@@ -1134,7 +1230,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[14]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1242,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[14]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1255,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{14}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KillRequest) GetSandbox() string {
@@ -1200,7 +1296,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[15]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1308,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[15]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1321,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{15}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CommitRequest) GetSandbox() string {
@@ -1252,7 +1348,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[16]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1360,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[16]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1373,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{16}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CommitResponse) GetParent() *Branch {
@@ -1304,7 +1400,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[17]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1412,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[17]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1425,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{17}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AbortRequest) GetSandbox() string {
@@ -1355,7 +1451,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[18]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1463,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[18]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1476,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{18}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AbortResponse) GetAborted() []string {
@@ -1399,7 +1495,7 @@ type TreeRequest struct {
 
 func (x *TreeRequest) Reset() {
 	*x = TreeRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[19]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1507,7 @@ func (x *TreeRequest) String() string {
 func (*TreeRequest) ProtoMessage() {}
 
 func (x *TreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[19]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1520,7 @@ func (x *TreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRequest.ProtoReflect.Descriptor instead.
 func (*TreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{19}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TreeRequest) GetSandbox() string {
@@ -1443,7 +1539,7 @@ type TreeResponse struct {
 
 func (x *TreeResponse) Reset() {
 	*x = TreeResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[20]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1551,7 @@ func (x *TreeResponse) String() string {
 func (*TreeResponse) ProtoMessage() {}
 
 func (x *TreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[20]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1564,7 @@ func (x *TreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeResponse.ProtoReflect.Descriptor instead.
 func (*TreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{20}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TreeResponse) GetNodes() []*Branch {
@@ -1493,7 +1589,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[21]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1601,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[21]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1614,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{21}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckpointRequest) GetSandbox() string {
@@ -1562,7 +1658,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[22]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1670,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[22]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1683,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{22}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
@@ -1613,7 +1709,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[23]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1721,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[23]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1734,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{23}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListCheckpointsRequest) GetSandbox() string {
@@ -1657,7 +1753,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[24]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1765,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[24]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1778,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{24}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
@@ -1702,7 +1798,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[25]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +1810,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[25]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +1823,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{25}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteCheckpointRequest) GetSandbox() string {
@@ -1755,7 +1851,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_shim_v1_branches_proto_msgTypes[26]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1863,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_branches_proto_msgTypes[26]
+	mi := &file_api_shim_v1_branches_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1876,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{26}
+	return file_api_shim_v1_branches_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RollbackRequest) GetSandbox() string {
@@ -1808,7 +1904,12 @@ var File_api_shim_v1_branches_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_branches_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/shim/v1/branches.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"+\n" +
+	"\x1aapi/shim/v1/branches.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dapi/types/v1/checkpoint.proto\"A\n" +
+	"\rOutputRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"(\n" +
+	"\x0eOutputResponse\x12\x16\n" +
+	"\x06output\x18\x01 \x01(\fR\x06output\"+\n" +
 	"\x0fDescribeRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\",\n" +
 	"\x10DescribeResponse\x12\x18\n" +
@@ -1946,7 +2047,7 @@ const file_api_shim_v1_branches_proto_rawDesc = "" +
 	"\x0fRollbackRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name2\xdd\b\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name2\xac\t\n" +
 	"\bBranches\x12G\n" +
 	"\x04Fork\x12\x1e.branchbox.shim.v1.ForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12G\n" +
 	"\x04Exec\x12\x1e.branchbox.shim.v1.ExecRequest\x1a\x1f.branchbox.shim.v1.ExecResponse\x12G\n" +
@@ -1962,7 +2063,8 @@ const file_api_shim_v1_branches_proto_rawDesc = "" +
 	"\x0fListCheckpoints\x12).branchbox.shim.v1.ListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12X\n" +
 	"\x10DeleteCheckpoint\x12*.branchbox.shim.v1.DeleteCheckpointRequest\x1a\x18.branchbox.shim.v1.Empty\x12H\n" +
 	"\bRollback\x12\".branchbox.shim.v1.RollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12S\n" +
-	"\bDescribe\x12\".branchbox.shim.v1.DescribeRequest\x1a#.branchbox.shim.v1.DescribeResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
+	"\bDescribe\x12\".branchbox.shim.v1.DescribeRequest\x1a#.branchbox.shim.v1.DescribeResponse\x12M\n" +
+	"\x06Output\x12 .branchbox.shim.v1.OutputRequest\x1a!.branchbox.shim.v1.OutputResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_branches_proto_rawDescOnce sync.Once
@@ -1976,80 +2078,84 @@ func file_api_shim_v1_branches_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_branches_proto_rawDescData
 }
 
-var file_api_shim_v1_branches_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_api_shim_v1_branches_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_api_shim_v1_branches_proto_goTypes = []any{
-	(*DescribeRequest)(nil),         // 0: branchbox.shim.v1.DescribeRequest
-	(*DescribeResponse)(nil),        // 1: branchbox.shim.v1.DescribeResponse
-	(*Empty)(nil),                   // 2: branchbox.shim.v1.Empty
-	(*Limits)(nil),                  // 3: branchbox.shim.v1.Limits
-	(*ForkRequest)(nil),             // 4: branchbox.shim.v1.ForkRequest
-	(*Branch)(nil),                  // 5: branchbox.shim.v1.Branch
-	(*ForkResponse)(nil),            // 6: branchbox.shim.v1.ForkResponse
-	(*MemoryFork)(nil),              // 7: branchbox.shim.v1.MemoryFork
-	(*ExecRequest)(nil),             // 8: branchbox.shim.v1.ExecRequest
-	(*ExecResponse)(nil),            // 9: branchbox.shim.v1.ExecResponse
-	(*WaitRequest)(nil),             // 10: branchbox.shim.v1.WaitRequest
-	(*WaitResponse)(nil),            // 11: branchbox.shim.v1.WaitResponse
-	(*ResizePtyRequest)(nil),        // 12: branchbox.shim.v1.ResizePtyRequest
-	(*CloseIORequest)(nil),          // 13: branchbox.shim.v1.CloseIORequest
-	(*KillRequest)(nil),             // 14: branchbox.shim.v1.KillRequest
-	(*CommitRequest)(nil),           // 15: branchbox.shim.v1.CommitRequest
-	(*CommitResponse)(nil),          // 16: branchbox.shim.v1.CommitResponse
-	(*AbortRequest)(nil),            // 17: branchbox.shim.v1.AbortRequest
-	(*AbortResponse)(nil),           // 18: branchbox.shim.v1.AbortResponse
-	(*TreeRequest)(nil),             // 19: branchbox.shim.v1.TreeRequest
-	(*TreeResponse)(nil),            // 20: branchbox.shim.v1.TreeResponse
-	(*CheckpointRequest)(nil),       // 21: branchbox.shim.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),      // 22: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 23: branchbox.shim.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 24: branchbox.shim.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil), // 25: branchbox.shim.v1.DeleteCheckpointRequest
-	(*RollbackRequest)(nil),         // 26: branchbox.shim.v1.RollbackRequest
-	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
-	(*v1.Checkpoint)(nil),           // 28: branchbox.types.v1.Checkpoint
+	(*OutputRequest)(nil),           // 0: branchbox.shim.v1.OutputRequest
+	(*OutputResponse)(nil),          // 1: branchbox.shim.v1.OutputResponse
+	(*DescribeRequest)(nil),         // 2: branchbox.shim.v1.DescribeRequest
+	(*DescribeResponse)(nil),        // 3: branchbox.shim.v1.DescribeResponse
+	(*Empty)(nil),                   // 4: branchbox.shim.v1.Empty
+	(*Limits)(nil),                  // 5: branchbox.shim.v1.Limits
+	(*ForkRequest)(nil),             // 6: branchbox.shim.v1.ForkRequest
+	(*Branch)(nil),                  // 7: branchbox.shim.v1.Branch
+	(*ForkResponse)(nil),            // 8: branchbox.shim.v1.ForkResponse
+	(*MemoryFork)(nil),              // 9: branchbox.shim.v1.MemoryFork
+	(*ExecRequest)(nil),             // 10: branchbox.shim.v1.ExecRequest
+	(*ExecResponse)(nil),            // 11: branchbox.shim.v1.ExecResponse
+	(*WaitRequest)(nil),             // 12: branchbox.shim.v1.WaitRequest
+	(*WaitResponse)(nil),            // 13: branchbox.shim.v1.WaitResponse
+	(*ResizePtyRequest)(nil),        // 14: branchbox.shim.v1.ResizePtyRequest
+	(*CloseIORequest)(nil),          // 15: branchbox.shim.v1.CloseIORequest
+	(*KillRequest)(nil),             // 16: branchbox.shim.v1.KillRequest
+	(*CommitRequest)(nil),           // 17: branchbox.shim.v1.CommitRequest
+	(*CommitResponse)(nil),          // 18: branchbox.shim.v1.CommitResponse
+	(*AbortRequest)(nil),            // 19: branchbox.shim.v1.AbortRequest
+	(*AbortResponse)(nil),           // 20: branchbox.shim.v1.AbortResponse
+	(*TreeRequest)(nil),             // 21: branchbox.shim.v1.TreeRequest
+	(*TreeResponse)(nil),            // 22: branchbox.shim.v1.TreeResponse
+	(*CheckpointRequest)(nil),       // 23: branchbox.shim.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),      // 24: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 25: branchbox.shim.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 26: branchbox.shim.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil), // 27: branchbox.shim.v1.DeleteCheckpointRequest
+	(*RollbackRequest)(nil),         // 28: branchbox.shim.v1.RollbackRequest
+	(*timestamppb.Timestamp)(nil),   // 29: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),           // 30: branchbox.types.v1.Checkpoint
 }
 var file_api_shim_v1_branches_proto_depIdxs = []int32{
-	3,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	27, // 1: branchbox.shim.v1.Branch.created:type_name -> google.protobuf.Timestamp
-	27, // 2: branchbox.shim.v1.Branch.ended:type_name -> google.protobuf.Timestamp
-	3,  // 3: branchbox.shim.v1.Branch.limits:type_name -> branchbox.shim.v1.Limits
-	5,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Branch
-	7,  // 5: branchbox.shim.v1.ForkResponse.memory:type_name -> branchbox.shim.v1.MemoryFork
-	27, // 6: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	5,  // 7: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Branch
-	5,  // 8: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
-	28, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
-	28, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
-	4,  // 11: branchbox.shim.v1.Branches.Fork:input_type -> branchbox.shim.v1.ForkRequest
-	8,  // 12: branchbox.shim.v1.Branches.Exec:input_type -> branchbox.shim.v1.ExecRequest
-	10, // 13: branchbox.shim.v1.Branches.Wait:input_type -> branchbox.shim.v1.WaitRequest
-	12, // 14: branchbox.shim.v1.Branches.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
-	13, // 15: branchbox.shim.v1.Branches.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
-	14, // 16: branchbox.shim.v1.Branches.Kill:input_type -> branchbox.shim.v1.KillRequest
-	15, // 17: branchbox.shim.v1.Branches.Commit:input_type -> branchbox.shim.v1.CommitRequest
-	17, // 18: branchbox.shim.v1.Branches.Abort:input_type -> branchbox.shim.v1.AbortRequest
-	19, // 19: branchbox.shim.v1.Branches.Tree:input_type -> branchbox.shim.v1.TreeRequest
-	21, // 20: branchbox.shim.v1.Branches.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
-	23, // 21: branchbox.shim.v1.Branches.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
-	25, // 22: branchbox.shim.v1.Branches.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
-	26, // 23: branchbox.shim.v1.Branches.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
-	0,  // 24: branchbox.shim.v1.Branches.Describe:input_type -> branchbox.shim.v1.DescribeRequest
-	6,  // 25: branchbox.shim.v1.Branches.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	9,  // 26: branchbox.shim.v1.Branches.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	11, // 27: branchbox.shim.v1.Branches.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	2,  // 28: branchbox.shim.v1.Branches.ResizePty:output_type -> branchbox.shim.v1.Empty
-	2,  // 29: branchbox.shim.v1.Branches.CloseIO:output_type -> branchbox.shim.v1.Empty
-	2,  // 30: branchbox.shim.v1.Branches.Kill:output_type -> branchbox.shim.v1.Empty
-	16, // 31: branchbox.shim.v1.Branches.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	18, // 32: branchbox.shim.v1.Branches.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	20, // 33: branchbox.shim.v1.Branches.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	22, // 34: branchbox.shim.v1.Branches.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	24, // 35: branchbox.shim.v1.Branches.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	2,  // 36: branchbox.shim.v1.Branches.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
-	2,  // 37: branchbox.shim.v1.Branches.Rollback:output_type -> branchbox.shim.v1.Empty
-	1,  // 38: branchbox.shim.v1.Branches.Describe:output_type -> branchbox.shim.v1.DescribeResponse
-	25, // [25:39] is the sub-list for method output_type
-	11, // [11:25] is the sub-list for method input_type
+	5,  // 0: branchbox.shim.v1.ForkRequest.limits:type_name -> branchbox.shim.v1.Limits
+	29, // 1: branchbox.shim.v1.Branch.created:type_name -> google.protobuf.Timestamp
+	29, // 2: branchbox.shim.v1.Branch.ended:type_name -> google.protobuf.Timestamp
+	5,  // 3: branchbox.shim.v1.Branch.limits:type_name -> branchbox.shim.v1.Limits
+	7,  // 4: branchbox.shim.v1.ForkResponse.branches:type_name -> branchbox.shim.v1.Branch
+	9,  // 5: branchbox.shim.v1.ForkResponse.memory:type_name -> branchbox.shim.v1.MemoryFork
+	29, // 6: branchbox.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: branchbox.shim.v1.CommitResponse.parent:type_name -> branchbox.shim.v1.Branch
+	7,  // 8: branchbox.shim.v1.TreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
+	30, // 9: branchbox.shim.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	30, // 10: branchbox.shim.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	6,  // 11: branchbox.shim.v1.Branches.Fork:input_type -> branchbox.shim.v1.ForkRequest
+	10, // 12: branchbox.shim.v1.Branches.Exec:input_type -> branchbox.shim.v1.ExecRequest
+	12, // 13: branchbox.shim.v1.Branches.Wait:input_type -> branchbox.shim.v1.WaitRequest
+	14, // 14: branchbox.shim.v1.Branches.ResizePty:input_type -> branchbox.shim.v1.ResizePtyRequest
+	15, // 15: branchbox.shim.v1.Branches.CloseIO:input_type -> branchbox.shim.v1.CloseIORequest
+	16, // 16: branchbox.shim.v1.Branches.Kill:input_type -> branchbox.shim.v1.KillRequest
+	17, // 17: branchbox.shim.v1.Branches.Commit:input_type -> branchbox.shim.v1.CommitRequest
+	19, // 18: branchbox.shim.v1.Branches.Abort:input_type -> branchbox.shim.v1.AbortRequest
+	21, // 19: branchbox.shim.v1.Branches.Tree:input_type -> branchbox.shim.v1.TreeRequest
+	23, // 20: branchbox.shim.v1.Branches.Checkpoint:input_type -> branchbox.shim.v1.CheckpointRequest
+	25, // 21: branchbox.shim.v1.Branches.ListCheckpoints:input_type -> branchbox.shim.v1.ListCheckpointsRequest
+	27, // 22: branchbox.shim.v1.Branches.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
+	28, // 23: branchbox.shim.v1.Branches.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
+	2,  // 24: branchbox.shim.v1.Branches.Describe:input_type -> branchbox.shim.v1.DescribeRequest
+	0,  // 25: branchbox.shim.v1.Branches.Output:input_type -> branchbox.shim.v1.OutputRequest
+	8,  // 26: branchbox.shim.v1.Branches.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	11, // 27: branchbox.shim.v1.Branches.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	13, // 28: branchbox.shim.v1.Branches.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	4,  // 29: branchbox.shim.v1.Branches.ResizePty:output_type -> branchbox.shim.v1.Empty
+	4,  // 30: branchbox.shim.v1.Branches.CloseIO:output_type -> branchbox.shim.v1.Empty
+	4,  // 31: branchbox.shim.v1.Branches.Kill:output_type -> branchbox.shim.v1.Empty
+	18, // 32: branchbox.shim.v1.Branches.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	20, // 33: branchbox.shim.v1.Branches.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	22, // 34: branchbox.shim.v1.Branches.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	24, // 35: branchbox.shim.v1.Branches.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	26, // 36: branchbox.shim.v1.Branches.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	4,  // 37: branchbox.shim.v1.Branches.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	4,  // 38: branchbox.shim.v1.Branches.Rollback:output_type -> branchbox.shim.v1.Empty
+	3,  // 39: branchbox.shim.v1.Branches.Describe:output_type -> branchbox.shim.v1.DescribeResponse
+	1,  // 40: branchbox.shim.v1.Branches.Output:output_type -> branchbox.shim.v1.OutputResponse
+	26, // [26:41] is the sub-list for method output_type
+	11, // [11:26] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -2066,7 +2172,7 @@ func file_api_shim_v1_branches_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_branches_proto_rawDesc), len(file_api_shim_v1_branches_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,7 +31,7 @@ var File_api_shim_v1_contexts_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1aapi/shim/v1/branches.proto2\xe2\b\n" +
+	"\x1aapi/shim/v1/contexts.proto\x12\x11branchbox.shim.v1\x1a\x1aapi/shim/v1/branches.proto2\xb1\t\n" +
 	"\bContexts\x12G\n" +
 	"\x04Fork\x12\x1e.branchbox.shim.v1.ForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12G\n" +
 	"\x04Exec\x12\x1e.branchbox.shim.v1.ExecRequest\x1a\x1f.branchbox.shim.v1.ExecResponse\x12G\n" +
@@ -47,7 +47,8 @@ const file_api_shim_v1_contexts_proto_rawDesc = "" +
 	"\x0fListCheckpoints\x12).branchbox.shim.v1.ListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12X\n" +
 	"\x10DeleteCheckpoint\x12*.branchbox.shim.v1.DeleteCheckpointRequest\x1a\x18.branchbox.shim.v1.Empty\x12H\n" +
 	"\bRollback\x12\".branchbox.shim.v1.RollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12S\n" +
-	"\bDescribe\x12\".branchbox.shim.v1.DescribeRequest\x1a#.branchbox.shim.v1.DescribeResponse\x1a\x03\x88\x02\x01B3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
+	"\bDescribe\x12\".branchbox.shim.v1.DescribeRequest\x1a#.branchbox.shim.v1.DescribeResponse\x12M\n" +
+	"\x06Output\x12 .branchbox.shim.v1.OutputRequest\x1a!.branchbox.shim.v1.OutputResponse\x1a\x03\x88\x02\x01B3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*ForkRequest)(nil),             // 0: branchbox.shim.v1.ForkRequest
@@ -64,16 +65,18 @@ var file_api_shim_v1_contexts_proto_goTypes = []any{
 	(*DeleteCheckpointRequest)(nil), // 11: branchbox.shim.v1.DeleteCheckpointRequest
 	(*RollbackRequest)(nil),         // 12: branchbox.shim.v1.RollbackRequest
 	(*DescribeRequest)(nil),         // 13: branchbox.shim.v1.DescribeRequest
-	(*ForkResponse)(nil),            // 14: branchbox.shim.v1.ForkResponse
-	(*ExecResponse)(nil),            // 15: branchbox.shim.v1.ExecResponse
-	(*WaitResponse)(nil),            // 16: branchbox.shim.v1.WaitResponse
-	(*Empty)(nil),                   // 17: branchbox.shim.v1.Empty
-	(*CommitResponse)(nil),          // 18: branchbox.shim.v1.CommitResponse
-	(*AbortResponse)(nil),           // 19: branchbox.shim.v1.AbortResponse
-	(*TreeResponse)(nil),            // 20: branchbox.shim.v1.TreeResponse
-	(*CheckpointResponse)(nil),      // 21: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsResponse)(nil), // 22: branchbox.shim.v1.ListCheckpointsResponse
-	(*DescribeResponse)(nil),        // 23: branchbox.shim.v1.DescribeResponse
+	(*OutputRequest)(nil),           // 14: branchbox.shim.v1.OutputRequest
+	(*ForkResponse)(nil),            // 15: branchbox.shim.v1.ForkResponse
+	(*ExecResponse)(nil),            // 16: branchbox.shim.v1.ExecResponse
+	(*WaitResponse)(nil),            // 17: branchbox.shim.v1.WaitResponse
+	(*Empty)(nil),                   // 18: branchbox.shim.v1.Empty
+	(*CommitResponse)(nil),          // 19: branchbox.shim.v1.CommitResponse
+	(*AbortResponse)(nil),           // 20: branchbox.shim.v1.AbortResponse
+	(*TreeResponse)(nil),            // 21: branchbox.shim.v1.TreeResponse
+	(*CheckpointResponse)(nil),      // 22: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsResponse)(nil), // 23: branchbox.shim.v1.ListCheckpointsResponse
+	(*DescribeResponse)(nil),        // 24: branchbox.shim.v1.DescribeResponse
+	(*OutputResponse)(nil),          // 25: branchbox.shim.v1.OutputResponse
 }
 var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	0,  // 0: branchbox.shim.v1.Contexts.Fork:input_type -> branchbox.shim.v1.ForkRequest
@@ -90,22 +93,24 @@ var file_api_shim_v1_contexts_proto_depIdxs = []int32{
 	11, // 11: branchbox.shim.v1.Contexts.DeleteCheckpoint:input_type -> branchbox.shim.v1.DeleteCheckpointRequest
 	12, // 12: branchbox.shim.v1.Contexts.Rollback:input_type -> branchbox.shim.v1.RollbackRequest
 	13, // 13: branchbox.shim.v1.Contexts.Describe:input_type -> branchbox.shim.v1.DescribeRequest
-	14, // 14: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	15, // 15: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
-	16, // 16: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
-	17, // 17: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
-	17, // 18: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
-	17, // 19: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
-	18, // 20: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	19, // 21: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	20, // 22: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
-	21, // 23: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	22, // 24: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	17, // 25: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
-	17, // 26: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
-	23, // 27: branchbox.shim.v1.Contexts.Describe:output_type -> branchbox.shim.v1.DescribeResponse
-	14, // [14:28] is the sub-list for method output_type
-	0,  // [0:14] is the sub-list for method input_type
+	14, // 14: branchbox.shim.v1.Contexts.Output:input_type -> branchbox.shim.v1.OutputRequest
+	15, // 15: branchbox.shim.v1.Contexts.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	16, // 16: branchbox.shim.v1.Contexts.Exec:output_type -> branchbox.shim.v1.ExecResponse
+	17, // 17: branchbox.shim.v1.Contexts.Wait:output_type -> branchbox.shim.v1.WaitResponse
+	18, // 18: branchbox.shim.v1.Contexts.ResizePty:output_type -> branchbox.shim.v1.Empty
+	18, // 19: branchbox.shim.v1.Contexts.CloseIO:output_type -> branchbox.shim.v1.Empty
+	18, // 20: branchbox.shim.v1.Contexts.Kill:output_type -> branchbox.shim.v1.Empty
+	19, // 21: branchbox.shim.v1.Contexts.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	20, // 22: branchbox.shim.v1.Contexts.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	21, // 23: branchbox.shim.v1.Contexts.Tree:output_type -> branchbox.shim.v1.TreeResponse
+	22, // 24: branchbox.shim.v1.Contexts.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	23, // 25: branchbox.shim.v1.Contexts.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	18, // 26: branchbox.shim.v1.Contexts.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	18, // 27: branchbox.shim.v1.Contexts.Rollback:output_type -> branchbox.shim.v1.Empty
+	24, // 28: branchbox.shim.v1.Contexts.Describe:output_type -> branchbox.shim.v1.DescribeResponse
+	25, // 29: branchbox.shim.v1.Contexts.Output:output_type -> branchbox.shim.v1.OutputResponse
+	15, // [15:30] is the sub-list for method output_type
+	0,  // [0:15] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

@@ -22,6 +22,7 @@ type ContextsService interface {
 	DeleteCheckpoint(context.Context, *DeleteCheckpointRequest) (*Empty, error)
 	Rollback(context.Context, *RollbackRequest) (*Empty, error)
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
+	Output(context.Context, *OutputRequest) (*OutputResponse, error)
 }
 
 func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
@@ -124,6 +125,13 @@ func RegisterContextsService(srv *ttrpc.Server, svc ContextsService) {
 					return nil, err
 				}
 				return svc.Describe(ctx, &req)
+			},
+			"Output": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OutputRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Output(ctx, &req)
 			},
 		},
 	})
@@ -246,6 +254,14 @@ func (c *contextsClient) Rollback(ctx context.Context, req *RollbackRequest) (*E
 func (c *contextsClient) Describe(ctx context.Context, req *DescribeRequest) (*DescribeResponse, error) {
 	var resp DescribeResponse
 	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Describe", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *contextsClient) Output(ctx context.Context, req *OutputRequest) (*OutputResponse, error) {
+	var resp OutputResponse
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Contexts", "Output", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

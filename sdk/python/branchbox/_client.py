@@ -415,6 +415,11 @@ class Branch:
         {"parent": branch, "invalidated": [ids]}."""
         return self.sandbox.client._call("POST", self._path("/commit"))["commit"]
 
+    def logs(self):
+        """What the branch's command (fork's args), or a memory branch's
+        processes, wrote to stdout and stderr: its last 1-2 MiB, as bytes."""
+        return self.sandbox.client._call("GET", self._path("/logs"))
+
     def abort(self):
         """Kill and discard the branch; returns the ids aborted."""
         return self.sandbox.client._call("POST", self._path("/abort"))["abort"]["aborted"]

@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -111,6 +112,14 @@ class SDKTest(unittest.TestCase):
         self.assertEqual("".join(v for k, v in events if k == "stderr"), "two\n")
         r = a.exec(["sh", "-c", "read x; echo got $x"], stdin="hi\n")
         self.assertEqual((r.exit_code, r.stdout), (0, "got hi\n"))
+
+        # A command given at fork: its output from the branch's log.
+        (cmd,) = self.sb.fork(1, args=["sh", "-c", "echo from the command; exec sleep 1000000"])
+        deadline = time.monotonic() + 10
+        while cmd.logs() != b"from the command\n" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(cmd.logs(), b"from the command\n")
+        cmd.abort()
 
         res = a.commit()
         self.assertEqual(res["invalidated"], [b.id])

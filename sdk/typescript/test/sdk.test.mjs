@@ -50,6 +50,14 @@ describe('branchbox SDK', () => {
       const r = await a.exec(['sh', '-c', 'read x; echo got $x; echo e >&2; exit 2'], { stdin: 'hi\n' });
       assert.deepEqual([r.exitCode, r.stdout, r.stderr], [2, 'got hi\n', 'e\n']);
 
+      // A command given at fork: its output from the branch's log.
+      const [cmd] = await sb.fork({ count: 1, args: ['sh', '-c', 'echo from the command; exec sleep 1000000'] });
+      for (const until = Date.now() + 10000; (await cmd.logs()).toString() !== 'from the command\n' && Date.now() < until; ) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.equal((await cmd.logs()).toString(), 'from the command\n');
+      await cmd.abort();
+
       const res = await a.commit();
       assert.deepEqual(res.invalidated, [b.id]);
       await assert.rejects(() => b.exec(['true']), StaleError);
