@@ -18,6 +18,11 @@ import (
 // find the branch API: the root is three levels above any snapshot's upper.
 const AddressFile = "address"
 
+// BranchDBFile, inside the snapshotter's root, is its database of branches:
+// what tells its root from another snapshotter's of the same layout
+// (containerd's overlayfs snapshotter's).
+const BranchDBFile = "branches.db"
+
 // RootOfUpper returns the snapshotter root an upper directory
 // (<root>/snapshots/<id>/fs or <root>/branches/<root id>/<id>/fs) lies in.
 func RootOfUpper(upper string) (string, error) {

@@ -169,6 +169,15 @@ func TestShimDropIn(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitUntil(t, "task running", 10*time.Second, func() bool { return taskStatus(t, ctx, env, id) == "RUNNING" })
+			if sn == "overlayfs" {
+				// The runtime runs it, but its rootfs cannot branch: a
+				// fork says so, as the user's mistake (same layout as the
+				// branch snapshotter's, no branch snapshotter behind it).
+				out, errOut, code := branchctl(t, ctx, env, "", "--json", "fork", id)
+				if code == 0 || !strings.Contains(out, `"kind": "failed-precondition"`) || !strings.Contains(out, "not made by the branch snapshotter") || !strings.Contains(out, "--snapshotter branch") {
+					t.Errorf("fork of a sandbox on overlayfs: exit %d: %s%s", code, out, errOut)
+				}
+			}
 
 			// Isolation, from the host: own PID and mount namespaces, own cgroup.
 			c, err := client.LoadContainer(ctx, id)

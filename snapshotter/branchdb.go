@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/branchbox/branchbox/branch"
+
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
@@ -28,7 +30,7 @@ import (
 // synced explicitly are the decisions of a commit and of a rollback, before
 // they change a branch: after a power loss a half-applied one is
 // completed, not left.
-const branchDBName = "branches.db"
+const branchDBName = branch.BranchDBFile
 
 // openBranchDB opens (creating if needed) the branch database. A file that
 // bolt cannot open or that fails its consistency check (a power loss in

@@ -2,7 +2,11 @@ package branchapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
@@ -14,6 +18,26 @@ import (
 // Client talks to the branch API of a containerd-branch-snapshotter.
 type Client struct {
 	t transport
+}
+
+// ErrNotBranchRoot: a snapshot root is not the branch snapshotter's (a
+// rootfs made by another snapshotter, such as overlayfs, whose layout is
+// the same).
+var ErrNotBranchRoot = fmt.Errorf("not made by the branch snapshotter (another snapshotter, such as overlayfs, made it): run it with --snapshotter branch: %w", errdefs.ErrFailedPrecondition)
+
+// AddressOf returns the socket of the branch snapshotter whose root is
+// root (branch.RootOfUpper), from the address file it writes there at
+// its start: ErrNotBranchRoot if root is another snapshotter's,
+// unavailable if the branch snapshotter has not written it.
+func AddressOf(root string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(root, branch.AddressFile))
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if _, serr := os.Stat(filepath.Join(root, branch.BranchDBFile)); errors.Is(err, os.ErrNotExist) && errors.Is(serr, os.ErrNotExist) {
+		return "", ErrNotBranchRoot
+	}
+	return "", fmt.Errorf("find the branch snapshotter's socket (is containerd-branch-snapshotter running?): %v: %w", err, errdefs.ErrUnavailable)
 }
 
 // Dial connects to the snapshotter's unix socket: over ttrpc where the

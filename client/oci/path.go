@@ -4,10 +4,8 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/branchbox/branchbox/client/branchapi"
 
@@ -149,11 +147,14 @@ func dialSnapshotterOf(upper string) (*branchapi.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr, err := os.ReadFile(filepath.Join(root, branch.AddressFile))
-	if err != nil {
-		return nil, fmt.Errorf("find the branch snapshotter's socket: %v: %w", err, errdefs.ErrUnavailable)
+	addr, err := branchapi.AddressOf(root)
+	if errors.Is(err, branchapi.ErrNotBranchRoot) {
+		return nil, fmt.Errorf("its rootfs was %w", err)
 	}
-	c, err := branchapi.Dial(strings.TrimSpace(string(addr)))
+	if err != nil {
+		return nil, err
+	}
+	c, err := branchapi.Dial(addr)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the branch snapshotter: %w", err)
 	}

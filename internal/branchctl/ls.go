@@ -5,6 +5,7 @@ package branchctl
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -51,7 +52,8 @@ func printSandboxes(w io.Writer, list []client.SandboxSummary, now time.Time) er
 			branches = "-"
 		}
 		if s.Error != "" {
-			branches = "? (" + s.Error + ")"
+			// The row names the sandbox already.
+			branches = "? (" + strings.TrimPrefix(s.Error, "sandbox "+s.ID+": ") + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", id, s.Name, status, branches, s.Image, now.Sub(s.Created).Round(time.Second))
 	}

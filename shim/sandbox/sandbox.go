@@ -4,9 +4,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -265,12 +264,15 @@ func (c *Service) prepare(ctx context.Context, sb *Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: rootfs not from the branch snapshotter (run it with --snapshotter branch): %w", sb.id, err)
 	}
-	addr, err := os.ReadFile(filepath.Join(root, "address"))
+	addr, err := branchapi.AddressOf(root)
+	if errors.Is(err, branchapi.ErrNotBranchRoot) {
+		return fmt.Errorf("sandbox %s: its rootfs was %w", sb.id, err)
+	}
 	if err != nil {
-		return fmt.Errorf("sandbox %s: find the branch snapshotter's socket in %s/address: %v: %w", sb.id, root, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("sandbox %s: %w", sb.id, err)
 	}
 	kick := make(chan struct{}, 1)
-	client, err := branchapi.DialNotify(strings.TrimSpace(string(addr)), func() { wake(kick) })
+	client, err := branchapi.DialNotify(addr, func() { wake(kick) })
 	if err != nil {
 		return err
 	}
