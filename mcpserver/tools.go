@@ -119,6 +119,12 @@ type BranchIn struct {
 	Branch  string `json:"branch" jsonschema:"the branch id (from fork or tree)"`
 }
 
+// LogsOut is logs' output.
+type LogsOut struct {
+	Output    string `json:"output" jsonschema:"what the branch's processes wrote to stdout and stderr, as text (bytes that are not UTF-8 become U+FFFD)"`
+	Truncated bool   `json:"truncated,omitempty" jsonschema:"the output was longer than the server returns; only its end is here"`
+}
+
 // CommitOut is commit's output.
 type CommitOut struct {
 	Parent      Branch   `json:"parent" jsonschema:"the parent, which now has the branch's changes"`
@@ -188,6 +194,7 @@ func (s *Server) addTools() {
 	tool(s, "list_dir", "List a directory of a branch.", s.listDir)
 	tool(s, "commit", "Commit a branch: its changes become its parent's. The first commit among siblings wins; the others become stale and their processes are killed.", s.commit)
 	tool(s, "abort", "Abort a branch: kill its processes and discard its changes (and its own branches').", s.abort)
+	tool(s, "logs", "What a memory branch's processes (fork with_memory) wrote to their stdout and stderr: the end of it, kept by the shim until the branch ends.", s.logs)
 	tool(s, "tree", "Every branch of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
 	tool(s, "checkpoint", "Record a branch's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
 	tool(s, "rollback", "Bring a branch's files back to a checkpoint, under its running processes.", s.rollback)
@@ -414,6 +421,24 @@ func (s *Server) abort(ctx context.Context, in BranchIn) (AbortOut, error) {
 		ids = []string{}
 	}
 	return AbortOut{Aborted: ids}, nil
+}
+
+func (s *Server) logs(ctx context.Context, in BranchIn) (LogsOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return LogsOut{}, err
+	}
+	defer sc.Close()
+	out, err := sc.Output(ctx, in.Branch)
+	if err != nil {
+		return LogsOut{}, err
+	}
+	// The end matters most (the last lines a process wrote).
+	cut := len(out) > s.cfg.MaxOutput
+	if cut {
+		out = out[len(out)-s.cfg.MaxOutput:]
+	}
+	return LogsOut{Output: strings.ToValidUTF8(string(out), "\uFFFD"), Truncated: cut}, nil
 }
 
 func (s *Server) tree(ctx context.Context, in SandboxIn) (TreeOut, error) {

@@ -80,7 +80,7 @@ if (mode === 'ns') {
 // properties; scoped to one sandbox, there is no list_sandboxes.
 const { tools } = await client.listTools();
 const names = tools.map((t) => t.name).sort();
-assert.deepEqual(names, ['abort', 'checkpoint', 'commit', 'exec', 'fork', 'list_dir', 'read_file', 'rollback', 'tree', 'write_file']);
+assert.deepEqual(names, ['abort', 'checkpoint', 'commit', 'exec', 'fork', 'list_dir', 'logs', 'read_file', 'rollback', 'tree', 'write_file']);
 for (const t of tools) {
   assert.equal(t.inputSchema.type, 'object', t.name);
   assert.ok(t.description && t.description.length > 20, t.name);
@@ -127,6 +127,8 @@ assert.equal((await call('read_file', { branch: '0', path: '/answer' })).content
 assert.equal((await call('exec', { branch: '0', command: 'cat /answer' })).stdout, '42\n');
 
 const { branches: [b3] } = await call('fork', {});
+assert.equal((await call('logs', { branch: b3.id })).output, ''); // no command, no memory: nothing written
+await fails('logs', { branch: '0' }, 'invalid-argument', /nerdctl logs/);
 assert.deepEqual((await call('abort', { branch: b3.id })).aborted, [b3.id]);
 const tree = await call('tree', {});
 assert.deepEqual(tree.contexts, tree.branches);
