@@ -167,6 +167,16 @@ func (s *SelfClient) Abort(ctx context.Context, branchID string) ([]string, erro
 	return resp.Aborted, nil
 }
 
+// Output returns what branch's command (or a memory branch's processes)
+// wrote: the last 1 to 2 MiB of it; with "" the caller's own branch.
+func (s *SelfClient) Output(ctx context.Context, branchID string) ([]byte, error) {
+	resp, err := s.api.Output(ctx, &shimv1.SelfOutputRequest{Branch: branchID})
+	if err != nil {
+		return nil, fromTTRPC(err)
+	}
+	return resp.Output, nil
+}
+
 // Tree returns the caller's branch id and that branch with its
 // descendants (ended ones too). Host pids and cgroup paths are left out.
 func (s *SelfClient) Tree(ctx context.Context) (string, []BranchInfo, error) {

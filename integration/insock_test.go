@@ -338,6 +338,16 @@ func TestInsock(t *testing.T) {
 		t.Fatalf("after the commit: %d listeners, socket dirs %v; want only sb's", n, socketDirs(env, "sb"))
 	}
 
+	// A command's output, read from the parent (self logs).
+	if err := json.Unmarshal([]byte(must("sb", "branchctl", "self", "fork", "-n", "1", "--json", "--", "sh", "-c", "echo from the command; exec sleep 100000")), &kids); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		out, _ := in("sb", "branchctl", "self", "logs", kids[0].ID)
+		return out == "from the command\n"
+	})
+	must("sb", "branchctl", "self", "abort", kids[0].ID)
+
 	// Abort from the parent, and a branch whose init aborts itself.
 	if err := json.Unmarshal([]byte(must("sb", "branchctl", "self", "fork", "-n", "1", "--json")), &kids); err != nil {
 		t.Fatal(err)

@@ -51,6 +51,7 @@ named.`,
 			sub("wait", "ID EXEC", "wait for a process started with exec -d, as exec"),
 			sub("commit", "[ID]", "commit descendant ID into its parent; without ID, this branch into its parent: on success every process of this branch is killed, this one too, and nothing is printed"),
 			sub("abort", "[ID]", "discard descendant ID (without ID: this branch)"),
+			sub("logs", "[ID]", "what descendant ID's command (self fork -- CMD) wrote: its last 1-2 MiB (without ID: this branch's)"),
 			sub("tree", "", "this branch and its descendants"),
 			sub("checkpoint", "[--branch ID] NAME | ls", "record a branch's rootfs as NAME; ls lists the checkpoints",
 				&cli.BoolFlag{Name: "memory", Usage: "this branch's processes too, this one included: the command returns again, printing nothing, in each copy restored from NAME later (fork --from NAME --memory, rollback)"}),
@@ -144,6 +145,20 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		}
 		fmt.Fprintln(stdout)
 		return 0, nil
+	case "logs":
+		id, err := optional()
+		if err != nil {
+			return 2, err
+		}
+		out, err := c.Output(ctx, id)
+		if err != nil {
+			return 1, err
+		}
+		if g.json {
+			return 0, PrintJSON(stdout, map[string]string{"output": string(out)})
+		}
+		_, err = stdout.Write(out)
+		return 0, err
 	case "abort":
 		id, err := optional()
 		if err != nil {

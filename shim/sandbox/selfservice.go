@@ -261,6 +261,15 @@ func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (
 	return s.c.Abort(context.WithoutCancel(ctx), &shimv1.AbortRequest{Sandbox: s.sandbox, Branch: target})
 }
 
+func (s *selfService) Output(ctx context.Context, req *shimv1.SelfOutputRequest) (_ *shimv1.OutputResponse, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	target, err := s.resolve(ctx, req.Branch)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.Output(ctx, &shimv1.OutputRequest{Sandbox: s.sandbox, Branch: target})
+}
+
 // subtree is the caller's branch and its descendants among nodes.
 func (s *selfService) subtree(nodes []*shimv1.Branch) map[string]bool {
 	parents := map[string]string{}

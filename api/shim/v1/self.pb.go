@@ -30,6 +30,51 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SelfOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "" for the caller's own branch, or a descendant's id.
+	Branch        string `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SelfOutputRequest) Reset() {
+	*x = SelfOutputRequest{}
+	mi := &file_api_shim_v1_self_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SelfOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SelfOutputRequest) ProtoMessage() {}
+
+func (x *SelfOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_self_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SelfOutputRequest.ProtoReflect.Descriptor instead.
+func (*SelfOutputRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SelfOutputRequest) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
 type SelfForkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "" for the caller's own branch, or a descendant's id.
@@ -47,7 +92,7 @@ type SelfForkRequest struct {
 
 func (x *SelfForkRequest) Reset() {
 	*x = SelfForkRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[0]
+	mi := &file_api_shim_v1_self_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -59,7 +104,7 @@ func (x *SelfForkRequest) String() string {
 func (*SelfForkRequest) ProtoMessage() {}
 
 func (x *SelfForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[0]
+	mi := &file_api_shim_v1_self_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -72,7 +117,7 @@ func (x *SelfForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfForkRequest.ProtoReflect.Descriptor instead.
 func (*SelfForkRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{0}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *SelfForkRequest) GetParent() string {
@@ -144,7 +189,7 @@ type SelfExecRequest struct {
 
 func (x *SelfExecRequest) Reset() {
 	*x = SelfExecRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[1]
+	mi := &file_api_shim_v1_self_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +201,7 @@ func (x *SelfExecRequest) String() string {
 func (*SelfExecRequest) ProtoMessage() {}
 
 func (x *SelfExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[1]
+	mi := &file_api_shim_v1_self_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +214,7 @@ func (x *SelfExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfExecRequest.ProtoReflect.Descriptor instead.
 func (*SelfExecRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{1}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SelfExecRequest) GetBranch() string {
@@ -209,7 +254,7 @@ type SelfExecResponse struct {
 
 func (x *SelfExecResponse) Reset() {
 	*x = SelfExecResponse{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[2]
+	mi := &file_api_shim_v1_self_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -221,7 +266,7 @@ func (x *SelfExecResponse) String() string {
 func (*SelfExecResponse) ProtoMessage() {}
 
 func (x *SelfExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[2]
+	mi := &file_api_shim_v1_self_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -234,7 +279,7 @@ func (x *SelfExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfExecResponse.ProtoReflect.Descriptor instead.
 func (*SelfExecResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{2}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SelfExecResponse) GetExecId() string {
@@ -254,7 +299,7 @@ type SelfWaitRequest struct {
 
 func (x *SelfWaitRequest) Reset() {
 	*x = SelfWaitRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[3]
+	mi := &file_api_shim_v1_self_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +311,7 @@ func (x *SelfWaitRequest) String() string {
 func (*SelfWaitRequest) ProtoMessage() {}
 
 func (x *SelfWaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[3]
+	mi := &file_api_shim_v1_self_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +324,7 @@ func (x *SelfWaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfWaitRequest.ProtoReflect.Descriptor instead.
 func (*SelfWaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{3}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SelfWaitRequest) GetBranch() string {
@@ -311,7 +356,7 @@ type SelfWaitResponse struct {
 
 func (x *SelfWaitResponse) Reset() {
 	*x = SelfWaitResponse{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[4]
+	mi := &file_api_shim_v1_self_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +368,7 @@ func (x *SelfWaitResponse) String() string {
 func (*SelfWaitResponse) ProtoMessage() {}
 
 func (x *SelfWaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[4]
+	mi := &file_api_shim_v1_self_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +381,7 @@ func (x *SelfWaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfWaitResponse.ProtoReflect.Descriptor instead.
 func (*SelfWaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{4}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SelfWaitResponse) GetExitStatus() uint32 {
@@ -392,7 +437,7 @@ type SelfKillRequest struct {
 
 func (x *SelfKillRequest) Reset() {
 	*x = SelfKillRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[5]
+	mi := &file_api_shim_v1_self_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +449,7 @@ func (x *SelfKillRequest) String() string {
 func (*SelfKillRequest) ProtoMessage() {}
 
 func (x *SelfKillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[5]
+	mi := &file_api_shim_v1_self_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +462,7 @@ func (x *SelfKillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfKillRequest.ProtoReflect.Descriptor instead.
 func (*SelfKillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SelfKillRequest) GetBranch() string {
@@ -451,7 +496,7 @@ type SelfCommitRequest struct {
 
 func (x *SelfCommitRequest) Reset() {
 	*x = SelfCommitRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[6]
+	mi := &file_api_shim_v1_self_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +508,7 @@ func (x *SelfCommitRequest) String() string {
 func (*SelfCommitRequest) ProtoMessage() {}
 
 func (x *SelfCommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[6]
+	mi := &file_api_shim_v1_self_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +521,7 @@ func (x *SelfCommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfCommitRequest.ProtoReflect.Descriptor instead.
 func (*SelfCommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SelfCommitRequest) GetBranch() string {
@@ -496,7 +541,7 @@ type SelfAbortRequest struct {
 
 func (x *SelfAbortRequest) Reset() {
 	*x = SelfAbortRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[7]
+	mi := &file_api_shim_v1_self_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +553,7 @@ func (x *SelfAbortRequest) String() string {
 func (*SelfAbortRequest) ProtoMessage() {}
 
 func (x *SelfAbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[7]
+	mi := &file_api_shim_v1_self_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +566,7 @@ func (x *SelfAbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfAbortRequest.ProtoReflect.Descriptor instead.
 func (*SelfAbortRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SelfAbortRequest) GetBranch() string {
@@ -539,7 +584,7 @@ type SelfTreeRequest struct {
 
 func (x *SelfTreeRequest) Reset() {
 	*x = SelfTreeRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[8]
+	mi := &file_api_shim_v1_self_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +596,7 @@ func (x *SelfTreeRequest) String() string {
 func (*SelfTreeRequest) ProtoMessage() {}
 
 func (x *SelfTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[8]
+	mi := &file_api_shim_v1_self_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +609,7 @@ func (x *SelfTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfTreeRequest.ProtoReflect.Descriptor instead.
 func (*SelfTreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{9}
 }
 
 type SelfTreeResponse struct {
@@ -578,7 +623,7 @@ type SelfTreeResponse struct {
 
 func (x *SelfTreeResponse) Reset() {
 	*x = SelfTreeResponse{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[9]
+	mi := &file_api_shim_v1_self_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +635,7 @@ func (x *SelfTreeResponse) String() string {
 func (*SelfTreeResponse) ProtoMessage() {}
 
 func (x *SelfTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[9]
+	mi := &file_api_shim_v1_self_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +648,7 @@ func (x *SelfTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfTreeResponse.ProtoReflect.Descriptor instead.
 func (*SelfTreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SelfTreeResponse) GetSelf() string {
@@ -631,7 +676,7 @@ type SelfCheckpointRequest struct {
 
 func (x *SelfCheckpointRequest) Reset() {
 	*x = SelfCheckpointRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[10]
+	mi := &file_api_shim_v1_self_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +688,7 @@ func (x *SelfCheckpointRequest) String() string {
 func (*SelfCheckpointRequest) ProtoMessage() {}
 
 func (x *SelfCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[10]
+	mi := &file_api_shim_v1_self_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +701,7 @@ func (x *SelfCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*SelfCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SelfCheckpointRequest) GetBranch() string {
@@ -688,7 +733,7 @@ type SelfListCheckpointsRequest struct {
 
 func (x *SelfListCheckpointsRequest) Reset() {
 	*x = SelfListCheckpointsRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[11]
+	mi := &file_api_shim_v1_self_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +745,7 @@ func (x *SelfListCheckpointsRequest) String() string {
 func (*SelfListCheckpointsRequest) ProtoMessage() {}
 
 func (x *SelfListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[11]
+	mi := &file_api_shim_v1_self_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +758,7 @@ func (x *SelfListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*SelfListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{12}
 }
 
 type SelfRollbackRequest struct {
@@ -726,7 +771,7 @@ type SelfRollbackRequest struct {
 
 func (x *SelfRollbackRequest) Reset() {
 	*x = SelfRollbackRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[12]
+	mi := &file_api_shim_v1_self_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +783,7 @@ func (x *SelfRollbackRequest) String() string {
 func (*SelfRollbackRequest) ProtoMessage() {}
 
 func (x *SelfRollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[12]
+	mi := &file_api_shim_v1_self_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +796,7 @@ func (x *SelfRollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfRollbackRequest.ProtoReflect.Descriptor instead.
 func (*SelfRollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SelfRollbackRequest) GetBranch() string {
@@ -772,7 +817,9 @@ var File_api_shim_v1_self_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\n" +
-	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/branches.proto\"\xed\x01\n" +
+	"\x16api/shim/v1/self.proto\x12\x11branchbox.shim.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aapi/shim/v1/branches.proto\"+\n" +
+	"\x11SelfOutputRequest\x12\x16\n" +
+	"\x06branch\x18\x01 \x01(\tR\x06branch\"\xed\x01\n" +
 	"\x0fSelfForkRequest\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\tR\x06parent\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x12\n" +
@@ -820,7 +867,7 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x1aSelfListCheckpointsRequest\"A\n" +
 	"\x13SelfRollbackRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name2\xca\x06\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name2\x9d\a\n" +
 	"\x04Self\x12K\n" +
 	"\x04Fork\x12\".branchbox.shim.v1.SelfForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12O\n" +
 	"\x04Exec\x12\".branchbox.shim.v1.SelfExecRequest\x1a#.branchbox.shim.v1.SelfExecResponse\x12O\n" +
@@ -832,7 +879,8 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\n" +
 	"Checkpoint\x12(.branchbox.shim.v1.SelfCheckpointRequest\x1a%.branchbox.shim.v1.CheckpointResponse\x12l\n" +
 	"\x0fListCheckpoints\x12-.branchbox.shim.v1.SelfListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12L\n" +
-	"\bRollback\x12&.branchbox.shim.v1.SelfRollbackRequest\x1a\x18.branchbox.shim.v1.EmptyB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
+	"\bRollback\x12&.branchbox.shim.v1.SelfRollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12Q\n" +
+	"\x06Output\x12$.branchbox.shim.v1.SelfOutputRequest\x1a!.branchbox.shim.v1.OutputResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_self_proto_rawDescOnce sync.Once
@@ -846,57 +894,61 @@ func file_api_shim_v1_self_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_self_proto_rawDescData
 }
 
-var file_api_shim_v1_self_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_api_shim_v1_self_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_api_shim_v1_self_proto_goTypes = []any{
-	(*SelfForkRequest)(nil),            // 0: branchbox.shim.v1.SelfForkRequest
-	(*SelfExecRequest)(nil),            // 1: branchbox.shim.v1.SelfExecRequest
-	(*SelfExecResponse)(nil),           // 2: branchbox.shim.v1.SelfExecResponse
-	(*SelfWaitRequest)(nil),            // 3: branchbox.shim.v1.SelfWaitRequest
-	(*SelfWaitResponse)(nil),           // 4: branchbox.shim.v1.SelfWaitResponse
-	(*SelfKillRequest)(nil),            // 5: branchbox.shim.v1.SelfKillRequest
-	(*SelfCommitRequest)(nil),          // 6: branchbox.shim.v1.SelfCommitRequest
-	(*SelfAbortRequest)(nil),           // 7: branchbox.shim.v1.SelfAbortRequest
-	(*SelfTreeRequest)(nil),            // 8: branchbox.shim.v1.SelfTreeRequest
-	(*SelfTreeResponse)(nil),           // 9: branchbox.shim.v1.SelfTreeResponse
-	(*SelfCheckpointRequest)(nil),      // 10: branchbox.shim.v1.SelfCheckpointRequest
-	(*SelfListCheckpointsRequest)(nil), // 11: branchbox.shim.v1.SelfListCheckpointsRequest
-	(*SelfRollbackRequest)(nil),        // 12: branchbox.shim.v1.SelfRollbackRequest
-	(*Limits)(nil),                     // 13: branchbox.shim.v1.Limits
-	(*timestamppb.Timestamp)(nil),      // 14: google.protobuf.Timestamp
-	(*Branch)(nil),                     // 15: branchbox.shim.v1.Branch
-	(*ForkResponse)(nil),               // 16: branchbox.shim.v1.ForkResponse
-	(*Empty)(nil),                      // 17: branchbox.shim.v1.Empty
-	(*CommitResponse)(nil),             // 18: branchbox.shim.v1.CommitResponse
-	(*AbortResponse)(nil),              // 19: branchbox.shim.v1.AbortResponse
-	(*CheckpointResponse)(nil),         // 20: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsResponse)(nil),    // 21: branchbox.shim.v1.ListCheckpointsResponse
+	(*SelfOutputRequest)(nil),          // 0: branchbox.shim.v1.SelfOutputRequest
+	(*SelfForkRequest)(nil),            // 1: branchbox.shim.v1.SelfForkRequest
+	(*SelfExecRequest)(nil),            // 2: branchbox.shim.v1.SelfExecRequest
+	(*SelfExecResponse)(nil),           // 3: branchbox.shim.v1.SelfExecResponse
+	(*SelfWaitRequest)(nil),            // 4: branchbox.shim.v1.SelfWaitRequest
+	(*SelfWaitResponse)(nil),           // 5: branchbox.shim.v1.SelfWaitResponse
+	(*SelfKillRequest)(nil),            // 6: branchbox.shim.v1.SelfKillRequest
+	(*SelfCommitRequest)(nil),          // 7: branchbox.shim.v1.SelfCommitRequest
+	(*SelfAbortRequest)(nil),           // 8: branchbox.shim.v1.SelfAbortRequest
+	(*SelfTreeRequest)(nil),            // 9: branchbox.shim.v1.SelfTreeRequest
+	(*SelfTreeResponse)(nil),           // 10: branchbox.shim.v1.SelfTreeResponse
+	(*SelfCheckpointRequest)(nil),      // 11: branchbox.shim.v1.SelfCheckpointRequest
+	(*SelfListCheckpointsRequest)(nil), // 12: branchbox.shim.v1.SelfListCheckpointsRequest
+	(*SelfRollbackRequest)(nil),        // 13: branchbox.shim.v1.SelfRollbackRequest
+	(*Limits)(nil),                     // 14: branchbox.shim.v1.Limits
+	(*timestamppb.Timestamp)(nil),      // 15: google.protobuf.Timestamp
+	(*Branch)(nil),                     // 16: branchbox.shim.v1.Branch
+	(*ForkResponse)(nil),               // 17: branchbox.shim.v1.ForkResponse
+	(*Empty)(nil),                      // 18: branchbox.shim.v1.Empty
+	(*CommitResponse)(nil),             // 19: branchbox.shim.v1.CommitResponse
+	(*AbortResponse)(nil),              // 20: branchbox.shim.v1.AbortResponse
+	(*CheckpointResponse)(nil),         // 21: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsResponse)(nil),    // 22: branchbox.shim.v1.ListCheckpointsResponse
+	(*OutputResponse)(nil),             // 23: branchbox.shim.v1.OutputResponse
 }
 var file_api_shim_v1_self_proto_depIdxs = []int32{
-	13, // 0: branchbox.shim.v1.SelfForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	14, // 1: branchbox.shim.v1.SelfWaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	15, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
-	0,  // 3: branchbox.shim.v1.Self.Fork:input_type -> branchbox.shim.v1.SelfForkRequest
-	1,  // 4: branchbox.shim.v1.Self.Exec:input_type -> branchbox.shim.v1.SelfExecRequest
-	3,  // 5: branchbox.shim.v1.Self.Wait:input_type -> branchbox.shim.v1.SelfWaitRequest
-	5,  // 6: branchbox.shim.v1.Self.Kill:input_type -> branchbox.shim.v1.SelfKillRequest
-	6,  // 7: branchbox.shim.v1.Self.Commit:input_type -> branchbox.shim.v1.SelfCommitRequest
-	7,  // 8: branchbox.shim.v1.Self.Abort:input_type -> branchbox.shim.v1.SelfAbortRequest
-	8,  // 9: branchbox.shim.v1.Self.Tree:input_type -> branchbox.shim.v1.SelfTreeRequest
-	10, // 10: branchbox.shim.v1.Self.Checkpoint:input_type -> branchbox.shim.v1.SelfCheckpointRequest
-	11, // 11: branchbox.shim.v1.Self.ListCheckpoints:input_type -> branchbox.shim.v1.SelfListCheckpointsRequest
-	12, // 12: branchbox.shim.v1.Self.Rollback:input_type -> branchbox.shim.v1.SelfRollbackRequest
-	16, // 13: branchbox.shim.v1.Self.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	2,  // 14: branchbox.shim.v1.Self.Exec:output_type -> branchbox.shim.v1.SelfExecResponse
-	4,  // 15: branchbox.shim.v1.Self.Wait:output_type -> branchbox.shim.v1.SelfWaitResponse
-	17, // 16: branchbox.shim.v1.Self.Kill:output_type -> branchbox.shim.v1.Empty
-	18, // 17: branchbox.shim.v1.Self.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	19, // 18: branchbox.shim.v1.Self.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	9,  // 19: branchbox.shim.v1.Self.Tree:output_type -> branchbox.shim.v1.SelfTreeResponse
-	20, // 20: branchbox.shim.v1.Self.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	21, // 21: branchbox.shim.v1.Self.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	17, // 22: branchbox.shim.v1.Self.Rollback:output_type -> branchbox.shim.v1.Empty
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
+	14, // 0: branchbox.shim.v1.SelfForkRequest.limits:type_name -> branchbox.shim.v1.Limits
+	15, // 1: branchbox.shim.v1.SelfWaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	16, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
+	1,  // 3: branchbox.shim.v1.Self.Fork:input_type -> branchbox.shim.v1.SelfForkRequest
+	2,  // 4: branchbox.shim.v1.Self.Exec:input_type -> branchbox.shim.v1.SelfExecRequest
+	4,  // 5: branchbox.shim.v1.Self.Wait:input_type -> branchbox.shim.v1.SelfWaitRequest
+	6,  // 6: branchbox.shim.v1.Self.Kill:input_type -> branchbox.shim.v1.SelfKillRequest
+	7,  // 7: branchbox.shim.v1.Self.Commit:input_type -> branchbox.shim.v1.SelfCommitRequest
+	8,  // 8: branchbox.shim.v1.Self.Abort:input_type -> branchbox.shim.v1.SelfAbortRequest
+	9,  // 9: branchbox.shim.v1.Self.Tree:input_type -> branchbox.shim.v1.SelfTreeRequest
+	11, // 10: branchbox.shim.v1.Self.Checkpoint:input_type -> branchbox.shim.v1.SelfCheckpointRequest
+	12, // 11: branchbox.shim.v1.Self.ListCheckpoints:input_type -> branchbox.shim.v1.SelfListCheckpointsRequest
+	13, // 12: branchbox.shim.v1.Self.Rollback:input_type -> branchbox.shim.v1.SelfRollbackRequest
+	0,  // 13: branchbox.shim.v1.Self.Output:input_type -> branchbox.shim.v1.SelfOutputRequest
+	17, // 14: branchbox.shim.v1.Self.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	3,  // 15: branchbox.shim.v1.Self.Exec:output_type -> branchbox.shim.v1.SelfExecResponse
+	5,  // 16: branchbox.shim.v1.Self.Wait:output_type -> branchbox.shim.v1.SelfWaitResponse
+	18, // 17: branchbox.shim.v1.Self.Kill:output_type -> branchbox.shim.v1.Empty
+	19, // 18: branchbox.shim.v1.Self.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	20, // 19: branchbox.shim.v1.Self.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	10, // 20: branchbox.shim.v1.Self.Tree:output_type -> branchbox.shim.v1.SelfTreeResponse
+	21, // 21: branchbox.shim.v1.Self.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	22, // 22: branchbox.shim.v1.Self.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	18, // 23: branchbox.shim.v1.Self.Rollback:output_type -> branchbox.shim.v1.Empty
+	23, // 24: branchbox.shim.v1.Self.Output:output_type -> branchbox.shim.v1.OutputResponse
+	14, // [14:25] is the sub-list for method output_type
+	3,  // [3:14] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name
@@ -914,7 +966,7 @@ func file_api_shim_v1_self_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_self_proto_rawDesc), len(file_api_shim_v1_self_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

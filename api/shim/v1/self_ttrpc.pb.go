@@ -18,6 +18,7 @@ type SelfService interface {
 	Checkpoint(context.Context, *SelfCheckpointRequest) (*CheckpointResponse, error)
 	ListCheckpoints(context.Context, *SelfListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	Rollback(context.Context, *SelfRollbackRequest) (*Empty, error)
+	Output(context.Context, *SelfOutputRequest) (*OutputResponse, error)
 }
 
 func RegisterSelfService(srv *ttrpc.Server, svc SelfService) {
@@ -92,6 +93,13 @@ func RegisterSelfService(srv *ttrpc.Server, svc SelfService) {
 					return nil, err
 				}
 				return svc.Rollback(ctx, &req)
+			},
+			"Output": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SelfOutputRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Output(ctx, &req)
 			},
 		},
 	})
@@ -182,6 +190,14 @@ func (c *selfClient) ListCheckpoints(ctx context.Context, req *SelfListCheckpoin
 func (c *selfClient) Rollback(ctx context.Context, req *SelfRollbackRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "branchbox.shim.v1.Self", "Rollback", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *selfClient) Output(ctx context.Context, req *SelfOutputRequest) (*OutputResponse, error) {
+	var resp OutputResponse
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Self", "Output", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
