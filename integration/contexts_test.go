@@ -339,6 +339,8 @@ func TestBranchctl(t *testing.T) {
 	}{
 		{[]string{"commit", "sb"}, "names no branch"},
 		{[]string{"exec", "sb/1"}, "no command"},
+		{[]string{"exec", "sb", "--", "true"}, "use nerdctl exec or ctr tasks exec"},
+		{[]string{"exec", "sb/0", "--", "true"}, "branchctl runs commands in its branches"},
 		{[]string{"tree", "nosuch"}, "no sandbox \"nosuch\": no container has that id, id prefix or name"},
 		{[]string{"tree", "nosuch"}, "hint: see the sandboxes of namespace"},
 		{[]string{"fork", "sb", "-n", "1", "--seal", "glue"}, "want \"ro\" or \"freeze\""},

@@ -261,9 +261,13 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 	if len(cmd) == 0 {
 		return 2, fmt.Errorf("no command: write `branchctl exec %s -- CMD...`: %w", ref, errdefs.ErrInvalidArgument)
 	}
-	sb, b, err := splitRef(ref, true)
+	sb, b, err := splitRef(ref, false)
 	if err != nil {
 		return 2, err
+	}
+	if b == "" || b == branch.RootID {
+		// The sandbox's own processes are containerd's task's.
+		return 2, fmt.Errorf("exec in %s itself: branchctl runs commands in its branches; in the sandbox, use nerdctl exec or ctr tasks exec (or the HTTP API's exec on branch 0): %w", sb, errdefs.ErrInvalidArgument)
 	}
 	sc, err := dial(ctx, g, sb)
 	if err != nil {
