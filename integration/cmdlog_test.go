@@ -5,13 +5,16 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -86,6 +89,50 @@ func TestBranchOutputLogBounded(t *testing.T) {
 			st, code := branchStatus(t, ctx, sc, k.ID)
 			return st == "exited" && code == 3
 		})
+	})
+	t.Run("full disk", func(t *testing.T) {
+		// A nested branch's bundle on a 512 KiB tmpfs (nested: its init
+		// is spawned at the fork, in a mount namespace that has the
+		// tmpfs, not taken from the pool started before it; its id is
+		// the next, its parent's plus one): the init's log fills it, and
+		// the command must still write all it has and exit, its output
+		// beyond what fits dropped.
+		ctx, env, sc := sandboxCtxEnv(t)
+		parent := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+		next, err := strconv.Atoi(parent.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", strconv.Itoa(next+1))
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=512k,mode=0711"); err != nil {
+			t.Fatal(err)
+		}
+		// Before the sandbox goes (cleanups run last first).
+		t.Cleanup(func() {
+			if _, err := sc.Abort(context.WithoutCancel(ctx), parent.ID); err != nil {
+				t.Errorf("abort %s: %v", parent.ID, err)
+			}
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				t.Errorf("unmount the bundle's tmpfs: %v", err)
+			}
+			_ = os.Remove(dir)
+		})
+		k := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: parent.ID, Args: []string{"sh", "-c",
+			`head -c 8000000 /dev/zero | tr '\0' x || exit 9; exit 3`}})[0]
+		if k.ID != filepath.Base(dir) {
+			t.Fatalf("the nested branch is %s, not the next id %s whose bundle is on the tmpfs", k.ID, filepath.Base(dir))
+		}
+		waitUntil(t, "the command's exit with its output dropped", 30*time.Second, func() bool {
+			st, code := branchStatus(t, ctx, sc, k.ID)
+			return st == "exited" && code == 3
+		})
+		out, err := sc.Output(ctx, k.ID)
+		if err != nil || len(out) == 0 || len(out) > 512<<10 || len(bytes.Trim(out, "x")) != 0 {
+			t.Fatalf("log on a full disk: %d bytes, %v; want what fit, only the output's", len(out), err)
+		}
 	})
 	t.Run("memory", func(t *testing.T) {
 		// Its process writes once /go exists: in the branch only.
