@@ -29,6 +29,11 @@ const (
 	outputLogMax = 2<<20 + 64<<10
 )
 
+// branchBundle is the bundle of branch id of the sandbox sb.
+func branchBundle(env *daemons.Env, id string) string {
+	return filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", id)
+}
+
 // outputLog reads the output of the sandbox sb's branch id (the client's
 // Output), once it holds end at its end, and checks that branchctl logs
 // and the file in the bundle say the same.
@@ -42,7 +47,7 @@ func outputLog(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.S
 		}
 		return bytes.HasSuffix(b, []byte(end))
 	})
-	file, err := os.ReadFile(filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", id, "init.log"))
+	file, err := os.ReadFile(filepath.Join(branchBundle(env, id), "init.log"))
 	if err != nil || !bytes.Equal(file, b) {
 		t.Fatalf("the branch's init.log (%d bytes, %v) is not what Output returned (%d bytes)", len(file), err, len(b))
 	}
@@ -103,7 +108,7 @@ func TestBranchOutputLogBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches", strconv.Itoa(next+1))
+		dir := branchBundle(env, strconv.Itoa(next+1))
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			t.Fatal(err)
 		}

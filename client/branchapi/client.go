@@ -23,7 +23,7 @@ type Client struct {
 // ErrNotBranchRoot: a snapshot root is not the branch snapshotter's (a
 // rootfs made by another snapshotter, such as overlayfs, whose layout is
 // the same).
-var ErrNotBranchRoot = fmt.Errorf("not made by the branch snapshotter (another snapshotter, such as overlayfs, made it): run it with --snapshotter branch: %w", errdefs.ErrFailedPrecondition)
+var ErrNotBranchRoot = fmt.Errorf("its rootfs was not made by the branch snapshotter (another snapshotter, such as overlayfs, made it): run it with --snapshotter branch: %w", errdefs.ErrFailedPrecondition)
 
 // AddressOf returns the socket of the branch snapshotter whose root is
 // root (branch.RootOfUpper), from the address file it writes there at

@@ -4,7 +4,6 @@ package oci
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/branchbox/branchbox/client/branchapi"
@@ -148,9 +147,6 @@ func dialSnapshotterOf(upper string) (*branchapi.Client, error) {
 		return nil, err
 	}
 	addr, err := branchapi.AddressOf(root)
-	if errors.Is(err, branchapi.ErrNotBranchRoot) {
-		return nil, fmt.Errorf("its rootfs was %w", err)
-	}
 	if err != nil {
 		return nil, err
 	}

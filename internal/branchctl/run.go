@@ -399,11 +399,16 @@ func cmdLogs(c *cli.Context, g globals, inv *invocation) error {
 	if err != nil {
 		return err
 	}
+	return printOutput(stdout, g, out)
+}
+
+// printOutput prints a branch's output (logs, self logs) as it was
+// written, or with --json as text: bytes that are not UTF-8 become U+FFFD.
+func printOutput(stdout io.Writer, g globals, out []byte) error {
 	if g.json {
-		// As text: bytes that are not UTF-8 become U+FFFD.
 		return PrintJSON(stdout, map[string]string{"output": string(out)})
 	}
-	_, err = stdout.Write(out)
+	_, err := stdout.Write(out)
 	return err
 }
 

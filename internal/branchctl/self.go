@@ -154,11 +154,7 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if err != nil {
 			return 1, err
 		}
-		if g.json {
-			return 0, PrintJSON(stdout, map[string]string{"output": string(out)})
-		}
-		_, err = stdout.Write(out)
-		return 0, err
+		return 0, printOutput(stdout, g, out)
 	case "abort":
 		id, err := optional()
 		if err != nil {

@@ -4,7 +4,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -265,9 +264,6 @@ func (c *Service) prepare(ctx context.Context, sb *Sandbox) error {
 		return fmt.Errorf("sandbox %s: rootfs not from the branch snapshotter (run it with --snapshotter branch): %w", sb.id, err)
 	}
 	addr, err := branchapi.AddressOf(root)
-	if errors.Is(err, branchapi.ErrNotBranchRoot) {
-		return fmt.Errorf("sandbox %s: its rootfs was %w", sb.id, err)
-	}
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.id, err)
 	}
