@@ -108,6 +108,12 @@ type CheckpointOptions struct {
 	// processes (CRIU's), taken at the rootfs's instant: the checkpoint
 	// keeps a copy of it.
 	MemoryDir string
+	// MaxCheckpoints and MaxBytes bound the checkpoints of the branch's
+	// root (0: no bound): a checkpoint that would make them more, or the
+	// bytes of their layers and memory images more, is refused with a
+	// *CheckpointBoundError and nothing kept.
+	MaxCheckpoints int
+	MaxBytes       int64
 }
 
 // CheckpointOpt sets a CheckpointOptions.
@@ -116,6 +122,12 @@ type CheckpointOpt func(*CheckpointOptions)
 // WithMemoryImage has the checkpoint keep the memory image in dir.
 func WithMemoryImage(dir string) CheckpointOpt {
 	return func(o *CheckpointOptions) { o.MemoryDir = dir }
+}
+
+// WithCheckpointBounds bounds the checkpoints of the branch's root: at
+// most count of them, holding at most bytes (0: no bound).
+func WithCheckpointBounds(count int, bytes int64) CheckpointOpt {
+	return func(o *CheckpointOptions) { o.MaxCheckpoints, o.MaxBytes = count, bytes }
 }
 
 // RollbackOptions say what a rollback brings back beyond the rootfs.

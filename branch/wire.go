@@ -44,6 +44,16 @@ func ToGRPC(err error) error {
 			return st.Err()
 		}
 	}
+	var be *CheckpointBoundError
+	if errors.As(err, &be) {
+		st, derr := status.New(codes.ResourceExhausted, err.Error()).WithDetails(&branchv1.CheckpointBoundDetail{
+			Count: uint32(be.Count), MaxCheckpoints: uint32(be.MaxCheckpoints),
+			Bytes: be.Bytes, DeletedBytes: be.DeletedBytes, NewBytes: be.NewBytes, MaxBytes: be.MaxBytes,
+		})
+		if derr == nil {
+			return st.Err()
+		}
+	}
 	return errgrpc.ToGRPC(err)
 }
 
@@ -69,6 +79,14 @@ func FromGRPC(err error) error {
 					we.Writers = append(we.Writers, Writer{Pid: int(w.Pid), Command: w.Command, Path: w.Path})
 				}
 				return we
+			}
+		}
+	}
+	if st.Code() == codes.ResourceExhausted {
+		for _, d := range st.Details() {
+			if bd, ok := d.(*branchv1.CheckpointBoundDetail); ok {
+				return &CheckpointBoundError{Count: int(bd.Count), MaxCheckpoints: int(bd.MaxCheckpoints),
+					Bytes: bd.Bytes, DeletedBytes: bd.DeletedBytes, NewBytes: bd.NewBytes, MaxBytes: bd.MaxBytes}
 			}
 		}
 	}

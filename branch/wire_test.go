@@ -3,6 +3,8 @@ package branch
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -11,6 +13,7 @@ import (
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 	typesv1 "github.com/branchbox/branchbox/api/types/v1"
+	"github.com/containerd/errdefs"
 )
 
 // TestCheckpointProtoJSON: the shim writes a checkpoint in protojson into
@@ -72,5 +75,39 @@ func TestBranchRefWire(t *testing.T) {
 		if !bytes.Equal(got, c.want) {
 			t.Errorf("%s: encoded %x, want %x", c.name, got, c.want)
 		}
+	}
+}
+
+// TestCheckpointBoundErrorOverGRPC: a checkpoint refused by its bounds
+// reaches the shim with its figures and its kind, wrapped as the
+// snapshotter wraps it.
+func TestCheckpointBoundErrorOverGRPC(t *testing.T) {
+	sent := &CheckpointBoundError{Count: 3, MaxCheckpoints: 8, Bytes: 5 << 20, DeletedBytes: 1 << 20, NewBytes: 7 << 20, MaxBytes: 10 << 20}
+	got := FromGRPC(ToGRPC(fmt.Errorf("checkpoint sb as %q: %w", "c4", sent)))
+	var be *CheckpointBoundError
+	if !errors.As(got, &be) || *be != *sent || !errdefs.IsResourceExhausted(got) {
+		t.Fatalf("received %v (%#v), want %#v, resource exhausted", got, be, sent)
+	}
+	if be.OverCount() {
+		t.Fatal("3 of 8 checkpoints reported as over the count")
+	}
+	for _, c := range []struct {
+		count              int
+		bytes, newBytes    int64
+		refused, overCount bool
+	}{
+		{7, 0, 100, false, false},
+		{8, 0, 0, true, true},
+		{0, 10 << 20, 0, true, false},
+		{0, 9 << 20, 1 << 20, false, false},
+		{0, 9 << 20, 1<<20 + 1, true, false},
+	} {
+		err := CheckCheckpointBounds(CheckpointOptions{MaxCheckpoints: 8, MaxBytes: 10 << 20}, c.count, c.bytes, 0, c.newBytes)
+		if (err != nil) != c.refused || (err != nil && errors.As(err, &be) && be.OverCount() != c.overCount) {
+			t.Errorf("%d checkpoints holding %d, %d more: %v; want refused %v (count %v)", c.count, c.bytes, c.newBytes, err, c.refused, c.overCount)
+		}
+	}
+	if err := CheckCheckpointBounds(CheckpointOptions{}, 1<<20, 1<<50, 0, 1<<40); err != nil {
+		t.Errorf("no bounds: %v", err)
 	}
 }

@@ -225,6 +225,13 @@ func (s *SelfClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, erro
 	return out, nil
 }
 
+// DeleteCheckpoint deletes a checkpoint of the caller's branch or of a
+// descendant.
+func (s *SelfClient) DeleteCheckpoint(ctx context.Context, name string) error {
+	_, err := s.api.DeleteCheckpoint(ctx, &shimv1.SelfDeleteCheckpointRequest{Name: name})
+	return fromTTRPC(err)
+}
+
 // Rollback brings branch ("" for the caller's branch) back to a checkpoint
 // of its own.
 func (s *SelfClient) Rollback(ctx context.Context, branchID, name string) error {

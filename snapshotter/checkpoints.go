@@ -128,7 +128,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	defer unlock()
-	parent, seq, err := s.checkpointBaseOf(ctx, c, r, id, name)
+	parent, seq, err := s.checkpointBaseOf(ctx, c, r, id, name, o)
 	if err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
@@ -175,7 +175,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 		rec.Parent = parent.Name
 		rec.Chain = append(rec.Chain, parent.Chain...)
 	}
-	if err := s.recordCheckpoint(ctx, r, id, rec); err != nil {
+	if err := s.recordCheckpoint(ctx, r, id, rec, o); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
 	s.fault(FaultCheckpointRecorded)
@@ -186,7 +186,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 // checkpointBaseOf checks that branch id of r can take a checkpoint
 // named name, and returns the checkpoint the new one records its changes
 // against (its head, unless that chain is full) and the new one's number.
-func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string) (parent *checkpointRecord, seq uint64, err error) {
+func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSnap, id, name string, o branch.CheckpointOptions) (parent *checkpointRecord, seq uint64, err error) {
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -200,6 +200,9 @@ func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSna
 		}
 		if _, ok := d.Checkpoints[name]; ok {
 			return fmt.Errorf("a checkpoint named %q already exists in %s: %w", name, branch.DisplayKey(r.key), errdefs.ErrAlreadyExists)
+		}
+		if err := d.checkBounds(o, 0); err != nil {
+			return err
 		}
 		if p := d.Checkpoints[d.Heads[id]]; p != nil && len(p.Chain) < maxChain {
 			parent = p
@@ -232,8 +235,9 @@ func writeCheckpointLayer(ctx context.Context, upper string, changes []layer.Cha
 
 // recordCheckpoint records rec, a checkpoint of branch id of r whose
 // layer is in place, as that branch's head, unless the checkpoints
-// changed since its number was taken.
-func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord) error {
+// changed since its number was taken or it would take them past o's
+// bounds.
+func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, rec *checkpointRecord, o branch.CheckpointOptions) error {
 	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -244,6 +248,9 @@ func (s *Branches) recordCheckpoint(ctx context.Context, r rootSnap, id string, 
 		}
 		if _, ok := d.Checkpoints[rec.Name]; ok || d.Next != rec.Seq {
 			return fmt.Errorf("checkpoints of %s changed meanwhile: %w", branch.DisplayKey(r.key), errdefs.ErrAborted)
+		}
+		if err := d.checkBounds(o, rec.Size+rec.MemoryBytes); err != nil {
+			return err
 		}
 		d.Checkpoints[rec.Name] = rec
 		d.Heads[id] = rec.Name

@@ -92,6 +92,25 @@ func (d *checkpointDoc) needed() map[uint64]bool {
 	return out
 }
 
+// held is the bytes the checkpoints' layers and memory images hold, and
+// of it those of deleted checkpoints that remaining ones build on.
+func (d *checkpointDoc) held() (bytes, deleted int64) {
+	for _, c := range d.Checkpoints {
+		bytes += c.Size + c.MemoryBytes
+	}
+	for _, c := range d.Deleted {
+		deleted += c.Size + c.MemoryBytes
+	}
+	return bytes + deleted, deleted
+}
+
+// checkBounds refuses one more checkpoint, of newBytes (0: not yet
+// written), where it would take d past the bounds of o.
+func (d *checkpointDoc) checkBounds(o branch.CheckpointOptions, newBytes int64) error {
+	bytes, deleted := d.held()
+	return branch.CheckCheckpointBounds(o, len(d.Checkpoints), bytes, deleted, newBytes)
+}
+
 // collect drops the deleted records no checkpoint's chain needs any more
 // and returns their sequence numbers: their layers are then orphans.
 func (d *checkpointDoc) collect() []uint64 {

@@ -5,6 +5,7 @@ package snapshotter
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
@@ -96,6 +97,12 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 			return nil, fmt.Errorf("checkpoint: memory image directory %q is not an absolute path: %w", d, errdefs.ErrInvalidArgument)
 		}
 		opts = append(opts, branch.WithMemoryImage(d))
+	}
+	if n, max := req.GetMaxCheckpoints(), req.GetMaxBytes(); n > 0 || max > 0 {
+		if n > math.MaxInt32 || max < 0 {
+			return nil, fmt.Errorf("checkpoint: bounds of %d checkpoints and %d bytes: %w", n, max, errdefs.ErrInvalidArgument)
+		}
+		opts = append(opts, branch.WithCheckpointBounds(int(n), max))
 	}
 	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetBranch()), req.GetName(), opts...)
 	if err != nil {

@@ -14,7 +14,8 @@ func (c *Client) Checkpoint(ctx context.Context, ref branch.Ref, name string, op
 		opt(&o)
 	}
 	resp := &branchv1.CheckpointResponse{}
-	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Branch: branch.RefToProto(ref), Name: name, MemoryDir: o.MemoryDir}, resp); err != nil {
+	if err := c.t.invoke(ctx, "Checkpoint", &branchv1.CheckpointRequest{Branch: branch.RefToProto(ref), Name: name, MemoryDir: o.MemoryDir,
+		MaxCheckpoints: uint32(o.MaxCheckpoints), MaxBytes: o.MaxBytes}, resp); err != nil {
 		return branch.Checkpoint{}, branch.FromGRPC(err)
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil

@@ -79,14 +79,14 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if code == 0 {
 		code = 1
 	}
-	hint := hintFor(err, inv.namespace)
-	if jsonWanted(args) {
-		_ = PrintJSON(stdout, jsonError{Error: errorBody{Kind: client.ErrorKind(err), Message: err.Error(), Hint: hint}})
-		return code
-	}
 	name := "branchctl"
 	if i := skipFlags(app.Flags, args); i < len(args) && app.Command(args[i]) != nil {
 		name += " " + args[i]
+	}
+	hint := hintFor(err, inv.namespace, name == "branchctl self")
+	if jsonWanted(args) {
+		_ = PrintJSON(stdout, jsonError{Error: errorBody{Kind: client.ErrorKind(err), Message: err.Error(), Hint: hint}})
+		return code
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", name, err)
 	if hint != "" {
@@ -123,9 +123,11 @@ type errorBody struct {
 }
 
 // hintFor says what to do about an error, where its kind tells.
-func hintFor(err error, namespace string) string {
+func hintFor(err error, namespace string, self bool) string {
 	var se *branch.StaleError
 	switch {
+	case self && errdefs.IsNotFound(err):
+		return "see this branch's descendants and checkpoints with `branchctl self tree` and `branchctl self checkpoint ls`"
 	case errors.As(err, &se):
 		return fmt.Sprintf("branch %s lost to branch %s; fork again from the parent to keep exploring", se.Branch, se.Winner)
 	case errors.Is(err, client.ErrNoSandbox):

@@ -53,7 +53,7 @@ named.`,
 			sub("abort", "[ID]", "discard descendant ID (without ID: this branch)"),
 			sub("logs", "[ID]", "what descendant ID's command (self fork -- CMD) wrote: its last 1-2 MiB (without ID: this branch's)"),
 			sub("tree", "", "this branch and its descendants"),
-			sub("checkpoint", "[--branch ID] NAME | ls", "record a branch's rootfs as NAME; ls lists the checkpoints",
+			sub("checkpoint", "[--branch ID] NAME | ls | rm NAME", "record a branch's rootfs as NAME; ls lists the checkpoints, rm deletes one",
 				&cli.BoolFlag{Name: "memory", Usage: "this branch's processes too, this one included: the command returns again, printing nothing, in each copy restored from NAME later (fork --from NAME --memory, rollback)"}),
 			sub("rollback", "[--branch ID] NAME", "bring a branch's rootfs back to checkpoint NAME"),
 		},
@@ -194,6 +194,20 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", ck.Name, ck.Branch, size(ck.Size))
 			}
 			return 0, tw.Flush()
+		}
+		if len(pos) > 0 && pos[0] == "rm" {
+			nm, err := oneArg(pos[1:], "checkpoint name")
+			if err != nil {
+				return 2, err
+			}
+			if err := c.DeleteCheckpoint(ctx, nm); err != nil {
+				return 1, err
+			}
+			if g.json {
+				return 0, PrintJSON(stdout, map[string]string{"deleted": nm})
+			}
+			fmt.Fprintf(stdout, "deleted checkpoint %s\n", nm)
+			return 0, nil
 		}
 		nm, err := oneArg(pos, "checkpoint name")
 		if err != nil {

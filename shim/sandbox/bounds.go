@@ -3,10 +3,12 @@
 package sandbox
 
 // The bounds on what one sandbox may make this shim hold: live branches,
-// their depth, and how fast its own processes may fork through its branch
-// socket. Each branch costs the host a mount, a cgroup per hierarchy and
-// an init, outside the sandbox's own limits, so a sandbox must not be able
-// to make them without end. Each bound is set per sandbox by an annotation
+// their depth, its checkpoints and the bytes they hold, and how fast its
+// own processes may fork and checkpoint through its branch socket. Each
+// branch costs the host a mount, a cgroup per hierarchy and an init, and
+// each checkpoint a layer (and memory image) in the snapshotter's root,
+// outside the sandbox's own limits, so a sandbox must not be able to make
+// them without end. Each bound is set per sandbox by an annotation
 // on its container, per node by the shim's environment (containerd's: the
 // shim inherits it), and otherwise has a default (docs/limits.md).
 
@@ -21,20 +23,27 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/time/rate"
+
+	"github.com/branchbox/branchbox/branch"
+	units "github.com/docker/go-units"
 )
 
 // The annotations that set a sandbox's bounds.
 const (
-	MaxBranchesAnnotation = "io.branchbox.max-branches"
-	MaxDepthAnnotation    = "io.branchbox.max-depth"
-	ForkRateAnnotation    = "io.branchbox.fork-rate"
+	MaxBranchesAnnotation        = "io.branchbox.max-branches"
+	MaxDepthAnnotation           = "io.branchbox.max-depth"
+	ForkRateAnnotation           = "io.branchbox.fork-rate"
+	MaxCheckpointsAnnotation     = "io.branchbox.max-checkpoints"
+	MaxCheckpointBytesAnnotation = "io.branchbox.max-checkpoint-bytes"
 )
 
 // The environment variables that set the node's defaults.
 const (
-	MaxBranchesEnv = "BRANCHBOX_MAX_BRANCHES"
-	MaxDepthEnv    = "BRANCHBOX_MAX_DEPTH"
-	ForkRateEnv    = "BRANCHBOX_FORK_RATE"
+	MaxBranchesEnv        = "BRANCHBOX_MAX_BRANCHES"
+	MaxDepthEnv           = "BRANCHBOX_MAX_DEPTH"
+	ForkRateEnv           = "BRANCHBOX_FORK_RATE"
+	MaxCheckpointsEnv     = "BRANCHBOX_MAX_CHECKPOINTS"
+	MaxCheckpointBytesEnv = "BRANCHBOX_MAX_CHECKPOINT_BYTES"
 )
 
 // The defaults, and the ranges a setting must be in.
@@ -57,6 +66,16 @@ const (
 	DefaultForkRate = 100
 	// MaxForkRate is the highest rate a setting may give.
 	MaxForkRate = 10000
+	// DefaultMaxCheckpoints is how many checkpoints a sandbox may keep,
+	// of all its branches; MaxMaxCheckpoints the most a setting may allow.
+	DefaultMaxCheckpoints = 256
+	MaxMaxCheckpoints     = 65536
+	// DefaultMaxCheckpointBytes is how much its checkpoints' layers and
+	// memory images may hold; a setting may allow from MinMaxCheckpointBytes
+	// to MaxMaxCheckpointBytes.
+	DefaultMaxCheckpointBytes = 10 << 30
+	MinMaxCheckpointBytes     = 1 << 20
+	MaxMaxCheckpointBytes     = 1 << 50
 	// selfForkMaxWait is how long an in-sandbox fork over the rate waits
 	// for its turn; one that would wait longer is refused at once.
 	selfForkMaxWait = time.Second
@@ -67,9 +86,13 @@ const (
 type bounds struct {
 	maxBranches, maxDepth int
 	forkRate              float64
+	maxCheckpoints        int
+	maxCheckpointBytes    int64
 	branchesFrom          string
 	depthFrom             string
 	rateFrom              string
+	checkpointsFrom       string
+	checkpointBytesFrom   string
 }
 
 // defaultBounds are the built-in defaults.
@@ -77,9 +100,12 @@ func defaultBounds() bounds {
 	const from = "the default"
 	return bounds{
 		maxBranches: DefaultMaxBranches, maxDepth: DefaultMaxDepth, forkRate: DefaultForkRate,
-		branchesFrom: from + "; annotation " + MaxBranchesAnnotation + " sets it",
-		depthFrom:    from + "; annotation " + MaxDepthAnnotation + " sets it",
-		rateFrom:     from + "; annotation " + ForkRateAnnotation + " sets it",
+		maxCheckpoints: DefaultMaxCheckpoints, maxCheckpointBytes: DefaultMaxCheckpointBytes,
+		branchesFrom:        from + "; annotation " + MaxBranchesAnnotation + " sets it",
+		depthFrom:           from + "; annotation " + MaxDepthAnnotation + " sets it",
+		rateFrom:            from + "; annotation " + ForkRateAnnotation + " sets it",
+		checkpointsFrom:     from + "; annotation " + MaxCheckpointsAnnotation + " sets it",
+		checkpointBytesFrom: from + "; annotation " + MaxCheckpointBytesAnnotation + " sets it",
 	}
 }
 
@@ -89,14 +115,18 @@ type boundSetting struct {
 	from            *string
 	set             func(v float64)
 	integer         bool
-	min, max        float64
+	// size: a number of bytes, with or without a binary unit ("10GiB").
+	size     bool
+	min, max float64
 }
 
 func (b *bounds) settings() []boundSetting {
 	return []boundSetting{
-		{MaxBranchesEnv, MaxBranchesAnnotation, &b.branchesFrom, func(v float64) { b.maxBranches = int(v) }, true, 1, MaxMaxBranches},
-		{MaxDepthEnv, MaxDepthAnnotation, &b.depthFrom, func(v float64) { b.maxDepth = int(v) }, true, 1, MaxMaxDepth},
-		{ForkRateEnv, ForkRateAnnotation, &b.rateFrom, func(v float64) { b.forkRate = v }, false, 0.01, MaxForkRate},
+		{MaxBranchesEnv, MaxBranchesAnnotation, &b.branchesFrom, func(v float64) { b.maxBranches = int(v) }, true, false, 1, MaxMaxBranches},
+		{MaxDepthEnv, MaxDepthAnnotation, &b.depthFrom, func(v float64) { b.maxDepth = int(v) }, true, false, 1, MaxMaxDepth},
+		{ForkRateEnv, ForkRateAnnotation, &b.rateFrom, func(v float64) { b.forkRate = v }, false, false, 0.01, MaxForkRate},
+		{MaxCheckpointsEnv, MaxCheckpointsAnnotation, &b.checkpointsFrom, func(v float64) { b.maxCheckpoints = int(v) }, true, false, 1, MaxMaxCheckpoints},
+		{MaxCheckpointBytesEnv, MaxCheckpointBytesAnnotation, &b.checkpointBytesFrom, func(v float64) { b.maxCheckpointBytes = int64(v) }, true, true, MinMaxCheckpointBytes, MaxMaxCheckpointBytes},
 	}
 }
 
@@ -104,19 +134,27 @@ func (b *bounds) settings() []boundSetting {
 func parseBound(s boundSetting, what, value string) (float64, error) {
 	var v float64
 	var err error
-	if s.integer {
+	switch {
+	case s.size:
+		var n int64
+		n, err = units.RAMInBytes(value)
+		v = float64(n)
+	case s.integer:
 		var i int64
 		i, err = strconv.ParseInt(value, 10, 32)
 		v = float64(i)
-	} else {
+	default:
 		v, err = strconv.ParseFloat(value, 64)
 	}
 	if err != nil || math.IsNaN(v) || v < s.min || v > s.max {
-		kind := "a number"
-		if s.integer {
+		kind, lo, hi := "a number", fmt.Sprint(s.min), fmt.Sprint(s.max)
+		switch {
+		case s.size:
+			kind, lo, hi = "a size (bytes, or with a unit: 512MiB, 10GiB)", branch.Bytes(int64(s.min)), branch.Bytes(int64(s.max))
+		case s.integer:
 			kind = "a whole number"
 		}
-		return 0, fmt.Errorf("%s = %q: want %s from %v to %v: %w", what, value, kind, s.min, s.max, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("%s = %q: want %s from %s to %s: %w", what, value, kind, lo, hi, errdefs.ErrInvalidArgument)
 	}
 	return v, nil
 }
@@ -187,6 +225,21 @@ func (sb *Sandbox) throttleSelfFork(ctx context.Context, count int) error {
 	if count < 1 || count > sb.bounds.maxBranches {
 		return nil // refused by Fork, with the reason
 	}
+	return sb.throttleSelf(ctx, count, func(d time.Duration) string {
+		return fmt.Sprintf("sandbox %s forks from inside at most %v branches a second (%s), and %d more would wait %v", sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, count, d)
+	})
+}
+
+// throttleSelfCheckpoint takes one token from the same bucket for a
+// checkpoint asked for from inside: each copies the branch's changes (and
+// dumps its processes, with memory) on the host's time, as a fork costs it.
+func (sb *Sandbox) throttleSelfCheckpoint(ctx context.Context) error {
+	return sb.throttleSelf(ctx, 1, func(d time.Duration) string {
+		return fmt.Sprintf("sandbox %s makes from inside at most %v branches and checkpoints a second (%s), and this checkpoint would wait %v", sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, d)
+	})
+}
+
+func (sb *Sandbox) throttleSelf(ctx context.Context, count int, over func(wait time.Duration) string) error {
 	r := sb.forks.ReserveN(time.Now(), count)
 	if !r.OK() {
 		return fmt.Errorf("fork: count %d is more than sandbox %s may fork at once: %w", count, sb.id, errdefs.ErrInvalidArgument)
@@ -194,8 +247,7 @@ func (sb *Sandbox) throttleSelfFork(ctx context.Context, count int) error {
 	d := r.Delay()
 	if d > selfForkMaxWait {
 		r.Cancel()
-		return fmt.Errorf("sandbox %s forks from inside at most %v branches a second (%s), and %d more would wait %v: retry later: %w",
-			sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, count, d.Round(time.Millisecond), errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: retry later: %w", over(d.Round(time.Millisecond)), errdefs.ErrResourceExhausted)
 	}
 	if d > 0 {
 		t := time.NewTimer(d)

@@ -3,9 +3,12 @@
 package sandbox
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -44,6 +47,52 @@ func TestBounds(t *testing.T) {
 				t.Errorf("%v: %v, want invalid argument naming %s", bad, err, k)
 			}
 		}
+	}
+}
+
+// TestCheckpointBoundSettings: the checkpoint bounds take a count and a
+// size in bytes or with a binary unit; the refusal names the bound and
+// where it was set.
+func TestCheckpointBoundSettings(t *testing.T) {
+	b := defaultBounds()
+	if b.maxCheckpoints != DefaultMaxCheckpoints || b.maxCheckpointBytes != 10<<30 {
+		t.Fatalf("defaults: %+v", b)
+	}
+	env := map[string]string{MaxCheckpointBytesEnv: "512MiB", MaxCheckpointsEnv: "40"}
+	b, err := nodeBounds(func(k string) string { return env[k] })
+	if err != nil || b.maxCheckpointBytes != 512<<20 || b.maxCheckpoints != 40 {
+		t.Fatalf("node bounds: %+v %v", b, err)
+	}
+	for v, want := range map[string]int64{"2g": 2 << 30, "1073741824": 1 << 30, "1.5GiB": 3 << 29, "1024k": 1 << 20} {
+		sb, err := sandboxBounds(b, &specs.Spec{Annotations: map[string]string{MaxCheckpointBytesAnnotation: v}})
+		if err != nil || sb.maxCheckpointBytes != want {
+			t.Errorf("%s = %q: %d %v, want %d", MaxCheckpointBytesAnnotation, v, sb.maxCheckpointBytes, err, want)
+		}
+	}
+	for _, v := range []string{"0", "1000", "-1GiB", "lots", "2PiB", ""} {
+		_, err := sandboxBounds(b, &specs.Spec{Annotations: map[string]string{MaxCheckpointBytesAnnotation: v}})
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "want a size (bytes, or with a unit") {
+			t.Errorf("%s = %q: %v, want invalid argument asking for a size", MaxCheckpointBytesAnnotation, v, err)
+		}
+	}
+	for _, v := range []string{"0", "65537", "1e3"} {
+		if _, err := sandboxBounds(b, &specs.Spec{Annotations: map[string]string{MaxCheckpointsAnnotation: v}}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s = %q: %v, want invalid argument", MaxCheckpointsAnnotation, v, err)
+		}
+	}
+	sb := &Sandbox{id: "sb", bounds: defaultBounds()}
+	err = sb.checkpointRefused("c9", fmt.Errorf("checkpoint: %w", &branch.CheckpointBoundError{Count: 256, MaxCheckpoints: 256, MaxBytes: 10 << 30}), false)
+	want := `checkpoint "c9" of sandbox sb: it has 256 checkpoints, its maximum (the default; annotation io.branchbox.max-checkpoints sets it): delete some first (branchctl checkpoint rm sb NAME): resource exhausted`
+	if err == nil || err.Error() != want || !errdefs.IsResourceExhausted(err) {
+		t.Errorf("count refusal:\n%v\nwant\n%s", err, want)
+	}
+	err = sb.checkpointRefused("c9", &branch.CheckpointBoundError{Count: 3, MaxCheckpoints: 256, Bytes: 9 << 30, DeletedBytes: 1 << 30, NewBytes: 2 << 30, MaxBytes: 10 << 30}, true)
+	want = `checkpoint "c9" of sandbox sb: its checkpoints hold 9GiB (1GiB of it deleted checkpoints' layers that later ones build on), and this one's 2GiB would take them past their maximum of 10GiB (the default; annotation io.branchbox.max-checkpoint-bytes sets it): delete some first (branchctl self checkpoint rm NAME); a deleted checkpoint's layer counts until no later checkpoint builds on it: resource exhausted`
+	if err == nil || err.Error() != want {
+		t.Errorf("bytes refusal:\n%v\nwant\n%s", err, want)
+	}
+	if other := errors.New("boom"); sb.checkpointRefused("c9", other, false) != other {
+		t.Error("another error reworded")
 	}
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -41,10 +42,10 @@ func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest)
 	if req.Memory {
 		ck, err = c.memoryCheckpoint(ctx, sb, rootOr(req.Branch), req.Name)
 	} else {
-		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name)
+		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
 	}
 	if err != nil {
-		return nil, err
+		return nil, sb.checkpointRefused(req.Name, err, isSelfCaller(ctx))
 	}
 	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(ck)}, nil
 }
@@ -158,6 +159,61 @@ func (c *Service) memoryCheckpoint(ctx context.Context, sb *Sandbox, id, name st
 		return branch.Checkpoint{}, fmt.Errorf("branch %s of %s is not running: %w", id, sb.id, errdefs.ErrNotFound)
 	}
 	return c.checkpointMemory(ctx, sb, n, name)
+}
+
+// checkpointBounds are the sandbox's bounds on its checkpoints, which the
+// snapshotter applies as it records one.
+func (sb *Sandbox) checkpointBounds() branch.CheckpointOpt {
+	return branch.WithCheckpointBounds(sb.bounds.maxCheckpoints, sb.bounds.maxCheckpointBytes)
+}
+
+// checkBoundsBefore refuses a checkpoint the sandbox's checkpoints have no
+// room for before any work on it (a dump of its processes): from the
+// listed ones, as the snapshotter counts them; deleted checkpoints' layers
+// it counts too only when it records the checkpoint.
+func (sb *Sandbox) checkBoundsBefore(ctx context.Context) error {
+	list, err := sb.snapshot.Checkpoints(ctx, sb.root())
+	if err != nil {
+		return err
+	}
+	var bytes int64
+	for _, ck := range list {
+		bytes += ck.Size + ck.MemoryBytes
+	}
+	var o branch.CheckpointOptions
+	sb.checkpointBounds()(&o)
+	return branch.CheckCheckpointBounds(o, len(list), bytes, 0, 0)
+}
+
+// checkpointRefused words a checkpoint the sandbox's bounds refused for
+// its user: which bound, where it was set, what to do (from inside, with
+// branchctl self).
+func (sb *Sandbox) checkpointRefused(name string, err error, self bool) error {
+	var be *branch.CheckpointBoundError
+	if !errors.As(err, &be) {
+		return err
+	}
+	what := fmt.Sprintf("checkpoint %q of sandbox %s", name, sb.id)
+	rm := "branchctl checkpoint rm " + sb.id + " NAME"
+	if self {
+		rm = "branchctl self checkpoint rm NAME"
+	}
+	if be.OverCount() {
+		return fmt.Errorf("%s: it has %d checkpoints, its maximum (%s): delete some first (%s): %w",
+			what, be.Count, sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
+	}
+	held := branch.Bytes(be.Bytes)
+	deleted := ""
+	if be.DeletedBytes > 0 {
+		held += fmt.Sprintf(" (%s of it deleted checkpoints' layers that later ones build on)", branch.Bytes(be.DeletedBytes))
+		deleted = "; a deleted checkpoint's layer counts until no later checkpoint builds on it"
+	}
+	past := "their maximum"
+	if be.NewBytes > 0 {
+		past = fmt.Sprintf("and this one's %s would take them past their maximum", branch.Bytes(be.NewBytes))
+	}
+	return fmt.Errorf("%s: its checkpoints hold %s, %s of %s (%s): delete some first (%s)%s: %w",
+		what, held, past, branch.Bytes(be.MaxBytes), sb.bounds.checkpointBytesFrom, rm, deleted, errdefs.ErrResourceExhausted)
 }
 
 func rootOr(id string) string {

@@ -376,6 +376,9 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 	if n.state.has(held) {
 		return branch.Checkpoint{}, fmt.Errorf("%s: it is frozen until the snapshotter says whether its commit was made; call commit again to learn it: %w", what, errdefs.ErrFailedPrecondition)
 	}
+	if err := sb.checkBoundsBefore(ctx); err != nil {
+		return branch.Checkpoint{}, err
+	}
 	pid, err := c.initPid(ctx, sb, n)
 	if err != nil {
 		return branch.Checkpoint{}, err
@@ -407,7 +410,7 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 	defer img.remove(context.WithoutCancel(ctx))
 	// Taken whatever the caller does meanwhile: the processes stay frozen
 	// only until it returns.
-	return sb.snapshot.Checkpoint(context.WithoutCancel(ctx), sb.ref(n.id), name, branch.WithMemoryImage(img.dir))
+	return sb.snapshot.Checkpoint(context.WithoutCancel(ctx), sb.ref(n.id), name, branch.WithMemoryImage(img.dir), sb.checkpointBounds())
 }
 
 // rollbackMemory brings branch n back to checkpoint ck, which holds its

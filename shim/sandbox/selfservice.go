@@ -307,11 +307,18 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 	if err != nil {
 		return nil, err
 	}
+	sb, err := s.c.Sandbox(s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.throttleSelfCheckpoint(ctx); err != nil {
+		return nil, err
+	}
 	creq := &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory}
 	if req.Memory && target == s.self {
 		// The caller is among the processes to dump (selfcall.go).
 		token, err := s.callLater(ctx, "checkpoint with memory", func(ctx context.Context) (proto.Message, error) {
-			return s.c.Checkpoint(ctx, creq)
+			return s.c.Checkpoint(withSelfCaller(ctx), creq)
 		})
 		if err != nil {
 			return nil, err
@@ -322,7 +329,7 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 		// A descendant's processes: the caller is not among them.
 		ctx = context.WithValue(withSelfFork(ctx), callerApartKey{}, true)
 	}
-	return s.c.Checkpoint(ctx, creq)
+	return s.c.Checkpoint(withSelfCaller(ctx), creq)
 }
 
 func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {
@@ -343,6 +350,35 @@ func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListChe
 		}
 	}
 	return resp, nil
+}
+
+// selfCallerKey marks a request made through a branch socket, whose
+// errors point at branchctl self's commands rather than the host's.
+type selfCallerKey struct{}
+
+func withSelfCaller(ctx context.Context) context.Context {
+	return context.WithValue(ctx, selfCallerKey{}, true)
+}
+
+func isSelfCaller(ctx context.Context) bool {
+	v, _ := ctx.Value(selfCallerKey{}).(bool)
+	return v
+}
+
+// DeleteCheckpoint deletes a checkpoint of the caller's subtree; another
+// branch's is not found, as the listing does not show it.
+func (s *selfService) DeleteCheckpoint(ctx context.Context, req *shimv1.SelfDeleteCheckpointRequest) (_ *shimv1.Empty, retErr error) {
+	defer func() { retErr = toTTRPC(retErr) }()
+	mine, err := s.ListCheckpoints(ctx, &shimv1.SelfListCheckpointsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for _, ck := range mine.Checkpoints {
+		if ck.Name == req.Name {
+			return s.c.DeleteCheckpoint(ctx, &shimv1.DeleteCheckpointRequest{Sandbox: s.sandbox, Name: req.Name})
+		}
+	}
+	return nil, fmt.Errorf("delete checkpoint %q: no checkpoint of that name of branch %s or its descendants (branchctl self checkpoint ls): %w", req.Name, s.self, errdefs.ErrNotFound)
 }
 
 func (s *selfService) Rollback(ctx context.Context, req *shimv1.SelfRollbackRequest) (_ *shimv1.Empty, retErr error) {

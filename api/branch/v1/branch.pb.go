@@ -1137,9 +1137,18 @@ type CheckpointRequest struct {
 	// A directory holding a memory image of the branch's processes, taken
 	// at the instant of its rootfs (the caller sealed it): copied into the
 	// checkpoint, which keeps it as long as its layer.
-	MemoryDir     string `protobuf:"bytes,3,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MemoryDir string `protobuf:"bytes,3,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
+	// Bounds on the checkpoints of the branch's root (its sandbox), which
+	// the caller (the shim, which owns the sandbox's bounds) passes: a
+	// checkpoint that would make them more than max_checkpoints, or make
+	// the bytes of their layers and memory images (deleted checkpoints'
+	// layers that later ones build on included) more than max_bytes, is
+	// refused with RESOURCE_EXHAUSTED and a CheckpointBoundDetail, and
+	// nothing is kept. 0: no bound.
+	MaxCheckpoints uint32 `protobuf:"varint,4,opt,name=max_checkpoints,json=maxCheckpoints,proto3" json:"max_checkpoints,omitempty"`
+	MaxBytes       int64  `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckpointRequest) Reset() {
@@ -1193,6 +1202,110 @@ func (x *CheckpointRequest) GetMemoryDir() string {
 	return ""
 }
 
+func (x *CheckpointRequest) GetMaxCheckpoints() uint32 {
+	if x != nil {
+		return x.MaxCheckpoints
+	}
+	return 0
+}
+
+func (x *CheckpointRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+// CheckpointBoundDetail travels in the status details of a
+// RESOURCE_EXHAUSTED error for a checkpoint refused by its bounds.
+type CheckpointBoundDetail struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checkpoints the root has, and the most it may have.
+	Count          uint32 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	MaxCheckpoints uint32 `protobuf:"varint,2,opt,name=max_checkpoints,json=maxCheckpoints,proto3" json:"max_checkpoints,omitempty"`
+	// The bytes they hold, of which deleted_bytes are deleted checkpoints'
+	// layers that later ones build on; new_bytes is the refused one's (0 if
+	// it was refused before it was written); max_bytes the most they may hold.
+	Bytes         int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DeletedBytes  int64 `protobuf:"varint,4,opt,name=deleted_bytes,json=deletedBytes,proto3" json:"deleted_bytes,omitempty"`
+	NewBytes      int64 `protobuf:"varint,5,opt,name=new_bytes,json=newBytes,proto3" json:"new_bytes,omitempty"`
+	MaxBytes      int64 `protobuf:"varint,6,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointBoundDetail) Reset() {
+	*x = CheckpointBoundDetail{}
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointBoundDetail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointBoundDetail) ProtoMessage() {}
+
+func (x *CheckpointBoundDetail) ProtoReflect() protoreflect.Message {
+	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointBoundDetail.ProtoReflect.Descriptor instead.
+func (*CheckpointBoundDetail) Descriptor() ([]byte, []int) {
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CheckpointBoundDetail) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *CheckpointBoundDetail) GetMaxCheckpoints() uint32 {
+	if x != nil {
+		return x.MaxCheckpoints
+	}
+	return 0
+}
+
+func (x *CheckpointBoundDetail) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CheckpointBoundDetail) GetDeletedBytes() int64 {
+	if x != nil {
+		return x.DeletedBytes
+	}
+	return 0
+}
+
+func (x *CheckpointBoundDetail) GetNewBytes() int64 {
+	if x != nil {
+		return x.NewBytes
+	}
+	return 0
+}
+
+func (x *CheckpointBoundDetail) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 type CheckpointResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint    *v1.Checkpoint         `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
@@ -1202,7 +1315,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1327,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[18]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1340,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{18}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *v1.Checkpoint {
@@ -1246,7 +1359,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1371,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[19]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1384,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{19}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListCheckpointsRequest) GetRoot() *Root {
@@ -1290,7 +1403,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1415,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[20]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1428,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{20}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*v1.Checkpoint {
@@ -1335,7 +1448,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1460,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[21]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1473,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{21}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteCheckpointRequest) GetRoot() *Root {
@@ -1385,7 +1498,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1510,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[22]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1523,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{22}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
 }
 
 type RollbackRequest struct {
@@ -1427,7 +1540,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1552,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[23]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1565,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{23}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RollbackRequest) GetBranch() *BranchRef {
@@ -1484,7 +1597,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1609,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_branch_v1_branch_proto_msgTypes[24]
+	mi := &file_api_branch_v1_branch_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1622,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{24}
+	return file_api_branch_v1_branch_proto_rawDescGZIP(), []int{25}
 }
 
 var File_api_branch_v1_branch_proto protoreflect.FileDescriptor
@@ -1588,12 +1701,21 @@ const file_api_branch_v1_branch_proto_rawDesc = "" +
 	"\x06Writer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\"~\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"\xc4\x01\n" +
 	"\x11CheckpointRequest\x126\n" +
 	"\x06branch\x18\x01 \x01(\v2\x1e.branchbox.branch.v1.BranchRefR\x06branch\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
-	"memory_dir\x18\x03 \x01(\tR\tmemoryDir\"T\n" +
+	"memory_dir\x18\x03 \x01(\tR\tmemoryDir\x12'\n" +
+	"\x0fmax_checkpoints\x18\x04 \x01(\rR\x0emaxCheckpoints\x12\x1b\n" +
+	"\tmax_bytes\x18\x05 \x01(\x03R\bmaxBytes\"\xcb\x01\n" +
+	"\x15CheckpointBoundDetail\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\x12'\n" +
+	"\x0fmax_checkpoints\x18\x02 \x01(\rR\x0emaxCheckpoints\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12#\n" +
+	"\rdeleted_bytes\x18\x04 \x01(\x03R\fdeletedBytes\x12\x1b\n" +
+	"\tnew_bytes\x18\x05 \x01(\x03R\bnewBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x06 \x01(\x03R\bmaxBytes\"T\n" +
 	"\x12CheckpointResponse\x12>\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x1e.branchbox.types.v1.CheckpointR\n" +
@@ -1644,7 +1766,7 @@ func file_api_branch_v1_branch_proto_rawDescGZIP() []byte {
 }
 
 var file_api_branch_v1_branch_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_api_branch_v1_branch_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_api_branch_v1_branch_proto_goTypes = []any{
 	(State)(0),                       // 0: branchbox.branch.v1.State
 	(*Root)(nil),                     // 1: branchbox.branch.v1.Root
@@ -1665,21 +1787,22 @@ var file_api_branch_v1_branch_proto_goTypes = []any{
 	(*WritersDetail)(nil),            // 16: branchbox.branch.v1.WritersDetail
 	(*Writer)(nil),                   // 17: branchbox.branch.v1.Writer
 	(*CheckpointRequest)(nil),        // 18: branchbox.branch.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),       // 19: branchbox.branch.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 20: branchbox.branch.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 21: branchbox.branch.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),  // 22: branchbox.branch.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 23: branchbox.branch.v1.DeleteCheckpointResponse
-	(*RollbackRequest)(nil),          // 24: branchbox.branch.v1.RollbackRequest
-	(*RollbackResponse)(nil),         // 25: branchbox.branch.v1.RollbackResponse
-	(*timestamppb.Timestamp)(nil),    // 26: google.protobuf.Timestamp
-	(*v1.Checkpoint)(nil),            // 27: branchbox.types.v1.Checkpoint
+	(*CheckpointBoundDetail)(nil),    // 19: branchbox.branch.v1.CheckpointBoundDetail
+	(*CheckpointResponse)(nil),       // 20: branchbox.branch.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 21: branchbox.branch.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 22: branchbox.branch.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 23: branchbox.branch.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 24: branchbox.branch.v1.DeleteCheckpointResponse
+	(*RollbackRequest)(nil),          // 25: branchbox.branch.v1.RollbackRequest
+	(*RollbackResponse)(nil),         // 26: branchbox.branch.v1.RollbackResponse
+	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*v1.Checkpoint)(nil),            // 28: branchbox.types.v1.Checkpoint
 }
 var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	1,  // 0: branchbox.branch.v1.BranchRef.root:type_name -> branchbox.branch.v1.Root
 	0,  // 1: branchbox.branch.v1.Branch.state:type_name -> branchbox.branch.v1.State
-	26, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
-	26, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
+	27, // 2: branchbox.branch.v1.Branch.created:type_name -> google.protobuf.Timestamp
+	27, // 3: branchbox.branch.v1.Branch.ended:type_name -> google.protobuf.Timestamp
 	3,  // 4: branchbox.branch.v1.Branch.mounts:type_name -> branchbox.branch.v1.Mount
 	2,  // 5: branchbox.branch.v1.ForkRequest.parent:type_name -> branchbox.branch.v1.BranchRef
 	4,  // 6: branchbox.branch.v1.ForkResponse.branches:type_name -> branchbox.branch.v1.Branch
@@ -1692,9 +1815,9 @@ var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	3,  // 13: branchbox.branch.v1.MountsResponse.mounts:type_name -> branchbox.branch.v1.Mount
 	17, // 14: branchbox.branch.v1.WritersDetail.writers:type_name -> branchbox.branch.v1.Writer
 	2,  // 15: branchbox.branch.v1.CheckpointRequest.branch:type_name -> branchbox.branch.v1.BranchRef
-	27, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
+	28, // 16: branchbox.branch.v1.CheckpointResponse.checkpoint:type_name -> branchbox.types.v1.Checkpoint
 	1,  // 17: branchbox.branch.v1.ListCheckpointsRequest.root:type_name -> branchbox.branch.v1.Root
-	27, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
+	28, // 18: branchbox.branch.v1.ListCheckpointsResponse.checkpoints:type_name -> branchbox.types.v1.Checkpoint
 	1,  // 19: branchbox.branch.v1.DeleteCheckpointRequest.root:type_name -> branchbox.branch.v1.Root
 	2,  // 20: branchbox.branch.v1.RollbackRequest.branch:type_name -> branchbox.branch.v1.BranchRef
 	5,  // 21: branchbox.branch.v1.Branches.Fork:input_type -> branchbox.branch.v1.ForkRequest
@@ -1703,18 +1826,18 @@ var file_api_branch_v1_branch_proto_depIdxs = []int32{
 	11, // 24: branchbox.branch.v1.Branches.Tree:input_type -> branchbox.branch.v1.TreeRequest
 	13, // 25: branchbox.branch.v1.Branches.Mounts:input_type -> branchbox.branch.v1.MountsRequest
 	18, // 26: branchbox.branch.v1.Branches.Checkpoint:input_type -> branchbox.branch.v1.CheckpointRequest
-	20, // 27: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
-	22, // 28: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
-	24, // 29: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
+	21, // 27: branchbox.branch.v1.Branches.ListCheckpoints:input_type -> branchbox.branch.v1.ListCheckpointsRequest
+	23, // 28: branchbox.branch.v1.Branches.DeleteCheckpoint:input_type -> branchbox.branch.v1.DeleteCheckpointRequest
+	25, // 29: branchbox.branch.v1.Branches.Rollback:input_type -> branchbox.branch.v1.RollbackRequest
 	6,  // 30: branchbox.branch.v1.Branches.Fork:output_type -> branchbox.branch.v1.ForkResponse
 	8,  // 31: branchbox.branch.v1.Branches.Commit:output_type -> branchbox.branch.v1.CommitResponse
 	10, // 32: branchbox.branch.v1.Branches.Abort:output_type -> branchbox.branch.v1.AbortResponse
 	12, // 33: branchbox.branch.v1.Branches.Tree:output_type -> branchbox.branch.v1.TreeResponse
 	14, // 34: branchbox.branch.v1.Branches.Mounts:output_type -> branchbox.branch.v1.MountsResponse
-	19, // 35: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
-	21, // 36: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
-	23, // 37: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
-	25, // 38: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
+	20, // 35: branchbox.branch.v1.Branches.Checkpoint:output_type -> branchbox.branch.v1.CheckpointResponse
+	22, // 36: branchbox.branch.v1.Branches.ListCheckpoints:output_type -> branchbox.branch.v1.ListCheckpointsResponse
+	24, // 37: branchbox.branch.v1.Branches.DeleteCheckpoint:output_type -> branchbox.branch.v1.DeleteCheckpointResponse
+	26, // 38: branchbox.branch.v1.Branches.Rollback:output_type -> branchbox.branch.v1.RollbackResponse
 	30, // [30:39] is the sub-list for method output_type
 	21, // [21:30] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
@@ -1737,7 +1860,7 @@ func file_api_branch_v1_branch_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_branch_v1_branch_proto_rawDesc), len(file_api_branch_v1_branch_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -761,6 +761,50 @@ func (*SelfListCheckpointsRequest) Descriptor() ([]byte, []int) {
 	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{12}
 }
 
+type SelfDeleteCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SelfDeleteCheckpointRequest) Reset() {
+	*x = SelfDeleteCheckpointRequest{}
+	mi := &file_api_shim_v1_self_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SelfDeleteCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SelfDeleteCheckpointRequest) ProtoMessage() {}
+
+func (x *SelfDeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_self_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SelfDeleteCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*SelfDeleteCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SelfDeleteCheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type SelfRollbackRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Branch        string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
@@ -771,7 +815,7 @@ type SelfRollbackRequest struct {
 
 func (x *SelfRollbackRequest) Reset() {
 	*x = SelfRollbackRequest{}
-	mi := &file_api_shim_v1_self_proto_msgTypes[13]
+	mi := &file_api_shim_v1_self_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +827,7 @@ func (x *SelfRollbackRequest) String() string {
 func (*SelfRollbackRequest) ProtoMessage() {}
 
 func (x *SelfRollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_self_proto_msgTypes[13]
+	mi := &file_api_shim_v1_self_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +840,7 @@ func (x *SelfRollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelfRollbackRequest.ProtoReflect.Descriptor instead.
 func (*SelfRollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_self_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SelfRollbackRequest) GetBranch() string {
@@ -864,10 +908,12 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\bR\x06memory\"\x1c\n" +
-	"\x1aSelfListCheckpointsRequest\"A\n" +
+	"\x1aSelfListCheckpointsRequest\"1\n" +
+	"\x1bSelfDeleteCheckpointRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
 	"\x13SelfRollbackRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name2\x9d\a\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name2\xfb\a\n" +
 	"\x04Self\x12K\n" +
 	"\x04Fork\x12\".branchbox.shim.v1.SelfForkRequest\x1a\x1f.branchbox.shim.v1.ForkResponse\x12O\n" +
 	"\x04Exec\x12\".branchbox.shim.v1.SelfExecRequest\x1a#.branchbox.shim.v1.SelfExecResponse\x12O\n" +
@@ -879,7 +925,8 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\n" +
 	"Checkpoint\x12(.branchbox.shim.v1.SelfCheckpointRequest\x1a%.branchbox.shim.v1.CheckpointResponse\x12l\n" +
 	"\x0fListCheckpoints\x12-.branchbox.shim.v1.SelfListCheckpointsRequest\x1a*.branchbox.shim.v1.ListCheckpointsResponse\x12L\n" +
-	"\bRollback\x12&.branchbox.shim.v1.SelfRollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12Q\n" +
+	"\bRollback\x12&.branchbox.shim.v1.SelfRollbackRequest\x1a\x18.branchbox.shim.v1.Empty\x12\\\n" +
+	"\x10DeleteCheckpoint\x12..branchbox.shim.v1.SelfDeleteCheckpointRequest\x1a\x18.branchbox.shim.v1.Empty\x12Q\n" +
 	"\x06Output\x12$.branchbox.shim.v1.SelfOutputRequest\x1a!.branchbox.shim.v1.OutputResponseB3Z1github.com/branchbox/branchbox/api/shim/v1;shimv1b\x06proto3"
 
 var (
@@ -894,37 +941,38 @@ func file_api_shim_v1_self_proto_rawDescGZIP() []byte {
 	return file_api_shim_v1_self_proto_rawDescData
 }
 
-var file_api_shim_v1_self_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_api_shim_v1_self_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_api_shim_v1_self_proto_goTypes = []any{
-	(*SelfOutputRequest)(nil),          // 0: branchbox.shim.v1.SelfOutputRequest
-	(*SelfForkRequest)(nil),            // 1: branchbox.shim.v1.SelfForkRequest
-	(*SelfExecRequest)(nil),            // 2: branchbox.shim.v1.SelfExecRequest
-	(*SelfExecResponse)(nil),           // 3: branchbox.shim.v1.SelfExecResponse
-	(*SelfWaitRequest)(nil),            // 4: branchbox.shim.v1.SelfWaitRequest
-	(*SelfWaitResponse)(nil),           // 5: branchbox.shim.v1.SelfWaitResponse
-	(*SelfKillRequest)(nil),            // 6: branchbox.shim.v1.SelfKillRequest
-	(*SelfCommitRequest)(nil),          // 7: branchbox.shim.v1.SelfCommitRequest
-	(*SelfAbortRequest)(nil),           // 8: branchbox.shim.v1.SelfAbortRequest
-	(*SelfTreeRequest)(nil),            // 9: branchbox.shim.v1.SelfTreeRequest
-	(*SelfTreeResponse)(nil),           // 10: branchbox.shim.v1.SelfTreeResponse
-	(*SelfCheckpointRequest)(nil),      // 11: branchbox.shim.v1.SelfCheckpointRequest
-	(*SelfListCheckpointsRequest)(nil), // 12: branchbox.shim.v1.SelfListCheckpointsRequest
-	(*SelfRollbackRequest)(nil),        // 13: branchbox.shim.v1.SelfRollbackRequest
-	(*Limits)(nil),                     // 14: branchbox.shim.v1.Limits
-	(*timestamppb.Timestamp)(nil),      // 15: google.protobuf.Timestamp
-	(*Branch)(nil),                     // 16: branchbox.shim.v1.Branch
-	(*ForkResponse)(nil),               // 17: branchbox.shim.v1.ForkResponse
-	(*Empty)(nil),                      // 18: branchbox.shim.v1.Empty
-	(*CommitResponse)(nil),             // 19: branchbox.shim.v1.CommitResponse
-	(*AbortResponse)(nil),              // 20: branchbox.shim.v1.AbortResponse
-	(*CheckpointResponse)(nil),         // 21: branchbox.shim.v1.CheckpointResponse
-	(*ListCheckpointsResponse)(nil),    // 22: branchbox.shim.v1.ListCheckpointsResponse
-	(*OutputResponse)(nil),             // 23: branchbox.shim.v1.OutputResponse
+	(*SelfOutputRequest)(nil),           // 0: branchbox.shim.v1.SelfOutputRequest
+	(*SelfForkRequest)(nil),             // 1: branchbox.shim.v1.SelfForkRequest
+	(*SelfExecRequest)(nil),             // 2: branchbox.shim.v1.SelfExecRequest
+	(*SelfExecResponse)(nil),            // 3: branchbox.shim.v1.SelfExecResponse
+	(*SelfWaitRequest)(nil),             // 4: branchbox.shim.v1.SelfWaitRequest
+	(*SelfWaitResponse)(nil),            // 5: branchbox.shim.v1.SelfWaitResponse
+	(*SelfKillRequest)(nil),             // 6: branchbox.shim.v1.SelfKillRequest
+	(*SelfCommitRequest)(nil),           // 7: branchbox.shim.v1.SelfCommitRequest
+	(*SelfAbortRequest)(nil),            // 8: branchbox.shim.v1.SelfAbortRequest
+	(*SelfTreeRequest)(nil),             // 9: branchbox.shim.v1.SelfTreeRequest
+	(*SelfTreeResponse)(nil),            // 10: branchbox.shim.v1.SelfTreeResponse
+	(*SelfCheckpointRequest)(nil),       // 11: branchbox.shim.v1.SelfCheckpointRequest
+	(*SelfListCheckpointsRequest)(nil),  // 12: branchbox.shim.v1.SelfListCheckpointsRequest
+	(*SelfDeleteCheckpointRequest)(nil), // 13: branchbox.shim.v1.SelfDeleteCheckpointRequest
+	(*SelfRollbackRequest)(nil),         // 14: branchbox.shim.v1.SelfRollbackRequest
+	(*Limits)(nil),                      // 15: branchbox.shim.v1.Limits
+	(*timestamppb.Timestamp)(nil),       // 16: google.protobuf.Timestamp
+	(*Branch)(nil),                      // 17: branchbox.shim.v1.Branch
+	(*ForkResponse)(nil),                // 18: branchbox.shim.v1.ForkResponse
+	(*Empty)(nil),                       // 19: branchbox.shim.v1.Empty
+	(*CommitResponse)(nil),              // 20: branchbox.shim.v1.CommitResponse
+	(*AbortResponse)(nil),               // 21: branchbox.shim.v1.AbortResponse
+	(*CheckpointResponse)(nil),          // 22: branchbox.shim.v1.CheckpointResponse
+	(*ListCheckpointsResponse)(nil),     // 23: branchbox.shim.v1.ListCheckpointsResponse
+	(*OutputResponse)(nil),              // 24: branchbox.shim.v1.OutputResponse
 }
 var file_api_shim_v1_self_proto_depIdxs = []int32{
-	14, // 0: branchbox.shim.v1.SelfForkRequest.limits:type_name -> branchbox.shim.v1.Limits
-	15, // 1: branchbox.shim.v1.SelfWaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	16, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
+	15, // 0: branchbox.shim.v1.SelfForkRequest.limits:type_name -> branchbox.shim.v1.Limits
+	16, // 1: branchbox.shim.v1.SelfWaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	17, // 2: branchbox.shim.v1.SelfTreeResponse.nodes:type_name -> branchbox.shim.v1.Branch
 	1,  // 3: branchbox.shim.v1.Self.Fork:input_type -> branchbox.shim.v1.SelfForkRequest
 	2,  // 4: branchbox.shim.v1.Self.Exec:input_type -> branchbox.shim.v1.SelfExecRequest
 	4,  // 5: branchbox.shim.v1.Self.Wait:input_type -> branchbox.shim.v1.SelfWaitRequest
@@ -934,21 +982,23 @@ var file_api_shim_v1_self_proto_depIdxs = []int32{
 	9,  // 9: branchbox.shim.v1.Self.Tree:input_type -> branchbox.shim.v1.SelfTreeRequest
 	11, // 10: branchbox.shim.v1.Self.Checkpoint:input_type -> branchbox.shim.v1.SelfCheckpointRequest
 	12, // 11: branchbox.shim.v1.Self.ListCheckpoints:input_type -> branchbox.shim.v1.SelfListCheckpointsRequest
-	13, // 12: branchbox.shim.v1.Self.Rollback:input_type -> branchbox.shim.v1.SelfRollbackRequest
-	0,  // 13: branchbox.shim.v1.Self.Output:input_type -> branchbox.shim.v1.SelfOutputRequest
-	17, // 14: branchbox.shim.v1.Self.Fork:output_type -> branchbox.shim.v1.ForkResponse
-	3,  // 15: branchbox.shim.v1.Self.Exec:output_type -> branchbox.shim.v1.SelfExecResponse
-	5,  // 16: branchbox.shim.v1.Self.Wait:output_type -> branchbox.shim.v1.SelfWaitResponse
-	18, // 17: branchbox.shim.v1.Self.Kill:output_type -> branchbox.shim.v1.Empty
-	19, // 18: branchbox.shim.v1.Self.Commit:output_type -> branchbox.shim.v1.CommitResponse
-	20, // 19: branchbox.shim.v1.Self.Abort:output_type -> branchbox.shim.v1.AbortResponse
-	10, // 20: branchbox.shim.v1.Self.Tree:output_type -> branchbox.shim.v1.SelfTreeResponse
-	21, // 21: branchbox.shim.v1.Self.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
-	22, // 22: branchbox.shim.v1.Self.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
-	18, // 23: branchbox.shim.v1.Self.Rollback:output_type -> branchbox.shim.v1.Empty
-	23, // 24: branchbox.shim.v1.Self.Output:output_type -> branchbox.shim.v1.OutputResponse
-	14, // [14:25] is the sub-list for method output_type
-	3,  // [3:14] is the sub-list for method input_type
+	14, // 12: branchbox.shim.v1.Self.Rollback:input_type -> branchbox.shim.v1.SelfRollbackRequest
+	13, // 13: branchbox.shim.v1.Self.DeleteCheckpoint:input_type -> branchbox.shim.v1.SelfDeleteCheckpointRequest
+	0,  // 14: branchbox.shim.v1.Self.Output:input_type -> branchbox.shim.v1.SelfOutputRequest
+	18, // 15: branchbox.shim.v1.Self.Fork:output_type -> branchbox.shim.v1.ForkResponse
+	3,  // 16: branchbox.shim.v1.Self.Exec:output_type -> branchbox.shim.v1.SelfExecResponse
+	5,  // 17: branchbox.shim.v1.Self.Wait:output_type -> branchbox.shim.v1.SelfWaitResponse
+	19, // 18: branchbox.shim.v1.Self.Kill:output_type -> branchbox.shim.v1.Empty
+	20, // 19: branchbox.shim.v1.Self.Commit:output_type -> branchbox.shim.v1.CommitResponse
+	21, // 20: branchbox.shim.v1.Self.Abort:output_type -> branchbox.shim.v1.AbortResponse
+	10, // 21: branchbox.shim.v1.Self.Tree:output_type -> branchbox.shim.v1.SelfTreeResponse
+	22, // 22: branchbox.shim.v1.Self.Checkpoint:output_type -> branchbox.shim.v1.CheckpointResponse
+	23, // 23: branchbox.shim.v1.Self.ListCheckpoints:output_type -> branchbox.shim.v1.ListCheckpointsResponse
+	19, // 24: branchbox.shim.v1.Self.Rollback:output_type -> branchbox.shim.v1.Empty
+	19, // 25: branchbox.shim.v1.Self.DeleteCheckpoint:output_type -> branchbox.shim.v1.Empty
+	24, // 26: branchbox.shim.v1.Self.Output:output_type -> branchbox.shim.v1.OutputResponse
+	15, // [15:27] is the sub-list for method output_type
+	3,  // [3:15] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name
@@ -966,7 +1016,7 @@ func file_api_shim_v1_self_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_self_proto_rawDesc), len(file_api_shim_v1_self_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -18,6 +18,7 @@ type SelfService interface {
 	Checkpoint(context.Context, *SelfCheckpointRequest) (*CheckpointResponse, error)
 	ListCheckpoints(context.Context, *SelfListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	Rollback(context.Context, *SelfRollbackRequest) (*Empty, error)
+	DeleteCheckpoint(context.Context, *SelfDeleteCheckpointRequest) (*Empty, error)
 	Output(context.Context, *SelfOutputRequest) (*OutputResponse, error)
 }
 
@@ -93,6 +94,13 @@ func RegisterSelfService(srv *ttrpc.Server, svc SelfService) {
 					return nil, err
 				}
 				return svc.Rollback(ctx, &req)
+			},
+			"DeleteCheckpoint": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SelfDeleteCheckpointRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.DeleteCheckpoint(ctx, &req)
 			},
 			"Output": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req SelfOutputRequest
@@ -190,6 +198,14 @@ func (c *selfClient) ListCheckpoints(ctx context.Context, req *SelfListCheckpoin
 func (c *selfClient) Rollback(ctx context.Context, req *SelfRollbackRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "branchbox.shim.v1.Self", "Rollback", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *selfClient) DeleteCheckpoint(ctx context.Context, req *SelfDeleteCheckpointRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "branchbox.shim.v1.Self", "DeleteCheckpoint", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
