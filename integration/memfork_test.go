@@ -207,6 +207,17 @@ func TestMemoryForkRefusals(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(nc)") {
 		t.Fatalf("memory fork with a listener: %v; want failed precondition naming nc and the port", err)
 	}
+	// A connection, both ends in the sandbox (each nc's input held open,
+	// or busybox's nc ends it at once): read from the processes' own
+	// descriptors, each end named.
+	replIn(t, ctx, env, sc, branch.RootID, 1, `sleep 1000 | nc -l -p 8126 >/dev/null 2>&1 & sleep 0.2; sleep 1000 | nc 127.0.0.1 8126 >/dev/null 2>&1 & echo started`)
+	waitUntil(t, "the connection", 10*time.Second, func() bool {
+		_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err != nil && strings.Contains(err.Error(), "to port 8126, which cannot be copied")
+	})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "has a TCP connection from port 8126 to port ") {
+		t.Fatalf("memory fork with a connection: %v; want failed precondition naming both of its ends", err)
+	}
 	for _, o := range []client.ForkOptions{
 		{Count: 1, WithMemory: true, Args: []string{"true"}},
 	} {

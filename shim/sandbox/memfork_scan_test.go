@@ -1,0 +1,91 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestSocketProblem: what a memory fork refuses of a process's sockets,
+// read from duplicates of its descriptors (this test's own), as the
+// /proc/net tables said it before: a listener and a bound UDP port only
+// where the branches share the network, a connection always, nothing of
+// a unix socket or an unbound one.
+func TestSocketProblem(t *testing.T) {
+	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	defer unix.Close(pidfd)
+	fdOf := func(c interface {
+		File() (*os.File, error)
+	}) int {
+		t.Helper()
+		f, err := c.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return int(f.Fd())
+	}
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	conn, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	udp, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		udp, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer udp.Close()
+	udpPort := udp.LocalAddr().(*net.UDPAddr).Port
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	defer unix.Close(pair[1])
+	unbound, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unbound)
+
+	for _, c := range []struct {
+		name      string
+		fd        int
+		sharedNet bool
+		want      string
+	}{
+		{"listener, shared", fdOf(ln), true, "listens on TCP port " + strconv.Itoa(port) + ","},
+		{"listener, isolated", fdOf(ln), false, ""},
+		{"connection", fdOf(conn), false, "to port " + strconv.Itoa(port) + ", which cannot be copied"},
+		{"udp, shared", fdOf(udp), true, "has a UDP socket bound to port " + strconv.Itoa(udpPort) + ","},
+		{"udp, isolated", fdOf(udp), false, ""},
+		{"unix", pair[0], true, ""},
+		{"unbound tcp", unbound, true, ""},
+	} {
+		what, read := socketProblem(pidfd, c.fd, c.sharedNet)
+		if !read || (c.want == "") != (what == "") || !strings.Contains(what, c.want) {
+			t.Errorf("%s: %q (read %v), want %q", c.name, what, read, c.want)
+		}
+	}
+	if _, read := socketProblem(pidfd, 1<<20, true); read {
+		t.Error("a descriptor the process does not have was read")
+	}
+}
