@@ -34,20 +34,27 @@ func (s *Branches) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tre
 	if err != nil {
 		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, branchName(n.Parent), err)
 	}
+	return s.checkRoom(needs, "commit of branch "+n.ID, "or abort the branch")
+}
+
+// checkRoom refuses what needs more space or inodes than the snapshotter's
+// filesystem has free, with a margin: what names it, or says what else
+// the user can do.
+func (s *Branches) checkRoom(needs apply.Needs, what, or string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
 		return fmt.Errorf("free space under %s: %w", s.root, err)
 	}
 	free := int64(st.Bavail) * st.Bsize
 	if need := needs.Bytes + commitMarginBytes; need > free {
-		return fmt.Errorf("commit of branch %s needs %s, %s free under %s; free space there, or abort the branch: %w",
-			n.ID, megabytes(need), megabytes(free), s.root, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s needs %s, %s free under %s; free space there, %s: %w",
+			what, megabytes(need), megabytes(free), s.root, or, errdefs.ErrResourceExhausted)
 	}
 	// A filesystem without a fixed inode table reports none at all.
 	if st.Files > 0 {
 		if need := needs.Inodes + commitMarginInodes; uint64(need) > st.Ffree {
-			return fmt.Errorf("commit of branch %s needs %d inodes, %d free under %s; remove files there, or abort the branch: %w",
-				n.ID, need, st.Ffree, s.root, errdefs.ErrResourceExhausted)
+			return fmt.Errorf("%s needs %d inodes, %d free under %s; remove files there, %s: %w",
+				what, need, st.Ffree, s.root, or, errdefs.ErrResourceExhausted)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,6 +41,7 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 		return fmt.Errorf("rollback: %w", err)
 	}
 	defer unlock()
+	resumed := false // an earlier call decided it: it may be half done
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		tree, d, err := s.loadBoth(tx, r)
 		if err != nil {
@@ -64,6 +66,7 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 		if p, ok := d.Pending[id]; ok && p != name {
 			return fmt.Errorf("a rollback to %q is under way; call rollback to %q again to complete it: %w", p, p, errdefs.ErrFailedPrecondition)
 		}
+		_, resumed = d.Pending[id]
 		d.Pending[id] = name
 		return storeCheckpoints(tx, r.id(), d)
 	})
@@ -80,9 +83,43 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 	// killed, a client that gave up), or the branch would stay pending,
 	// its checkpoint undeletable, until a restart.
 	if err := s.finishRollback(context.WithoutCancel(ctx), r, id, name); err != nil {
+		var unmade *unmadeError
+		if !resumed && errors.As(err, &unmade) {
+			if uerr := s.undecideRollback(ctx, r, id, name); uerr == nil {
+				return fmt.Errorf("rollback %s to %q, not made (nothing changed): %w", c, name, err)
+			} else {
+				log.G(ctx).WithError(uerr).WithField("branch", id).Warn("take back a rollback that changed nothing")
+			}
+		}
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again, or a restart, completes it): %w", c, name, err)
 	}
 	return nil
+}
+
+// unmadeError is a rollback that failed before it wrote anything to the
+// branch: its decision can be taken back.
+type unmadeError struct{ err error }
+
+func (e *unmadeError) Error() string { return e.err.Error() }
+func (e *unmadeError) Unwrap() error { return e.err }
+
+// undecideRollback takes back the decision of a rollback of branch id to
+// name that changed nothing, durably: a restart must not carry it out.
+func (s *Branches) undecideRollback(ctx context.Context, r rootSnap, id, name string) error {
+	if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		d, err := loadCheckpoints(tx, r.id())
+		if err != nil {
+			return err
+		}
+		if d.Pending[id] != name {
+			return fmt.Errorf("the rollback pending for branch %s is to %q, not %q: %w", id, d.Pending[id], name, errdefs.ErrAborted)
+		}
+		delete(d.Pending, id)
+		return storeCheckpoints(tx, r.id(), d)
+	}); err != nil {
+		return err
+	}
+	return s.bdb.Sync()
 }
 
 // finishRollback carries a decided rollback through. It is idempotent:
@@ -203,8 +240,24 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 		return err
 	}
 	defer os.RemoveAll(scratch)
+	// Until the apply below, the branch is untouched: a failure is
+	// unmade, and a rollback of its own (j == nil) is taken back.
 	if _, err := layer.Write(ctx, layer.Source{Root: state, Merged: true}, changes, scratch); err != nil {
-		return fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+		}
+		return &unmadeError{fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)}
+	}
+	if j == nil {
+		// As a commit is refused (commitcheck.go): the apply's needs
+		// against the space left beside the scratch layer.
+		needs, err := apply.Measure(ctx, scratch, append([]string{s.branchUpper(r.id(), id)}, s.lowerDirs(r, tree, id)...))
+		if err != nil {
+			return &unmadeError{fmt.Errorf("checkpoint %q's version of %d changed paths cannot be applied: %w", ck.Name, len(changes), err)}
+		}
+		if err := s.checkRoom(needs, fmt.Sprintf("the apply of checkpoint %q's version of %d changed paths", ck.Name, len(changes)), "or roll back to another checkpoint"); err != nil {
+			return &unmadeError{err}
+		}
 	}
 	// resume: a killed apply's temporaries in target are removed.
 	if err := applyLayer(ctx, scratch, target, "", true, j); err != nil {
