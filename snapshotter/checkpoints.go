@@ -4,6 +4,7 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/layer"
@@ -162,7 +164,7 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	}
 	st, memBytes, err := writeCheckpointLayer(ctx, upper, changes, cur, o.MemoryDir, tmp)
 	if err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, outOfSpace(err))
 	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
@@ -211,6 +213,15 @@ func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSna
 		return nil
 	})
 	return parent, seq, err
+}
+
+// outOfSpace gives a full filesystem's error (or a quota's) the kind
+// errdefs.ErrResourceExhausted, which the disk's errno does not carry.
+func outOfSpace(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+	}
+	return err
 }
 
 // writeCheckpointLayer writes, in tmp (with its empty fs), the layer of

@@ -243,10 +243,7 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 	// Until the apply below, the branch is untouched: a failure is
 	// unmade, and a rollback of its own (j == nil) is taken back.
 	if _, err := layer.Write(ctx, layer.Source{Root: state, Merged: true}, changes, scratch); err != nil {
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			err = fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
-		}
-		return &unmadeError{fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), err)}
+		return &unmadeError{fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), outOfSpace(err))}
 	}
 	if j == nil {
 		// As a commit is refused (commitcheck.go): the apply's needs

@@ -89,3 +89,41 @@ func TestRollbackOutOfSpace(t *testing.T) {
 	}
 	sameTree(t, "after the rollback", want, live)
 }
+
+// TestCheckpointOutOfSpace: a checkpoint that does not fit fails with
+// resource exhausted and keeps nothing (no layer, no record, its name
+// free), and is made once there is room.
+func TestCheckpointOutOfSpace(t *testing.T) {
+	mnt := loopExt4(t, 96)
+	ctx := context.Background()
+	s, err := New(ctx, filepath.Join(mnt, "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sb := newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	live := mountAt(t, rm)
+	if err := os.WriteFile(filepath.Join(live, "big"), bytes.Repeat([]byte{'b'}, 24<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	if err := fill(filler, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Checkpoint(ctx, sb.ctx(""), "c")
+	t.Logf("checkpoint on a full disk: %v", err)
+	if !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("checkpoint that does not fit: %v; want resource exhausted", err)
+	}
+	if entries, _ := os.ReadDir(s.checkpointBase(mustRootID(t, ctx, s, sb))); len(entries) != 0 {
+		t.Fatalf("checkpoint directory after a failed checkpoint: %v", entries)
+	}
+	if l, err := s.Checkpoints(ctx, sb.root); err != nil || len(l) != 0 {
+		t.Fatalf("checkpoints after a failed one: %v %v", l, err)
+	}
+	removeAndSync(t, mnt, filler)
+	if _, err := s.Checkpoint(ctx, sb.ctx(""), "c"); err != nil {
+		t.Fatalf("checkpoint once there is room: %v", err)
+	}
+}
