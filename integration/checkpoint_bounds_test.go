@@ -21,8 +21,8 @@ import (
 // naming the bound, until one is deleted (self checkpoint rm, which finds
 // only the caller's own). (b) The annotation's bytes: a sandbox writing 3
 // MB between checkpoints is refused before its checkpoints pass 8 MiB,
-// and no refused layer stays on disk. (c) Checkpoints from inside take
-// from the fork rate's bucket. A bad annotation fails the create.
+// and no refused layer stays on disk. (c) Checkpoints and rollbacks from
+// inside take from the fork rate's bucket. A bad annotation fails the create.
 func TestCheckpointBounds(t *testing.T) {
 	ctx, env, _ := shimEnvWith(t, daemons.Config{ContainerdEnv: []string{"BRANCHBOX_MAX_CHECKPOINTS=4"}})
 	importInsockImage(t, ctx, env)
@@ -132,12 +132,15 @@ func TestCheckpointBounds(t *testing.T) {
 		t.Fatalf("checkpoints hold %d bytes on disk, want at most 8 MiB and their manifests", held)
 	}
 
-	// (c) Checkpoints from inside take from the bucket of the fork rate.
+	// (c) Checkpoints and rollbacks from inside take from the bucket of
+	// the fork rate.
 	runBoundedSandbox(t, ctx, env, "slow", "io.branchbox.fork-rate=0.1", "io.branchbox.max-branches=2")
 	must("slow", "branchctl", "self", "checkpoint", "s1")
 	must("slow", "branchctl", "self", "checkpoint", "s2")
 	out, err = in("slow", "branchctl", "self", "checkpoint", "s3")
-	refused(err, out, "makes from inside at most 0.1 branches and checkpoints a second (annotation io.branchbox.fork-rate)")
+	refused(err, out, "makes from inside at most 0.1 branches, checkpoints and rollbacks a second (annotation io.branchbox.fork-rate), and this checkpoint would wait")
+	out, err = in("slow", "branchctl", "self", "rollback", "s1")
+	refused(err, out, "and this rollback would wait")
 	if out, errOut, code := branchctl(t, ctx, env, "", "checkpoint", "slow", "s3"); code != 0 {
 		t.Fatalf("host checkpoint of a sandbox over its rate (the host is not rate-limited): %s %s", out, errOut)
 	}

@@ -230,12 +230,13 @@ func (sb *Sandbox) throttleSelfFork(ctx context.Context, count int) error {
 	})
 }
 
-// throttleSelfCheckpoint takes one token from the same bucket for a
-// checkpoint asked for from inside: each copies the branch's changes (and
-// dumps its processes, with memory) on the host's time, as a fork costs it.
-func (sb *Sandbox) throttleSelfCheckpoint(ctx context.Context) error {
+// throttleSelfOne takes one token from the same bucket for a checkpoint
+// or a rollback (what) asked for from inside: each reads the branch's
+// upper and copies its changes (with memory, dumps or restores its
+// processes) on the host's time, as a fork costs it.
+func (sb *Sandbox) throttleSelfOne(ctx context.Context, what string) error {
 	return sb.throttleSelf(ctx, 1, func(d time.Duration) string {
-		return fmt.Sprintf("sandbox %s makes from inside at most %v branches and checkpoints a second (%s), and this checkpoint would wait %v", sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, d)
+		return fmt.Sprintf("sandbox %s makes from inside at most %v branches, checkpoints and rollbacks a second (%s), and this %s would wait %v", sb.id, sb.bounds.forkRate, sb.bounds.rateFrom, what, d)
 	})
 }
 

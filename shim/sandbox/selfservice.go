@@ -311,7 +311,7 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 	if err != nil {
 		return nil, err
 	}
-	if err := sb.throttleSelfCheckpoint(ctx); err != nil {
+	if err := sb.throttleSelfOne(ctx, "checkpoint"); err != nil {
 		return nil, err
 	}
 	creq := &shimv1.CheckpointRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name, Memory: req.Memory}
@@ -385,6 +385,13 @@ func (s *selfService) Rollback(ctx context.Context, req *shimv1.SelfRollbackRequ
 	defer func() { retErr = toTTRPC(retErr) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
+		return nil, err
+	}
+	sb, err := s.c.Sandbox(s.sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.throttleSelfOne(ctx, "rollback"); err != nil {
 		return nil, err
 	}
 	return s.c.Rollback(ctx, &shimv1.RollbackRequest{Sandbox: s.sandbox, Branch: target, Name: req.Name})
