@@ -91,6 +91,10 @@ func TestCheckpointBoundSettings(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Errorf("bytes refusal:\n%v\nwant\n%s", err, want)
 	}
+	err = sb.checkpointRefused("c9", &branch.CheckpointBoundError{Count: 1, MaxCheckpoints: 1}, true)
+	if err == nil || !strings.Contains(err.Error(), ": it has 1 checkpoint, its maximum (") {
+		t.Errorf("count refusal at one: %v", err)
+	}
 	if other := errors.New("boom"); sb.checkpointRefused("c9", other, false) != other {
 		t.Error("another error reworded")
 	}

@@ -199,8 +199,12 @@ func (sb *Sandbox) checkpointRefused(name string, err error, self bool) error {
 		rm = "branchctl self checkpoint rm NAME"
 	}
 	if be.OverCount() {
-		return fmt.Errorf("%s: it has %d checkpoints, its maximum (%s): delete some first (%s): %w",
-			what, be.Count, sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
+		n := fmt.Sprintf("%d checkpoints", be.Count)
+		if be.Count == 1 {
+			n = "1 checkpoint"
+		}
+		return fmt.Errorf("%s: it has %s, its maximum (%s): delete some first (%s): %w",
+			what, n, sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
 	}
 	held := branch.Bytes(be.Bytes)
 	deleted := ""
