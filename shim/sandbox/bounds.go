@@ -262,3 +262,12 @@ func (sb *Sandbox) throttleSelf(ctx context.Context, count int, over func(wait t
 	}
 	return nil
 }
+
+// counted is n of a thing, in the singular for one: messages about bounds
+// of 1 read right.
+func counted(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}

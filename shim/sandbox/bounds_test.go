@@ -124,6 +124,11 @@ func TestCheckBranches(t *testing.T) {
 	if err := sb.checkBranches(root, 3); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "would make 5") {
 		t.Fatalf("2 live + 3: %v", err)
 	}
+	one := &Sandbox{id: "one", bounds: b, nodes: map[string]*Branch{"0": {id: "0"}, "1": {id: "1", parent: "0"}}}
+	one.bounds.maxBranches = 1
+	if err := one.checkBranches(one.nodes["0"], 1); err == nil || !strings.HasPrefix(err.Error(), "sandbox one has 1 live branch, its maximum") {
+		t.Fatalf("at a maximum of one: %v", err)
+	}
 	sb.nodes["3"] = &Branch{id: "3", parent: "0"}
 	sb.nodes["4"] = &Branch{id: "4", parent: "0"}
 	want := "sandbox sb has 4 live branches, its maximum (the default; annotation io.branchbox.max-branches sets it): abort some first"

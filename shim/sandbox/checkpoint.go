@@ -199,12 +199,8 @@ func (sb *Sandbox) checkpointRefused(name string, err error, self bool) error {
 		rm = "branchctl self checkpoint rm NAME"
 	}
 	if be.OverCount() {
-		n := fmt.Sprintf("%d checkpoints", be.Count)
-		if be.Count == 1 {
-			n = "1 checkpoint"
-		}
 		return fmt.Errorf("%s: it has %s, its maximum (%s): delete some first (%s): %w",
-			what, n, sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
+			what, counted(be.Count, "checkpoint", "checkpoints"), sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
 	}
 	held := branch.Bytes(be.Bytes)
 	deleted := ""

@@ -34,11 +34,11 @@ func (sb *Sandbox) checkBranches(parent *Branch, count int) error {
 	live := len(sb.nodes) - 1 // all but the sandbox itself
 	if live+count > b.maxBranches {
 		if live >= b.maxBranches {
-			return fmt.Errorf("sandbox %s has %d live branches, its maximum (%s): abort some first: %w",
-				sb.id, live, b.branchesFrom, errdefs.ErrResourceExhausted)
+			return fmt.Errorf("sandbox %s has %s, its maximum (%s): abort some first: %w",
+				sb.id, counted(live, "live branch", "live branches"), b.branchesFrom, errdefs.ErrResourceExhausted)
 		}
-		return fmt.Errorf("sandbox %s has %d live branches and a fork of %d would make %d, over its maximum of %d (%s): abort some first: %w",
-			sb.id, live, count, live+count, b.maxBranches, b.branchesFrom, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("sandbox %s has %s and a fork of %d would make %d, over its maximum of %d (%s): abort some first: %w",
+			sb.id, counted(live, "live branch", "live branches"), count, live+count, b.maxBranches, b.branchesFrom, errdefs.ErrResourceExhausted)
 	}
 	depth := 0
 	for n := parent; n != nil && n.parent != ""; n = sb.nodes[n.parent] {
