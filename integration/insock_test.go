@@ -393,7 +393,9 @@ func TestInsock(t *testing.T) {
 // handler's pod_annotations and container_annotations, as the documented
 // configuration sets them): io.branchbox.socket on a pod gives its
 // containers the socket, on a container gives that container the socket;
-// a pod's pause container and a container without it get none.
+// a pod's pause container and a container without it get none. The
+// bounds' annotations reach the shim the same ways (max-branches and
+// max-checkpoints on a pod, max-checkpoint-bytes on a container).
 func TestCRIInsockAnnotation(t *testing.T) {
 	c := criEnv(t)
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
@@ -435,17 +437,43 @@ func TestCRIInsockAnnotation(t *testing.T) {
 		}
 		return id
 	}
-	on := map[string]string{"io.branchbox.socket": "true"}
-	podOn, podOnCfg := runPod("sock-pod", on)
+	// The bounds come the same way (the handler lists them): two on the
+	// pod, one on a container.
+	podOn, podOnCfg := runPod("sock-pod", map[string]string{"io.branchbox.socket": "true", "io.branchbox.max-branches": "2", "io.branchbox.max-checkpoints": "1"})
 	podOff, podOffCfg := runPod("plain-pod", nil)
 	viaPod := start(podOn, podOnCfg, "via-pod", nil)
-	viaCtr := start(podOff, podOffCfg, "via-container", on)
+	viaCtr := start(podOff, podOffCfg, "via-container", map[string]string{"io.branchbox.socket": "true", "io.branchbox.max-checkpoint-bytes": "1MiB"})
 	none := start(podOff, podOffCfg, "none", nil)
 	for id, want := range map[string]string{viaPod: "branch.sock", viaCtr: "branch.sock", none: ""} {
 		out, _ := c.env.Crictl(c.ctx, "exec", "-s", id, "ls", "/run/branchbox")
 		if strings.TrimSpace(out) != want {
 			t.Errorf("container %s: /run/branchbox holds %q, want %q", id, out, want)
 		}
+	}
+	sc, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, viaPod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := sc.Fork(c.ctx, client.ForkOptions{Count: 3}); err == nil || !strings.Contains(err.Error(), "may have live, 2 (annotation io.branchbox.max-branches)") {
+		t.Errorf("fork of 3 in a pod with max-branches 2: %v", err)
+	}
+	if _, err := sc.Checkpoint(c.ctx, "", "first"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Checkpoint(c.ctx, "", "second"); err == nil || !strings.Contains(err.Error(), "it has 1 checkpoint, its maximum (annotation io.branchbox.max-checkpoints)") {
+		t.Errorf("second checkpoint in a pod with max-checkpoints 1: %v", err)
+	}
+	if _, err := c.env.Crictl(c.ctx, "exec", "-s", viaCtr, "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=2"); err != nil {
+		t.Fatal(err)
+	}
+	ctrSC, err := client.NewSandboxClient(c.ctx, c.env.Address, daemons.CRINamespace, viaCtr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctrSC.Close()
+	if _, err := ctrSC.Checkpoint(c.ctx, "", "big"); err == nil || !strings.Contains(err.Error(), "past their maximum of 1MiB (annotation io.branchbox.max-checkpoint-bytes)") {
+		t.Errorf("checkpoint of 2 MB in a container with max-checkpoint-bytes 1MiB: %v", err)
 	}
 	for _, pod := range []string{podOn, podOff} {
 		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", daemons.CRINamespace, pod)
