@@ -85,11 +85,11 @@ func (s *Branches) Rollback(ctx context.Context, c branch.Ref, name string, opts
 	if err := s.finishRollback(context.WithoutCancel(ctx), r, id, name); err != nil {
 		var unmade *unmadeError
 		if !resumed && errors.As(err, &unmade) {
-			if uerr := s.undecideRollback(ctx, r, id, name); uerr == nil {
+			uerr := s.undecideRollback(ctx, r, id, name)
+			if uerr == nil {
 				return fmt.Errorf("rollback %s to %q, not made (nothing changed): %w", c, name, err)
-			} else {
-				log.G(ctx).WithError(uerr).WithField("branch", id).Warn("take back a rollback that changed nothing")
 			}
+			log.G(ctx).WithError(uerr).WithField("branch", id).Warn("take back a rollback that changed nothing")
 		}
 		return fmt.Errorf("rollback %s to %q (decided; calling rollback again, or a restart, completes it): %w", c, name, err)
 	}
