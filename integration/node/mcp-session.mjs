@@ -119,6 +119,29 @@ await fails('exec', { branch: b1 }, 'invalid-argument', /input schema/);
 await fails('fork', { sandbox: 'some-other-sandbox' }, 'permission-denied', /scoped/);
 await fails('commit', {}, undefined, /branch/); // the schema's required property
 
+// A call the client cancels (the agent's user pressed stop: the SDK sends
+// notifications/cancelled): its command is killed, not left running.
+{
+  const ac = new AbortController();
+  const pending = client.callTool({ name: 'exec', arguments: { branch: b1, command: 'echo $$ > /cancelled.pid; exec sleep 30' } }, undefined, { signal: ac.signal });
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  for (let i = 0; ; i++) {
+    const rr = await call('exec', { branch: b1, command: 'cat /cancelled.pid 2>/dev/null || true' });
+    if (rr.stdout !== '') break;
+    assert.ok(i < 200, 'the command of the call to cancel never started');
+    await sleep(50);
+  }
+  ac.abort();
+  await assert.rejects(pending, (e) => e.name === 'AbortError' || /abort/i.test(String(e)));
+  for (let i = 0; ; i++) {
+    const rr = await call('exec', { branch: b1, command: 'kill -0 $(cat /cancelled.pid) 2>/dev/null && echo running || echo gone' });
+    if (rr.stdout === 'gone\n') break;
+    assert.ok(i < 200, 'the command of a cancelled call still runs 10 s later');
+    await sleep(50);
+  }
+  log('cancelled exec: its command was killed');
+}
+
 const c = await call('commit', { branch: b1 });
 assert.deepEqual(c.invalidated, [b2]);
 await fails('exec', { branch: b2, command: 'true' }, 'stale', /call fork/);
