@@ -14,7 +14,9 @@
 # Patched (hack/criu/*.patch, applied in order): an external network
 # namespace is dumped as its key only (0001), which a container's always is;
 # a root task restored into a new user namespace is born in the external
-# network namespace, which it could not join from there (0002).
+# network namespace, which it could not join from there (0002); a dump
+# collects the sockets of its network namespaces when it first meets one,
+# not with the tasks stopped whether they hold any or not (0003).
 #
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail

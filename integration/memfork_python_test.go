@@ -94,14 +94,17 @@ func pyIn(t *testing.T, ctx context.Context, env *daemons.Env, sc *client.Sandbo
 }
 
 // TestMemoryForkPythonREPL forks a Python REPL four ways with its memory:
-// a variable and a file it holds open for append carry over, each branch
-// continues and diverges, the first branch whose "test" passes is
-// committed, the others are invalidated and killed, and the sandbox has
+// a variable, a file it holds open for append and a unix socket pair with
+// a message queued carry over, each branch continues and diverges, the
+// first branch whose "test" passes is committed, the others are invalidated and killed, and the sandbox has
 // the winner's file and its own interpreter's state (docs/memory-fork.md:
 // a commit brings the winner's files, not its processes).
 func TestMemoryForkPythonREPL(t *testing.T) {
 	ctx, env, sc := pySandbox(t)
 	pyIn(t, ctx, env, sc, branch.RootID, `x = 41; tries = []; log = open('/data.log', 'a'); log.write('before\n'); log.flush(); print('ready', x)`, "ready 41")
+	// A unix socket pair with a message queued in it: each copy has its
+	// own pair, the message in it.
+	pyIn(t, ctx, env, sc, branch.RootID, `import socket; sa, sb = socket.socketpair(); sa.send(b'queued'); print('paired')`, "paired")
 
 	res, err := sc.ForkResult(ctx, client.ForkOptions{Count: 4, WithMemory: true})
 	if err != nil {
@@ -110,7 +113,7 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 	t.Logf("memory fork of 4 Python REPLs: parent stopped %s, dump %s, restore %s, image %d bytes", res.Memory.Pause, res.Memory.Dump, res.Memory.Restore, res.Memory.ImageBytes)
 	kids := res.Branches
 	for _, k := range kids {
-		pyIn(t, ctx, env, sc, k.ID, fmt.Sprintf(`print('branch %s sees', x, len(tries))`, k.ID), fmt.Sprintf("branch %s sees 41 0", k.ID))
+		pyIn(t, ctx, env, sc, k.ID, fmt.Sprintf(`print('branch %s sees', x, len(tries), sb.recv(16))`, k.ID), fmt.Sprintf("branch %s sees 41 0 b'queued'", k.ID))
 	}
 	// Each tries its own value; the "test" passes for an even one.
 	for i, k := range kids {
@@ -145,7 +148,7 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 	if out, err := execIn(ctx, env, "sb", "cat", "/data.log"); err != nil || out != "before\ntried 100\n" {
 		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
 	}
-	pyIn(t, ctx, env, sc, branch.RootID, `print('parent has', x, tries)`, "parent has 41 []")
+	pyIn(t, ctx, env, sc, branch.RootID, `print('parent has', x, tries, sb.recv(16))`, "parent has 41 [] b'queued'")
 	assertNoMemoryImages(t, env)
 }
 
