@@ -133,7 +133,7 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	if problems := unforkable(initPid, own, sharedNet); len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
 	}
-	return nil
+	return checkImageRoom(sb.bundle, initPid, what)
 }
 
 func (c *Service) noCriu(what string) error {
@@ -185,6 +185,10 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	if err != nil {
 		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
+		if strings.Contains(why, "No space left on device") {
+			// The estimate before the dump was short (checkImageRoom).
+			err = fmt.Errorf("%w: its image did not fit under %s: %w", err, sb.bundle, errdefs.ErrResourceExhausted)
+		}
 		return nil, fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
 	}
 	if err := markSelfCall(ctx, dir); err != nil {

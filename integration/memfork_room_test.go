@@ -1,0 +1,80 @@
+//go:build linux
+
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+)
+
+// TestMemoryForkImageRoom: a memory image is written into the sandbox's
+// bundle, in containerd's state directory, which is a tmpfs sized by the
+// node's memory on most nodes. A sandbox holding more memory than is
+// free there is refused before its processes are stopped, naming the
+// memory and the space (resource exhausted), for a memory fork and a
+// checkpoint with memory, with nothing left behind; the same sandbox
+// without the big process forks with memory in the same space. Before,
+// CRIU ran out of space midway, its processes stopped, with an error of
+// no kind.
+func TestMemoryForkImageRoom(t *testing.T) {
+	requireRoot(t)
+	mnt := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(mnt, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=96m,mode=0711"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	dir := filepath.Join(mnt, "env")
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
+	// dd holds its 120 MB buffer, written, while it waits on the pipe.
+	sc := runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sh", "-c", "dd if=/dev/zero bs=120M count=1 2>/dev/null | sleep 100000 & exec sleep 100000")
+	waitUntil(t, "dd's buffer", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
+		f := strings.Fields(out)
+		if err != nil || len(f) != 3 {
+			return false
+		}
+		kb, err := strconv.Atoi(f[1])
+		return err == nil && kb >= 120<<10
+	})
+	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	t.Logf("refused: %v", err)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "MiB of memory") || !strings.Contains(err.Error(), "containerd's state directory") {
+		t.Fatalf("memory fork of a sandbox bigger than the space for its image: %v; want resource exhausted naming the memory and the space", err)
+	}
+	if _, err := sc.Checkpoint(ctx, "", "big", client.CheckpointWithMemory()); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "would not fit") {
+		t.Fatalf("checkpoint with memory of the same: %v", err)
+	}
+	if kids, err := sc.Tree(ctx); err != nil || len(kids) != 1 {
+		t.Fatalf("branches after the refusals: %v %v", kids, err)
+	}
+	assertNoMemoryImages(t, env)
+	// The small rest of it forks with memory in the same space.
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "kill $(pidof dd)"); err != nil {
+		t.Fatalf("kill dd: %v %s", err, out)
+	}
+	waitUntil(t, "a memory fork once dd is gone", 10*time.Second, func() bool {
+		_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err == nil
+	})
+	assertNoMemoryImages(t, env)
+}

@@ -1,0 +1,69 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/procfd"
+)
+
+// imageMargin is room kept beside a memory image's estimate: CRIU's other
+// images (files, mounts, the pipes' data) and its log.
+const imageMargin = 16 << 20
+
+// checkImageRoom refuses a dump of the process tree of initPid whose
+// memory image would not fit in the filesystem of dir, where it is
+// written (the sandbox's bundle, in containerd's state directory: a tmpfs
+// sized by the node's memory on most nodes), before anything is stopped:
+// CRIU would otherwise run out of space midway, with the processes
+// stopped. The image holds about the tree's anonymous memory; a
+// filesystem with more free than the node's memory is not looked at
+// further.
+func checkImageRoom(dir string, initPid int, what string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("%s: free space where its image is written: %w", what, err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil && free >= int64(si.Totalram)*int64(si.Unit) {
+		return nil
+	}
+	var anon int64
+	for pid := range procfd.Tree(initPid, nil) {
+		anon += anonymousBytes(pid)
+	}
+	if anon+imageMargin > free {
+		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, under %s (containerd's state directory, a tmpfs sized by the node's memory on most nodes): fork it without --memory, or make room there: %w",
+			what, branch.Bytes(anon), branch.Bytes(free), dir, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// anonymousBytes is a process's anonymous memory (private pages CRIU
+// dumps), from /proc/PID/smaps_rollup; 0 for a process that is gone.
+func anonymousBytes(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Anonymous:")); ok {
+			kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(v), []byte("kB")))), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
