@@ -16,6 +16,21 @@ import (
 	"github.com/branchbox/branchbox/internal/fstest"
 )
 
+// sandboxOnExt4 is a snapshotter on an ext4 filesystem of sizeMB (its
+// mount point mnt) and a sandbox of it, mounted at live.
+func sandboxOnExt4(t *testing.T, ctx context.Context, sizeMB int) (mnt string, s *Snapshotter, sb sandbox, live string) {
+	t.Helper()
+	mnt = loopExt4(t, sizeMB)
+	s, err := New(ctx, filepath.Join(mnt, "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sb = newSandbox(t, ctx, s, "sb")
+	rm, _ := s.Mounts(ctx, sb.key)
+	return mnt, s, sb, mountAt(t, rm)
+}
+
 // TestRollbackOutOfSpace: a rollback whose checkpoint's version of the
 // changed files does not fit in the space free is refused before it
 // changes anything, as a commit is: the branch's files as they were, no
@@ -24,16 +39,8 @@ import (
 // checkpoint's version of the files does not fit and where their apply
 // beside it does not.
 func TestRollbackOutOfSpace(t *testing.T) {
-	mnt := loopExt4(t, 192)
 	ctx := context.Background()
-	s, err := New(ctx, filepath.Join(mnt, "root"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	sb := newSandbox(t, ctx, s, "sb")
-	rm, _ := s.Mounts(ctx, sb.key)
-	live := mountAt(t, rm)
+	mnt, s, sb, live := sandboxOnExt4(t, ctx, 192)
 	for i := range 4 {
 		if err := os.WriteFile(filepath.Join(live, "f"+strconv.Itoa(i)), bytes.Repeat([]byte{byte('a' + i)}, 8<<20), 0o644); err != nil {
 			t.Fatal(err)
@@ -59,7 +66,7 @@ func TestRollbackOutOfSpace(t *testing.T) {
 		if err := fill(filler, leave); err != nil {
 			t.Fatal(err)
 		}
-		err = s.Rollback(ctx, sb.ctx(""), "a")
+		err := s.Rollback(ctx, sb.ctx(""), "a")
 		t.Logf("rollback with %d MiB free: %v", leave>>20, err)
 		if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "nothing changed") {
 			t.Fatalf("rollback that does not fit: %v; want resource exhausted, nothing changed", err)
@@ -94,16 +101,8 @@ func TestRollbackOutOfSpace(t *testing.T) {
 // resource exhausted and keeps nothing (no layer, no record, its name
 // free), and is made once there is room.
 func TestCheckpointOutOfSpace(t *testing.T) {
-	mnt := loopExt4(t, 96)
 	ctx := context.Background()
-	s, err := New(ctx, filepath.Join(mnt, "root"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	sb := newSandbox(t, ctx, s, "sb")
-	rm, _ := s.Mounts(ctx, sb.key)
-	live := mountAt(t, rm)
+	mnt, s, sb, live := sandboxOnExt4(t, ctx, 96)
 	if err := os.WriteFile(filepath.Join(live, "big"), bytes.Repeat([]byte{'b'}, 24<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +110,7 @@ func TestCheckpointOutOfSpace(t *testing.T) {
 	if err := fill(filler, 8<<20); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Checkpoint(ctx, sb.ctx(""), "c")
+	_, err := s.Checkpoint(ctx, sb.ctx(""), "c")
 	t.Logf("checkpoint on a full disk: %v", err)
 	if !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("checkpoint that does not fit: %v; want resource exhausted", err)
