@@ -20,7 +20,8 @@ import (
 // ctrSandbox runs a sandbox with ctr, and removes it when the test ends.
 func ctrSandbox(t *testing.T, ctx context.Context, env *daemons.Env, id string) {
 	t.Helper()
-	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", "--runtime", branchRuntime, ociimage.ImageRef, id, "sleep", "100000"); err != nil {
+	// At most 3 checkpoints: the session reaches the bound.
+	if _, err := env.Ctr(ctx, "run", "-d", "--snapshotter", "branch", "--runtime", branchRuntime, "--annotation", "io.branchbox.max-checkpoints=3", ociimage.ImageRef, id, "sleep", "100000"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -49,7 +49,7 @@ func actionable(err error) error {
 	case errors.Is(err, client.ErrNoSandbox):
 		e.hint = "call list_sandboxes to see the sandboxes this server reaches"
 	case errdefs.IsNotFound(err):
-		e.hint = "call tree to see the sandbox's branches (branch ids) and which are live; paths must exist (list_dir)"
+		e.hint = "call tree to see the sandbox's branches (branch ids) and which are live, list_checkpoints its checkpoints; paths must exist (list_dir)"
 	case errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "read-only"):
 		e.hint = "the branch is sealed while it has live branches: write in a branch instead, or commit or abort its branches first"
 	case errdefs.IsFailedPrecondition(err):

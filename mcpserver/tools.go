@@ -166,6 +166,31 @@ type CheckpointOut struct {
 	Size    int64  `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
 }
 
+// ListCheckpointsOut is list_checkpoints' output.
+type ListCheckpointsOut struct {
+	Checkpoints []CheckpointInfo `json:"checkpoints"`
+}
+
+// CheckpointInfo is one checkpoint of the sandbox.
+type CheckpointInfo struct {
+	Name        string    `json:"name"`
+	Branch      string    `json:"branch" jsonschema:"the branch it is of (\"0\": the sandbox)"`
+	Size        int64     `json:"size" jsonschema:"bytes of change since the branch's previous checkpoint"`
+	MemoryBytes int64     `json:"memory_bytes,omitempty" jsonschema:"bytes of its processes' memory image, if taken with_memory"`
+	Created     time.Time `json:"created"`
+}
+
+// DeleteCheckpointIn names a checkpoint to delete.
+type DeleteCheckpointIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
+	Name    string `json:"name" jsonschema:"the checkpoint's name"`
+}
+
+// DeleteCheckpointOut is delete_checkpoint's output.
+type DeleteCheckpointOut struct {
+	Deleted string `json:"deleted"`
+}
+
 // RollbackOut is rollback's output.
 type RollbackOut struct {
 	Branch     string `json:"branch"`
@@ -198,6 +223,8 @@ func (s *Server) addTools() {
 	tool(s, "tree", "Every branch of the sandbox: id, parent, state (live, committed, aborted, stale), status, whether sealed.", s.tree)
 	tool(s, "checkpoint", "Record a branch's files as a named checkpoint, to roll back to or fork from later.", s.checkpoint)
 	tool(s, "rollback", "Bring a branch's files back to a checkpoint, under its running processes.", s.rollback)
+	tool(s, "list_checkpoints", "The sandbox's checkpoints, of all its branches: name, branch, size, when taken. A sandbox may keep only so many, holding only so many bytes.", s.listCheckpoints)
+	tool(s, "delete_checkpoint", "Delete a checkpoint no longer needed, making room for more (one a live branch was forked from cannot be deleted).", s.deleteCheckpoint)
 	if s.cfg.Sandbox == "" {
 		tool(s, "list_sandboxes", "The sandboxes of the namespace: id, name, status, live branches.", s.listSandboxes)
 	}
@@ -476,10 +503,43 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 		opts = append(opts, client.CheckpointWithMemory())
 	}
 	ck, err := sc.Checkpoint(ctx, rootOr(in.Branch), in.Name, opts...)
+	if errdefs.IsResourceExhausted(err) {
+		return CheckpointOut{}, &toolError{err: err, kind: client.ErrorKind(err),
+			hint: "the sandbox's checkpoints reached a bound (their number or their bytes), or its disk is full: call list_checkpoints, then delete_checkpoint for those no longer needed, and checkpoint again"}
+	}
 	if err != nil {
 		return CheckpointOut{}, err
 	}
 	return CheckpointOut{Name: ck.Name, Branch: ck.Branch, Context: ck.Branch, Size: ck.Size}, nil
+}
+
+func (s *Server) listCheckpoints(ctx context.Context, in SandboxIn) (ListCheckpointsOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return ListCheckpointsOut{}, err
+	}
+	defer sc.Close()
+	list, err := sc.Checkpoints(ctx)
+	if err != nil {
+		return ListCheckpointsOut{}, err
+	}
+	out := ListCheckpointsOut{Checkpoints: []CheckpointInfo{}}
+	for _, ck := range list {
+		out.Checkpoints = append(out.Checkpoints, CheckpointInfo{Name: ck.Name, Branch: ck.Branch, Size: ck.Size, MemoryBytes: ck.MemoryBytes, Created: ck.Created})
+	}
+	return out, nil
+}
+
+func (s *Server) deleteCheckpoint(ctx context.Context, in DeleteCheckpointIn) (DeleteCheckpointOut, error) {
+	sc, err := s.dial(ctx, in.Sandbox)
+	if err != nil {
+		return DeleteCheckpointOut{}, err
+	}
+	defer sc.Close()
+	if err := sc.DeleteCheckpoint(ctx, in.Name); err != nil {
+		return DeleteCheckpointOut{}, err
+	}
+	return DeleteCheckpointOut{Deleted: in.Name}, nil
 }
 
 func (s *Server) rollback(ctx context.Context, in CheckpointIn) (RollbackOut, error) {

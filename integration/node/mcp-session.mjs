@@ -80,7 +80,7 @@ if (mode === 'ns') {
 // properties; scoped to one sandbox, there is no list_sandboxes.
 const { tools } = await client.listTools();
 const names = tools.map((t) => t.name).sort();
-assert.deepEqual(names, ['abort', 'checkpoint', 'commit', 'exec', 'fork', 'list_dir', 'logs', 'read_file', 'rollback', 'tree', 'write_file']);
+assert.deepEqual(names, ['abort', 'checkpoint', 'commit', 'delete_checkpoint', 'exec', 'fork', 'list_checkpoints', 'list_dir', 'logs', 'read_file', 'rollback', 'tree', 'write_file']);
 for (const t of tools) {
   assert.equal(t.inputSchema.type, 'object', t.name);
   assert.ok(t.description && t.description.length > 20, t.name);
@@ -109,6 +109,17 @@ await call('write_file', { branch: b1, path: '/answer', content: 'overwritten\n'
 const rb = await call('rollback', { branch: b1, name: 'c1' });
 assert.deepEqual([rb.branch, rb.context], [b1, b1]);
 assert.equal((await call('read_file', { branch: b1, path: '/answer' })).content, '42\n');
+
+// The sandbox keeps at most 3 checkpoints (its annotation): the next is
+// refused, saying which tools make room; listed and deleted through them.
+await call('checkpoint', { branch: b1, name: 'c2' });
+await call('checkpoint', { branch: b1, name: 'c3' });
+await fails('checkpoint', { branch: b1, name: 'c4' }, 'resource-exhausted', /list_checkpoints, then delete_checkpoint/);
+const { checkpoints } = await call('list_checkpoints', {});
+assert.deepEqual(checkpoints.map((x) => [x.name, x.branch]).sort(), [['c1', b1], ['c2', b1], ['c3', b1]]);
+assert.deepEqual(await call('delete_checkpoint', { name: 'c3' }), { deleted: 'c3' });
+await call('checkpoint', { branch: b1, name: 'c4' });
+await fails('delete_checkpoint', { name: 'c3' }, 'not-found');
 
 // Errors an LLM can act on.
 await fails('write_file', { branch: '0', path: '/answer', content: 'x' }, 'failed-precondition', /write in a branch/);
