@@ -21,11 +21,11 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	units "github.com/docker/go-units"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/time/rate"
 
 	"github.com/branchbox/branchbox/branch"
-	units "github.com/docker/go-units"
 )
 
 // The annotations that set a sandbox's bounds.

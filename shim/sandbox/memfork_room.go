@@ -43,7 +43,7 @@ func checkImageRoom(dir string, initPid int, what string) error {
 		anon += anonymousBytes(pid)
 	}
 	if anon+imageMargin > free {
-		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, under %s (containerd's state directory, a tmpfs sized by the node's memory on most nodes): fork it without --memory, or make room there: %w",
+		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, under %s (containerd's state directory, a tmpfs sized by the node's memory on most nodes): make room there, or do without --memory: %w",
 			what, branch.Bytes(anon), branch.Bytes(free), dir, errdefs.ErrResourceExhausted)
 	}
 	return nil
