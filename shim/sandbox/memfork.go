@@ -187,7 +187,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		img.remove(ctx)
 		if strings.Contains(why, "No space left on device") {
 			// The estimate before the dump was short (checkImageRoom).
-			err = fmt.Errorf("%w: its image did not fit under %s: %w", err, sb.bundle, errdefs.ErrResourceExhausted)
+			err = fmt.Errorf("%w: its image did not fit in the sandbox's bundle, in containerd's state directory: %w", err, errdefs.ErrResourceExhausted)
 		}
 		return nil, fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
 	}

@@ -43,8 +43,10 @@ func checkImageRoom(dir string, initPid int, what string) error {
 		anon += anonymousBytes(pid)
 	}
 	if anon+imageMargin > free {
-		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, under %s (containerd's state directory, a tmpfs sized by the node's memory on most nodes): make room there, or do without --memory: %w",
-			what, branch.Bytes(anon), branch.Bytes(free), dir, errdefs.ErrResourceExhausted)
+		// No path: a sandbox asking through its socket is not shown
+		// the host's.
+		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, the sandbox's bundle in containerd's state directory (a tmpfs sized by the node's memory on most nodes): make room there, or do without --memory: %w",
+			what, branch.Bytes(anon), branch.Bytes(free), errdefs.ErrResourceExhausted)
 	}
 	return nil
 }
