@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/containerd/errdefs"
 
@@ -74,6 +75,9 @@ func errorOf(err error) Error {
 		e.Hint = "list the namespace's sandboxes with GET /v1/namespaces/{ns}/sandboxes"
 	case errdefs.IsNotFound(err):
 		e.Hint = "see the sandbox's branches with GET .../tree and its checkpoints with GET .../checkpoints"
+	case errdefs.IsResourceExhausted(err) && strings.HasPrefix(err.Error(), "checkpoint "):
+		// The shim's words name branchctl; this client speaks HTTP.
+		e.Hint = "the sandbox's checkpoints reached a bound (their number or their bytes), or the disk is full: list them with GET .../checkpoints and delete those no longer needed with DELETE .../checkpoints/{name}"
 	case errdefs.IsUnauthorized(err):
 		e.Kind = "permission-denied"
 		e.Hint = "send Authorization: Bearer TOKEN with a token from the server's --token-file"

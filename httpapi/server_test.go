@@ -4,12 +4,14 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/branchbox/branchbox/api/openapi"
 	"github.com/branchbox/branchbox/client"
+	"github.com/containerd/errdefs"
 )
 
 // TestRoutesAreTheContract: every route the server serves is an operation
@@ -66,5 +68,18 @@ func TestErrorKinds(t *testing.T) {
 		if st := statusOf(k); st < 400 || (st == 500 && k != "unknown") {
 			t.Errorf("kind %s: status %d", k, st)
 		}
+	}
+}
+
+// TestCheckpointBoundHint: a checkpoint refused by the sandbox's bounds
+// (the shim's words, which name branchctl) gets a hint in the API's
+// terms; another resource-exhausted error does not.
+func TestCheckpointBoundHint(t *testing.T) {
+	e := errorOf(fmt.Errorf(`checkpoint "c9" of sandbox sb: it has 256 checkpoints, its maximum (the default; ...): delete some first (branchctl checkpoint rm sb NAME): %w`, errdefs.ErrResourceExhausted))
+	if e.Kind != "resource-exhausted" || !strings.Contains(e.Hint, "DELETE .../checkpoints/{name}") {
+		t.Fatalf("checkpoint bound: %+v", e)
+	}
+	if e := errorOf(fmt.Errorf("this client already has 8 execs running: %w", errdefs.ErrResourceExhausted)); strings.Contains(e.Hint, "checkpoints") {
+		t.Fatalf("another bound: %+v", e)
 	}
 }
