@@ -51,21 +51,35 @@ func checkImageRoom(dir string, initPid int, what string) error {
 	return nil
 }
 
-// anonymousBytes is a process's anonymous memory (private pages CRIU
-// dumps), from /proc/PID/smaps_rollup; 0 for a process that is gone.
+// anonymousBytes is a process's share of the anonymous memory CRIU dumps,
+// from /proc/PID/smaps_rollup: Pss_Anon, so that pages a parent and its
+// forked children share copy-on-write count once over the tree (a
+// pre-forked server's workers), or Anonymous on a kernel without it
+// (before 5.7); 0 for a process that is gone.
 func anonymousBytes(pid int) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
 	if err != nil {
 		return 0
 	}
+	anon := int64(-1)
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Pss_Anon:")); ok {
+			if kb, ok := kilobytes(v); ok {
+				return kb
+			}
+		}
 		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Anonymous:")); ok {
-			kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(v), []byte("kB")))), 10, 64)
-			if err == nil {
-				return kb << 10
+			if kb, ok := kilobytes(v); ok {
+				anon = kb
 			}
 		}
 	}
-	return 0
+	return max(anon, 0)
+}
+
+// kilobytes reads a smaps value (" 156 kB") as bytes.
+func kilobytes(v []byte) (int64, bool) {
+	kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(v), []byte("kB")))), 10, 64)
+	return kb << 10, err == nil
 }
