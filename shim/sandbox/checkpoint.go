@@ -180,8 +180,7 @@ func (sb *Sandbox) checkBoundsBefore(ctx context.Context) error {
 	for _, ck := range list {
 		bytes += ck.Size + ck.MemoryBytes
 	}
-	var o branch.CheckpointOptions
-	sb.checkpointBounds()(&o)
+	o := branch.CheckpointOptions{MaxCheckpoints: sb.bounds.maxCheckpoints, MaxBytes: sb.bounds.maxCheckpointBytes}
 	return branch.CheckCheckpointBounds(o, len(list), bytes, 0, 0)
 }
 

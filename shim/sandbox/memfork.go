@@ -31,6 +31,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/procfd"
 	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
@@ -130,10 +131,12 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 			own = append(own, cgroup.ReadPids(dir)...)
 		}
 	}
-	if problems := unforkable(initPid, own, sharedNet); len(problems) > 0 {
+	// One walk of the tree serves both checks.
+	tree := procfd.Tree(initPid, nil)
+	if problems := unforkable(initPid, tree, own, sharedNet); len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
 	}
-	return checkImageRoom(sb.bundle, initPid, what)
+	return checkImageRoom(sb.bundle, tree, what)
 }
 
 func (c *Service) noCriu(what string) error {

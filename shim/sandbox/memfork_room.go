@@ -13,14 +13,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/branchbox/branchbox/internal/procfd"
 )
 
 // imageMargin is room kept beside a memory image's estimate: CRIU's other
 // images (files, mounts, the pipes' data) and its log.
 const imageMargin = 16 << 20
 
-// checkImageRoom refuses a dump of the process tree of initPid whose
+// checkImageRoom refuses a dump of the process tree tree whose
 // memory image would not fit in the filesystem of dir, where it is
 // written (the sandbox's bundle, in containerd's state directory: a tmpfs
 // sized by the node's memory on most nodes), before anything is stopped:
@@ -28,7 +27,7 @@ const imageMargin = 16 << 20
 // stopped. The image holds about the tree's anonymous memory; a
 // filesystem with more free than the node's memory is not looked at
 // further.
-func checkImageRoom(dir string, initPid int, what string) error {
+func checkImageRoom(dir string, tree map[int]bool, what string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return fmt.Errorf("%s: free space where its image is written: %w", what, err)
@@ -39,7 +38,7 @@ func checkImageRoom(dir string, initPid int, what string) error {
 		return nil
 	}
 	var anon int64
-	for pid := range procfd.Tree(initPid, nil) {
+	for pid := range tree {
 		anon += anonymousBytes(pid)
 	}
 	if anon+imageMargin > free {

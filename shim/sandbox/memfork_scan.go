@@ -10,19 +10,16 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/branchbox/branchbox/internal/procfd"
 )
 
-// unforkable lists what a memory fork of the process tree of initPid
-// could not carry, each naming the process and the resource: a process of
-// the branch's own (own) outside the tree, a TCP connection or a bound
+// unforkable lists what a memory fork of tree, the process tree of
+// initPid, could not carry, each naming the process and the resource: a
+// process of the branch's own (own) outside the tree, a TCP connection or a bound
 // port (the branches share the parent's network namespace, where the
 // parent holds them), a terminal or another device than the harmless
 // ones. CRIU refuses more (an external unix socket, say); its errors are
 // passed on as they come.
-func unforkable(initPid int, own []int, sharedNet bool) []string {
-	tree := procfd.Tree(initPid, nil)
+func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []string {
 	var out []string
 	for _, pid := range own {
 		// One that ended since the listing, or that a process of the
