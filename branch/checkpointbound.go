@@ -19,6 +19,10 @@ type CheckpointBoundError struct {
 	// that later ones build on; NewBytes the refused checkpoint's (0 if it
 	// was refused before it was written); MaxBytes the most they may hold.
 	Bytes, DeletedBytes, NewBytes, MaxBytes int64
+	// Message, when set, is the refusal as worded for the user (by the
+	// shim, which knows where the bounds were set); it crosses the wire
+	// with the figures, so that a client past the shim still has both.
+	Message string
 }
 
 // OverCount says whether the count, not the bytes, refused it.
@@ -27,6 +31,9 @@ func (e *CheckpointBoundError) OverCount() bool {
 }
 
 func (e *CheckpointBoundError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
 	if e.OverCount() {
 		return fmt.Sprintf("%d checkpoints, the most it may have (%d)", e.Count, e.MaxCheckpoints)
 	}

@@ -86,7 +86,8 @@ func FromGRPC(err error) error {
 		for _, d := range st.Details() {
 			if bd, ok := d.(*branchv1.CheckpointBoundDetail); ok {
 				return &CheckpointBoundError{Count: int(bd.Count), MaxCheckpoints: int(bd.MaxCheckpoints),
-					Bytes: bd.Bytes, DeletedBytes: bd.DeletedBytes, NewBytes: bd.NewBytes, MaxBytes: bd.MaxBytes}
+					Bytes: bd.Bytes, DeletedBytes: bd.DeletedBytes, NewBytes: bd.NewBytes, MaxBytes: bd.MaxBytes,
+					Message: st.Message()}
 			}
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/containerd/errdefs"
 
@@ -65,6 +64,7 @@ func errorOf(err error) Error {
 	e := Error{Kind: client.ErrorKind(err), Message: err.Error()}
 	var se *branch.StaleError
 	var mbe *http.MaxBytesError
+	var cbe *branch.CheckpointBoundError
 	switch {
 	case errors.As(err, &se):
 		e.Hint = fmt.Sprintf("branch %s lost to branch %s; fork again from the parent to keep exploring", se.Branch, se.Winner)
@@ -75,9 +75,9 @@ func errorOf(err error) Error {
 		e.Hint = "list the namespace's sandboxes with GET /v1/namespaces/{ns}/sandboxes"
 	case errdefs.IsNotFound(err):
 		e.Hint = "see the sandbox's branches with GET .../tree and its checkpoints with GET .../checkpoints"
-	case errdefs.IsResourceExhausted(err) && strings.HasPrefix(err.Error(), "checkpoint "):
+	case errors.As(err, &cbe):
 		// The shim's words name branchctl; this client speaks HTTP.
-		e.Hint = "the sandbox's checkpoints reached a bound (their number or their bytes), or the disk is full: list them with GET .../checkpoints and delete those no longer needed with DELETE .../checkpoints/{name}"
+		e.Hint = "the sandbox's checkpoints reached a bound (their number or their bytes): list them with GET .../checkpoints and delete those no longer needed with DELETE .../checkpoints/{name}"
 	case errdefs.IsUnauthorized(err):
 		e.Kind = "permission-denied"
 		e.Hint = "send Authorization: Bearer TOKEN with a token from the server's --token-file"

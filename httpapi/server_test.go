@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/branchbox/branchbox/api/openapi"
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/containerd/errdefs"
 )
@@ -75,11 +76,20 @@ func TestErrorKinds(t *testing.T) {
 // (the shim's words, which name branchctl) gets a hint in the API's
 // terms; another resource-exhausted error does not.
 func TestCheckpointBoundHint(t *testing.T) {
-	e := errorOf(fmt.Errorf(`checkpoint "c9" of sandbox sb: it has 256 checkpoints, its maximum (the default; ...): delete some first (branchctl checkpoint rm sb NAME): %w`, errdefs.ErrResourceExhausted))
-	if e.Kind != "resource-exhausted" || !strings.Contains(e.Hint, "DELETE .../checkpoints/{name}") {
+	words := `checkpoint "c9" of sandbox sb: it has 256 checkpoints, its maximum (the default; ...): delete some first (branchctl checkpoint rm sb NAME): resource exhausted`
+	bound := branch.FromGRPC(branch.ToGRPC(&branch.CheckpointBoundError{Count: 256, MaxCheckpoints: 256, Message: words}))
+	e := errorOf(bound)
+	if e.Kind != "resource-exhausted" || e.Message != words || !strings.Contains(e.Hint, "DELETE .../checkpoints/{name}") {
 		t.Fatalf("checkpoint bound: %+v", e)
 	}
-	if e := errorOf(fmt.Errorf("this client already has 8 execs running: %w", errdefs.ErrResourceExhausted)); strings.Contains(e.Hint, "checkpoints") {
-		t.Fatalf("another bound: %+v", e)
+	for _, other := range []error{
+		fmt.Errorf("this client already has 8 execs running: %w", errdefs.ErrResourceExhausted),
+		// No room for the checkpoint's memory image: deleting checkpoints
+		// would not help, the message says what would.
+		fmt.Errorf(`checkpoint "c1" of sandbox sb: its processes hold about 120MiB of memory, and their image would not fit ...: %w`, errdefs.ErrResourceExhausted),
+	} {
+		if e := errorOf(other); strings.Contains(e.Hint, "checkpoints") {
+			t.Fatalf("another resource exhausted: %+v", e)
+		}
 	}
 }

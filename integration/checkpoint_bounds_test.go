@@ -3,12 +3,17 @@
 package integration
 
 import (
+	"errors"
 	"io/fs"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -68,6 +73,18 @@ func TestCheckpointBounds(t *testing.T) {
 	refused(err, out, countWords, "delete some first (branchctl self checkpoint rm NAME)")
 	if out, errOut, code := branchctl(t, ctx, env, "", "checkpoint", "count", "c4"); code == 0 || !strings.Contains(errOut, countWords) || !strings.Contains(errOut, "sets it per sandbox): delete some first (branchctl checkpoint rm count NAME)") {
 		t.Fatalf("host checkpoint past the count: %d %q %q", code, out, errOut)
+	}
+	// The Go client gets the refusal typed, the shim's words and the
+	// figures (the HTTP API and MCP tell a bound from a full disk by it).
+	sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sc.Checkpoint(ctx, "0", "c4")
+	sc.Close()
+	var be *branch.CheckpointBoundError
+	if !errors.As(err, &be) || be.Count != 4 || be.MaxCheckpoints != 4 || !strings.Contains(err.Error(), countWords) || !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("Go client's checkpoint past the count: %#v (%v)", err, err)
 	}
 	// With memory: refused before its processes are dumped.
 	if out, errOut, code := branchctl(t, ctx, env, "", "checkpoint", "count", "m1", "--memory"); code == 0 || !strings.Contains(errOut, countWords) {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -503,9 +504,14 @@ func (s *Server) checkpoint(ctx context.Context, in CheckpointIn) (CheckpointOut
 		opts = append(opts, client.CheckpointWithMemory())
 	}
 	ck, err := sc.Checkpoint(ctx, rootOr(in.Branch), in.Name, opts...)
-	if errdefs.IsResourceExhausted(err) {
+	var be *branch.CheckpointBoundError
+	switch {
+	case errors.As(err, &be):
 		return CheckpointOut{}, &toolError{err: err, kind: client.ErrorKind(err),
-			hint: "the sandbox's checkpoints reached a bound (their number or their bytes), or its disk is full: call list_checkpoints, then delete_checkpoint for those no longer needed, and checkpoint again"}
+			hint: "the sandbox's checkpoints reached a bound (their number or their bytes): call list_checkpoints, then delete_checkpoint for those no longer needed, and checkpoint again"}
+	case errdefs.IsResourceExhausted(err):
+		return CheckpointOut{}, &toolError{err: err, kind: client.ErrorKind(err),
+			hint: "the node has no room for this checkpoint (the message says where): delete_checkpoint those no longer needed may make room; with memory, try without it"}
 	}
 	if err != nil {
 		return CheckpointOut{}, err

@@ -86,6 +86,12 @@ func TestCheckpointBoundSettings(t *testing.T) {
 	if err == nil || err.Error() != want || !errdefs.IsResourceExhausted(err) {
 		t.Errorf("count refusal:\n%v\nwant\n%s", err, want)
 	}
+	// Past the shim's ttrpc the words and the type both arrive: the HTTP
+	// API and MCP tell a bound from a full disk by the type.
+	var be *branch.CheckpointBoundError
+	if back := branch.FromGRPC(toTTRPC(err)); !errors.As(back, &be) || back.Error() != want || be.Count != 256 || !errdefs.IsResourceExhausted(back) {
+		t.Errorf("count refusal over the wire: %#v (%v)", back, back)
+	}
 	err = sb.checkpointRefused("c9", &branch.CheckpointBoundError{Count: 3, MaxCheckpoints: 256, Bytes: 9 << 30, DeletedBytes: 1 << 30, NewBytes: 2 << 30, MaxBytes: 10 << 30}, true)
 	want = `checkpoint "c9" of sandbox sb: its checkpoints hold 9GiB (1GiB of it deleted checkpoints' layers that later ones build on), and this one's 2GiB would take them past their maximum of 10GiB (the default; annotation io.branchbox.max-checkpoint-bytes sets it): delete some first (branchctl self checkpoint rm NAME); a deleted checkpoint's layer counts until no later checkpoint builds on it: resource exhausted`
 	if err == nil || err.Error() != want {

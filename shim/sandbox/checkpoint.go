@@ -186,19 +186,27 @@ func (sb *Sandbox) checkBoundsBefore(ctx context.Context) error {
 
 // checkpointRefused words a checkpoint the sandbox's bounds refused for
 // its user: which bound, where it was set, what to do (from inside, with
-// branchctl self).
+// branchctl self). The answer is still a *branch.CheckpointBoundError, so
+// that clients past the shim (the HTTP API, MCP) can tell a bound from a
+// full disk.
 func (sb *Sandbox) checkpointRefused(name string, err error, self bool) error {
 	var be *branch.CheckpointBoundError
 	if !errors.As(err, &be) {
 		return err
 	}
+	worded := *be
+	worded.Message = sb.boundWords(name, be, self)
+	return &worded
+}
+
+func (sb *Sandbox) boundWords(name string, be *branch.CheckpointBoundError, self bool) string {
 	what := fmt.Sprintf("checkpoint %q of sandbox %s", name, sb.id)
 	rm := "branchctl checkpoint rm " + sb.id + " NAME"
 	if self {
 		rm = "branchctl self checkpoint rm NAME"
 	}
 	if be.OverCount() {
-		return fmt.Errorf("%s: it has %s, its maximum (%s): delete some first (%s): %w",
+		return fmt.Sprintf("%s: it has %s, its maximum (%s): delete some first (%s): %v",
 			what, counted(be.Count, "checkpoint", "checkpoints"), sb.bounds.checkpointsFrom, rm, errdefs.ErrResourceExhausted)
 	}
 	held := branch.Bytes(be.Bytes)
@@ -211,7 +219,7 @@ func (sb *Sandbox) checkpointRefused(name string, err error, self bool) error {
 	if be.NewBytes > 0 {
 		past = fmt.Sprintf("and this one's %s would take them past their maximum", branch.Bytes(be.NewBytes))
 	}
-	return fmt.Errorf("%s: its checkpoints hold %s, %s of %s (%s): delete some first (%s)%s: %w",
+	return fmt.Sprintf("%s: its checkpoints hold %s, %s of %s (%s): delete some first (%s)%s: %v",
 		what, held, past, branch.Bytes(be.MaxBytes), sb.bounds.checkpointBytesFrom, rm, deleted, errdefs.ErrResourceExhausted)
 }
 
