@@ -85,8 +85,10 @@ func TestCheckpointBoundErrorOverGRPC(t *testing.T) {
 	sent := &CheckpointBoundError{Count: 3, MaxCheckpoints: 8, Bytes: 5 << 20, DeletedBytes: 1 << 20, NewBytes: 7 << 20, MaxBytes: 10 << 20}
 	got := FromGRPC(ToGRPC(fmt.Errorf("checkpoint sb as %q: %w", "c4", sent)))
 	var be *CheckpointBoundError
-	if !errors.As(got, &be) || *be != *sent || !errdefs.IsResourceExhausted(got) {
-		t.Fatalf("received %v (%#v), want %#v, resource exhausted", got, be, sent)
+	want := *sent
+	want.Message = `checkpoint sb as "c4": ` + sent.Error()
+	if !errors.As(got, &be) || *be != want || got.Error() != want.Message || !errdefs.IsResourceExhausted(got) {
+		t.Fatalf("received %v (%#v), want %#v, resource exhausted", got, be, want)
 	}
 	if be.OverCount() {
 		t.Fatal("3 of 8 checkpoints reported as over the count")
