@@ -150,8 +150,23 @@ func ThawOwn(ctx context.Context, path string) error {
 		if d.Freezes() {
 			_ = SetFreezer(d, leaf, cgroups.Thawed)
 		}
-		// Thawed, they fork again: a child made while its parent was
-		// moved starts in the leaf, so it is read until empty.
+		if err := emptyLeaf(ctx, leaf, to); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// emptyLeaf moves the processes of the seal leaf to the cgroup to and
+// removes the leaf. Thawed, they fork again: a child made while its
+// parent was moved starts in the leaf, so it is read until empty. A
+// process in the middle of exiting (killed while frozen, by a rollback
+// with memory or an abort) is listed but not moved, and keeps the leaf
+// busy until its exit is through, so an EBUSY is retried with a growing
+// pause, about a second in all, as the cgroups library's RemovePath does.
+func emptyLeaf(ctx context.Context, leaf, to string) error {
+	delay := time.Millisecond
+	for attempt := 0; ; attempt++ {
 		for try := 0; try < 20; try++ {
 			pids := ReadPids(leaf)
 			if len(pids) == 0 {
@@ -163,11 +178,16 @@ func ThawOwn(ctx context.Context, path string) error {
 				}
 			}
 		}
-		if err := unix.Rmdir(leaf); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove seal cgroup %s: %w", leaf, err))
+		err := unix.Rmdir(leaf)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
 		}
+		if !errors.Is(err, unix.EBUSY) || attempt == 10 {
+			return fmt.Errorf("remove seal cgroup %s: %w", leaf, err)
+		}
+		time.Sleep(delay)
+		delay *= 2
 	}
-	return errors.Join(errs...)
 }
 
 // HeldFrozen says whether a held branch is frozen by now: every process of
