@@ -175,8 +175,10 @@ func (s *store) txn(ctx context.Context, metaWritable, writable bool, fn func(ct
 	} else if rerr := t.Rollback(); rerr != nil {
 		log.G(ctx).WithError(rerr).Warn("end metadata read transaction")
 	}
+	size := btx.Size()
 	if err := btx.Commit(); err != nil {
 		return fmt.Errorf("commit branch metadata: %w", err)
 	}
+	s.bdbRoom.keep(ctx, size)
 	return nil
 }

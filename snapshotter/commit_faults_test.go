@@ -413,7 +413,7 @@ func TestCommitOutOfSpaceAfterDecision(t *testing.T) {
 					t.Fatalf("winner is %s after the retry, want committed", st)
 				}
 			}
-			f.s.trashWG.Wait() // journals are discarded in the background
+			f.s.trash.Wait() // journals are discarded in the background
 			if entries, _ := os.ReadDir(filepath.Join(f.s.Root(), journalDirName)); len(entries) != 0 {
 				t.Fatalf("journals left: %v", entries)
 			}

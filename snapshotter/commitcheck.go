@@ -4,7 +4,9 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -34,13 +36,28 @@ func (s *Branches) checkCommit(ctx context.Context, r rootSnap, tree *branch.Tre
 	if err != nil {
 		return fmt.Errorf("branch %s cannot be applied to %s (change it and commit again, or abort it): %w", n.ID, branchName(n.Parent), err)
 	}
-	return s.checkRoom(needs, "commit of branch "+n.ID, "or abort the branch")
+	return s.checkRoom(ctx, needs, "commit of branch "+n.ID, "or abort the branch")
 }
+
+// freedWait is how long a commit or a rollback short of room waits for
+// the discarded layers being removed, which may free what it needs.
+const freedWait = 10 * time.Second
 
 // checkRoom refuses what needs more space or inodes than the snapshotter's
 // filesystem has free, with a margin: what names it, or says what else
-// the user can do.
-func (s *Branches) checkRoom(needs apply.Needs, what, or string) error {
+// the user can do. Short of room, it looks again once the layers being
+// removed are gone: "abort the branch that filled the disk, commit the
+// other" must not be refused for the aborted layer still on disk.
+func (s *Branches) checkRoom(ctx context.Context, needs apply.Needs, what, or string) error {
+	err := s.roomFor(needs, what, or)
+	if errdefs.IsResourceExhausted(err) {
+		s.awaitFreed(ctx, freedWait)
+		err = s.roomFor(needs, what, or)
+	}
+	return err
+}
+
+func (s *Branches) roomFor(needs apply.Needs, what, or string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.root, &st); err != nil {
 		return fmt.Errorf("free space under %s: %w", s.root, err)
@@ -58,6 +75,20 @@ func (s *Branches) checkRoom(needs apply.Needs, what, or string) error {
 		}
 	}
 	return nil
+}
+
+// noRoom words a full filesystem's (or a quota's) failure of what, under
+// the snapshotter's root, naming the root rather than the directory of a
+// branch, which the user never named: resource exhausted. Another error
+// is returned as it is.
+func (s *Branches) noRoom(err error, what, or string) error {
+	for _, errno := range []unix.Errno{unix.ENOSPC, unix.EDQUOT} {
+		if errors.Is(err, errno) {
+			return fmt.Errorf("no room for %s under %s (%v); free space or inodes there, %s: %w",
+				what, s.root, errno, or, errdefs.ErrResourceExhausted)
+		}
+	}
+	return err
 }
 
 func branchName(id string) string {

@@ -56,13 +56,11 @@ func (s *Branches) restoreParent(ctx context.Context, j *apply.Journal, live str
 // does a layer: unlinking them is where the entries the apply replaced are
 // freed, which a commit need not wait for.
 func (s *Branches) discardJournal(ctx context.Context, j *apply.Journal) {
-	s.trashWG.Add(1)
-	go func() {
-		defer s.trashWG.Done()
+	s.trash.Go(func() {
 		if err := j.Discard(); err != nil {
 			log.G(ctx).WithError(err).Warn("remove a commit's journal; the next start does")
 		}
-	}()
+	})
 }
 
 // dropDentries makes the kernel drop unused dentries and inodes, the

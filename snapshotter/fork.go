@@ -68,7 +68,7 @@ func (s *Branches) ForkFrom(ctx context.Context, c branch.Ref, count int, from s
 	if err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		return s.recordFork(ctx, tx, f)
 	}); err != nil {
-		return nil, fmt.Errorf("fork %s: %w", c, err)
+		return nil, fmt.Errorf("fork %s: %w", c, s.noRoom(err, "the new branches' layers", "or abort branches"))
 	}
 	f.created = nil
 	s.fault(FaultForkCommitted)

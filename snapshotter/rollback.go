@@ -252,7 +252,7 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 		if err != nil {
 			return &unmadeError{fmt.Errorf("checkpoint %q's version of %d changed paths cannot be applied: %w", ck.Name, len(changes), err)}
 		}
-		if err := s.checkRoom(needs, fmt.Sprintf("the apply of checkpoint %q's version of %d changed paths", ck.Name, len(changes)), "or roll back to another checkpoint"); err != nil {
+		if err := s.checkRoom(ctx, needs, fmt.Sprintf("the apply of checkpoint %q's version of %d changed paths", ck.Name, len(changes)), "or roll back to another checkpoint"); err != nil {
 			return &unmadeError{err}
 		}
 	}

@@ -49,12 +49,13 @@ type store struct {
 	root      string
 	ms        *storage.MetaStore
 	bdb       *bolt.DB
+	bdbRoom   *dbRoom // disk allocated beyond bdb's end, for the transactions that free space
 	lock      *rootLock
 	options   []string
 	faultHook func(point string)
 	trashSeq  atomic.Uint64
-	trashWG   sync.WaitGroup // background removals of discarded layers and commit journals
-	idmapMu   sync.Mutex     // serializes the mounting of id-mapped views (idmap_linux.go)
+	trash     removals   // background removals of discarded layers and commit journals
+	idmapMu   sync.Mutex // serializes the mounting of id-mapped views (idmap_linux.go)
 }
 
 // Branches are the branch operations on a Snapshotter's snapshots: fork,
@@ -150,7 +151,10 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		ms.Close()
 		return nil, err
 	}
-	st := &store{root: root, ms: ms, bdb: bdb, lock: lock, options: options, faultHook: c.fault}
+	st := &store{root: root, ms: ms, bdb: bdb, bdbRoom: &dbRoom{path: bdb.Path()}, lock: lock, options: options, faultHook: c.fault}
+	if fi, err := os.Stat(bdb.Path()); err == nil {
+		st.bdbRoom.keep(ctx, fi.Size())
+	}
 	sealer, err := overlay.NewSealer()
 	if err != nil {
 		ms.Close()
@@ -410,7 +414,7 @@ func (s *Snapshotter) Close() error {
 	s.sealWG.Wait()
 	s.seals.Close()
 	s.sealer.Close()
-	s.trashWG.Wait()
+	s.trash.Wait()
 	err := errors.Join(s.ms.Close(), s.bdb.Close())
 	s.lock.release()
 	return err

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
@@ -32,13 +34,77 @@ func (s *store) discard(ctx context.Context, dir string) {
 		}
 		dst = dir
 	}
-	s.trashWG.Add(1)
-	go func() {
-		defer s.trashWG.Done()
+	s.trash.Go(func() {
 		if err := os.RemoveAll(dst); err != nil {
 			log.G(ctx).WithError(err).WithField("path", dst).Warn("remove discarded layer; the next start retries")
 		}
+	})
+}
+
+// removals counts the background removals of discarded layers and commit
+// journals, which Close waits for, and which a commit short of room waits
+// for a while (the layer of the branch just aborted may be what frees it).
+type removals struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n is back to 0
+}
+
+// Go runs f in the background, counted.
+func (r *removals) Go(f func()) {
+	r.mu.Lock()
+	if r.n == 0 {
+		r.idle = make(chan struct{})
+	}
+	r.n++
+	r.mu.Unlock()
+	go func() {
+		defer r.done()
+		f()
 	}()
+}
+
+func (r *removals) done() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n--; r.n == 0 {
+		close(r.idle)
+	}
+}
+
+// Idle is closed once no removal runs (at once if none does).
+func (r *removals) Idle() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == 0 {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return r.idle
+}
+
+// Wait waits until no removal runs.
+func (r *removals) Wait() { <-r.Idle() }
+
+// awaitFreed waits, up to limit, for the removals under way, then syncs
+// the filesystem of the root: ext4 counts a removed file's blocks as free
+// only once its journal has committed the removal.
+func (s *store) awaitFreed(ctx context.Context, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-s.trash.Idle():
+	case <-t.C:
+	case <-ctx.Done():
+		return
+	}
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_ = unix.Syncfs(fd)
 }
 
 // emptyTrash removes what discards left unfinished (at start).

@@ -1,0 +1,83 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// TestFullDisk: a branch fills the filesystem of the snapshotter's root,
+// space and inodes. A fork is refused with resource exhausted, naming the
+// root and not a branch's directory, and leaves nothing; the branch that
+// filled the disk is aborted (before, its abort could not be recorded:
+// the branch database grows with writes past its end); a checkpoint is
+// deleted; and the other branch, committed at once after the abort, finds
+// the room the aborted one held.
+func TestFullDisk(t *testing.T) {
+	ctx := context.Background()
+	mnt, s, sb, live := sandboxOnExt4(t, ctx, 64)
+	if _, err := s.Checkpoint(ctx, sb.ctx(""), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := s.Fork(ctx, sb.ctx(""), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winner, filler := mountAt(t, kids[0].Mounts), mountAt(t, kids[1].Mounts)
+	writeFile(t, filepath.Join(winner, "new.txt"), strings.Repeat("from the winner\n", 1<<14))
+	if err := fill(filepath.Join(filler, "big"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		f, err := os.Create(filepath.Join(filler, "i"+strconv.Itoa(i)))
+		if err != nil {
+			break
+		}
+		f.Close()
+	}
+	before := treeStates(t, ctx, s, sb)
+	branches := filepath.Join(s.Root(), "branches")
+	dirsBefore := countEntries(t, branches)
+
+	_, err = s.Fork(ctx, sb.ctx(kids[0].ID), 1)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "under "+s.Root()+" ") || strings.Contains(err.Error(), branches) {
+		t.Fatalf("fork on a full disk: %v; want resource exhausted, naming the root and no branch directory", err)
+	}
+	if got := treeStates(t, ctx, s, sb); got != before {
+		t.Fatalf("a refused fork changed the tree:\n%s\nwant\n%s", got, before)
+	}
+	if got := countEntries(t, branches); got != dirsBefore {
+		t.Fatalf("a refused fork left directories: %d entries under branches/, %d before", got, dirsBefore)
+	}
+
+	if _, err := s.Abort(ctx, sb.ctx(kids[1].ID)); err != nil {
+		t.Fatalf("abort of the branch that filled the disk: %v", err)
+	}
+	if err := s.DeleteCheckpoint(ctx, sb.root, "c1"); err != nil {
+		t.Fatalf("delete a checkpoint on a full disk: %v", err)
+	}
+	if _, err := s.CommitBranch(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatalf("commit at once after the abort that made room: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(live, "new.txt")); err != nil || len(b) != 16<<14 {
+		t.Fatalf("the winner's file in the sandbox: %d bytes, %v", len(b), err)
+	}
+	_ = mnt
+}
+
+func countEntries(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(string, os.DirEntry, error) error { n++; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
