@@ -4,7 +4,6 @@ package snapshotter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/snapshotter/layer"
@@ -156,15 +154,18 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	// Leftovers of an attempt that failed under this number.
 	os.RemoveAll(tmp)
 	os.RemoveAll(final)
+	noRoom := func(err error) error {
+		return fmt.Errorf("checkpoint %s as %q: %w", c, name, s.noRoom(err, "its layer", "or delete checkpoints"))
+	}
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, noRoom(err)
 	}
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint: %w", err)
+		return branch.Checkpoint{}, noRoom(err)
 	}
 	st, memBytes, err := writeCheckpointLayer(ctx, upper, changes, cur, o.MemoryDir, tmp)
 	if err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, outOfSpace(err))
+		return branch.Checkpoint{}, noRoom(err)
 	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
@@ -213,15 +214,6 @@ func (s *Branches) checkpointBaseOf(ctx context.Context, c branch.Ref, r rootSna
 		return nil
 	})
 	return parent, seq, err
-}
-
-// outOfSpace gives a full filesystem's error (or a quota's) the kind
-// errdefs.ErrResourceExhausted, which the disk's errno does not carry.
-func outOfSpace(err error) error {
-	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-		return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
-	}
-	return err
 }
 
 // writeCheckpointLayer writes, in tmp (with its empty fs), the layer of

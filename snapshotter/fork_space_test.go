@@ -14,8 +14,8 @@ import (
 )
 
 // TestFullDisk: a branch fills the filesystem of the snapshotter's root,
-// space and inodes. A fork is refused with resource exhausted, naming the
-// root and not a branch's directory, and leaves nothing; the branch that
+// space and inodes. A fork and a checkpoint are refused with resource
+// exhausted, naming the root and not a directory in it, and leave nothing; the branch that
 // filled the disk is aborted (before, its abort could not be recorded:
 // the branch database grows with writes past its end); a checkpoint is
 // deleted; and the other branch, committed at once after the abort, finds
@@ -47,8 +47,12 @@ func TestFullDisk(t *testing.T) {
 	dirsBefore := countEntries(t, branches)
 
 	_, err = s.Fork(ctx, sb.ctx(kids[0].ID), 1)
-	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "under "+s.Root()+" ") || strings.Contains(err.Error(), branches) {
-		t.Fatalf("fork on a full disk: %v; want resource exhausted, naming the root and no branch directory", err)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "under "+s.Root()+" ") || strings.Contains(err.Error(), s.Root()+"/") {
+		t.Fatalf("fork on a full disk: %v; want resource exhausted, naming the root and no directory in it", err)
+	}
+	_, err = s.Checkpoint(ctx, sb.ctx(kids[0].ID), "c2")
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "under "+s.Root()+" ") || strings.Contains(err.Error(), s.Root()+"/") {
+		t.Fatalf("checkpoint on a full disk: %v; want resource exhausted, naming the root and no directory in it", err)
 	}
 	if got := treeStates(t, ctx, s, sb); got != before {
 		t.Fatalf("a refused fork changed the tree:\n%s\nwant\n%s", got, before)

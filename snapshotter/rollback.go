@@ -243,7 +243,8 @@ func (s *Branches) rollbackThrough(ctx context.Context, r rootSnap, tree *branch
 	// Until the apply below, the branch is untouched: a failure is
 	// unmade, and a rollback of its own (j == nil) is taken back.
 	if _, err := layer.Write(ctx, layer.Source{Root: state, Merged: true}, changes, scratch); err != nil {
-		return &unmadeError{fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes), outOfSpace(err))}
+		return &unmadeError{fmt.Errorf("gather checkpoint %q's version of %d changed paths: %w", ck.Name, len(changes),
+			s.noRoom(err, "them", "or roll back to another checkpoint"))}
 	}
 	if j == nil {
 		// As a commit is refused (commitcheck.go): the apply's needs
