@@ -3,52 +3,13 @@
 package integration
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
-
-// loopExt4 mounts a new ext4 filesystem of sizeMB on a loop device and
-// returns its mount point; the test's clean-up unmounts it.
-func loopExt4(t *testing.T, sizeMB int) string {
-	t.Helper()
-	requireRoot(t)
-	dir := t.TempDir()
-	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "mnt")
-	run := func(name string, args ...string) {
-		t.Helper()
-		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v: %s", name, args, err, out)
-		}
-	}
-	run("truncate", "-s", fmt.Sprintf("%dM", sizeMB), img)
-	run("mkfs.ext4", "-q", "-F", "-m", "0", img)
-	if err := os.Mkdir(mnt, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	run("mount", "-o", "loop", img, mnt)
-	t.Cleanup(func() {
-		// Detached overlays let go of it a moment after.
-		for i := 0; ; i++ {
-			out, err := exec.Command("umount", mnt).CombinedOutput()
-			if err == nil {
-				return
-			}
-			if i == 100 {
-				t.Errorf("umount %s: %v: %s", mnt, err, out)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	})
-	return mnt
-}
 
 // TestFullDisk: a node whose containerd and snapshotter directories are on
 // a filesystem (256 MB of ext4) that a branch's writes fill, space and
@@ -61,7 +22,8 @@ func loopExt4(t *testing.T, sizeMB int) string {
 // committed at once after (before: refused, the aborted layer still on
 // disk), its change in the sandbox; and forks work again.
 func TestFullDisk(t *testing.T) {
-	mnt := loopExt4(t, 256)
+	requireRoot(t)
+	mnt := fstest.LoopExt4(t, 256)
 	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: filepath.Join(mnt, "env")})
 	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
 	bc := func(args ...string) (string, string) {

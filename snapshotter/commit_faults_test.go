@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,57 +23,11 @@ import (
 	"github.com/branchbox/branchbox/internal/fstest"
 )
 
-// loopExt4 makes an ext4 filesystem of sizeMB in a file, mounts it through
-// a loop device and returns its mount point. The unmount (which frees the
-// loop device: mount -o loop sets it to clear itself) is registered first,
-// so it runs after every cleanup registered later.
+// loopExt4 is fstest.LoopExt4, as root.
 func loopExt4(t *testing.T, sizeMB int) string {
 	t.Helper()
 	requireRoot(t)
-	dir := t.TempDir()
-	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "mnt")
-	run := func(name string, args ...string) {
-		t.Helper()
-		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v: %s", name, args, err, out)
-		}
-	}
-	run("truncate", "-s", fmt.Sprintf("%dM", sizeMB), img)
-	// -m 0: no blocks reserved for root, so "free" means the same to the
-	// snapshotter, to the test's filler and to df.
-	run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", img)
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	run("mount", "-o", "loop", img, mnt)
-	t.Cleanup(func() {
-		// Overlays over it that were detached lazily let go of it soon
-		// after, not at once: retry a busy unmount for a while.
-		for i := 0; ; i++ {
-			out, err := exec.Command("umount", mnt).CombinedOutput()
-			if err == nil {
-				break
-			}
-			if i == 100 || !bytes.Contains(out, []byte("busy")) {
-				t.Errorf("umount %s: %v: %s", mnt, err, out)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		// The loop device clears itself once the unmount lets go of it.
-		for i := 0; ; i++ {
-			out, _ := exec.Command("losetup", "-j", img).CombinedOutput()
-			if len(bytes.TrimSpace(out)) == 0 {
-				break
-			}
-			if i == 100 {
-				t.Errorf("loop device left for %s: %s", img, out)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	})
-	return mnt
+	return fstest.LoopExt4(t, sizeMB)
 }
 
 // fill writes into a new file at p until fewer than leave bytes are free,

@@ -1,8 +1,9 @@
 //go:build linux
 
-// Package fstest compares two directory trees exactly, for tests: every
-// attribute a commit must carry over, including hard-link structure and the
-// sparse layout of files.
+// Package fstest has filesystem helpers for tests: it compares two
+// directory trees exactly (every attribute a commit must carry over,
+// including hard-link structure and the sparse layout of files), and
+// mounts small filesystems to fill.
 package fstest
 
 import (
