@@ -225,6 +225,34 @@ func (e *Env) StopSnapshotter(sig syscall.Signal) error {
 	return err
 }
 
+// StopContainerd stops containerd with sig (SIGKILL: a crash) and waits
+// for it to exit; the shims outlive it, as on a node whose containerd is
+// restarted or upgraded. StartContainerd starts it again.
+func (e *Env) StopContainerd(sig syscall.Signal) error {
+	if e.containerd == nil {
+		return nil
+	}
+	err := e.containerd.stop(sig, 15*time.Second)
+	e.containerd = nil
+	if sig == syscall.SIGTERM || sig == syscall.SIGKILL {
+		// Its exit status for either is the signal's, not a failure.
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil
+		}
+	}
+	return err
+}
+
+// StartContainerd starts containerd with the env's configuration, after
+// StopContainerd.
+func (e *Env) StartContainerd(ctx context.Context) error {
+	if e.containerd != nil {
+		return errors.New("containerd already running")
+	}
+	return e.startContainerd(ctx)
+}
+
 func (e *Env) startContainerd(ctx context.Context) error {
 	config := filepath.Join(e.Dir, "containerd.toml")
 	text := ContainerdConfig(e.ContainerdRoot, e.ContainerdState, e.Address, e.SnapshotterAddress, e.SnapshotterRoot)
