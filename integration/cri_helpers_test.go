@@ -428,3 +428,27 @@ func (c *criTest) handlerFeatures() (map[string]criFeatures, string) {
 	}
 	return feats, out
 }
+
+// assertGone fails the test for whatever of the pod or containers ids is
+// left on the node: cgroups on any hierarchy, runtime state (the
+// branches' too), mounts or bundles.
+func (c *criTest) assertGone(ids []string) {
+	t := c.t
+	t.Helper()
+	for _, id := range ids {
+		if dirs := containerCgroupDirs(c.env.Namespace, id); len(dirs) != 0 {
+			t.Errorf("cgroups of %s left: %v", id, dirs)
+		}
+		left, _ := filepath.Glob(filepath.Join(runtimeRoot, daemons.CRINamespace, id+"*"))
+		for _, s := range left {
+			t.Errorf("runtime state %s left", s)
+		}
+		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", daemons.CRINamespace, id)
+		if m, _ := daemons.MountsUnder(bundle); len(m) != 0 {
+			t.Errorf("mounts of %s left: %v", id, m)
+		}
+		if _, err := os.Stat(bundle); err == nil {
+			t.Errorf("bundle of %s left", id)
+		}
+	}
+}

@@ -101,22 +101,7 @@ func TestCRIShimKilled(t *testing.T) {
 	})
 
 	waitUntil(t, "every process of the pod to end", 20*time.Second, func() bool { return len(survivors(procs)) == 0 })
-	for _, id := range ids {
-		if dirs := containerCgroupDirs(c.env.Namespace, id); len(dirs) != 0 {
-			t.Errorf("cgroups of %s left: %v", id, dirs)
-		}
-		left, _ := filepath.Glob(filepath.Join(runtimeRoot, daemons.CRINamespace, id+"*"))
-		for _, s := range left {
-			t.Errorf("runtime state %s left", s)
-		}
-		bundle := filepath.Join(c.env.ContainerdState, "io.containerd.runtime.v2.task", daemons.CRINamespace, id)
-		if m, _ := daemons.MountsUnder(bundle); len(m) != 0 {
-			t.Errorf("mounts of %s left: %v", id, m)
-		}
-		if _, err := os.Stat(bundle); err == nil {
-			t.Errorf("bundle of %s left", id)
-		}
-	}
+	c.assertGone(ids)
 	for _, s := range branchStates {
 		if _, err := os.Stat(s); err == nil {
 			t.Errorf("branch runtime state %s left", s)
