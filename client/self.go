@@ -4,6 +4,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -54,9 +55,21 @@ func (s *SelfClient) dial(ctx context.Context) error {
 		}
 		return fmt.Errorf("connect to the branch socket %s: %v: %w", s.path, err, errdefs.ErrUnavailable)
 	}
-	s.conn = ttrpc.NewClient(conn)
+	s.conn = ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(hungUp))
 	s.api = shimv1.NewSelfClient(s.conn)
 	return nil
+}
+
+// hungUp words a call the shim hung up on, which ttrpc reports as
+// "ttrpc: closed": the shim closes a connection at once when the
+// sandbox already has its maximum open (docs/limits.md), and every
+// connection to a branch's socket when the branch ends.
+func hungUp(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, _ *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	err := invoke(ctx, req, resp)
+	if errors.Is(err, ttrpc.ErrClosed) {
+		return fmt.Errorf("the shim hung up on the branch socket: the sandbox has its maximum of connections open to its branch sockets (processes holding them: close some), or this branch has ended: %w", errdefs.ErrUnavailable)
+	}
+	return err
 }
 
 // Close closes the connection.

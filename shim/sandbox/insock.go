@@ -57,8 +57,9 @@ const (
 // processes started through them.
 type selfSocks struct {
 	mu    sync.Mutex
-	socks map[string]*selfSock // by sandbox id and branch id
-	execs map[string]*selfExec // by sandbox id and exec id
+	socks map[string]*selfSock   // by sandbox id and branch id
+	execs map[string]*selfExec   // by sandbox id and exec id
+	conns map[string]*connBudget // by sandbox id: its sockets' connections
 	seq   uint64
 }
 
@@ -148,7 +149,7 @@ func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup 
 	conns := newSockConns()
 	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(countingHandshaker{inner: ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
 		return peerIn(int(uc.Pid), cgroup)
-	}), conns: conns}))
+	}), conns: conns, budget: c.connBudget(sandboxID), sandbox: sandboxID}))
 	if err != nil {
 		l.Close()
 		return err
@@ -269,9 +270,25 @@ func (c *Service) closeSelf(sandboxID, id string) {
 	}
 }
 
+// connBudget is the count of connections to the sandbox's sockets.
+func (c *Service) connBudget(sandboxID string) *connBudget {
+	c.insock.mu.Lock()
+	defer c.insock.mu.Unlock()
+	if c.insock.conns == nil {
+		c.insock.conns = map[string]*connBudget{}
+	}
+	b := c.insock.conns[sandboxID]
+	if b == nil {
+		b = &connBudget{}
+		c.insock.conns[sandboxID] = b
+	}
+	return b
+}
+
 // CloseSelfAll closes every socket of a sandbox (its task is deleted).
 func (c *Service) CloseSelfAll(sandboxID string) {
 	c.insock.mu.Lock()
+	delete(c.insock.conns, sandboxID)
 	var ids []string
 	for k := range c.insock.socks {
 		if id, ok := strings.CutPrefix(k, sandboxID+"/"); ok {
