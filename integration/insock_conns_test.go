@@ -4,30 +4,51 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
-// connHogEnv makes the test binary a process that opens connections to a
-// branch socket and holds them (TestInsockConnBounds).
-const connHogEnv = "BBX_TEST_CONN_HOG"
+// sockHogEnv makes the test binary a process that floods a branch
+// socket ("conns:PATH:N" or "calls:PATH:SECONDS:PARALLEL"), started on
+// the host and moved into a sandbox's cgroups by startSockHog.
+const sockHogEnv = "BBX_TEST_SOCK_HOG"
+
+// sockHog runs the flood sockHogEnv says, if it says one, and exits.
+func sockHog() {
+	v := os.Getenv(sockHogEnv)
+	if v == "" {
+		return
+	}
+	f := strings.Split(v, ":")
+	a, _ := strconv.Atoi(f[2])
+	// Moved into the sandbox's cgroups meanwhile.
+	time.Sleep(100 * time.Millisecond)
+	if f[0] == "conns" {
+		connHog(f[1], a)
+	}
+	par, _ := strconv.Atoi(f[3])
+	callHog(f[1], time.Duration(a)*time.Second, par)
+}
 
 // connHog dials path n times (retrying while the listener's backlog is
 // full), waits for the shim to answer or hang up, prints how many are
 // still open, and holds them until its stdin closes.
 func connHog(path string, n int) {
-	time.Sleep(100 * time.Millisecond)
 	var conns []net.Conn
 	for len(conns) < n {
 		c, err := net.Dial("unix", path)
@@ -54,27 +75,49 @@ func connHog(path string, n int) {
 	os.Exit(0)
 }
 
-// TestInsockConnBounds: a process in a sandbox opening connections to its
-// branch socket and holding them finds at most 512 open at once (each
-// costs the shim about 15 KB outside the sandbox's limits: before, 5,206
-// opened in a second took the shim from 24 to 102 MB); while it holds
-// them, branchctl self in the sandbox says why it is refused; once they
-// close, it works again.
-func TestInsockConnBounds(t *testing.T) {
-	if v := os.Getenv(connHogEnv); v != "" {
-		path, n, _ := strings.Cut(v, ",")
-		count, _ := strconv.Atoi(n)
-		connHog(path, count)
+// callHog calls tree on path in par loops for d, and prints how many
+// calls were answered and the first refusal.
+func callHog(path string, d time.Duration, par int) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	answered, refusal := 0, ""
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc, err := client.DialSelf(ctx, path)
+			if err != nil {
+				fmt.Println("dial:", err)
+				os.Exit(1)
+			}
+			defer sc.Close()
+			for time.Now().Before(end) {
+				_, _, err := sc.Tree(ctx)
+				mu.Lock()
+				if err == nil {
+					answered++
+				} else if refusal == "" {
+					refusal = err.Error()
+				}
+				mu.Unlock()
+			}
+		}()
 	}
-	ctx, env, _ := shimEnvWith(t, daemons.Config{})
-	importInsockImage(t, ctx, env)
-	runBoundedSandbox(t, ctx, env, "sb")
-	sock := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "selfsock", "branch.sock")
+	wg.Wait()
+	fmt.Printf("%d\n%s\n", answered, refusal)
+	os.Exit(0)
+}
 
-	// The hog runs on the host, moved into the sandbox's cgroups: the
-	// socket takes its peers by their cgroup.
-	hog := exec.Command(os.Args[0], "-test.run=^TestInsockConnBounds$")
-	hog.Env = append(os.Environ(), connHogEnv+"="+sock+",1000")
+// startSockHog starts the test binary as a sockHog of spec in sandbox id's
+// cgroups (the socket takes its peers by their cgroup), with stdin and
+// stdout piped; the test's clean-up ends it.
+func startSockHog(t *testing.T, env *daemons.Env, id, test, spec string) (io.WriteCloser, *bufio.Reader, *exec.Cmd) {
+	t.Helper()
+	hog := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	hog.Env = append(os.Environ(), sockHogEnv+"="+spec)
+	hog.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := hog.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -83,21 +126,38 @@ func TestInsockConnBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hog.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := hog.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		stdin.Close()
+		_ = hog.Process.Kill()
 		_ = hog.Wait()
 	})
-	// It sleeps a moment before it dials; stopped meanwhile, it is moved.
-	_ = syscall.Kill(hog.Process.Pid, syscall.SIGSTOP)
-	for _, dir := range containerCgroupDirs(env.Namespace, "sb") {
+	for _, dir := range containerCgroupDirs(env.Namespace, id) {
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(hog.Process.Pid)), 0)
 	}
-	_ = syscall.Kill(hog.Process.Pid, syscall.SIGCONT)
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	return stdin, bufio.NewReader(stdout), hog
+}
+
+// branchSocket is the host path of a sandbox's own branch socket.
+func branchSocket(env *daemons.Env, id string) string {
+	return filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id, "selfsock", "branch.sock")
+}
+
+// TestInsockConnBounds: a process in a sandbox opening connections to its
+// branch socket and holding them finds at most 512 open at once (each
+// costs the shim about 15 KB outside the sandbox's limits: before, 5,206
+// opened in a second took the shim from 24 to 102 MB); while it holds
+// them, branchctl self in the sandbox says why it is refused; once they
+// close, it works again.
+func TestInsockConnBounds(t *testing.T) {
+	sockHog()
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	importInsockImage(t, ctx, env)
+	runBoundedSandbox(t, ctx, env, "sb")
+	stdin, stdout, hog := startSockHog(t, env, "sb", "TestInsockConnBounds", "conns:"+branchSocket(env, "sb")+":1000")
+	line, err := stdout.ReadString('\n')
 	open, cerr := strconv.Atoi(strings.TrimSpace(line))
 	if err != nil || cerr != nil {
 		t.Fatalf("the connection hog said %q (%v)", line, err)
@@ -118,4 +178,42 @@ func TestInsockConnBounds(t *testing.T) {
 		_, err := execIn(ctx, env, "sb", "branchctl", "self", "tree")
 		return err == nil
 	})
+}
+
+// TestInsockCallRate: calls through a sandbox's branch sockets are held
+// to its call rate (here 20 a second, by annotation) after a burst of
+// 256: a process calling tree in a loop for 3 seconds is answered about
+// 316 times, not thousands (each costs the shim's CPU, not the
+// sandbox's: before, a process at 6% of a CPU held the shim at 57%); of
+// 32 calling at once, those that would wait more than a second are
+// refused after that second, naming the rate and its annotation.
+func TestInsockCallRate(t *testing.T) {
+	sockHog()
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	importInsockImage(t, ctx, env)
+	runBoundedSandbox(t, ctx, env, "sb", "io.branchbox.call-rate=20")
+	for _, c := range []struct {
+		par      int
+		min, max int
+		refused  bool
+	}{{1, 100, 256 + 3*20 + 5, false}, {32, 30, 3*20 + 33, true}} {
+		_, stdout, hog := startSockHog(t, env, "sb", "TestInsockCallRate", fmt.Sprintf("calls:%s:3:%d", branchSocket(env, "sb"), c.par))
+		line, err := stdout.ReadString('\n')
+		answered, cerr := strconv.Atoi(strings.TrimSpace(line))
+		refusal, _ := stdout.ReadString('\n')
+		if err != nil || cerr != nil {
+			t.Fatalf("the call hog said %q (%v)", line, err)
+		}
+		_ = hog.Wait()
+		t.Logf("%d calling for 3s: %d answered; %s", c.par, answered, strings.TrimSpace(refusal))
+		if answered < c.min || answered > c.max {
+			t.Fatalf("%d calling tree for 3s at 20 a second: %d answered, want %d to %d", c.par, answered, c.min, c.max)
+		}
+		if c.refused != (refusal != "\n") {
+			t.Fatalf("%d calling: refusal %q", c.par, refusal)
+		}
+		if c.refused && (!strings.Contains(refusal, "makes at most 20 calls a second through its branch sockets (annotation io.branchbox.call-rate)") || !strings.Contains(refusal, "resource exhausted")) {
+			t.Fatalf("refusal %q: want it to name the rate and its annotation", refusal)
+		}
+	}
 }

@@ -170,8 +170,8 @@ func Render(o Options) string {
   # OCI spec: io.branchbox.socket = "true" on a pod (every container in it) or
   # on one container gives its processes the branch socket; the others bound
   # its branches (docs/limits.md).
-  pod_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate", "io.branchbox.max-checkpoints", "io.branchbox.max-checkpoint-bytes"]
-  container_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate", "io.branchbox.max-checkpoints", "io.branchbox.max-checkpoint-bytes"]
+  pod_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate", "io.branchbox.max-checkpoints", "io.branchbox.max-checkpoint-bytes", "io.branchbox.call-rate"]
+  container_annotations = ["io.branchbox.socket", "io.branchbox.max-branches", "io.branchbox.max-depth", "io.branchbox.fork-rate", "io.branchbox.max-checkpoints", "io.branchbox.max-checkpoint-bytes", "io.branchbox.call-rate"]
 
 # runc's options, as for the runc handler. SystemdCgroup must match kubelet's
 # cgroupDriver (systemd on kubeadm-style nodes; false for cgroupfs). BinaryName

@@ -35,6 +35,7 @@ const (
 	ForkRateAnnotation           = "io.branchbox.fork-rate"
 	MaxCheckpointsAnnotation     = "io.branchbox.max-checkpoints"
 	MaxCheckpointBytesAnnotation = "io.branchbox.max-checkpoint-bytes"
+	CallRateAnnotation           = "io.branchbox.call-rate"
 )
 
 // The environment variables that set the node's defaults.
@@ -44,6 +45,7 @@ const (
 	ForkRateEnv           = "BRANCHBOX_FORK_RATE"
 	MaxCheckpointsEnv     = "BRANCHBOX_MAX_CHECKPOINTS"
 	MaxCheckpointBytesEnv = "BRANCHBOX_MAX_CHECKPOINT_BYTES"
+	CallRateEnv           = "BRANCHBOX_CALL_RATE"
 )
 
 // The defaults, and the ranges a setting must be in.
@@ -76,8 +78,19 @@ const (
 	DefaultMaxCheckpointBytes = 10 << 30
 	MinMaxCheckpointBytes     = 1 << 20
 	MaxMaxCheckpointBytes     = 1 << 50
-	// selfForkMaxWait is how long an in-sandbox fork over the rate waits
-	// for its turn; one that would wait longer is refused at once.
+	// DefaultCallRate is how many calls a second a sandbox's processes
+	// may make through its branch sockets, after a burst of callBurst:
+	// each costs the shim's CPU, not the sandbox's (a tree of 9 branches
+	// about 2.7 ms on a cgroup v1 node), and a process at 6% of a CPU
+	// calling tree in a loop held the shim at 57%. MaxCallRate is the
+	// highest a setting may give.
+	DefaultCallRate = 100
+	MaxCallRate     = 100000
+	// callBurst is the calls a sandbox may make at once: a best of 64
+	// (the fork, an exec and a wait in each, the commit) fits in it.
+	callBurst = selfExecMax
+	// selfForkMaxWait is how long an in-sandbox fork or call over its rate
+	// waits for its turn; one that would wait longer is refused at once.
 	selfForkMaxWait = time.Second
 )
 
@@ -88,11 +101,13 @@ type bounds struct {
 	forkRate              float64
 	maxCheckpoints        int
 	maxCheckpointBytes    int64
+	callRate              float64
 	branchesFrom          string
 	depthFrom             string
 	rateFrom              string
 	checkpointsFrom       string
 	checkpointBytesFrom   string
+	callRateFrom          string
 }
 
 // defaultBounds are the built-in defaults.
@@ -100,12 +115,13 @@ func defaultBounds() bounds {
 	const from = "the default"
 	return bounds{
 		maxBranches: DefaultMaxBranches, maxDepth: DefaultMaxDepth, forkRate: DefaultForkRate,
-		maxCheckpoints: DefaultMaxCheckpoints, maxCheckpointBytes: DefaultMaxCheckpointBytes,
+		maxCheckpoints: DefaultMaxCheckpoints, maxCheckpointBytes: DefaultMaxCheckpointBytes, callRate: DefaultCallRate,
 		branchesFrom:        from + "; annotation " + MaxBranchesAnnotation + " sets it",
 		depthFrom:           from + "; annotation " + MaxDepthAnnotation + " sets it",
 		rateFrom:            from + "; annotation " + ForkRateAnnotation + " sets it",
 		checkpointsFrom:     from + "; annotation " + MaxCheckpointsAnnotation + " sets it",
 		checkpointBytesFrom: from + "; annotation " + MaxCheckpointBytesAnnotation + " sets it",
+		callRateFrom:        from + "; annotation " + CallRateAnnotation + " sets it",
 	}
 }
 
@@ -127,6 +143,7 @@ func (b *bounds) settings() []boundSetting {
 		{ForkRateEnv, ForkRateAnnotation, &b.rateFrom, func(v float64) { b.forkRate = v }, false, false, 0.01, MaxForkRate},
 		{MaxCheckpointsEnv, MaxCheckpointsAnnotation, &b.checkpointsFrom, func(v float64) { b.maxCheckpoints = int(v) }, true, false, 1, MaxMaxCheckpoints},
 		{MaxCheckpointBytesEnv, MaxCheckpointBytesAnnotation, &b.checkpointBytesFrom, func(v float64) { b.maxCheckpointBytes = int64(v) }, true, true, MinMaxCheckpointBytes, MaxMaxCheckpointBytes},
+		{CallRateEnv, CallRateAnnotation, &b.callRateFrom, func(v float64) { b.callRate = v }, false, false, 1, MaxCallRate},
 	}
 }
 
@@ -240,11 +257,48 @@ func (sb *Sandbox) throttleSelfOne(ctx context.Context, what string) error {
 	})
 }
 
+// newCallLimiter is a sandbox's bucket of calls through its branch
+// sockets.
+func newCallLimiter(b bounds) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(b.callRate), callBurst)
+}
+
+// throttleCall takes one call from the sandbox's bucket of calls through
+// its branch sockets (every call, before its own bounds), waiting up to
+// selfForkMaxWait for it. A call refused is answered only after that
+// wait: refused at once, a loop of calls would cost the shim a refusal
+// each, as fast as it could send them.
+func (sb *Sandbox) throttleCall(ctx context.Context) error {
+	err := throttle(ctx, sb.calls, 1, func(d time.Duration) string {
+		return fmt.Sprintf("sandbox %s makes at most %v calls a second through its branch sockets (%s), and this one would have waited %v", sb.id, sb.bounds.callRate, sb.bounds.callRateFrom, d)
+	})
+	if errdefs.IsResourceExhausted(err) {
+		t := time.NewTimer(selfForkMaxWait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	return err
+}
+
 func (sb *Sandbox) throttleSelf(ctx context.Context, count int, over func(wait time.Duration) string) error {
 	r := sb.forks.ReserveN(time.Now(), count)
 	if !r.OK() {
 		return fmt.Errorf("fork: count %d is more than sandbox %s may fork at once: %w", count, sb.id, errdefs.ErrInvalidArgument)
 	}
+	return wait(ctx, r, over)
+}
+
+// throttle takes count tokens from lim, waiting up to selfForkMaxWait.
+func throttle(ctx context.Context, lim *rate.Limiter, count int, over func(wait time.Duration) string) error {
+	return wait(ctx, lim.ReserveN(time.Now(), count), over)
+}
+
+// wait waits for a reservation, or cancels it and refuses (over words
+// why) if it would wait more than selfForkMaxWait.
+func wait(ctx context.Context, r *rate.Reservation, over func(wait time.Duration) string) error {
 	d := r.Delay()
 	if d > selfForkMaxWait {
 		r.Cancel()

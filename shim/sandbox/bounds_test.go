@@ -32,15 +32,20 @@ func TestBounds(t *testing.T) {
 			t.Errorf("%s=%s: %v, want invalid argument naming it", k, v, err)
 		}
 	}
-	spec := &specs.Spec{Annotations: map[string]string{MaxBranchesAnnotation: "12", MaxDepthAnnotation: "3"}}
+	if b.callRate != DefaultCallRate {
+		t.Fatalf("call rate %v, want the default %d", b.callRate, DefaultCallRate)
+	}
+	spec := &specs.Spec{Annotations: map[string]string{MaxBranchesAnnotation: "12", MaxDepthAnnotation: "3", CallRateAnnotation: "2.5"}}
 	sb, err := sandboxBounds(b, spec)
-	if err != nil || sb.maxBranches != 12 || sb.maxDepth != 3 || sb.forkRate != 0.5 || sb.branchesFrom != "annotation "+MaxBranchesAnnotation {
+	if err != nil || sb.maxBranches != 12 || sb.maxDepth != 3 || sb.forkRate != 0.5 || sb.branchesFrom != "annotation "+MaxBranchesAnnotation ||
+		sb.callRate != 2.5 || sb.callRateFrom != "annotation "+CallRateAnnotation {
 		t.Fatalf("sandbox bounds: %+v %v", sb, err)
 	}
 	for _, bad := range []map[string]string{
 		{MaxBranchesAnnotation: "1025"}, {MaxBranchesAnnotation: "-1"}, {MaxBranchesAnnotation: "4294967297"},
 		{MaxBranchesAnnotation: "1.5"}, {MaxBranchesAnnotation: ""}, {MaxDepthAnnotation: "0"},
 		{ForkRateAnnotation: "0"}, {ForkRateAnnotation: "+Inf"}, {ForkRateAnnotation: "1e9"}, {ForkRateAnnotation: "fast"},
+		{CallRateAnnotation: "0.5"}, {CallRateAnnotation: "100001"}, {CallRateAnnotation: "lots"},
 	} {
 		for k := range bad {
 			if _, err := sandboxBounds(b, &specs.Spec{Annotations: bad}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), k) {

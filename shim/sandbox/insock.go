@@ -149,7 +149,7 @@ func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup 
 	conns := newSockConns()
 	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(countingHandshaker{inner: ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
 		return peerIn(int(uc.Pid), cgroup)
-	}), conns: conns, budget: c.connBudget(sandboxID), sandbox: sandboxID}))
+	}), conns: conns, budget: c.connBudget(sandboxID), sandbox: sandboxID}), ttrpc.WithUnaryServerInterceptor(c.throttleCalls(sandboxID)))
 	if err != nil {
 		l.Close()
 		return err
@@ -267,6 +267,19 @@ func (c *Service) closeSelf(sandboxID, id string) {
 	_ = s.server.Close()
 	if err := os.RemoveAll(s.dir); err != nil {
 		log.G(c.ctx).WithError(err).WithField("branch", key).Warn("remove branch socket")
+	}
+}
+
+// throttleCalls holds every call through a sandbox's branch sockets to
+// its call rate.
+func (c *Service) throttleCalls(sandboxID string) ttrpc.UnaryServerInterceptor {
+	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
+		if sb, err := c.Sandbox(sandboxID); err == nil {
+			if err := sb.throttleCall(ctx); err != nil {
+				return nil, toTTRPC(err)
+			}
+		}
+		return method(ctx, unmarshal)
 	}
 }
 

@@ -31,6 +31,7 @@ type Sandbox struct {
 	opts           *options.Options
 	bounds         bounds        // its live-branch, depth and fork-rate bounds (bounds.go)
 	forks          *rate.Limiter // its in-sandbox forks, at its fork rate
+	calls          *rate.Limiter // calls through its branch sockets, at its call rate
 	output         *outputBudget // the output kept for its socket's un-waited processes (insock.go)
 	// cgroup is the sandbox's cgroup path, whose freezer says whether it
 	// is paused (pause.go); "" if its spec did not say.
@@ -210,7 +211,7 @@ func (c *Service) AddSandbox(ctx context.Context, r *taskAPI.CreateTaskRequest, 
 	}
 	c.sandboxes[r.ID] = &Sandbox{
 		id: r.ID, ns: ns, bundle: r.Bundle, upper: upper, opts: opts, cgroup: cgPath, stoppedCh: make(chan struct{}),
-		bounds: b, forks: newForkLimiter(b), output: newOutputBudget(),
+		bounds: b, forks: newForkLimiter(b), calls: newCallLimiter(b), output: newOutputBudget(),
 		create: &taskAPI.CreateTaskRequest{
 			ID: r.ID, Bundle: r.Bundle, Terminal: r.Terminal, Options: r.Options,
 			Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr,
