@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,9 +178,14 @@ func TestShimDeath(t *testing.T) {
 	for _, tc := range []struct {
 		name, snapshotter string
 		pause             bool
+		// cut: options.json left empty, as by a shim killed while the
+		// task service rewrote it (a rollback with processes creates the
+		// task again); the cleanup takes the kept copy.
+		cut bool
 	}{
-		{"running", "overlayfs", false},
-		{"paused", "branch", true},
+		{"running", "overlayfs", false, false},
+		{"paused", "branch", true, false},
+		{"options-cut", "branch", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "dead-" + tc.name
@@ -209,6 +215,12 @@ func TestShimDeath(t *testing.T) {
 				t.Fatalf("no socket of shim %d found", shims[0])
 			}
 			t.Cleanup(func() { removeFiles(sockets) })
+			if tc.cut {
+				opts := filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, id, "options.json")
+				if err := os.Truncate(opts, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}

@@ -29,7 +29,6 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
-	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/runc"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/mount"
@@ -81,7 +80,7 @@ func (m *shimManager) Stop(ctx context.Context, id string) (cshim.StopStatus, er
 	if err != nil {
 		return cshim.StopStatus{}, err
 	}
-	opts, err := runc.ReadOptions(path)
+	opts, err := sandbox.DeadShimOptions(ctx, path)
 	if err != nil {
 		return cshim.StopStatus{}, fmt.Errorf("read runtime options of %s: %w", id, err)
 	}
@@ -423,6 +422,9 @@ func (s *taskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		ns, _ := namespaces.Namespace(ctx)
 		if err := sandbox.RecordMember(filepath.Join(opts.Root, ns), r.ID, r.Bundle); err != nil {
 			log.G(ctx).WithError(err).WithField("container", r.ID).Error("container not recorded: if this shim is killed, its cleanup will not find it")
+		}
+		if err := sandbox.KeepOptions(r.Bundle, opts); err != nil {
+			log.G(ctx).WithError(err).WithField("container", r.ID).Warn("runtime options not kept: a shim killed in a rollback with processes may leave its cleanup without them")
 		}
 		s.sandboxes.AddSandbox(ctx, r, opts, b)
 	} else {
