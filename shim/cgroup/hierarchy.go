@@ -112,6 +112,34 @@ func DirsIn(ms []Dir, path string) []Dir {
 	return out
 }
 
+// ReadDirs are the directories of cgroup path that tell what it holds,
+// not checked to exist (a reader of a missing one finds nothing): one
+// hierarchy for its processes (one that freezes, else the first, as
+// OneHierarchy picks), and those that count its OOM kills (memory, or
+// cgroup2). Not DirsIn, whose stat of the path in every hierarchy (a
+// dozen on a v1 node) was a quarter of the CPU of a tree's description
+// of each branch.
+func ReadDirs(ms []Dir, path string) []Dir {
+	var out []Dir
+	picked := -1
+	for i, d := range ms {
+		if d.Freezes() {
+			picked = i
+			break
+		}
+	}
+	if picked < 0 && len(ms) > 0 {
+		picked = 0
+	}
+	for i, d := range ms {
+		if i == picked || d.Memory || d.V2 {
+			d.Path = filepath.Join(d.Path, path)
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // hierarchy is what differs between a cgroup v1 hierarchy and cgroup v2
 // for one cgroup directory: how it is frozen and thawed, how its freeze
 // is read, and whether its processes can be killed at once. The callers

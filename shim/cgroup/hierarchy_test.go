@@ -5,6 +5,7 @@ package cgroup
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -62,5 +63,32 @@ func TestHierarchyReads(t *testing.T) {
 				t.Errorf("populated = %v, %v, %v; want %v, %v", p, known, err, tc.populated, tc.known)
 			}
 		})
+	}
+}
+
+// TestReadDirs: the directories a branch's description reads are the
+// processes' hierarchy (the freezer's, as OneHierarchy picks it) and the
+// memory one, on a v1 node, hybrid or not; the unified one alone on v2.
+func TestReadDirs(t *testing.T) {
+	v1 := []Dir{{Path: "/c/cpu"}, {Path: "/c/memory", Memory: true}, {Path: "/c/freezer", Freezer: true}, {Path: "/c/pids", Pids: true}}
+	hybrid := append(append([]Dir{}, v1...), Dir{Path: "/c/unified", V2: true})
+	for _, c := range []struct {
+		ms        []Dir
+		procs     string
+		readPaths []string
+	}{
+		{v1, "/c/freezer/sb/b1", []string{"/c/memory/sb/b1", "/c/freezer/sb/b1"}},
+		{hybrid, "/c/freezer/sb/b1", []string{"/c/memory/sb/b1", "/c/freezer/sb/b1", "/c/unified/sb/b1"}},
+		{[]Dir{{Path: "/c", V2: true, Pids: true}}, "/c/sb/b1", []string{"/c/sb/b1"}},
+		{[]Dir{{Path: "/c/cpu"}, {Path: "/c/pids", Pids: true}}, "/c/cpu/sb/b1", []string{"/c/cpu/sb/b1"}},
+	} {
+		dirs := ReadDirs(c.ms, "sb/b1")
+		var paths []string
+		for _, d := range dirs {
+			paths = append(paths, d.Path)
+		}
+		if got := OneHierarchy(dirs); len(got) != 1 || got[0].Path != c.procs || !slices.Equal(paths, c.readPaths) {
+			t.Errorf("ReadDirs(%v): %v, processes from %v; want %v, processes from %s", c.ms, paths, got, c.readPaths, c.procs)
+		}
 	}
 }

@@ -109,7 +109,7 @@ func (c *Service) readCgroup(d *shimv1.Branch, cg string) {
 	if err != nil {
 		return
 	}
-	dirs := cgroup.DirsIn(ms, cg)
+	dirs := cgroup.ReadDirs(ms, cg)
 	pids := cgroup.PidsIn(cgroup.OneHierarchy(dirs))
 	sort.Ints(pids)
 	for _, p := range pids {
