@@ -81,7 +81,7 @@ const (
 	// DefaultCallRate is how many calls a second a sandbox's processes
 	// may make through its branch sockets, after a burst of callBurst:
 	// each costs the shim's CPU, not the sandbox's (a tree of 9 branches
-	// about 2.7 ms on a cgroup v1 node), and a process at 6% of a CPU
+	// about 1.7 ms on a cgroup v1 node), and a process at 6% of a CPU
 	// calling tree in a loop held the shim at 57%. MaxCallRate is the
 	// highest a setting may give.
 	DefaultCallRate = 100
