@@ -20,6 +20,11 @@ const SelfSocket = "/run/branchbox/branch.sock"
 // run a branch's socket elsewhere).
 const SelfSocketEnv = "BRANCHBOX_SOCKET"
 
+// SelfRequestMax is the largest request a branch socket takes, in bytes:
+// requests wait there (for the sandbox's call rate, for a process to
+// exit), and the shim holds them meanwhile, outside the sandbox's limits.
+const SelfRequestMax = 256 << 10
+
 // DefaultSnapshotterAddress is where the snapshotter serves by default (its
 // systemd unit, the generated containerd configuration).
 const DefaultSnapshotterAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"

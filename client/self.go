@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/proto"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -60,11 +61,15 @@ func (s *SelfClient) dial(ctx context.Context) error {
 	return nil
 }
 
-// hungUp words a call the shim hung up on, which ttrpc reports as
-// "ttrpc: closed": the shim closes a connection at once when the
-// sandbox already has its maximum open (docs/limits.md), and every
-// connection to a branch's socket when the branch ends.
+// hungUp refuses a request larger than a branch socket takes (the shim
+// would hang up at its header), and words a call the shim hung up on,
+// which ttrpc reports as "ttrpc: closed": the shim closes a connection at
+// once when the sandbox already has its maximum open (docs/limits.md),
+// and every connection to a branch's socket when the branch ends.
 func hungUp(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, _ *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	if n := proto.Size(req); n > branch.SelfRequestMax {
+		return fmt.Errorf("%s: a request of %d bytes, more than the %d a branch socket takes: pass large input through a file in the branch: %w", req.Method, n, branch.SelfRequestMax, errdefs.ErrInvalidArgument)
+	}
 	err := invoke(ctx, req, resp)
 	if errors.Is(err, ttrpc.ErrClosed) {
 		return fmt.Errorf("the shim hung up on the branch socket: the sandbox has its maximum of connections open to its branch sockets (processes holding them: close some), or this branch has ended: %w", errdefs.ErrUnavailable)

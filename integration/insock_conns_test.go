@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/ttrpc"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
@@ -41,8 +44,63 @@ func sockHog() {
 	if f[0] == "conns" {
 		connHog(f[1], a)
 	}
+	if f[0] == "big" {
+		bigCallHog(f[1])
+	}
 	par, _ := strconv.Atoi(f[3])
 	callHog(f[1], time.Duration(a)*time.Second, par)
+}
+
+// bigCallHog sends what the shim must not hold: a request over the size
+// a branch socket takes, through the client and raw, then, its call rate's
+// burst spent, 200 calls of 200 KiB at once on one connection. It prints
+// the client's error, the raw call's, and how many of the 200 were
+// refused for the calls in flight.
+func bigCallHog(path string) {
+	ctx := context.Background()
+	sc, err := client.DialSelf(ctx, path)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	_, err = sc.Fork(ctx, client.ForkOptions{Count: 1, Args: []string{"echo", strings.Repeat("x", 300<<10)}})
+	fmt.Println(strings.ReplaceAll(fmt.Sprint(err), "\n", " "))
+	sc.Close()
+	raw := func() *ttrpc.Client {
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			fmt.Println("dial:", err)
+			os.Exit(1)
+		}
+		return ttrpc.NewClient(conn)
+	}
+	tree := func(c *ttrpc.Client, junk int) error {
+		var resp shimv1.SelfTreeResponse
+		return c.Call(ctx, "branchbox.shim.v1.Self", "Tree", &shimv1.SelfForkRequest{Args: []string{strings.Repeat("x", junk)}}, &resp)
+	}
+	c := raw()
+	fmt.Println(tree(c, 300<<10))
+	c = raw()
+	for range 256 {
+		_ = tree(c, 0)
+	}
+	var mu sync.Mutex
+	inFlight := 0
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := tree(c, 200<<10); err != nil && strings.Contains(err.Error(), "calls in flight through its branch sockets, its maximum") {
+				mu.Lock()
+				inFlight++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println(inFlight)
+	os.Exit(0)
 }
 
 // connHog dials path n times (retrying while the listener's backlog is
@@ -215,5 +273,42 @@ func TestInsockCallRate(t *testing.T) {
 		if c.refused && (!strings.Contains(refusal, "makes at most 20 calls a second through its branch sockets (annotation io.branchbox.call-rate)") || !strings.Contains(refusal, "resource exhausted")) {
 			t.Fatalf("refusal %q: want it to name the rate and its annotation", refusal)
 		}
+	}
+}
+
+// TestInsockCallBounds: what a branch socket holds for a call is bounded.
+// A request over 256 KiB is refused by the client before it is sent
+// (invalid argument, saying what to do), and the shim hangs up on one
+// sent raw at its header, before reading it; of 200 calls of 200 KiB
+// sent at once on one connection once the call rate's burst is spent, at
+// most 128 wait and the rest are refused at once. Before, one connection
+// sending 400 calls of 3 MB took the shim from 23 to 407 MB, kept after.
+func TestInsockCallBounds(t *testing.T) {
+	sockHog()
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	importInsockImage(t, ctx, env)
+	runBoundedSandbox(t, ctx, env, "sb", "io.branchbox.call-rate=1")
+	_, stdout, hog := startSockHog(t, env, "sb", "TestInsockCallBounds", "big:"+branchSocket(env, "sb")+":0")
+	var lines []string
+	for range 3 {
+		line, err := stdout.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the hog said %q: %v", lines, err)
+		}
+		lines = append(lines, strings.TrimSpace(line))
+	}
+	_ = hog.Wait()
+	t.Logf("%q", lines)
+	if !strings.Contains(lines[0], "more than the 262144 a branch socket takes") || !strings.Contains(lines[0], "invalid argument") {
+		t.Fatalf("the client's fork with 300 KiB of arguments: %s", lines[0])
+	}
+	if !strings.Contains(lines[1], "closed") {
+		t.Fatalf("a raw call of 300 KiB: %s, want the shim to hang up", lines[1])
+	}
+	if n, err := strconv.Atoi(lines[2]); err != nil || n < 200-128 {
+		t.Fatalf("%s of 200 calls at once refused for the calls in flight, want at least 72", lines[2])
+	}
+	if _, err := execIn(ctx, env, "sb", "branchctl", "self", "tree"); err != nil {
+		t.Fatalf("branchctl self tree after: %v", err)
 	}
 }

@@ -146,10 +146,10 @@ func (c *Service) listenSelf(ctx context.Context, sandboxID, id, bundle, cgroup 
 	if err != nil {
 		return fmt.Errorf("branch %s/%s: listen on its branch socket: %w", sandboxID, id, err)
 	}
-	conns := newSockConns()
+	conns, budget := newSockConns(), c.connBudget(sandboxID)
 	server, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(countingHandshaker{inner: ttrpc.UnixCredentialsFunc(func(uc *unix.Ucred) error {
 		return peerIn(int(uc.Pid), cgroup)
-	}), conns: conns, budget: c.connBudget(sandboxID), sandbox: sandboxID}), ttrpc.WithUnaryServerInterceptor(c.throttleCalls(sandboxID)))
+	}), conns: conns, budget: budget, sandbox: sandboxID}), ttrpc.WithUnaryServerInterceptor(c.guardCalls(sandboxID, budget)))
 	if err != nil {
 		l.Close()
 		return err
@@ -270,10 +270,15 @@ func (c *Service) closeSelf(sandboxID, id string) {
 	}
 }
 
-// throttleCalls holds every call through a sandbox's branch sockets to
-// its call rate.
-func (c *Service) throttleCalls(sandboxID string) ttrpc.UnaryServerInterceptor {
+// guardCalls holds every call through a sandbox's branch sockets to its
+// bounds: at most selfCallsMax in flight (one more is refused at once),
+// and its call rate.
+func (c *Service) guardCalls(sandboxID string, budget *connBudget) ttrpc.UnaryServerInterceptor {
 	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
+		if !budget.takeCall() {
+			return nil, toTTRPC(fmt.Errorf("sandbox %s has %d calls in flight through its branch sockets, its maximum: wait for some to return: %w", sandboxID, selfCallsMax, errdefs.ErrResourceExhausted))
+		}
+		defer budget.giveCall()
 		if sb, err := c.Sandbox(sandboxID); err == nil {
 			if err := sb.throttleCall(ctx); err != nil {
 				return nil, toTTRPC(err)

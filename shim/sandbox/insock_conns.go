@@ -64,11 +64,37 @@ func (s *sockConns) waitNone(ctx context.Context) (int, error) {
 // one, and at most selfExecMax processes wait.
 const selfConnMax = 2 * selfExecMax
 
-// connBudget counts the connections open to a sandbox's branch sockets.
+// selfCallsMax bounds the calls in flight at once through the branch
+// sockets of one sandbox: each holds its request (up to
+// branch.SelfRequestMax) and a goroutine in the shim while it waits, for
+// the call rate or for a process to exit, and ttrpc takes any number on
+// one connection. A self exec that waits holds one.
+const selfCallsMax = 128
+
+// connBudget counts the connections open to a sandbox's branch sockets,
+// and the calls in flight through them.
 type connBudget struct {
 	mu      sync.Mutex
 	open    int
 	refused bool // since the count was last below the maximum
+	calls   int
+}
+
+// takeCall counts one more call in flight, or says it is one too many.
+func (b *connBudget) takeCall() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.calls >= selfCallsMax {
+		return false
+	}
+	b.calls++
+	return true
+}
+
+func (b *connBudget) giveCall() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls--
 }
 
 // take counts one more connection, or says it is one too many (and
@@ -121,7 +147,7 @@ func (h countingHandshaker) Handshake(ctx context.Context, conn net.Conn) (net.C
 		return refusedConn{approved}, info, nil
 	}
 	h.conns.add(1)
-	return &countedConn{Conn: approved, conns: h.conns, budget: h.budget}, info, nil
+	return &countedConn{Conn: &cappedConn{Conn: approved}, conns: h.conns, budget: h.budget}, info, nil
 }
 
 type countedConn struct {
