@@ -296,9 +296,25 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 			// One line, not the runtime's story of each failed start.
 			return sb.pidsRefusal(parent, pl)
 		}
+		if !alive(f.pid) {
+			return f.parentEnded()
+		}
 		return fmt.Errorf("fork %s of %s: %w", f.parentID, sb.id, err)
 	}
 	return nil
+}
+
+// parentEnded words a fork whose starts failed because the parent's init
+// ended meanwhile (the sandbox stopped or was killed, the branch's command
+// exited): the starts' own errors (a namespace of a process that is gone,
+// a cgroup write for no process, with host paths) say nothing a user can
+// act on. The fork is undone as any failed fork is.
+func (f *fork) parentEnded() error {
+	who := "the sandbox's init"
+	if f.parentID != branch.RootID {
+		who = "the init of branch " + f.parentID
+	}
+	return fmt.Errorf("fork %s of %s: %s exited during the fork; its branches were undone: %w", f.parentID, f.sb.id, who, errdefs.ErrFailedPrecondition)
 }
 
 // checkAhead drops every init taken ahead if a guess was wrong (ids used

@@ -1,0 +1,78 @@
+//go:build linux
+
+package integration
+
+import (
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+)
+
+// TestContextsKillDuringFork: a sandbox killed (ctr task kill, as nerdctl
+// kill does) or deleted with force while a fork of 32 branches runs. The
+// fork either completes or fails with failed precondition, saying that
+// the sandbox's init exited and the branches were undone (before: the
+// start that failed first, "set up: join namespace /proc/PID/ns/net: No
+// such file or directory", or a cgroup write with its host path, kind
+// unknown); and once the container is deleted nothing of it is left:
+// no branch layer, mount, cgroup or shim.
+func TestContextsKillDuringFork(t *testing.T) {
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	refused := 0
+	for round := range 8 {
+		id := fmt.Sprintf("k%d", round)
+		if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "docker.io/branchbox/busybox:test", id, "sleep", "100000"); err != nil {
+			t.Fatal(err)
+		}
+		sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := sc.Fork(ctx, client.ForkOptions{Count: 32, Args: []string{"sleep", "1000"}})
+			done <- err
+		}()
+		time.Sleep(time.Duration(rand.Intn(25)) * time.Millisecond)
+		if round%2 == 0 {
+			_, _ = env.Ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
+		} else {
+			_, _ = env.Ctr(ctx, "tasks", "delete", "-f", id)
+		}
+		err = <-done
+		sc.Close()
+		if err != nil {
+			if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "the sandbox's init exited during the fork; its branches were undone") {
+				t.Fatalf("round %d: fork of a sandbox killed meanwhile: %v", round, err)
+			}
+			refused++
+		}
+		removeContainer(t, env, id)
+		for _, d := range containerCgroupDirs(env.Namespace, id) {
+			t.Errorf("round %d: cgroup %s left", round, d)
+		}
+	}
+	t.Logf("%d of 8 forks refused, the sandbox gone during them", refused)
+	if refused == 0 {
+		t.Fatal("no fork was refused: the kill came after every fork, and nothing was checked")
+	}
+	// The snapshotter removes a deleted root's layers in the background.
+	var left []os.DirEntry
+	waitUntil(t, "no branch layer left", 10*time.Second, func() bool {
+		left, _ = os.ReadDir(filepath.Join(env.SnapshotterRoot, "branches"))
+		return len(left) == 0
+	})
+	if m := mountsUnder(env.Dir); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	waitUntil(t, "the shims to exit", 10*time.Second, func() bool { return len(env.ShimPids()) == 0 })
+}
