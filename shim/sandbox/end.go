@@ -160,10 +160,18 @@ func (c *Service) detach(ctx context.Context, n *Branch) branchProcs {
 		// detached with the kill.
 		return container
 	}
-	if init, err := container.Process(""); err == nil {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// An init that never started (a restore the sandbox's end cut short)
+	// has no exit to wait for: waiting held the branch's end, and the
+	// sandbox with it, for the whole 10 s. One gone already has its exit
+	// from the reaper at once.
+	if init, err := container.Process(""); err == nil && init.Pid() > 0 {
+		limit, pid := 10*time.Second, init.Pid()
+		if !alive(pid) {
+			limit = 500 * time.Millisecond
+		}
+		wctx, cancel := context.WithTimeout(ctx, limit)
 		if err := init.Wait(wctx); err != nil {
-			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("wait for branch init")
+			log.G(ctx).WithError(err).WithFields(log.Fields{"branch": n.id, "pid": pid}).Warn("wait for branch init")
 		}
 		cancel()
 	}

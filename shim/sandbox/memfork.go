@@ -188,6 +188,12 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	if err != nil {
 		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
+		if pid, perr := c.initPid(ctx, sb, parent); perr != nil || !alive(pid) {
+			// Killed meanwhile: CRIU's and the runtime's words ("cannot
+			// be checkpointed in stopped state", an RLIMIT warning) would
+			// hide it.
+			return nil, fmt.Errorf("%s: %s exited during the dump of its processes; nothing was made: %w", what, initName(parent.id), errdefs.ErrFailedPrecondition)
+		}
 		if strings.Contains(why, "No space left on device") {
 			// The estimate before the dump was short (checkImageRoom).
 			err = fmt.Errorf("%w: its image did not fit in the sandbox's bundle, in containerd's state directory: %w", err, errdefs.ErrResourceExhausted)
