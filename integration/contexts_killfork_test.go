@@ -104,3 +104,59 @@ func testKillDuringFork(t *testing.T, opts client.ForkOptions, step int, words .
 	}
 	assertNoCriu(t, env)
 }
+
+// TestMemoryRollbackKillDuringRollback: a sandbox killed while one of its
+// memory branches is rolled back to a checkpoint with memory. The
+// rollback completes or fails with failed precondition saying that the
+// sandbox's init exited (before: the runtime's "Requested network
+// namespace /proc/PID/ns/net does not exist", of no kind), and nothing of
+// the sandbox is left once it is deleted.
+func TestMemoryRollbackKillDuringRollback(t *testing.T) {
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	refused := 0
+	for round := range 10 {
+		id := fmt.Sprintf("m%d", round)
+		// 20 MB written first: the rollback's kill, diff and restore
+		// take long enough for the kill to fall among them.
+		if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "docker.io/branchbox/busybox:test", id, "sh", "-c", "dd if=/dev/zero of=/f bs=1M count=20 2>/dev/null; echo > /ready; exec sleep 100000"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { _, err := execIn(ctx, env, id, "test", "-e", "/ready"); return err == nil })
+		sc, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids, err := sc.Fork(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sc.Checkpoint(ctx, kids[0].ID, "m0", client.CheckpointWithMemory()); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- sc.Rollback(ctx, kids[0].ID, "m0") }()
+		time.Sleep(time.Duration(round*5) * time.Millisecond)
+		_, _ = env.Ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
+		err = <-done
+		sc.Close()
+		if err != nil {
+			if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "the sandbox's init exited during the rollback; the branch ends with it") {
+				t.Fatalf("round %d: rollback of a memory branch of a sandbox killed meanwhile: %v", round, err)
+			}
+			refused++
+		}
+		removeContainer(t, env, id)
+	}
+	t.Logf("%d of 10 rollbacks refused, the sandbox gone during them", refused)
+	if refused == 0 {
+		t.Fatal("no rollback was refused: the kill came after every one, and nothing was checked")
+	}
+	waitUntil(t, "no branch layer left", 10*time.Second, func() bool {
+		left, _ := os.ReadDir(filepath.Join(env.SnapshotterRoot, "branches"))
+		return len(left) == 0
+	})
+	if m := mountsUnder(env.Dir); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	assertNoCriu(t, env)
+}

@@ -468,6 +468,13 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	}
 	n.memory = true
 	if err := c.runOnRuntime(ctx, sb, n, mounts, img, nil); err != nil {
+		if root := sb.nodes[branch.RootID]; root != nil {
+			if pid, perr := c.initPid(ctx, sb, root); perr != nil || !alive(pid) {
+				// The restore joins the sandbox's namespaces: its failure
+				// says only that a /proc path is gone.
+				return fmt.Errorf("%s: the sandbox's init exited during the rollback; the branch ends with it: %w", what, errdefs.ErrFailedPrecondition)
+			}
+		}
 		return fmt.Errorf("%s: its files are the checkpoint's, but %w", what, err)
 	}
 	n.state.clear(exited)
