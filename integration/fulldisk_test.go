@@ -3,7 +3,7 @@
 package integration
 
 import (
-	"path/filepath"
+	"os"
 	"strings"
 	"testing"
 
@@ -24,7 +24,13 @@ import (
 func TestFullDisk(t *testing.T) {
 	requireRoot(t)
 	mnt := fstest.LoopExt4(t, 256)
-	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: filepath.Join(mnt, "env")})
+	// A name of its own: the env's namespace (and the runtime's state
+	// under it, host-wide) is named after it.
+	dir, err := os.MkdirTemp(mnt, "env-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
 	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
 	bc := func(args ...string) (string, string) {
 		t.Helper()

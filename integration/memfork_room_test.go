@@ -40,8 +40,13 @@ func TestMemoryForkImageRoom(t *testing.T) {
 			t.Errorf("unmount %s: %v", mnt, err)
 		}
 	})
-	dir := filepath.Join(mnt, "env")
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	// A name of its own: the env's namespace (and the runtime's state
+	// under it, host-wide) is named after it.
+	dir, err := os.MkdirTemp(mnt, "env-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
 	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
@@ -56,7 +61,7 @@ func TestMemoryForkImageRoom(t *testing.T) {
 		kb, err := strconv.Atoi(f[1])
 		return err == nil && kb >= 120<<10
 	})
-	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 	t.Logf("refused: %v", err)
 	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "MiB of memory") || !strings.Contains(err.Error(), "containerd's state directory") || strings.Contains(err.Error(), env.Dir) {
 		t.Fatalf("memory fork of a sandbox bigger than the space for its image: %v; want resource exhausted naming the memory and the space, and no host path", err)
@@ -77,4 +82,46 @@ func TestMemoryForkImageRoom(t *testing.T) {
 		return err == nil
 	})
 	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryForkMemoryLimit: a memory fork's copies are charged to the
+// sandbox's memory limit (its branches' cgroups are nested in its). A
+// sandbox of 100 MiB whose dd holds 40 MiB: a fork of 3 copies is refused
+// before anything changes, naming the figures (before, it succeeded, and
+// the kernel then killed a restored dd for want of memory: a branch short
+// of the process it was forked for, its status "running"); a fork of 1
+// fits, its dd there.
+func TestMemoryForkMemoryLimit(t *testing.T) {
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "--memory-limit", strconv.Itoa(100<<20), "docker.io/branchbox/busybox:test", "sb", "sh", "-c", "dd if=/dev/zero bs=40M count=1 2>/dev/null | sleep 100000 & exec sleep 100000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc := sandboxClient(t, ctx, env, "sb")
+	waitUntil(t, "dd's buffer", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
+		f := strings.Fields(out)
+		if err != nil || len(f) != 3 {
+			return false
+		}
+		kb, err := strconv.Atoi(f[1])
+		return err == nil && kb >= 40<<10
+	})
+	_, err := sc.Fork(ctx, client.ForkOptions{Count: 3, WithMemory: true})
+	t.Logf("refused: %v", err)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "3 copies of its processes' memory") || !strings.Contains(err.Error(), "the memory limit of the sandbox's cgroup leaves") || !strings.Contains(err.Error(), "of its 100MiB") {
+		t.Fatalf("memory fork of 3 copies of 40 MiB under 100 MiB: %v; want resource exhausted naming the limit", err)
+	}
+	nodes, err := sc.Tree(ctx)
+	if err != nil || len(nodes) != 1 || nodes[0].OOMKilled {
+		t.Fatalf("after the refusal: %+v %v, want the sandbox alone and no OOM kill", nodes, err)
+	}
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork of 1 copy of 40 MiB under 100 MiB: %v", err)
+	}
+	out, code := run(t, ctx, sc, kids[0].ID, "pidof", "dd")
+	if code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("the branch's dd: %q %d", out, code)
+	}
 }

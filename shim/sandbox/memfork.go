@@ -83,13 +83,17 @@ func (c *Service) checkMemoryFork(ctx context.Context, sb *Sandbox, parent *Bran
 		}
 		return nil
 	}
-	return c.checkMemoryDump(ctx, sb, parent, initPid, what, req.Net != NetIsolated)
+	return c.checkMemoryDump(ctx, sb, parent, initPid, what, req.Net != NetIsolated, int(req.Count), req.Limits.GetMemory())
 }
 
 // checkMemoryDump refuses, before anything changes, a dump of a branch's
 // processes that could not be restored, naming the process and the
 // resource; what names the operation.
-func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool) error {
+//
+// copies is how many copies of the processes are restored at once (a
+// fork's count; 0 for a checkpoint), each under a memory limit of
+// branchLimit if it is not 0.
+func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Branch, initPid int, what string, sharedNet bool, copies int, branchLimit int64) error {
 	if isSelfFork(ctx) && selfCallToken(ctx) == "" && !callerApart(ctx) {
 		// The caller is one of the processes to copy, stopped in a call
 		// on the branch socket, whose connection a restored copy cannot
@@ -131,12 +135,23 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 			own = append(own, cgroup.ReadPids(dir)...)
 		}
 	}
-	// One walk of the tree serves both checks.
+	// One walk of the tree serves every check.
 	tree := procfd.Tree(initPid, nil)
 	if problems := unforkable(initPid, tree, own, sharedNet); len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
 	}
-	return checkImageRoom(sb.bundle, tree, what)
+	anon := treeAnon(tree)
+	if err := checkImageRoom(sb.bundle, anon, what); err != nil {
+		return err
+	}
+	if copies > 0 {
+		name := "the sandbox"
+		if parent.id != branch.RootID {
+			name = "branch " + parent.id
+		}
+		return checkMemoryRoom(ms, parent.cgroup, name, anon, copies, branchLimit, what)
+	}
+	return nil
 }
 
 func (c *Service) noCriu(what string) error {
@@ -398,7 +413,7 @@ func (c *Service) checkpointMemory(ctx context.Context, sb *Sandbox, n *Branch, 
 	}
 	// Its image may be restored into branches sharing the network
 	// namespace: its ports are checked as for such a fork.
-	if err := c.checkMemoryDump(ctx, sb, n, pid, what, true); err != nil {
+	if err := c.checkMemoryDump(ctx, sb, n, pid, what, true, 0, 0); err != nil {
 		return branch.Checkpoint{}, err
 	}
 	if !n.state.has(sealFrozen) {

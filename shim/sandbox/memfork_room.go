@@ -7,27 +7,30 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // imageMargin is room kept beside a memory image's estimate: CRIU's other
 // images (files, mounts, the pipes' data) and its log.
 const imageMargin = 16 << 20
 
-// checkImageRoom refuses a dump of the process tree tree whose
-// memory image would not fit in the filesystem of dir, where it is
-// written (the sandbox's bundle, in containerd's state directory: a tmpfs
-// sized by the node's memory on most nodes), before anything is stopped:
-// CRIU would otherwise run out of space midway, with the processes
-// stopped. The image holds about the tree's anonymous memory; a
-// filesystem with more free than the node's memory is not looked at
-// further.
-func checkImageRoom(dir string, tree map[int]bool, what string) error {
+// checkImageRoom refuses a dump of processes holding anon bytes of
+// anonymous memory whose image would not fit in the filesystem of dir,
+// where it is written (the sandbox's bundle, in containerd's state
+// directory: a tmpfs sized by the node's memory on most nodes), before
+// anything is stopped: CRIU would otherwise run out of space midway,
+// with the processes stopped. The image holds about the tree's anonymous
+// memory; a filesystem with more free than the node's memory is not
+// looked at further.
+func checkImageRoom(dir string, anon int64, what string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return fmt.Errorf("%s: free space where its image is written: %w", what, err)
@@ -37,10 +40,6 @@ func checkImageRoom(dir string, tree map[int]bool, what string) error {
 	if unix.Sysinfo(&si) == nil && free >= int64(si.Totalram)*int64(si.Unit) {
 		return nil
 	}
-	var anon int64
-	for pid := range tree {
-		anon += anonymousBytes(pid)
-	}
 	if anon+imageMargin > free {
 		// No path: a sandbox asking through its socket is not shown
 		// the host's.
@@ -48,6 +47,100 @@ func checkImageRoom(dir string, tree map[int]bool, what string) error {
 			what, branch.Bytes(anon), branch.Bytes(free), errdefs.ErrResourceExhausted)
 	}
 	return nil
+}
+
+// treeAnon is the anonymous memory of the processes of tree.
+func treeAnon(tree map[int]bool) int64 {
+	var anon int64
+	for pid := range tree {
+		anon += anonymousBytes(pid)
+	}
+	return anon
+}
+
+// checkMemoryRoom refuses a memory fork whose copies of processes holding
+// anon bytes of anonymous memory would not fit under the memory limits
+// they are charged to: each branch's own (branchLimit, 0 for none), and
+// those of the parent's cgroup path and the cgroups above it (the
+// sandbox's, a pod's), which the branches share, nested below. Before,
+// such a fork succeeded and the kernel then killed restored processes
+// for want of memory: branches silently short of the processes they
+// were forked for.
+// parent names the branch forked ("the sandbox", "branch 3").
+func checkMemoryRoom(ms []cgroup.Dir, path, parent string, anon int64, copies int, branchLimit int64, what string) error {
+	if branchLimit > 0 && anon > branchLimit {
+		return fmt.Errorf("%s: its processes hold about %s of memory, more than the %s memory limit asked for each branch: ask for more, or none: %w",
+			what, branch.Bytes(anon), branch.Bytes(branchLimit), errdefs.ErrResourceExhausted)
+	}
+	need := anon * int64(copies)
+	left, limit, own, ok := memoryLeft(ms, path)
+	if !ok || need <= left {
+		return nil
+	}
+	whose := parent + "'s cgroup"
+	if !own {
+		whose = "a cgroup above " + parent + "'s"
+	}
+	return fmt.Errorf("%s: %s of its processes' memory (about %s each) would need %s, and the memory limit of %s leaves %s of its %s: fork fewer branches, or raise the limit: %w",
+		what, counted(copies, "copy", "copies"), branch.Bytes(anon), branch.Bytes(need), whose, branch.Bytes(max(left, 0)), branch.Bytes(limit), errdefs.ErrResourceExhausted)
+}
+
+// memoryLeft is how much more anonymous memory the cgroup path and the
+// cgroups above it may be charged: the least, over the levels with a
+// memory limit, of the limit less the anonymous memory charged there (the
+// page cache the kernel can reclaim is not counted); own says whether
+// the binding level is path's own. ok is false where no level has one.
+func memoryLeft(ms []cgroup.Dir, path string) (left, limit int64, own, ok bool) {
+	for _, m := range ms {
+		// On a hybrid host the unified hierarchy has no memory files:
+		// nothing is read there.
+		if !m.Memory && !m.V2 {
+			continue
+		}
+		v2 := m.V2
+		for p := path; ; p = filepath.Dir(p) {
+			dir := filepath.Join(m.Path, p)
+			if l, used, has := memoryLimit(dir, v2); has && (!ok || l-used < left) {
+				left, limit, own, ok = l-used, l, p == path, true
+			}
+			if p == "/" || p == "." || p == "" {
+				break
+			}
+		}
+	}
+	return left, limit, own, ok
+}
+
+// unlimited is where a v1 limit reads as none (PAGE_COUNTER_MAX pages).
+const unlimited = int64(1) << 62
+
+// memoryLimit reads a cgroup directory's memory limit and the anonymous
+// memory charged to it and below; has is false without a limit.
+func memoryLimit(dir string, v2 bool) (limit, anon int64, has bool) {
+	file, key := "memory.limit_in_bytes", "total_rss"
+	if v2 {
+		file, key = "memory.max", "anon"
+	}
+	// Read as files: the cgroup filesystem has no links to follow.
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, 0, false
+	}
+	limit, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || limit >= unlimited {
+		return 0, 0, false // "max", or the v1 figure for none
+	}
+	stat, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return limit, 0, true
+	}
+	for line := range strings.SplitSeq(string(stat), "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			anon, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			break
+		}
+	}
+	return limit, anon, true
 }
 
 // anonymousBytes is a process's share of the anonymous memory CRIU dumps,

@@ -6,11 +6,15 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/internal/procfd"
+	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
 // TestAnonymousBytes: the estimate of a process's memory image counts the
@@ -73,5 +77,59 @@ time.sleep(60)
 	}
 	if len(tree) != 2 || sum < 60<<20 || sum > 100<<20 {
 		t.Fatalf("%d processes sharing 64 MiB count %d bytes, want about 64 MiB once", len(tree), sum)
+	}
+}
+
+// TestMemoryRoom: a memory fork's copies are checked against the memory
+// limits of the parent's cgroup and of those above it, v1 and v2, the
+// binding one named; a limit per branch is checked against one copy.
+func TestMemoryRoom(t *testing.T) {
+	write := func(dir string, files map[string]string) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, v := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const mib = 1 << 20
+	root := t.TempDir()
+	v1 := filepath.Join(root, "memory")
+	write(v1, map[string]string{"memory.limit_in_bytes": "9223372036854771712\n", "memory.stat": "total_rss 900\n"})
+	write(filepath.Join(v1, "pod"), map[string]string{"memory.limit_in_bytes": "209715200\n", "memory.stat": "cache 5\ntotal_rss 52428800\n"})
+	write(filepath.Join(v1, "pod", "sb"), map[string]string{"memory.limit_in_bytes": "104857600\n", "memory.stat": "total_cache 1\ntotal_rss 41943040\n"})
+	write(filepath.Join(v1, "pod", "free"), map[string]string{"memory.limit_in_bytes": "9223372036854771712\n", "memory.stat": "total_rss 41943040\n"})
+	ms := []cgroup.Dir{{Path: filepath.Join(root, "cpu")}, {Path: v1, Memory: true}, {Path: filepath.Join(root, "unified"), V2: true}}
+	if left, limit, own, ok := memoryLeft(ms, "/pod/sb"); !ok || left != 60*mib || limit != 100*mib || !own {
+		t.Errorf("v1, the sandbox's limit binding: %d of %d, own %v, %v", left, limit, own, ok)
+	}
+	if left, limit, own, ok := memoryLeft(ms, "/pod/free"); !ok || left != 150*mib || limit != 200*mib || own {
+		t.Errorf("v1, the pod's limit binding: %d of %d, own %v, %v", left, limit, own, ok)
+	}
+	v2 := filepath.Join(root, "v2")
+	write(filepath.Join(v2, "pod", "sb"), map[string]string{"memory.max": "max\n", "memory.stat": "anon 41943040\nfile 7\n"})
+	write(filepath.Join(v2, "pod"), map[string]string{"memory.max": "104857600\n", "memory.stat": "anon 41943040\n"})
+	if left, _, own, ok := memoryLeft([]cgroup.Dir{{Path: v2, V2: true}}, "/pod/sb"); !ok || left != 60*mib || own {
+		t.Errorf("v2, the pod's limit binding: %d, own %v, %v", left, own, ok)
+	}
+	if _, _, _, ok := memoryLeft([]cgroup.Dir{{Path: filepath.Join(root, "none"), V2: true}}, "/pod/sb"); ok {
+		t.Error("no memory files: a limit found")
+	}
+
+	if err := checkMemoryRoom(ms, "/pod/sb", "the sandbox", 20*mib, 3, 0, "memory fork of sb"); err != nil {
+		t.Errorf("3 copies of 20 MiB in 60 MiB: %v", err)
+	}
+	err := checkMemoryRoom(ms, "/pod/sb", "the sandbox", 40*mib, 2, 0, "memory fork of sb")
+	want := "memory fork of sb: 2 copies of its processes' memory (about 40MiB each) would need 80MiB, and the memory limit of the sandbox's cgroup leaves 60MiB of its 100MiB: fork fewer branches, or raise the limit: resource exhausted"
+	if err == nil || err.Error() != want || !errdefs.IsResourceExhausted(err) {
+		t.Errorf("2 copies of 40 MiB in 60 MiB:\n%v\nwant\n%s", err, want)
+	}
+	if err := checkMemoryRoom(ms, "/pod/free", "the sandbox", 40*mib, 4, 0, "memory fork of sb"); err == nil || !strings.Contains(err.Error(), "the memory limit of a cgroup above the sandbox's leaves 150MiB of its 200MiB") {
+		t.Errorf("4 copies of 40 MiB in the pod's 150 MiB: %v", err)
+	}
+	if err := checkMemoryRoom(ms, "/pod/sb", "the sandbox", 20*mib, 1, 16*mib, "memory fork of sb"); err == nil || !strings.Contains(err.Error(), "more than the 16MiB memory limit asked for each branch") {
+		t.Errorf("20 MiB under a limit of 16 MiB a branch: %v", err)
 	}
 }
