@@ -90,7 +90,8 @@ func TestMemoryForkImageRoom(t *testing.T) {
 // before anything changes, naming the figures (before, it succeeded, and
 // the kernel then killed a restored dd for want of memory: a branch short
 // of the process it was forked for, its status "running"); a fork of 1
-// fits, its dd there.
+// fits, its dd there. A fork of 3 from a checkpoint with memory of it is
+// refused alike.
 func TestMemoryForkMemoryLimit(t *testing.T) {
 	ctx, env, _ := shimEnvWith(t, daemons.Config{})
 	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "--memory-limit", strconv.Itoa(100<<20), "docker.io/branchbox/busybox:test", "sb", "sh", "-c", "dd if=/dev/zero bs=40M count=1 2>/dev/null | sleep 100000 & exec sleep 100000"); err != nil {
@@ -115,6 +116,13 @@ func TestMemoryForkMemoryLimit(t *testing.T) {
 	nodes, err := sc.Tree(ctx)
 	if err != nil || len(nodes) != 1 || nodes[0].OOMKilled {
 		t.Fatalf("after the refusal: %+v %v, want the sandbox alone and no OOM kill", nodes, err)
+	}
+	// From a checkpoint with memory, the image's copies alike.
+	if _, err := sc.Checkpoint(ctx, "", "c", client.CheckpointWithMemory()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Fork(ctx, client.ForkOptions{Count: 3, WithMemory: true, From: "c"}); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "from checkpoint \"c\": 3 copies of its processes' memory") {
+		t.Fatalf("memory fork of 3 copies from a checkpoint of 40 MiB under 100 MiB: %v", err)
 	}
 	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 	if err != nil {

@@ -133,7 +133,7 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 			return nil, err
 		}
 		if req.FromCheckpoint != "" {
-			if f.img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint); err != nil {
+			if f.img, err = c.checkpointImage(ctx, sb, parent, req.FromCheckpoint, int(req.Count), req.Limits.GetMemory()); err != nil {
 				return nil, err
 			}
 		}

@@ -145,11 +145,7 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 		return err
 	}
 	if copies > 0 {
-		name := "the sandbox"
-		if parent.id != branch.RootID {
-			name = "branch " + parent.id
-		}
-		return checkMemoryRoom(ms, parent.cgroup, name, anon, copies, branchLimit, what)
+		return checkMemoryRoom(ms, parent.cgroup, branchName(parent.id), anon, copies, branchLimit, what)
 	}
 	return nil
 }
@@ -370,7 +366,7 @@ func criuErrors(logPath string) string {
 // mount namespace, where a link to them would not lead (and a copy would
 // cost as much as the dump); a restore writes only its statistics
 // (stats-restore) there.
-func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Branch, name string) (*memoryImage, error) {
+func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Branch, name string, copies int, branchLimit int64) (*memoryImage, error) {
 	what := fmt.Sprintf("memory fork of %s from checkpoint %q", sb.id, name)
 	ck, err := c.checkpointNamed(ctx, sb, name)
 	if err != nil {
@@ -379,7 +375,28 @@ func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Bran
 	if ck.Branch != parent.id {
 		return nil, fmt.Errorf("%s: it is a state of branch %s, not of %s: %w", what, ck.Branch, parent.id, errdefs.ErrInvalidArgument)
 	}
-	return keptImage(what, ck)
+	img, err := keptImage(what, ck)
+	if err != nil {
+		return nil, err
+	}
+	// Its copies are charged as a live fork's are; the image's size
+	// stands for the memory it restores.
+	ms, err := c.cgroups.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMemoryRoom(ms, parent.cgroup, branchName(parent.id), img.size, copies, branchLimit, what); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// branchName names branch id in messages: "the sandbox" for its root.
+func branchName(id string) string {
+	if id == branch.RootID {
+		return "the sandbox"
+	}
+	return "branch " + id
 }
 
 // keptImage is the memory image checkpoint ck keeps.
