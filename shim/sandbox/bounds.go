@@ -90,7 +90,8 @@ const (
 	// (the fork, an exec and a wait in each, the commit) fits in it.
 	callBurst = selfExecMax
 	// selfForkMaxWait is how long an in-sandbox fork or call over its rate
-	// waits for its turn; one that would wait longer is refused at once.
+	// waits for its turn; one that would wait longer is refused (a fork
+	// at once, a call after that long: throttleCall).
 	selfForkMaxWait = time.Second
 )
 
