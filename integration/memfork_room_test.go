@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,15 +53,7 @@ func TestMemoryForkImageRoom(t *testing.T) {
 	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
 	// dd holds its 120 MB buffer, written, while it waits on the pipe.
 	sc := runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sh", "-c", "dd if=/dev/zero bs=120M count=1 2>/dev/null | sleep 100000 & exec sleep 100000")
-	waitUntil(t, "dd's buffer", 10*time.Second, func() bool {
-		out, err := execIn(ctx, env, "sb", "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
-		f := strings.Fields(out)
-		if err != nil || len(f) != 3 {
-			return false
-		}
-		kb, err := strconv.Atoi(f[1])
-		return err == nil && kb >= 120<<10
-	})
+	waitDDHolds(t, ctx, env, 120)
 	_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 	t.Logf("refused: %v", err)
 	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "MiB of memory") || !strings.Contains(err.Error(), "containerd's state directory") || strings.Contains(err.Error(), env.Dir) {
@@ -99,15 +92,7 @@ func TestMemoryForkMemoryLimit(t *testing.T) {
 	}
 	t.Cleanup(func() { removeContainer(t, env, "sb") })
 	sc := sandboxClient(t, ctx, env, "sb")
-	waitUntil(t, "dd's buffer", 10*time.Second, func() bool {
-		out, err := execIn(ctx, env, "sb", "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
-		f := strings.Fields(out)
-		if err != nil || len(f) != 3 {
-			return false
-		}
-		kb, err := strconv.Atoi(f[1])
-		return err == nil && kb >= 40<<10
-	})
+	waitDDHolds(t, ctx, env, 40)
 	_, err := sc.Fork(ctx, client.ForkOptions{Count: 3, WithMemory: true})
 	t.Logf("refused: %v", err)
 	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "3 copies of its processes' memory") || !strings.Contains(err.Error(), "the memory limit of the sandbox's cgroup leaves") || !strings.Contains(err.Error(), "of its 100MiB") {
@@ -132,4 +117,19 @@ func TestMemoryForkMemoryLimit(t *testing.T) {
 	if code != 0 || strings.TrimSpace(out) == "" {
 		t.Fatalf("the branch's dd: %q %d", out, code)
 	}
+}
+
+// waitDDHolds waits until sandbox sb's dd holds mib MiB resident: its
+// buffer, written, while it waits on its pipe.
+func waitDDHolds(t *testing.T, ctx context.Context, env *daemons.Env, mib int) {
+	t.Helper()
+	waitUntil(t, "dd's buffer", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
+		f := strings.Fields(out)
+		if err != nil || len(f) != 3 {
+			return false
+		}
+		kb, err := strconv.Atoi(f[1])
+		return err == nil && kb >= mib<<10
+	})
 }
