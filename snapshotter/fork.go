@@ -127,6 +127,11 @@ func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err er
 			return err
 		}
 	}
+	// The last child's id is the longest of them.
+	if opts := s.branchOverlay(f.r, tree, f.kids[len(f.kids)-1], false)[0].Options; !overlay.MountDataFits(opts) {
+		return fmt.Errorf("it is %d levels deep, and its branches' overlay mount would stack %d layers, whose options (%d bytes) are more than the kernel takes in one mount (%d): fork a branch less deep: %w",
+			tree.Depth(parent), len(s.lowerDirs(f.r, tree, f.kids[0]))+1, overlay.MountDataSize(opts), os.Getpagesize(), errdefs.ErrResourceExhausted)
+	}
 	if err := s.makeForkDirs(ctx, f); err != nil {
 		return err
 	}

@@ -10,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
+
+	"github.com/branchbox/branchbox/branch"
 )
 
 // TestFullDisk: a branch fills the filesystem of the snapshotter's root,
@@ -84,4 +87,52 @@ func countEntries(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestForkTooDeepForOneMount: each level of branches is one more lower
+// directory of an overlay mount, whose options the kernel takes in one
+// page. A fork whose branches' mount could not be made is refused
+// (resource exhausted, nothing made), before the depth bound of 256,
+// where before it was made and its start failed with containerd's "mount
+// options is too long". The deepest branch made mounts; one more layer
+// does not, through containerd's own mount.
+func TestForkTooDeepForOneMount(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "sb")
+	parent, depth := "", 0
+	var last branch.Info
+	for {
+		kids, err := s.Fork(ctx, sb.ctx(parent), 1)
+		if err != nil {
+			if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "more than the kernel takes in one mount") {
+				t.Fatalf("fork at depth %d: %v", depth+1, err)
+			}
+			break
+		}
+		last, parent = kids[0], kids[0].ID
+		if depth++; depth > maxDepth {
+			t.Fatalf("%d levels made, and no mount refused", depth)
+		}
+	}
+	t.Logf("%d levels made", depth)
+	if depth < 100 {
+		t.Fatalf("refused at depth %d: too early", depth+1)
+	}
+	info, err := s.Tree(ctx, sb.root)
+	if err != nil || len(info.Nodes) != depth+1 {
+		t.Fatalf("tree after the refusal: %d nodes, %v; want %d", len(info.Nodes), err, depth+1)
+	}
+	mountAt(t, last.Mounts)
+	deeper := append([]string(nil), last.Mounts[0].Options...)
+	for i, o := range deeper {
+		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+			first, _, _ := strings.Cut(v, ":")
+			deeper[i] = "lowerdir=" + first + ":" + v
+		}
+	}
+	m := mount.Mount{Type: "overlay", Source: "overlay", Options: deeper}
+	err = m.Mount(t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Fatalf("one more layer through containerd's mount: %v, want its options too long", err)
+	}
 }
