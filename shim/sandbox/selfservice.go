@@ -74,7 +74,7 @@ func hide(d *shimv1.Branch) *shimv1.Branch {
 }
 
 func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ *shimv1.ForkResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	parent, err := s.resolve(ctx, req.Parent)
 	if err != nil {
 		return nil, err
@@ -122,7 +122,7 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 }
 
 func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ *shimv1.SelfExecResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	if len(req.Args) == 0 {
 		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
 	}
@@ -198,7 +198,7 @@ func (s *selfService) execFor(ctx context.Context, b, execID string) (*selfExec,
 }
 
 func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ *shimv1.SelfWaitResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	e, err := s.execFor(ctx, req.Branch, req.ExecId)
 	if err != nil {
 		return nil, err
@@ -222,7 +222,7 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 }
 
 func (s *selfService) Kill(ctx context.Context, req *shimv1.SelfKillRequest) (_ *shimv1.Empty, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	e, err := s.execFor(ctx, req.Branch, req.ExecId)
 	if err != nil {
 		return nil, err
@@ -231,7 +231,7 @@ func (s *selfService) Kill(ctx context.Context, req *shimv1.SelfKillRequest) (_ 
 }
 
 func (s *selfService) Commit(ctx context.Context, req *shimv1.SelfCommitRequest) (_ *shimv1.CommitResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
 		return nil, err
@@ -250,7 +250,7 @@ func (s *selfService) Commit(ctx context.Context, req *shimv1.SelfCommitRequest)
 }
 
 func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (_ *shimv1.AbortResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
 		return nil, err
@@ -262,7 +262,7 @@ func (s *selfService) Abort(ctx context.Context, req *shimv1.SelfAbortRequest) (
 }
 
 func (s *selfService) Output(ctx context.Context, req *shimv1.SelfOutputRequest) (_ *shimv1.OutputResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
 		return nil, err
@@ -286,7 +286,7 @@ func (s *selfService) subtree(nodes []*shimv1.Branch) map[string]bool {
 }
 
 func (s *selfService) Tree(ctx context.Context, _ *shimv1.SelfTreeRequest) (_ *shimv1.SelfTreeResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	t, err := s.c.Tree(ctx, &shimv1.TreeRequest{Sandbox: s.sandbox})
 	if err != nil {
 		return nil, err
@@ -302,7 +302,7 @@ func (s *selfService) Tree(ctx context.Context, _ *shimv1.SelfTreeRequest) (_ *s
 }
 
 func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpointRequest) (_ *shimv1.CheckpointResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
 		return nil, err
@@ -333,7 +333,7 @@ func (s *selfService) Checkpoint(ctx context.Context, req *shimv1.SelfCheckpoint
 }
 
 func (s *selfService) ListCheckpoints(ctx context.Context, _ *shimv1.SelfListCheckpointsRequest) (_ *shimv1.ListCheckpointsResponse, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	t, err := s.c.Tree(ctx, &shimv1.TreeRequest{Sandbox: s.sandbox})
 	if err != nil {
 		return nil, err
@@ -368,7 +368,7 @@ func isSelfCaller(ctx context.Context) bool {
 // DeleteCheckpoint deletes a checkpoint of the caller's subtree; another
 // branch's is not found, as the listing does not show it.
 func (s *selfService) DeleteCheckpoint(ctx context.Context, req *shimv1.SelfDeleteCheckpointRequest) (_ *shimv1.Empty, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	mine, err := s.ListCheckpoints(ctx, &shimv1.SelfListCheckpointsRequest{})
 	if err != nil {
 		return nil, err
@@ -382,7 +382,7 @@ func (s *selfService) DeleteCheckpoint(ctx context.Context, req *shimv1.SelfDele
 }
 
 func (s *selfService) Rollback(ctx context.Context, req *shimv1.SelfRollbackRequest) (_ *shimv1.Empty, retErr error) {
-	defer func() { retErr = toTTRPC(retErr) }()
+	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	target, err := s.resolve(ctx, req.Branch)
 	if err != nil {
 		return nil, err
