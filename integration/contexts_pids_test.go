@@ -374,3 +374,25 @@ func readForkState(t *testing.T, ctx context.Context, env *daemons.Env, sc *clie
 	slices.Sort(out)
 	return out
 }
+
+// TestContextsExecAtPidsLimit: an exec into a branch at its own process
+// limit (a fork with --pids 1: its init alone fills it) is refused in one
+// line naming the limit, resource exhausted; before, the start's
+// "Resource temporarily unavailable", of no kind.
+func TestContextsExecAtPidsLimit(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	sc := runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, Pids: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sc.Exec(ctx, kids[0].ID, client.ExecOptions{Args: []string{"true"}})
+	if err == nil {
+		_, _ = p.Wait(ctx)
+		t.Fatal("exec into a branch at its process limit: not refused")
+	}
+	if !errdefs.IsResourceExhausted(err) || strings.Contains(err.Error(), "\n") ||
+		!strings.Contains(err.Error(), "branch "+kids[0].ID+"'s process limit (pids.max 1) is reached") {
+		t.Fatalf("exec into a branch at its process limit: %v; want one line naming the limit, resource exhausted", err)
+	}
+}

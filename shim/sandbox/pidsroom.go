@@ -28,6 +28,27 @@ func (sb *Sandbox) pidsRefusal(parent *Branch, pl *cgroup.PidsLimit) error {
 	if parent.id != branch.RootID {
 		what = "fork of branch " + sb.id + "/" + parent.id
 	}
+	return sb.pidsWords(what, parent, pl)
+}
+
+// execPidsRefusal words an exec that failed for want of a process
+// (EAGAIN) in branch n, or a cgroup above it, at its process limit:
+// otherwise the start's "Resource temporarily unavailable", of no kind.
+// Any other error is returned as it is.
+func (c *Service) execPidsRefusal(sb *Sandbox, n *Branch, args []string, err error) error {
+	ms, merr := c.cgroups.Mounts()
+	if merr != nil {
+		return err
+	}
+	pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0)
+	if pl == nil {
+		return err
+	}
+	return sb.pidsWords(fmt.Sprintf("exec %v in %s/%s", args, sb.id, n.id), n, pl)
+}
+
+// pidsWords is a refusal of what by a process limit, in the user's terms.
+func (sb *Sandbox) pidsWords(what string, parent *Branch, pl *cgroup.PidsLimit) error {
 	cg := filepath.Clean(pl.Cgroup)
 	whose := ""
 	for _, n := range sb.nodes {
