@@ -66,10 +66,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 		sb.mu.Unlock()
 		p, err := fc.Exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
 		if err != nil {
-			if werr := c.execPidsRefusal(sb, n, req.Args, err); werr != err {
-				return nil, werr
-			}
-			return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, err)
+			return nil, c.execFailed(sb, n, req.Args, err)
 		}
 		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
 	}
@@ -99,10 +96,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 	started := time.Now()
 	if err := p.Start(ctx); err != nil {
 		container.ProcessRemove(req.ExecId)
-		if werr := c.execPidsRefusal(sb, n, req.Args, err); werr != err {
-			return nil, werr
-		}
-		return nil, fmt.Errorf("exec %v in %s/%s: %w", req.Args, sb.id, n.id, errgrpc.ToNative(err))
+		return nil, c.execFailed(sb, n, req.Args, errgrpc.ToNative(err))
 	}
 	c.watch(p, started)
 	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil

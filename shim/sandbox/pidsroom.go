@@ -31,20 +31,18 @@ func (sb *Sandbox) pidsRefusal(parent *Branch, pl *cgroup.PidsLimit) error {
 	return sb.pidsWords(what, parent, pl)
 }
 
-// execPidsRefusal words an exec that failed for want of a process
-// (EAGAIN) in branch n, or a cgroup above it, at its process limit:
-// otherwise the start's "Resource temporarily unavailable", of no kind.
-// Any other error is returned as it is.
-func (c *Service) execPidsRefusal(sb *Sandbox, n *Branch, args []string, err error) error {
-	ms, merr := c.cgroups.Mounts()
-	if merr != nil {
-		return err
+// execFailed words an exec of args in branch n that failed to start: one
+// that failed for want of a process (EAGAIN) in n, or a cgroup above it,
+// at its process limit names the limit (otherwise the start's "Resource
+// temporarily unavailable", of no kind).
+func (c *Service) execFailed(sb *Sandbox, n *Branch, args []string, err error) error {
+	what := fmt.Sprintf("exec %v in %s/%s", args, sb.id, n.id)
+	if ms, merr := c.cgroups.Mounts(); merr == nil {
+		if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0); pl != nil {
+			return sb.pidsWords(what, n, pl)
+		}
 	}
-	pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0)
-	if pl == nil {
-		return err
-	}
-	return sb.pidsWords(fmt.Sprintf("exec %v in %s/%s", args, sb.id, n.id), n, pl)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // pidsWords is a refusal of what by a process limit, in the user's terms.
