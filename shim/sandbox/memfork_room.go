@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -65,82 +64,29 @@ func treeAnon(tree map[int]bool) int64 {
 // sandbox's, a pod's), which the branches share, nested below. Before,
 // such a fork succeeded and the kernel then killed restored processes
 // for want of memory: branches silently short of the processes they
-// were forked for.
-// parent names the branch forked ("the sandbox", "branch 3").
+// were forked for. parent names the branch forked ("the sandbox",
+// "branch 3").
 func checkMemoryRoom(ms []cgroup.Dir, path, parent string, anon int64, copies int, branchLimit int64, what string) error {
 	if branchLimit > 0 && anon > branchLimit {
 		return fmt.Errorf("%s: its processes hold about %s of memory, more than the %s memory limit asked for each branch: ask for more, or none: %w",
 			what, branch.Bytes(anon), branch.Bytes(branchLimit), errdefs.ErrResourceExhausted)
 	}
 	need := anon * int64(copies)
-	left, limit, own, ok := memoryLeft(ms, path)
-	if !ok || need <= left {
+	var t *cgroup.MemoryLevel
+	for _, l := range cgroup.MemoryLimits(ms, path) {
+		if need > l.Room() && (t == nil || l.Room() < t.Room()) {
+			t = &l
+		}
+	}
+	if t == nil {
 		return nil
 	}
 	whose := parent + "'s cgroup"
-	if !own {
+	if t.Cgroup != filepath.Clean(path) {
 		whose = "a cgroup above " + parent + "'s"
 	}
 	return fmt.Errorf("%s: %s of its processes' memory (about %s each) would need %s, and the memory limit of %s leaves %s of its %s: fork fewer branches, or raise the limit: %w",
-		what, counted(copies, "copy", "copies"), branch.Bytes(anon), branch.Bytes(need), whose, branch.Bytes(max(left, 0)), branch.Bytes(limit), errdefs.ErrResourceExhausted)
-}
-
-// memoryLeft is how much more anonymous memory the cgroup path and the
-// cgroups above it may be charged: the least, over the levels with a
-// memory limit, of the limit less the anonymous memory charged there (the
-// page cache the kernel can reclaim is not counted); own says whether
-// the binding level is path's own. ok is false where no level has one.
-func memoryLeft(ms []cgroup.Dir, path string) (left, limit int64, own, ok bool) {
-	for _, m := range ms {
-		// On a hybrid host the unified hierarchy has no memory files:
-		// nothing is read there.
-		if !m.Memory && !m.V2 {
-			continue
-		}
-		v2 := m.V2
-		for p := path; ; p = filepath.Dir(p) {
-			dir := filepath.Join(m.Path, p)
-			if l, used, has := memoryLimit(dir, v2); has && (!ok || l-used < left) {
-				left, limit, own, ok = l-used, l, p == path, true
-			}
-			if p == "/" || p == "." || p == "" {
-				break
-			}
-		}
-	}
-	return left, limit, own, ok
-}
-
-// unlimited is where a v1 limit reads as none (PAGE_COUNTER_MAX pages).
-const unlimited = int64(1) << 62
-
-// memoryLimit reads a cgroup directory's memory limit and the anonymous
-// memory charged to it and below; has is false without a limit.
-func memoryLimit(dir string, v2 bool) (limit, anon int64, has bool) {
-	file, key := "memory.limit_in_bytes", "total_rss"
-	if v2 {
-		file, key = "memory.max", "anon"
-	}
-	// Read as files: the cgroup filesystem has no links to follow.
-	b, err := os.ReadFile(filepath.Join(dir, file))
-	if err != nil {
-		return 0, 0, false
-	}
-	limit, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil || limit >= unlimited {
-		return 0, 0, false // "max", or the v1 figure for none
-	}
-	stat, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	if err != nil {
-		return limit, 0, true
-	}
-	for line := range strings.SplitSeq(string(stat), "\n") {
-		if v, ok := strings.CutPrefix(line, key+" "); ok {
-			anon, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			break
-		}
-	}
-	return limit, anon, true
+		what, counted(copies, "copy", "copies"), branch.Bytes(anon), branch.Bytes(need), whose, branch.Bytes(max(t.Room(), 0)), branch.Bytes(t.Limit), errdefs.ErrResourceExhausted)
 }
 
 // anonymousBytes is a process's share of the anonymous memory CRIU dumps,

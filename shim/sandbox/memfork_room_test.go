@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -102,20 +103,27 @@ func TestMemoryRoom(t *testing.T) {
 	write(filepath.Join(v1, "pod", "sb"), map[string]string{"memory.limit_in_bytes": "104857600\n", "memory.stat": "total_cache 1\ntotal_rss 41943040\n"})
 	write(filepath.Join(v1, "pod", "free"), map[string]string{"memory.limit_in_bytes": "9223372036854771712\n", "memory.stat": "total_rss 41943040\n"})
 	ms := []cgroup.Dir{{Path: filepath.Join(root, "cpu")}, {Path: v1, Memory: true}, {Path: filepath.Join(root, "unified"), V2: true}}
-	if left, limit, own, ok := memoryLeft(ms, "/pod/sb"); !ok || left != 60*mib || limit != 100*mib || !own {
-		t.Errorf("v1, the sandbox's limit binding: %d of %d, own %v, %v", left, limit, own, ok)
+	levels := func(ms []cgroup.Dir, path string) string {
+		var out []string
+		for _, l := range cgroup.MemoryLimits(ms, path) {
+			out = append(out, fmt.Sprintf("%s:%d/%d", l.Cgroup, l.Room()/mib, l.Limit/mib))
+		}
+		return strings.Join(out, " ")
 	}
-	if left, limit, own, ok := memoryLeft(ms, "/pod/free"); !ok || left != 150*mib || limit != 200*mib || own {
-		t.Errorf("v1, the pod's limit binding: %d of %d, own %v, %v", left, limit, own, ok)
+	if got := levels(ms, "/pod/sb"); got != "/pod/sb:60/100 /pod:150/200" {
+		t.Errorf("v1, the sandbox's limit and the pod's: %q", got)
+	}
+	if got := levels(ms, "/pod/free"); got != "/pod:150/200" {
+		t.Errorf("v1, the pod's limit alone: %q", got)
 	}
 	v2 := filepath.Join(root, "v2")
 	write(filepath.Join(v2, "pod", "sb"), map[string]string{"memory.max": "max\n", "memory.stat": "anon 41943040\nfile 7\n"})
 	write(filepath.Join(v2, "pod"), map[string]string{"memory.max": "104857600\n", "memory.stat": "anon 41943040\n"})
-	if left, _, own, ok := memoryLeft([]cgroup.Dir{{Path: v2, V2: true}}, "/pod/sb"); !ok || left != 60*mib || own {
-		t.Errorf("v2, the pod's limit binding: %d, own %v, %v", left, own, ok)
+	if got := levels([]cgroup.Dir{{Path: v2, V2: true}}, "/pod/sb"); got != "/pod:60/100" {
+		t.Errorf("v2, the pod's limit: %q", got)
 	}
-	if _, _, _, ok := memoryLeft([]cgroup.Dir{{Path: filepath.Join(root, "none"), V2: true}}, "/pod/sb"); ok {
-		t.Error("no memory files: a limit found")
+	if got := levels([]cgroup.Dir{{Path: filepath.Join(root, "none"), V2: true}}, "/pod/sb"); got != "" {
+		t.Errorf("no memory files: limits %q", got)
 	}
 
 	if err := checkMemoryRoom(ms, "/pod/sb", "the sandbox", 20*mib, 3, 0, "memory fork of sb"); err != nil {
