@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cmdlog"
 	"github.com/branchbox/branchbox/shim/initdriver"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
@@ -84,3 +85,11 @@ func (n *Branch) procs() branchProcs {
 // branchCgroup is the cgroup of branch id whose parent branch's cgroup
 // is parent (abortLost finds a lost branch's by the same rule).
 func branchCgroup(parent, id string) string { return parent + "/b" + id }
+
+// branchName names branch id in messages: "the sandbox" for its root.
+func branchName(id string) string {
+	if id == branch.RootID {
+		return "the sandbox"
+	}
+	return "branch " + id
+}

@@ -310,15 +310,7 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 // a cgroup write for no process, with host paths) say nothing a user can
 // act on. The fork is undone as any failed fork is.
 func (f *fork) parentEnded() error {
-	return fmt.Errorf("fork %s of %s: %s exited during the fork; its branches were undone: %w", f.parentID, f.sb.id, initName(f.parentID), errdefs.ErrFailedPrecondition)
-}
-
-// initName names the init of branch id for messages.
-func initName(id string) string {
-	if id == branch.RootID {
-		return "the sandbox's init"
-	}
-	return "the init of branch " + id
+	return fmt.Errorf("fork %s of %s: %s's init exited during the fork; its branches were undone: %w", f.parentID, f.sb.id, branchName(f.parentID), errdefs.ErrFailedPrecondition)
 }
 
 // checkAhead drops every init taken ahead if a guess was wrong (ids used

@@ -199,11 +199,11 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	if err != nil {
 		why := criuErrors(filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
-		if pid, perr := c.initPid(ctx, sb, parent); perr != nil || !alive(pid) {
+		if c.initEnded(ctx, sb, parent) {
 			// Killed meanwhile: CRIU's and the runtime's words ("cannot
 			// be checkpointed in stopped state", an RLIMIT warning) would
 			// hide it.
-			return nil, fmt.Errorf("%s: %s exited during the dump of its processes; nothing was made: %w", what, initName(parent.id), errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("%s: %s's init exited during the dump of its processes; nothing was made: %w", what, branchName(parent.id), errdefs.ErrFailedPrecondition)
 		}
 		if strings.Contains(why, "No space left on device") {
 			// The estimate before the dump was short (checkImageRoom).
@@ -323,6 +323,13 @@ func killCriuOf(ctx context.Context, bundle string) {
 	}
 }
 
+// initEnded says whether branch n's init is gone (or a zombie): a
+// failure meanwhile was its end's, not its own.
+func (c *Service) initEnded(ctx context.Context, sb *Sandbox, n *Branch) bool {
+	pid, err := c.initPid(ctx, sb, n)
+	return err != nil || !alive(pid)
+}
+
 // alive says whether a process still runs: a zombie (an orphan waiting
 // for the host's init to reap it) does not.
 func alive(pid int) bool {
@@ -389,14 +396,6 @@ func (c *Service) checkpointImage(ctx context.Context, sb *Sandbox, parent *Bran
 		return nil, err
 	}
 	return img, nil
-}
-
-// branchName names branch id in messages: "the sandbox" for its root.
-func branchName(id string) string {
-	if id == branch.RootID {
-		return "the sandbox"
-	}
-	return "branch " + id
 }
 
 // keptImage is the memory image checkpoint ck keeps.
@@ -500,12 +499,10 @@ func (c *Service) rollbackMemory(ctx context.Context, sb *Sandbox, n *Branch, ck
 	}
 	n.memory = true
 	if err := c.runOnRuntime(ctx, sb, n, mounts, img, nil); err != nil {
-		if root := sb.nodes[branch.RootID]; root != nil {
-			if pid, perr := c.initPid(ctx, sb, root); perr != nil || !alive(pid) {
-				// The restore joins the sandbox's namespaces: its failure
-				// says only that a /proc path is gone.
-				return fmt.Errorf("%s: the sandbox's init exited during the rollback; the branch ends with it: %w", what, errdefs.ErrFailedPrecondition)
-			}
+		if root := sb.nodes[branch.RootID]; root != nil && c.initEnded(ctx, sb, root) {
+			// The restore joins the sandbox's namespaces: its failure
+			// says only that a /proc path is gone.
+			return fmt.Errorf("%s: the sandbox's init exited during the rollback; the branch ends with it: %w", what, errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("%s: its files are the checkpoint's, but %w", what, err)
 	}

@@ -53,11 +53,7 @@ func (sb *Sandbox) pidsWords(what string, parent *Branch, pl *cgroup.PidsLimit) 
 		if filepath.Clean(n.cgroup) != cg {
 			continue
 		}
-		if n.id == branch.RootID {
-			whose = "the sandbox's"
-		} else {
-			whose = "branch " + n.id + "'s"
-		}
+		whose = branchName(n.id) + "'s"
 	}
 	if whose == "" {
 		if strings.HasPrefix(cg, filepath.Clean(parent.cgroup)+"/") {
