@@ -42,7 +42,8 @@ func AddressOf(root string) (string, error) {
 
 // Dial connects to the snapshotter's unix socket: over ttrpc where the
 // snapshotter serves it beside that socket (address + TTRPCSuffix), else
-// over gRPC. Either connects on first use.
+// over gRPC (a snapshotter older than its ttrpc socket). The choice is made
+// at each connection, on first use and after a lost one.
 func Dial(address string) (*Client, error) {
 	return DialNotify(address, nil)
 }

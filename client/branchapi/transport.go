@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
@@ -26,7 +27,11 @@ var branchService = branchv1.Branches_ServiceDesc.ServiceName
 var ErrNotSent = errors.New("call not sent")
 
 // notSent is a dial failure: unavailable, and certainly not carried out.
-type notSent struct{ err error }
+// noSocket: the socket did not exist.
+type notSent struct {
+	err      error
+	noSocket bool
+}
 
 func (e notSent) Error() string   { return e.err.Error() }
 func (e notSent) Unwrap() []error { return []error{e.err, ErrNotSent} }
@@ -41,31 +46,78 @@ type transport interface {
 	Close() error
 }
 
-// dialTransport picks ttrpc where the snapshotter serves it, else gRPC.
-// onDrop, if not nil, is called (on a goroutine of its own) each time a
-// connection is lost.
+// dialTransport returns a transport that takes ttrpc where the snapshotter
+// serves it and gRPC where it serves only that (one older than the ttrpc
+// socket). The choice is made at each connection, not here: a client made
+// while the snapshotter is down or starting (its gRPC socket is bound before
+// the ttrpc one) must not be held to gRPC for its life, where no lost
+// connection is seen and gRPC's reconnection backoff fails calls with a
+// stale dial error long after the snapshotter is back. onDrop, if not nil,
+// is called (on a goroutine of its own) each time a ttrpc connection is lost.
 func dialTransport(address string, onDrop func()) (transport, error) {
-	if fi, err := os.Stat(address + branch.TTRPCSuffix); err == nil && fi.Mode().Type() == os.ModeSocket {
-		return &ttrpcTransport{address: address + branch.TTRPCSuffix, onDrop: onDrop}, nil
+	return &pickTransport{
+		ttrpcTransport: ttrpcTransport{address: address + branch.TTRPCSuffix, onDrop: onDrop},
+		grpcAddress:    address,
+	}, nil
+}
+
+// pickTransport is ttrpc, falling back to gRPC for a call when the ttrpc
+// socket does not exist and the gRPC one answers.
+type pickTransport struct {
+	ttrpcTransport
+	grpcAddress string
+
+	gmu  sync.Mutex
+	grpc *grpc.ClientConn // made on the first fallback
+}
+
+func (t *pickTransport) invoke(ctx context.Context, method string, req, resp proto.Message) error {
+	err := t.ttrpcTransport.invoke(ctx, method, req, resp)
+	var ns notSent
+	if !errors.As(err, &ns) || !ns.noSocket || !t.grpcServed() {
+		return err
 	}
-	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, gerr := t.grpcConn()
+	if gerr != nil {
+		return gerr
+	}
+	return conn.Invoke(ctx, "/"+branchService+"/"+method, req, resp)
+}
+
+// grpcServed tells whether something accepts connections on the gRPC socket.
+func (t *pickTransport) grpcServed() bool {
+	c, err := net.DialTimeout("unix", t.grpcAddress, time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("connect to branch snapshotter at %s: %w", address, err)
+		return false
 	}
-	return grpcTransport{conn}, nil
+	c.Close()
+	return true
 }
 
-type grpcTransport struct{ conn *grpc.ClientConn }
-
-func (t grpcTransport) invoke(ctx context.Context, method string, req, resp proto.Message) error {
-	return t.conn.Invoke(ctx, "/"+branchService+"/"+method, req, resp)
+func (t *pickTransport) grpcConn() (*grpc.ClientConn, error) {
+	t.gmu.Lock()
+	defer t.gmu.Unlock()
+	if t.grpc != nil {
+		return t.grpc, nil
+	}
+	conn, err := grpc.NewClient("unix://"+t.grpcAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect to branch snapshotter at %s: %w", t.grpcAddress, err)
+	}
+	t.grpc = conn
+	return conn, nil
 }
 
-// generation is always 0: gRPC reconnects underneath, unseen. The
-// snapshotter serves ttrpc, which the shim uses.
-func (t grpcTransport) generation() uint64 { return 0 }
-
-func (t grpcTransport) Close() error { return t.conn.Close() }
+func (t *pickTransport) Close() error {
+	err := t.ttrpcTransport.Close()
+	t.gmu.Lock()
+	defer t.gmu.Unlock()
+	if t.grpc != nil {
+		err = errors.Join(err, t.grpc.Close())
+		t.grpc = nil
+	}
+	return err
+}
 
 // ttrpcTransport dials on first use, and again after the connection
 // closed (the snapshotter restarted), as a gRPC connection would.
@@ -91,7 +143,7 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", t.address)
 	if err != nil {
-		return nil, notSent{fmt.Errorf("connect to branch snapshotter at %s (is it running?): %v: %w", t.address, err, errdefs.ErrUnavailable)}
+		return nil, notSent{err: fmt.Errorf("connect to branch snapshotter at %s (is it running?): %v: %w", t.address, err, errdefs.ErrUnavailable), noSocket: errors.Is(err, syscall.ENOENT)}
 	}
 	var c *ttrpc.Client
 	c = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { t.forget(c) }))

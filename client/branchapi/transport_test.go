@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc"
 
 	branchv1 "github.com/branchbox/branchbox/api/branch/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -94,15 +95,78 @@ func TestDialPrefersTTRPCAndRedials(t *testing.T) {
 	}
 }
 
-// TestDialFallsBackToGRPC: without a ttrpc socket, Dial uses gRPC.
+// grpcAbortOnly is abortOnly served over gRPC.
+type grpcAbortOnly struct {
+	branchv1.UnimplementedBranchesServer
+	server string
+}
+
+func (a grpcAbortOnly) Abort(_ context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
+	return &branchv1.AbortResponse{Aborted: []string{a.server + ":" + req.GetBranch().GetBranch()}}, nil
+}
+
+// TestDialFallsBackToGRPC: a snapshotter that serves only gRPC is reached
+// over gRPC.
 func TestDialFallsBackToGRPC(t *testing.T) {
-	c, err := Dial(filepath.Join(t.TempDir(), "snapshotter.sock"))
+	addr := filepath.Join(t.TempDir(), "snapshotter.sock")
+	l, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	branchv1.RegisterBranchesServer(s, grpcAbortOnly{server: "grpc"})
+	go func() { _ = s.Serve(l) }()
+	defer s.Stop()
+	c, err := Dial(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, ok := c.t.(grpcTransport); !ok {
-		t.Fatalf("transport %T, want gRPC", c.t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := c.Abort(ctx, branch.Ref{Root: branch.Root{Key: "k"}, Branch: "3"}); err != nil || len(got) != 1 || got[0] != "grpc:3" {
+		t.Fatalf("abort through a gRPC-only server: %v %v", got, err)
+	}
+}
+
+// TestDialWhileDown: a client made while no snapshotter runs (or while one
+// starts, its gRPC socket bound before the ttrpc one) takes ttrpc once it is
+// served: it was held to gRPC for its life, saw no lost connection, and
+// after a restart failed calls with a stale dial error during gRPC's
+// backoff (seen in the crash loop: "tree through the shim: ... dial unix
+// .../snapshotter.sock: connect: no such file or directory" with the
+// snapshotter up).
+func TestDialWhileDown(t *testing.T) {
+	dir := t.TempDir()
+	addr := filepath.Join(dir, "snapshotter.sock")
+	drops := make(chan struct{}, 4)
+	c, err := DialNotify(addr, func() { drops <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := branch.Ref{Root: branch.Root{Key: "k"}, Branch: "3"}
+	if _, err := c.Abort(ctx, ref); !errors.Is(err, ErrNotSent) || !errdefs.IsUnavailable(err) {
+		t.Fatalf("abort with no server: %v; want unavailable and not sent", err)
+	}
+	// A starting snapshotter: gRPC bound (nothing answers on it yet
+	// beyond the accept), ttrpc next.
+	gl, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gl.Close()
+	first := serveTTRPC(t, addr+branch.TTRPCSuffix, "first")
+	if got, err := c.Abort(ctx, ref); err != nil || len(got) != 1 || got[0] != "first:3" {
+		t.Fatalf("abort once ttrpc is served: %v %v", got, err)
+	}
+	first.Close()
+	select {
+	case <-drops:
+	case <-time.After(5 * time.Second):
+		t.Fatal("onDrop not called: the client is not on ttrpc")
 	}
 }
 
