@@ -57,27 +57,51 @@ func AnyWriterAmong(pids []int, mounts Mounts) bool {
 // limit). A mapping keeps its file open for writing after its descriptor
 // is closed, so this finds what Writers cannot.
 func MappedWriters(major, minor int, limit int) []Writer {
-	dev := fmt.Sprintf("%02x:%02x", major, minor)
 	var out []Writer
+	sharedWritable(major, minor, func(pid int, _ uint64, path string) bool {
+		out = add(out, pid, path+" (mapped)")
+		return limit <= 0 || len(out) < limit
+	})
+	return out
+}
+
+// MappedInodes returns the inode numbers of the files on the device
+// major:minor that some process maps shared and writable. For a file of an
+// overlay mount the mapping is of the real file, so these are the numbers
+// of the upper directory's files.
+func MappedInodes(major, minor int) map[uint64]bool {
+	out := map[uint64]bool{}
+	sharedWritable(major, minor, func(_ int, ino uint64, _ string) bool {
+		out[ino] = true
+		return true
+	})
+	return out
+}
+
+// sharedWritable calls fn for each shared writable mapping of a file on
+// the device major:minor in every process, until fn returns false.
+func sharedWritable(major, minor int, fn func(pid int, ino uint64, path string) bool) {
+	dev := fmt.Sprintf("%02x:%02x", major, minor)
 	for _, pid := range allPids() {
 		f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/maps")
 		if err != nil {
 			continue
 		}
+		more := true
 		sc := bufio.NewScanner(f)
-		for sc.Scan() {
+		for more && sc.Scan() {
 			// address perms offset dev inode path
 			fs := strings.Fields(sc.Text())
 			if len(fs) >= 6 && len(fs[1]) == 4 && fs[1][1] == 'w' && fs[1][3] == 's' && fs[3] == dev {
-				out = add(out, pid, strings.Join(fs[5:], " ")+" (mapped)")
+				ino, _ := strconv.ParseUint(fs[4], 10, 64)
+				more = fn(pid, ino, strings.Join(fs[5:], " "))
 			}
 		}
 		f.Close()
-		if limit > 0 && len(out) >= limit {
-			break
+		if !more {
+			return
 		}
 	}
-	return out
 }
 
 // scan looks at the descriptors of pids for files on mounts open for

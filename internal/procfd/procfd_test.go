@@ -110,6 +110,12 @@ func TestMappedWriters(t *testing.T) {
 	if !has(ws, os.Getpid(), path+" (mapped)") {
 		t.Fatalf("MappedWriters = %+v, want pid %d mapping %s", ws, os.Getpid(), path)
 	}
+	if ino := MappedInodes(int(unix.Major(st.Dev)), int(unix.Minor(st.Dev))); !ino[st.Ino] {
+		t.Fatalf("MappedInodes = %v, want inode %d among them", ino, st.Ino)
+	}
+	if ws := MappedWriters(int(unix.Major(st.Dev)), int(unix.Minor(st.Dev)), 1); len(ws) != 1 {
+		t.Fatalf("MappedWriters with limit 1 = %+v", ws)
+	}
 }
 
 func TestRootMounts(t *testing.T) {

@@ -88,7 +88,8 @@ func Diff(ctx context.Context, upper string, prev Manifest) ([]Change, Manifest,
 	}
 	defer unix.Close(fd)
 	d := &differ{ctx: ctx, prev: prev, cur: Manifest{}, same: map[string]bool{"": true},
-		recent: time.Now().Add(-recentMargin()).UnixNano()}
+		recent: time.Now().Add(-recentMargin()).UnixNano(), mapped: mappedUnseen(fd, upper)}
+	defer d.mapped.close()
 	// The upper is read in parallel, then compared in walk order.
 	sc := newScanner(ctx, prev).scan(fd, "", 0)
 	if err := d.walk(sc, "", false); err != nil {
@@ -113,6 +114,7 @@ type differ struct {
 	cur     Manifest
 	same    map[string]bool // directories present before and after, as the same inode
 	recent  int64
+	mapped  *mappedFiles // files whose writes through a mapping change no ctime
 	changes []Change
 }
 
@@ -133,7 +135,8 @@ func (d *differ) walk(sc *scanned, rel string, underAdded bool) error {
 			return fmt.Errorf("stat %s in upper: %w", p, st.err)
 		}
 		e := Entry{Mode: st.mode & unix.S_IFMT, Ino: st.ino, Ctime: st.ctime}
-		if e.Ctime >= d.recent {
+		mapped := e.Mode == unix.S_IFREG && d.mapped.has(p)
+		if e.Ctime >= d.recent || mapped {
 			e.Ctime = 0
 		}
 		d.cur[p] = e
@@ -152,7 +155,7 @@ func (d *differ) walk(sc *scanned, rel string, underAdded bool) error {
 			case !ok || old.Mode != e.Mode || old.Ino != e.Ino:
 				added = true
 				d.changes = append(d.changes, Change{Path: p, Kind: Added, Opaque: isDir && (ok || opaque)})
-			case old.Ctime == 0 || old.Ctime != st.ctime:
+			case old.Ctime == 0 || old.Ctime != st.ctime || mapped:
 				d.changes = append(d.changes, Change{Path: p, Kind: Modified})
 			}
 			if isDir && !added {
