@@ -156,6 +156,9 @@ func TestCompareCatches(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := t.TempDir(), t.TempDir()
+			if tc.name == "sparse layout" && tempOnXFS(a) {
+				t.Skip("layouts are not compared on XFS (onXFS)")
+			}
 			build(t, a)
 			build(t, b)
 			if err := tc.change(t, b); err != nil {
@@ -188,4 +191,13 @@ func TestCompareCatches(t *testing.T) {
 			}
 		})
 	}
+}
+
+func tempOnXFS(dir string) bool {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return onXFS(fd)
 }
