@@ -40,7 +40,7 @@ RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl $(BIN)/branchctl-full
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench crash-loop lint check-version check-tidy check-proto check-imports check-length clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench crash-loop soak lint check-version check-tidy check-proto check-imports check-length clean containerd-config install image
 
 all: binaries
 
@@ -291,6 +291,13 @@ bench: binaries $(BIN)/.benchstat-$(BENCHSTAT_VERSION)
 CRASH_ROUNDS ?= 300
 crash-loop: binaries
 	BRANCHBOX_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 6h -v -run 'TestContextsCrashLoop' ./integration/
+
+# A sandbox's long session (TestSoak): SOAK_ROUNDS rounds of fork, commit,
+# nested fork, checkpoint and rollback; nothing it leaves may grow.
+# `make test` runs 60.
+SOAK_ROUNDS ?= 3200
+soak: binaries
+	BRANCHBOX_SOAK_ROUNDS=$(SOAK_ROUNDS) $(GO) test -tags seccomp -count=1 -timeout 2h -v -run 'TestSoak$$' ./integration/
 
 clean:
 	rm -rf $(BIN)
