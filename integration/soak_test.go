@@ -63,7 +63,8 @@ func countTree(root string, dirsOnly bool) int {
 
 // TestSoak runs an agent's long session on one sandbox: rounds of a fork
 // of three, a command in each, a commit of one (its siblings stale, then
-// aborted), a nested fork in a branch committed up two levels, a
+// aborted), a nested fork in a branch committed up two levels, a memory
+// fork every few rounds (one copy committed, one aborted), a
 // checkpoint every few rounds (three kept), a rollback now and then; and
 // checks that nothing the session leaves grows with the rounds: the shim's
 // and the snapshotter's descriptors and threads, the mounts, the cgroups,
@@ -169,6 +170,21 @@ func TestSoak(t *testing.T) {
 		}
 		if got, err := execIn(ctx, env, "sb", "cat", "/try"); err != nil || strings.TrimSpace(got) != fmt.Sprintf("%d-%d", r, r%3) {
 			t.Fatalf("round %d: the sandbox's /try is %q after the commit (%v)", r, got, err)
+		}
+		if r%5 == 2 {
+			// A memory fork: the sandbox's processes copied, one copy
+			// committed (its files), the other aborted.
+			mk, err := sc.Fork(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+			if err != nil {
+				t.Fatalf("round %d: memory fork: %v", r, err)
+			}
+			mustRun(t, ctx, sc, mk[0].ID, "sh", "-c", "echo mem > /mem")
+			if _, err := sc.Commit(ctx, mk[0].ID); err != nil {
+				t.Fatalf("round %d: commit of a memory branch: %v", r, err)
+			}
+			if _, err := sc.Abort(ctx, mk[1].ID); err != nil && !errors.As(err, new(*branch.StaleError)) {
+				t.Fatalf("round %d: abort of the stale memory branch: %v", r, err)
+			}
 		}
 		if r%3 == 0 {
 			name := fmt.Sprintf("c%d", r)
