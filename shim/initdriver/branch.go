@@ -87,13 +87,22 @@ func (fc *Branch) read(ctx context.Context) {
 	fc.waiting = nil
 	fc.mu.Unlock()
 	for _, p := range waiting {
-		p.startErr = "-1 the branch's init ended"
+		p.startErr = initEndedMsg
 		close(p.startedCh)
 	}
 	for _, p := range left {
 		p.SetExited(128 + int(unix.SIGKILL))
 	}
 }
+
+// initEndedMsg is the start error of a process whose branch's init ended
+// before it started it.
+const initEndedMsg = "-1 the branch's init ended"
+
+// ErrInitEnded: a process was not started because the branch's init (and
+// with it every process of the branch) ended first: the branch was killed
+// (aborted, invalidated by a sibling's commit) or its command exited.
+var ErrInitEnded = fmt.Errorf("the branch's init ended before the process started: %w", errdefs.ErrFailedPrecondition)
 
 func exitStatus(ws unix.WaitStatus) int {
 	if ws.Signaled() {
@@ -200,6 +209,9 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 	case <-p.startedCh:
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+	if p.startErr == initEndedMsg {
+		return nil, fmt.Errorf("start %v: %w", ps.Args, ErrInitEnded)
 	}
 	if strings.HasPrefix(p.startErr, "-1") {
 		return nil, fmt.Errorf("start %v: %s: %w", ps.Args, strings.TrimSpace(strings.TrimPrefix(p.startErr, "-1")), errdefs.ErrUnknown)

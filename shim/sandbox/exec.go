@@ -66,7 +66,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 		sb.mu.Unlock()
 		p, err := fc.Exec(ctx, req.ExecId, &ps, req.Stdin, req.Stdout, req.Stderr)
 		if err != nil {
-			return nil, c.execFailed(sb, n, req.Args, err)
+			return nil, c.execFailed(ctx, sb, n, req.Args, err)
 		}
 		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
 	}
@@ -96,7 +96,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 	started := time.Now()
 	if err := p.Start(ctx); err != nil {
 		container.ProcessRemove(req.ExecId)
-		return nil, c.execFailed(sb, n, req.Args, errgrpc.ToNative(err))
+		return nil, c.execFailed(ctx, sb, n, req.Args, errgrpc.ToNative(err))
 	}
 	c.watch(p, started)
 	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
