@@ -293,11 +293,14 @@ crash-loop: binaries
 	BRANCHBOX_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 6h -v -run 'TestContextsCrashLoop' ./integration/
 
 # A sandbox's long session (TestSoak): SOAK_ROUNDS rounds of fork, commit,
-# nested fork, checkpoint and rollback; nothing it leaves may grow.
-# `make test` runs 60.
+# nested fork, checkpoint and rollback; nothing it leaves may grow. Then
+# eight agents racing on one sandbox for AGENTS_SECONDS
+# (TestConcurrentAgents). `make test` runs 60 rounds and 5 seconds.
 SOAK_ROUNDS ?= 3200
+AGENTS_SECONDS ?= 600
 soak: binaries
-	BRANCHBOX_SOAK_ROUNDS=$(SOAK_ROUNDS) $(GO) test -tags seccomp -count=1 -timeout 2h -v -run 'TestSoak$$' ./integration/
+	BRANCHBOX_SOAK_ROUNDS=$(SOAK_ROUNDS) BRANCHBOX_AGENTS_SECONDS=$(AGENTS_SECONDS) \
+		$(GO) test -tags seccomp -count=1 -timeout 2h -v -run 'TestSoak$$|TestConcurrentAgents$$' ./integration/
 
 clean:
 	rm -rf $(BIN)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // expectedRace tells whether err is an answer a caller racing others on
@@ -39,13 +41,15 @@ func expectedRace(err error) bool {
 // deadline, with success or an answer a race explains (stale, not found,
 // failed precondition, resource exhausted); at the end no branch is left
 // live, and what the session made (cgroups, mounts, runtime state) is
-// gone. BRANCHBOX_AGENTS_SECONDS sets how long they run (default 8).
+// gone. BRANCHBOX_AGENTS_SECONDS sets how long they run (default 5).
 func TestConcurrentAgents(t *testing.T) {
-	secs := 8
+	secs := 5
 	if s, err := strconv.Atoi(os.Getenv("BRANCHBOX_AGENTS_SECONDS")); err == nil && s > 0 {
 		secs = s
 	}
 	ctx, env, _ := shimEnv(t)
+	// The env's context ends after five minutes; a long run goes on.
+	ctx = context.WithoutCancel(ctx)
 	sc := runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sh", "-c", "exec sleep 100000")
 	cgroupList := func() []string {
 		var out []string
@@ -76,6 +80,8 @@ func TestConcurrentAgents(t *testing.T) {
 		mu    sync.Mutex
 		stats = map[string]int{}
 		wg    sync.WaitGroup
+		// dumpOnce: one goroutine dump of the shim per run.
+		dumpOnce sync.Once
 	)
 	note := func(op string, err error) bool {
 		mu.Lock()
@@ -102,7 +108,11 @@ func TestConcurrentAgents(t *testing.T) {
 			rng := rand.New(rand.NewSource(seed + int64(a)))
 			for time.Now().Before(end) {
 				octx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				// A round slower than 20s has the shim's goroutines logged
+				// while it is still held up (once).
+				slow := time.AfterFunc(20*time.Second, func() { dumpOnce.Do(func() { hung(t, env) }) })
 				agentRound(octx, sc, rng, a, note)
+				slow.Stop()
 				if errors.Is(octx.Err(), context.DeadlineExceeded) {
 					t.Errorf("agent %d: a round hung for a minute", a)
 				}
@@ -129,8 +139,10 @@ func TestConcurrentAgents(t *testing.T) {
 		cgLeft, mountsLeft = nil, added(mountsBefore, mountList())
 		for _, d := range added(cgBefore, cgroupList()) {
 			// The init pool names its waiting inits' cgroups after the
-			// ids the next forks of the sandbox likely get.
-			if !onlyPoolInits(d) {
+			// ids the next forks of the sandbox likely get; the freezer
+			// key is held from the sandbox's first branch operation
+			// until its end (cgroup.HoldFreezerKey).
+			if !onlyPoolInits(d) && filepath.Base(d) != ".freezer-key" {
 				cgLeft = append(cgLeft, d)
 			}
 		}
@@ -218,6 +230,32 @@ func agentRound(ctx context.Context, sc *client.SandboxClient, rng *rand.Rand, a
 	}
 	_, err = sc.Abort(ctx, b)
 	note("abort", err)
+}
+
+// hung has the env's shims log their goroutines (containerd's shim does on
+// SIGUSR1), and logs that part of containerd's log, where a shim's
+// output goes; BRANCHBOX_HANG_LOG names a file for the whole log.
+func hung(t *testing.T, env *daemons.Env) {
+	for _, p := range env.ShimPids() {
+		_ = syscall.Kill(p, syscall.SIGUSR1)
+	}
+	time.Sleep(2 * time.Second)
+	log := env.Log("containerd")
+	if f := os.Getenv("BRANCHBOX_HANG_LOG"); f != "" {
+		_ = os.WriteFile(f, []byte(log), 0o644)
+	}
+	i := strings.LastIndex(log, "BEGIN goroutine stack dump")
+	if i < 0 {
+		return
+	}
+	dump, _, _ := strings.Cut(log[i:], "END goroutine stack dump")
+	dump = strings.NewReplacer(`\n`, "\n", `\t`, "\t").Replace(dump)
+	// The goroutines in the project's code: what waits for what.
+	for _, g := range strings.Split(dump, "\n\n") {
+		if strings.Contains(g, "branchbox/branchbox/shim") {
+			t.Logf("shim goroutine:\n%s", g)
+		}
+	}
 }
 
 // ended tells whether branch id is no longer live.
