@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -34,16 +35,19 @@ func (sb *Sandbox) pidsRefusal(parent *Branch, pl *cgroup.PidsLimit) error {
 
 // execFailed words an exec of args in branch n that failed to start: one
 // whose branch ended meanwhile says so (stale, with the winner, or not
-// found); one that failed for want of a process (EAGAIN) in n, or a cgroup above it,
-// at its process limit names the limit (otherwise the start's "Resource
-// temporarily unavailable", of no kind).
+// found); one that failed for want of a process (EAGAIN) in n, or a
+// cgroup above it, at its process limit names the limit (otherwise the
+// start's "Resource temporarily unavailable", of no kind).
 func (c *Service) execFailed(ctx context.Context, sb *Sandbox, n *Branch, args []string, err error) error {
 	what := fmt.Sprintf("exec %v in %s/%s", args, sb.id, n.id)
 	// A branch killed while the process started (aborted, or invalidated
 	// by a sibling's commit) fails the start with what its end left (the
 	// init gone, a namespace or cgroup gone): its own state says why.
-	if _, _, berr := c.branchFor(ctx, sb.id, n.id, false, false); berr != nil {
-		return fmt.Errorf("%s: the branch ended as the process started: %w", what, berr)
+	if ctx.Err() == nil {
+		_, _, berr := c.branchFor(ctx, sb.id, n.id, false, false)
+		if errors.As(berr, new(*branch.StaleError)) || errdefs.IsNotFound(berr) {
+			return fmt.Errorf("%s: the branch ended as the process started: %w", what, berr)
+		}
 	}
 	if ms, merr := c.cgroups.Mounts(); merr == nil {
 		if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0); pl != nil {
