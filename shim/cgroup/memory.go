@@ -48,16 +48,12 @@ func MemoryLimits(ms []Dir, path string) []MemoryLevel {
 		return nil
 	}
 	var out []MemoryLevel
-	for d := dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
-		limit, anon, ok := memoryLimit(d, v2)
+	for _, a := range ancestors(dir, root) {
+		limit, anon, ok := memoryLimit(a.dir, v2)
 		if !ok {
 			continue
 		}
-		rel := strings.TrimPrefix(d, root)
-		if rel == "" {
-			rel = "/"
-		}
-		out = append(out, MemoryLevel{Cgroup: rel, Limit: limit, Anon: anon})
+		out = append(out, MemoryLevel{Cgroup: a.rel, Limit: limit, Anon: anon})
 	}
 	return out
 }

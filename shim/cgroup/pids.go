@@ -58,8 +58,8 @@ func PidsLimits(ms []Dir, path string) []PidsLevel {
 		return nil
 	}
 	var out []PidsLevel
-	for d := dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
-		b, err := os.ReadFile(filepath.Join(d, "pids.max"))
+	for _, a := range ancestors(dir, root) {
+		b, err := os.ReadFile(filepath.Join(a.dir, "pids.max"))
 		if err != nil {
 			continue // not made yet, or no pids controller enabled here (v2)
 		}
@@ -67,15 +67,30 @@ func PidsLimits(ms []Dir, path string) []PidsLevel {
 		if err != nil {
 			continue // "max"
 		}
-		cur, err := readInt(filepath.Join(d, "pids.current"))
+		cur, err := readInt(filepath.Join(a.dir, "pids.current"))
 		if err != nil {
 			continue
 		}
+		out = append(out, PidsLevel{Cgroup: a.rel, Max: max, Current: cur})
+	}
+	return out
+}
+
+// level is one cgroup directory on a hierarchy, and its path there as a
+// spec names it ("/" for the hierarchy's root).
+type level struct{ dir, rel string }
+
+// ancestors is dir, a cgroup directory under the hierarchy mounted at
+// root, and each directory above it below root, nearest first: where a
+// limit that bounds dir can be set.
+func ancestors(dir, root string) []level {
+	var out []level
+	for d := dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
 		rel := strings.TrimPrefix(d, root)
 		if rel == "" {
 			rel = "/"
 		}
-		out = append(out, PidsLevel{Cgroup: rel, Max: max, Current: cur})
+		out = append(out, level{d, rel})
 	}
 	return out
 }
