@@ -134,15 +134,21 @@ func TestConcurrentAgents(t *testing.T) {
 			}
 		}
 	}
+	// What the sandbox keeps of its own once it had branches, until its
+	// end: the freezer key (cgroup.HoldFreezerKey) and, on cgroup v2, the
+	// leaf its own processes moved into (cgroup.OwnLeaf).
+	sandboxOwn := map[string]bool{}
+	for _, d := range containerCgroupDirs(env.Namespace, "sb") {
+		sandboxOwn[filepath.Join(d, ".freezer-key")] = true
+		sandboxOwn[filepath.Join(d, ".leaf")] = true
+	}
 	var cgLeft, mountsLeft []string
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		cgLeft, mountsLeft = nil, added(mountsBefore, mountList())
 		for _, d := range added(cgBefore, cgroupList()) {
 			// The init pool names its waiting inits' cgroups after the
-			// ids the next forks of the sandbox likely get; the freezer
-			// key is held from the sandbox's first branch operation
-			// until its end (cgroup.HoldFreezerKey).
-			if !onlyPoolInits(d) && filepath.Base(d) != ".freezer-key" {
+			// ids the next forks of the sandbox likely get.
+			if !onlyPoolInits(d) && !sandboxOwn[d] {
 				cgLeft = append(cgLeft, d)
 			}
 		}

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -31,22 +30,6 @@ type footprint struct {
 func procCount(pid int, sub string) int {
 	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/%s", pid, sub))
 	return len(es)
-}
-
-func procRSSKB(pid int) int {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
-		}
-	}
-	return -1
 }
 
 // countTree counts the directories (dirsOnly) or all entries under root.
@@ -102,8 +85,8 @@ func TestSoak(t *testing.T) {
 		sp := env.SnapshotterPid()
 		layers, _ := filepath.Glob(filepath.Join(env.SnapshotterRoot, "checkpoints", "*", "[0-9]*"))
 		return footprint{
-			shimFDs: procCount(shimPid, "fd"), shimThreads: procCount(shimPid, "task"), shimRSSKB: procRSSKB(shimPid),
-			snapFDs: procCount(sp, "fd"), snapThreads: procCount(sp, "task"), snapRSSKB: procRSSKB(sp),
+			shimFDs: procCount(shimPid, "fd"), shimThreads: procCount(shimPid, "task"), shimRSSKB: int(vmRSS(t, shimPid) >> 10),
+			snapFDs: procCount(sp, "fd"), snapThreads: procCount(sp, "task"), snapRSSKB: int(vmRSS(t, sp) >> 10),
 			mounts: strings.Count(string(mi), "\n"), cgroups: cg,
 			snapDirs:         countTree(filepath.Join(env.SnapshotterRoot, "snapshots"), true),
 			checkpointLayers: len(layers),
