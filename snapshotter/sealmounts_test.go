@@ -22,12 +22,14 @@ import (
 // inOtherMountNS starts a process in a new mount namespace, a private
 // copy of this one (so it holds a mount of every overlay mounted here, as
 // a container holds its root), running sh -c script; it is killed at
-// cleanup. It returns the process's pid once script has written ready.
-func inOtherMountNS(t *testing.T, script string) int {
+// cleanup, and its arguments are "$1"... It returns the process's pid
+// once script has written ready.
+func inOtherMountNS(t *testing.T, script string, args ...string) int {
 	t.Helper()
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready")
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script+"; echo > "+ready+"; exec sleep 100000")
+	// Paths are arguments, not script: the test's root may have a space.
+	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c", script + `; echo > "$0"; exec sleep 100000`, ready}, args...)...)
 	// No Pdeathsig: it fires when the thread that started the process
 	// ends, and the seal's namespace threads end.
 	if err := cmd.Start(); err != nil {
@@ -181,7 +183,7 @@ func TestSealPerMountNamesWriters(t *testing.T) {
 	if err := os.Remove(filepath.Join(p, "gone")); err != nil {
 		t.Fatal(err)
 	}
-	pid := inOtherMountNS(t, "exec 3>>"+filepath.Join(p, "app.log"))
+	pid := inOtherMountNS(t, `exec 3>>"$1"`, filepath.Join(p, "app.log"))
 	_, err = s.Fork(ctx, sb.ctx(""), 1)
 	var we *branch.WritersError
 	if !errors.As(err, &we) {

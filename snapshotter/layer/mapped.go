@@ -3,14 +3,11 @@
 package layer
 
 import (
-	"path/filepath"
-	"strconv"
-	"strings"
-
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/internal/procfd"
+	"github.com/branchbox/branchbox/snapshotter/overlay"
 )
 
 // mappedFiles tells which files of an upper some process maps shared and
@@ -54,7 +51,7 @@ func mappedUnseen(fd int, upper string) *mappedFiles {
 	}
 	m := &mappedFiles{}
 	for _, mi := range mounts {
-		if !upperIs(mi.VFSOptions, upper) {
+		if !overlay.UpperIs(mi, upper) {
 			continue
 		}
 		inos := procfd.MappedInodes(mi.Major, mi.Minor)
@@ -102,42 +99,4 @@ func (m *mappedFiles) close() {
 	for _, v := range m.views {
 		unix.Close(v.root)
 	}
-}
-
-// upperIs tells whether an overlay's superblock options (mountinfo's
-// escaped form) name upper as its upper directory. containerd gives a
-// mount whose options would not fit a page relative paths (from their
-// common parent), so a relative one matches upper's end.
-func upperIs(opts, upper string) bool {
-	for _, o := range strings.Split(opts, ",") {
-		v, ok := strings.CutPrefix(o, "upperdir=")
-		if !ok {
-			continue
-		}
-		v = unescapeOctal(v)
-		if filepath.IsAbs(v) {
-			return filepath.Clean(v) == filepath.Clean(upper)
-		}
-		return strings.HasSuffix(filepath.Clean(upper), "/"+filepath.Clean(v))
-	}
-	return false
-}
-
-// unescapeOctal undoes the kernel's \ooo escapes of mountinfo fields.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -49,7 +49,7 @@ func (c *LiveCache) Find(upper string) (Live, error) {
 		return Live{}, err
 	}
 	for _, m := range t {
-		if !hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+		if !UpperIs(m, upper) {
 			continue
 		}
 		live := Live{Target: m.Mountpoint, Readonly: hasMountOpt(m.VFSOptions, "ro"), Options: m.Options}

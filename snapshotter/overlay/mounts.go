@@ -46,7 +46,7 @@ func ReadTable() (Table, error) {
 // point found speaks for all of them.
 func (t Table) Live(upper string) Live {
 	for _, m := range t {
-		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+		if UpperIs(m, upper) {
 			return Live{Target: m.Mountpoint, Readonly: hasMountOpt(m.VFSOptions, "ro"), Options: m.Options}
 		}
 	}
@@ -57,7 +57,7 @@ func (t Table) Live(upper string) Live {
 func (t Table) Detach(ctx context.Context, upper string) {
 	var found []*mountinfo.Info
 	for _, m := range t {
-		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+		if UpperIs(m, upper) {
 			found = append(found, m)
 		}
 	}
@@ -147,12 +147,8 @@ func DetachUnder(ctx context.Context, dir string) {
 		if m.FSType != "overlay" {
 			return false
 		}
-		for _, o := range strings.Split(m.VFSOptions, ",") {
-			if p, ok := strings.CutPrefix(o, "upperdir="); ok && under(p) {
-				return true
-			}
-		}
-		return false
+		u := upperOf(m)
+		return filepath.IsAbs(u) && under(filepath.Clean(u))
 	})
 }
 

@@ -66,7 +66,7 @@ func overlayMountsEverywhere(upper string) ([]NSMount, error) {
 	}
 	var out []NSMount
 	for _, m := range own {
-		if hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+		if UpperIs(m, upper) {
 			out = append(out, toNSMount(self, 0, m))
 		}
 	}
@@ -408,7 +408,7 @@ func resolveSealed(recorded []branch.SealedMount, upper string) ([]NSMount, erro
 			continue // gone meanwhile
 		}
 		for _, m := range infos {
-			if uint64(m.ID) == r.MountID && hasMountOpt(m.VFSOptions, "upperdir="+upper) {
+			if uint64(m.ID) == r.MountID && UpperIs(m, upper) {
 				out = append(out, toNSMount(r.NS, pid, m))
 				break
 			}
