@@ -16,7 +16,9 @@
 # a root task restored into a new user namespace is born in the external
 # network namespace, which it could not join from there (0002); a dump
 # collects the sockets of its network namespaces when it first meets one,
-# not with the tasks stopped whether they hold any or not (0003).
+# not with the tasks stopped whether they hold any or not (0003); a quoted
+# value of its configuration file may hold a space (0004: the runtime's
+# restore names paths below the bundle there).
 #
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail

@@ -38,7 +38,13 @@ done`
 // replSandbox runs replScript as the sandbox "sb" and returns a client.
 func replSandbox(t *testing.T) (context.Context, *daemons.Env, *client.SandboxClient) {
 	t.Helper()
-	ctx, env, _ := shimEnv(t)
+	return replSandboxWith(t, daemons.Config{})
+}
+
+// replSandboxWith is replSandbox on daemons started with cfg.
+func replSandboxWith(t *testing.T, cfg daemons.Config) (context.Context, *daemons.Env, *client.SandboxClient) {
+	t.Helper()
+	ctx, env, _ := shimEnvWith(t, cfg)
 	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c", replScript)
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/data.log"); return out == "before\n" })
 	return ctx, env, sc
