@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -262,6 +263,33 @@ func hung(t *testing.T, env *daemons.Env) {
 			t.Logf("shim goroutine:\n%s", g)
 		}
 	}
+	hungClients(t)
+}
+
+// hungClients logs this process's goroutines that are in a call or its
+// stdio (an exec's FIFOs, which the shim waits to open), and which
+// processes hold each exec FIFO under the temporary directory open.
+func hungClients(t *testing.T) {
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "containerd/fifo") || strings.Contains(g, "agentRound") {
+			t.Logf("test goroutine:\n%s", g)
+		}
+	}
+	holders := map[string][]string{}
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && strings.Contains(l, "-std") {
+			holders[l] = append(holders[l], fd)
+		}
+	}
+	_ = filepath.WalkDir(os.TempDir(), func(p string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type()&fs.ModeNamedPipe != 0 {
+			t.Logf("FIFO %s held by %v", p, holders[p])
+		}
+		return nil
+	})
 }
 
 // ended tells whether branch id is no longer live.

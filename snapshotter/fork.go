@@ -128,9 +128,10 @@ func (s *Branches) recordFork(ctx context.Context, tx *bolt.Tx, f *fork) (err er
 		}
 	}
 	// The last child's id is the longest of them.
-	if opts := s.branchOverlay(f.r, tree, f.kids[len(f.kids)-1], false)[0].Options; !overlay.MountDataFits(opts) {
+	opts := s.branchOverlay(f.r, tree, f.kids[len(f.kids)-1], false)[0].Options
+	if size := overlay.MountDataSize(opts); size > os.Getpagesize() {
 		return fmt.Errorf("it is %d levels deep, and its branches' overlay mount would stack %d layers, whose options (%d bytes) are more than the kernel takes in one mount (%d): fork a branch less deep: %w",
-			tree.Depth(parent), len(s.lowerDirs(f.r, tree, f.kids[0]))+1, overlay.MountDataSize(opts), os.Getpagesize(), errdefs.ErrResourceExhausted)
+			tree.Depth(parent), len(s.lowerDirs(f.r, tree, f.kids[0]))+1, size, os.Getpagesize(), errdefs.ErrResourceExhausted)
 	}
 	if err := s.makeForkDirs(ctx, f); err != nil {
 		return err

@@ -14,8 +14,8 @@ import (
 // containerd makes the lower directories relative to their common parent
 // (compactLowerdirOption, its rule mirrored here) and mounts from there.
 // Each level of branches is one more lower directory, so a tree deep
-// enough has a mount no one can make: MountDataFits says so before a fork
-// makes such a branch, which otherwise failed at its start with
+// enough has a mount no one can make: a fork compares this with a page
+// before it makes such a branch, which otherwise failed at its start with
 // containerd's "mount options is too long".
 func MountDataSize(opts []string) int {
 	size := 0
@@ -55,10 +55,6 @@ func MountDataSize(opts []string) int {
 	compact := append(append(append([]string(nil), opts[:idx]...), opts[idx+1:]...), "lowerdir="+strings.Join(rel, ":"))
 	return len(strings.Join(compact, ","))
 }
-
-// MountDataFits says whether an overlay mount with these options can be
-// made (MountDataSize within a page).
-func MountDataFits(opts []string) bool { return MountDataSize(opts) <= os.Getpagesize() }
 
 // commonPrefix is the longest common prefix of strs, as containerd
 // computes it (between the least and the greatest).
