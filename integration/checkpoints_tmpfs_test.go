@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fstest"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
@@ -24,11 +23,8 @@ import (
 func TestCheckpointMappedWritesTmpfs(t *testing.T) {
 	requireRoot(t)
 	mnt := t.TempDir()
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1g"); err != nil {
-		t.Fatal(err)
-	}
-	// Registered first, so run after the env is stopped.
-	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	// Registered first, so detached after the env is stopped.
+	fstest.Tmpfs(t, mnt, "size=1g")
 	// A name of its own: the env's namespace is named after it.
 	dir, err := os.MkdirTemp(mnt, "env-")
 	if err != nil {

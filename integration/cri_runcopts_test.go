@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/opencontainers/cgroups/systemd"
-	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestCRIBranchFeatures checks that, through the CRI, the branch handler
@@ -33,17 +33,7 @@ func TestCRIBranchFeatures(t *testing.T) {
 	// A host directory with a mount below it.
 	data := t.TempDir()
 	sub := filepath.Join(data, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(sub, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", sub, err)
-		}
-	})
+	fstest.Tmpfs(t, sub, "size=1m")
 
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	pod, podCfg := c.runPod("rro", "branch", ns)

@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestMemoryForkImageRoom: a memory image is written into the sandbox's
@@ -30,17 +30,7 @@ import (
 func TestMemoryForkImageRoom(t *testing.T) {
 	requireRoot(t)
 	mnt := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(mnt, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=96m,mode=0711"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-		}
-	})
+	fstest.Tmpfs(t, mnt, "size=96m,mode=0711")
 	// A name of its own: the env's namespace (and the runtime's state
 	// under it, host-wide) is named after it.
 	dir, err := os.MkdirTemp(mnt, "env-")

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestCheckpointSeesMappedWrites: a process that writes a file through a
@@ -43,10 +45,7 @@ func newTestOnTmpfs(t *testing.T) (context.Context, *Snapshotter) {
 	t.Helper()
 	requireRoot(t)
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	fstest.Tmpfs(t, dir, "size=64m")
 	ctx := context.Background()
 	s, err := New(ctx, dir)
 	if err != nil {

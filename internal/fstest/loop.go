@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // LoopExt4 makes an ext4 filesystem of sizeMB in a file, mounts it through
@@ -63,4 +65,22 @@ func LoopExt4(t testing.TB, sizeMB int) string {
 		}
 	})
 	return mnt
+}
+
+// Tmpfs mounts a tmpfs with the mount data given (its size and mode, say)
+// at dir, which it makes if missing, and detaches it at cleanup: register
+// it before what must be gone first (cleanups run last first).
+func Tmpfs(t testing.TB, dir, data string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, data); err != nil {
+		t.Fatalf("mount a tmpfs (%s) at %s: %v", data, dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 }
