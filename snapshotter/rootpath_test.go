@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,4 +52,26 @@ func TestRootPathWithSpace(t *testing.T) {
 		t.Fatalf("the parent's live mount reads %q after the commit", got)
 	}
 	writeFile(t, filepath.Join(parent, "state"), "after\n")
+}
+
+// TestRootPathRefused: a root whose path an overlay mount cannot name
+// (its options are separated by commas, its layers by colons) is refused
+// when the snapshotter starts, not at the first mount.
+func TestRootPathRefused(t *testing.T) {
+	requireRoot(t)
+	for _, name := range []string{"a,b", "a:b", "a\nb"} {
+		root := filepath.Join(t.TempDir(), name)
+		s, err := New(context.Background(), root)
+		if err == nil {
+			s.Close()
+			t.Errorf("root %q: started", root)
+			continue
+		}
+		if !errdefs.IsInvalidArgument(err) {
+			t.Errorf("root %q: %v, want invalid argument", root, err)
+		}
+		if _, err := os.Stat(root); err == nil {
+			t.Errorf("root %q: made", root)
+		}
+	}
 }

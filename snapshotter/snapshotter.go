@@ -19,9 +19,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -110,6 +112,12 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 	}
 	if !filepath.IsAbs(root) {
 		return nil, fmt.Errorf("snapshotter root %q must be an absolute path: %w", root, errdefs.ErrInvalidArgument)
+	}
+	// Overlay mount data separates options with ',' and layers with ':',
+	// and containerd passes the paths unescaped: a mount of such a root
+	// would name other directories. (A space is fine.)
+	if i := strings.IndexFunc(root, func(r rune) bool { return r == ',' || r == ':' || unicode.IsControl(r) }); i >= 0 {
+		return nil, fmt.Errorf("snapshotter root %q: an overlay mount cannot name a path with %q in it: %w", root, root[i], errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create snapshotter root %s: %w", root, err)
