@@ -401,6 +401,10 @@ type ExitStatus struct {
 	Code      int       `json:"exitCode"`
 	ExitedAt  time.Time `json:"exitedAt"`
 	OOMKilled bool      `json:"oomKilled"`
+	// BranchEnded, for a process killed because its branch ended (a
+	// sibling's commit made it stale, or it was aborted or committed), says
+	// why, as the next call on the branch would.
+	BranchEnded string `json:"branchEnded,omitempty"`
 }
 
 // Exec starts a process in a branch, its stdio connected through FIFOs as
@@ -466,7 +470,7 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	if err != nil {
 		return ExitStatus{}, fromTTRPC(err)
 	}
-	st := ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled}
+	st := ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled, BranchEnded: resp.BranchEnded}
 	if resp.ExitedAt != nil {
 		st.ExitedAt = resp.ExitedAt.AsTime()
 	}

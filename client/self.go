@@ -140,7 +140,7 @@ func (s *SelfClient) Wait(ctx context.Context, branchID, execID string) (SelfRes
 	if err != nil {
 		return SelfResult{}, fromTTRPC(err)
 	}
-	r := SelfResult{ExitStatus: ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled},
+	r := SelfResult{ExitStatus: ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled, BranchEnded: resp.BranchEnded},
 		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated}
 	if resp.ExitedAt != nil {
 		r.ExitedAt = resp.ExitedAt.AsTime()

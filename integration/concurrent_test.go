@@ -201,11 +201,19 @@ func agentRound(ctx context.Context, sc *client.SandboxClient, rng *rand.Rand, a
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("exit %d: %s", st.Code, out)
 		// A process of a branch killed while it runs is killed (137),
-		// and may first see its layer go (its writes failing): the
-		// branch's end is the answer (docs/lifecycle.md).
-		if ended(ctx, sc, b) {
-			note("exec in a branch that ended", nil)
+		// its status saying why, and may first see its layer go (its
+		// writes failing): the branch's end is the answer
+		// (docs/lifecycle.md).
+		switch {
+		case st.Code == 137 && st.BranchEnded != "":
+			note("exec killed with its branch", nil)
 			return
+		case ended(ctx, sc, b):
+			if st.Code != 137 {
+				note("exec in a branch that ended", nil)
+				return
+			}
+			err = fmt.Errorf("killed (137) as its branch ended, and its status does not say so: %s", out)
 		}
 	}
 	if !note("exec", err) {

@@ -74,6 +74,8 @@ type ExecOut struct {
 	Stderr    string `json:"stderr"`
 	Truncated bool   `json:"truncated,omitempty" jsonschema:"the output was longer than the server returns; only its start is here"`
 	OOMKilled bool   `json:"oom_killed,omitempty"`
+	// Why the process's branch ended, if that killed it.
+	BranchEnded string `json:"branch_ended,omitempty" jsonschema:"set when the process was killed because its branch ended (another branch's commit made it stale, or it was aborted): why"`
 }
 
 // FileIn names a file or directory.
@@ -329,7 +331,7 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	if err != nil {
 		return ExecOut{}, err
 	}
-	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled}, nil
+	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled, BranchEnded: st.BranchEnded}, nil
 }
 
 // openRoot opens the root of a branch for a file tool, and checks the

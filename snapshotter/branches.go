@@ -260,7 +260,10 @@ func (s *Branches) Tree(ctx context.Context, root branch.Root) (TreeInfo, error)
 // BranchMounts returns the mounts of a branch. A sealed branch's mounts
 // are read-only: its layer is its children's lower.
 func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Mount, error) {
-	var out []mount.Mount
+	var (
+		out   []mount.Mount
+		ended error
+	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		r, id, err := s.resolve(ctx, c)
 		if err != nil {
@@ -277,7 +280,8 @@ func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Moun
 			tree = branch.NewTree(r.key, time.Time{})
 		}
 		if _, err := tree.Get(id); err != nil {
-			return err
+			ended = err
+			return nil
 		}
 		if err := s.ensureIDMapView(ctx, r); err != nil {
 			return err
@@ -288,7 +292,9 @@ func (s *Branches) BranchMounts(ctx context.Context, c branch.Ref) ([]mount.Moun
 	if err != nil {
 		return nil, fmt.Errorf("mounts of %s: %w", c, err)
 	}
-	return out, nil
+	// Why the branch is not usable names it already: the answer a call on
+	// an ended branch gives (stale, aborted, committed).
+	return out, ended
 }
 
 func (s *Branches) describe(ctx context.Context, r rootSnap, tree *branch.Tree, id string, usage bool) branch.Info {

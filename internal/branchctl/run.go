@@ -329,6 +329,9 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 	if st.OOMKilled {
 		fmt.Fprintf(stderr, "branchctl exec: %v was killed by the OOM killer: branch %s ran out of memory (fork with a larger --memory-limit)\n", cmd, ref)
 	}
+	if st.BranchEnded != "" {
+		fmt.Fprintf(stderr, "branchctl exec: %v was killed with its branch: %s\n", cmd, st.BranchEnded)
+	}
 	return st.Code, nil
 }
 

@@ -125,6 +125,8 @@ export interface ExitStatus {
   exitCode: number;
   exitedAt: string;
   oomKilled: boolean;
+  /** Set when the process was killed because its branch ended (another branch's commit made it stale, or it was aborted): why. */
+  branchEnded?: string;
 }
 
 export interface ExecResult extends ExitStatus {

@@ -328,7 +328,7 @@ export class Branch {
     };
   }
 
-  /** Run args in the branch and wait: {exitCode, stdout, stderr, oomKilled, exitedAt}. */
+  /** Run args in the branch and wait: {exitCode, stdout, stderr, oomKilled, exitedAt, branchEnded}. */
   async exec(args, opts = {}) {
     let stdout = '';
     let stderr = '';

@@ -141,7 +141,9 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 				if err := p.Wait(ctx); err != nil {
 					return nil, err
 				}
-				return &shimv1.WaitResponse{ExitStatus: uint32(p.ExitStatus()), ExitedAt: timestamppb.New(p.ExitedAt())}, nil
+				resp := &shimv1.WaitResponse{ExitStatus: uint32(p.ExitStatus()), ExitedAt: timestamppb.New(p.ExitedAt())}
+				c.whyKilled(ctx, req, resp)
+				return resp, nil
 			}
 		}
 		return nil, err
@@ -156,12 +158,28 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 		if ms, err := c.cgroups.Mounts(); err == nil {
 			resp.OomKilled = cgroup.OOMKillsIn(cgroup.DirsIn(ms, n.cgroup)) > 0
 		}
+		if !resp.OomKilled {
+			c.whyKilled(ctx, req, resp)
+		}
 	}
 	if req.ExecId != "" {
 		_ = p.Delete(ctx)
 		remove(req.ExecId)
 	}
 	return resp, nil
+}
+
+// whyKilled says, in a killed process's answer, whether its branch's end
+// killed it. The end's kill and its record are one step under the
+// sandbox's lock, which branchEnded waits for: a process killed by it is
+// answered once the branch is recorded ended.
+func (c *Service) whyKilled(ctx context.Context, req *shimv1.WaitRequest, resp *shimv1.WaitResponse) {
+	if resp.ExitStatus != 128+uint32(unix.SIGKILL) {
+		return
+	}
+	if err := c.branchEnded(ctx, req.Sandbox, req.Branch); err != nil {
+		resp.BranchEnded = err.Error()
+	}
 }
 
 func (c *Service) ResizePty(ctx context.Context, req *shimv1.ResizePtyRequest) (_ *shimv1.Empty, retErr error) {

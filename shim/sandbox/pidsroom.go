@@ -43,11 +43,8 @@ func (c *Service) execFailed(ctx context.Context, sb *Sandbox, n *Branch, args [
 	// A branch killed while the process started (aborted, or invalidated
 	// by a sibling's commit) fails the start with what its end left (the
 	// init gone, a namespace or cgroup gone): its own state says why.
-	if ctx.Err() == nil {
-		_, _, berr := c.branchFor(ctx, sb.id, n.id, false, false)
-		if errors.As(berr, new(*branch.StaleError)) || errdefs.IsNotFound(berr) {
-			return fmt.Errorf("%s: the branch ended as the process started: %w", what, berr)
-		}
+	if berr := c.branchEnded(ctx, sb.id, n.id); berr != nil {
+		return fmt.Errorf("%s: the branch ended as the process started: %w", what, berr)
 	}
 	if ms, merr := c.cgroups.Mounts(); merr == nil {
 		if pl := cgroup.AsPidsLimit([]error{err}, cgroup.PidsLimits(ms, n.cgroup), 0); pl != nil {
@@ -55,6 +52,20 @@ func (c *Service) execFailed(ctx context.Context, sb *Sandbox, n *Branch, args [
 		}
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// branchEnded says why branch id of the sandbox ended, as the next call
+// on it would (stale, naming the winner; or not found): nil while it is
+// live, or if that cannot be told.
+func (c *Service) branchEnded(ctx context.Context, sandboxID, id string) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	_, _, err := c.branchFor(ctx, sandboxID, id, false, false)
+	if errors.As(err, new(*branch.StaleError)) || errdefs.IsNotFound(err) {
+		return err
+	}
+	return nil
 }
 
 // pidsWords is a refusal of what by a process limit, in the user's terms.

@@ -212,7 +212,7 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 	s.c.insock.mu.Unlock()
 	e.io.Wait()
 	_ = e.io.Close()
-	resp := &shimv1.SelfWaitResponse{ExitStatus: w.ExitStatus, ExitedAt: w.ExitedAt, OomKilled: w.OomKilled}
+	resp := &shimv1.SelfWaitResponse{ExitStatus: w.ExitStatus, ExitedAt: w.ExitedAt, OomKilled: w.OomKilled, BranchEnded: w.BranchEnded}
 	var t1, t2 bool
 	resp.Stdout, t1 = e.stdout.bytes()
 	resp.Stderr, t2 = e.stderr.bytes()

@@ -1023,10 +1023,15 @@ func (x *WaitRequest) GetExecId() string {
 }
 
 type WaitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExitStatus    uint32                 `protobuf:"varint,1,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
-	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
-	OomKilled     bool                   `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ExitStatus uint32                 `protobuf:"varint,1,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitedAt   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	OomKilled  bool                   `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// Set when the process was killed because its branch ended (a
+	// sibling's commit made it stale, or it was aborted or committed): why,
+	// as the next call on the branch would say ("branch 12 is stale: branch
+	// 9 committed first").
+	BranchEnded   string `protobuf:"bytes,4,opt,name=branch_ended,json=branchEnded,proto3" json:"branch_ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1080,6 +1085,13 @@ func (x *WaitResponse) GetOomKilled() bool {
 		return x.OomKilled
 	}
 	return false
+}
+
+func (x *WaitResponse) GetBranchEnded() string {
+	if x != nil {
+		return x.BranchEnded
+	}
+	return ""
 }
 
 type ResizePtyRequest struct {
@@ -1990,13 +2002,14 @@ const file_api_shim_v1_branches_proto_rawDesc = "" +
 	"\vWaitRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x17\n" +
-	"\aexec_id\x18\x03 \x01(\tR\x06execId\"\x87\x01\n" +
+	"\aexec_id\x18\x03 \x01(\tR\x06execId\"\xaa\x01\n" +
 	"\fWaitResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\rR\n" +
 	"exitStatus\x127\n" +
 	"\texited_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x03 \x01(\bR\toomKilled\"\x8b\x01\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\x12!\n" +
+	"\fbranch_ended\x18\x04 \x01(\tR\vbranchEnded\"\x8b\x01\n" +
 	"\x10ResizePtyRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x17\n" +

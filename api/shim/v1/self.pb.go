@@ -349,7 +349,9 @@ type SelfWaitResponse struct {
 	Stdout     []byte                 `protobuf:"bytes,4,opt,name=stdout,proto3" json:"stdout,omitempty"`
 	Stderr     []byte                 `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// The output was longer than what is kept; stdout and stderr hold its end.
-	Truncated     bool `protobuf:"varint,6,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Truncated bool `protobuf:"varint,6,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// As WaitResponse's: why the process's branch ended, if that killed it.
+	BranchEnded   string `protobuf:"bytes,7,opt,name=branch_ended,json=branchEnded,proto3" json:"branch_ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +426,13 @@ func (x *SelfWaitResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+func (x *SelfWaitResponse) GetBranchEnded() string {
+	if x != nil {
+		return x.BranchEnded
+	}
+	return ""
 }
 
 type SelfKillRequest struct {
@@ -882,7 +891,7 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\"B\n" +
 	"\x0fSelfWaitRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\xd9\x01\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\xfc\x01\n" +
 	"\x10SelfWaitResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\rR\n" +
 	"exitStatus\x127\n" +
@@ -891,7 +900,8 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"oom_killed\x18\x03 \x01(\bR\toomKilled\x12\x16\n" +
 	"\x06stdout\x18\x04 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x05 \x01(\fR\x06stderr\x12\x1c\n" +
-	"\ttruncated\x18\x06 \x01(\bR\ttruncated\"Z\n" +
+	"\ttruncated\x18\x06 \x01(\bR\ttruncated\x12!\n" +
+	"\fbranch_ended\x18\a \x01(\tR\vbranchEnded\"Z\n" +
 	"\x0fSelfKillRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +

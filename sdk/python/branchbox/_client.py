@@ -52,12 +52,15 @@ class _UnixConnection(http.client.HTTPConnection):
 class ExecResult:
     """How a process ended, with its whole output."""
 
-    def __init__(self, exit_code, stdout, stderr, oom_killed=False, exited_at=None):
+    def __init__(self, exit_code, stdout, stderr, oom_killed=False, exited_at=None, branch_ended=None):
         self.exit_code = exit_code
         self.stdout = stdout
         self.stderr = stderr
         self.oom_killed = oom_killed
         self.exited_at = exited_at
+        # Set when the process was killed because its branch ended
+        # (another branch's commit made it stale, or it was aborted): why.
+        self.branch_ended = branch_ended
 
     @property
     def ok(self):
@@ -390,7 +393,7 @@ class Branch:
                 st = v
         if st is None:
             raise BranchboxError("unknown", "exec %r: the stream ended without an exit status" % (args,))
-        return ExecResult(st["exitCode"], "".join(out), "".join(err), st.get("oomKilled", False), st.get("exitedAt"))
+        return ExecResult(st["exitCode"], "".join(out), "".join(err), st.get("oomKilled", False), st.get("exitedAt"), st.get("branchEnded"))
 
     def read_file(self, path):
         """A file's bytes, as the branch's processes see it."""
@@ -505,7 +508,7 @@ class Interactive:
                 st = v
         if st is None:
             raise BranchboxError("unknown", "exec %r: the stream ended without an exit status" % (self._args,))
-        return ExecResult(st["exitCode"], "".join(out), "".join(err), st.get("oomKilled", False), st.get("exitedAt"))
+        return ExecResult(st["exitCode"], "".join(out), "".join(err), st.get("oomKilled", False), st.get("exitedAt"), st.get("branchEnded"))
 
 
 def best_of_n(sandbox, attempts, test, timeout=None):
