@@ -5,7 +5,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -15,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -392,7 +390,7 @@ type Process struct {
 	branch string
 	ID     string
 	Pid    int
-	io     cio.IO
+	io     *stdio
 	once   sync.Once
 }
 
@@ -408,7 +406,7 @@ type ExitStatus struct {
 }
 
 // Exec starts a process in a branch, its stdio connected through FIFOs as
-// containerd's own clients do.
+// containerd's own clients do (stdio.go).
 func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOptions) (*Process, error) {
 	if opts.ID == "" {
 		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
@@ -422,38 +420,28 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 	if opts.Stderr == nil {
 		opts.Stderr = io.Discard
 	}
-	stdin := opts.Stdin
-	started := make(chan struct{})
-	defer close(started)
-	if stdin != nil && !opts.Terminal {
-		// The shim holds the stdin FIFO open until told: EOF is CloseIO,
-		// sent once the process exists (a short or empty input reaches
-		// EOF before the Exec call returns, and an early CloseIO is lost).
-		stdin = &stdinCloser{r: stdin, closer: func() {
-			<-started
-			_ = p.CloseIO(context.WithoutCancel(ctx))
-		}}
-	}
-	copts := []cio.Opt{cio.WithStreams(stdin, opts.Stdout, opts.Stderr)}
-	if opts.Terminal {
-		copts = append(copts, cio.WithTerminal)
-	}
-	pio, err := cio.NewCreator(copts...)(opts.ID)
+	sio, err := newStdio(fifoDir, opts.ID, opts.Terminal, opts.Stdin, opts.Stdout, opts.Stderr)
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branchID, err)
 	}
-	p.io = pio
-	cfg := pio.Config()
+	p.io = sio
 	resp, err := s.api.Exec(s.ctx(ctx), &shimv1.ExecRequest{
 		Sandbox: s.ID, Branch: branchID, ExecId: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd,
-		Terminal: cfg.Terminal, Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr,
+		Terminal: opts.Terminal, Stdin: sio.stdinPath, Stdout: sio.outPaths[0], Stderr: sio.outPaths[1],
 	})
 	if err != nil {
-		pio.Cancel()
-		pio.Close()
+		sio.close()
 		return nil, fromTTRPC(err)
 	}
 	p.Pid = int(resp.Pid)
+	// The shim holds the stdin FIFO open until told: EOF is CloseIO, sent
+	// once the process exists and its input is written. A terminal's
+	// input ends with the terminal.
+	afterStdin := func() {}
+	if !opts.Terminal {
+		afterStdin = func() { _ = p.CloseIO(context.WithoutCancel(ctx)) }
+	}
+	sio.start(afterStdin)
 	return p, nil
 }
 
@@ -462,10 +450,10 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	resp, err := p.s.api.Wait(p.s.ctx(ctx), &shimv1.WaitRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
 	p.once.Do(func() {
 		if err != nil {
-			p.io.Cancel()
+			p.io.cancel()
 		}
-		p.io.Wait()
-		p.io.Close()
+		p.io.wait()
+		p.io.close()
 	})
 	if err != nil {
 		return ExitStatus{}, fromTTRPC(err)
@@ -482,8 +470,8 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 // an abort kills with its branch. After Wait it does nothing.
 func (p *Process) Close() {
 	p.once.Do(func() {
-		p.io.Cancel()
-		p.io.Close()
+		p.io.cancel()
+		p.io.close()
 	})
 }
 
@@ -512,20 +500,6 @@ func (s *SandboxClient) Run(ctx context.Context, branchID string, opts ExecOptio
 		return ExitStatus{}, err
 	}
 	return p.Wait(ctx)
-}
-
-type stdinCloser struct {
-	r      io.Reader
-	closer func()
-	once   sync.Once
-}
-
-func (s *stdinCloser) Read(b []byte) (int, error) {
-	n, err := s.r.Read(b)
-	if errors.Is(err, io.EOF) {
-		s.once.Do(s.closer)
-	}
-	return n, err
 }
 
 // fromTTRPC restores errdefs kinds and stale errors; the shim sends them as

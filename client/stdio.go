@@ -1,0 +1,156 @@
+package client
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// fifoDir is where a process's FIFOs are made, as containerd's clients
+// make them (its cio's default).
+const fifoDir = "/run/containerd/fifo"
+
+// stdio is a process's standard streams through FIFOs the shim opens by
+// path. containerd's cio opens each FIFO in the background through
+// containerd/fifo, which reopens it as /proc/self/fd/N and, closing one
+// not yet open (an exec refused, a Wait that failed), reopens it from the
+// other side by that path to wake its own open, from two goroutines at
+// once: the descriptor N can be closed by one and reused meanwhile for
+// another exec's FIFO, which the other then opens and closes. That other
+// process's stdout reader saw a writer come and go, read EOF and closed;
+// its shim then waited for a reader until the exec's deadline (one exec
+// in about 70,000 with eight callers in one process, TestConcurrentAgents).
+// Here no FIFO is reopened by a descriptor's path: the read ends are
+// opened non-blocking before the exec (a FIFO's read end opens without a
+// writer), so the shim's writes find them, and are read once the exec has
+// started, when the process holds the write ends; stdin's write end is
+// opened once the shim holds its read end, after the exec.
+type stdio struct {
+	dir            string
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	stdinPath      string
+	outPaths       [2]string // stdout, stderr; "" if not asked for
+	outs           [2]*os.File
+	copies         sync.WaitGroup
+	closeOnce      sync.Once
+	stdinMu        sync.Mutex
+	stdinW         *os.File
+	stdinCancelled bool
+}
+
+// newStdio makes the FIFOs of process id in a new directory below root
+// (stdin only if stdin is not nil, stderr only without a terminal) and
+// opens their read ends.
+func newStdio(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writer) (_ *stdio, retErr error) {
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(root, "")
+	if err != nil {
+		return nil, err
+	}
+	s := &stdio{dir: dir, stdin: stdin, stdout: stdout, stderr: stderr}
+	defer func() {
+		if retErr != nil {
+			s.close()
+		}
+	}()
+	mk := func(name string) (string, error) {
+		p := filepath.Join(dir, id+"-"+name)
+		return p, syscall.Mkfifo(p, 0o700)
+	}
+	if stdin != nil {
+		if s.stdinPath, err = mk("stdin"); err != nil {
+			return nil, err
+		}
+	}
+	names := [2]string{"stdout", "stderr"}
+	for i, w := range []io.Writer{stdout, stderr} {
+		if w == nil || (i == 1 && terminal) {
+			continue
+		}
+		if s.outPaths[i], err = mk(names[i]); err != nil {
+			return nil, err
+		}
+		// Pollable (a FIFO), so its reads wait in the runtime's poller.
+		if s.outs[i], err = os.OpenFile(s.outPaths[i], os.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// start copies the process's output, and its input if any, once the
+// shim has started it; afterStdin is called once stdin is all written
+// (the shim holds the FIFO open until told).
+func (s *stdio) start(afterStdin func()) {
+	ws := [2]io.Writer{s.stdout, s.stderr}
+	for i, f := range s.outs {
+		if f == nil {
+			continue
+		}
+		s.copies.Add(1)
+		go func() {
+			defer s.copies.Done()
+			_, _ = io.Copy(ws[i], f)
+		}()
+	}
+	if s.stdinPath == "" {
+		return
+	}
+	go func() {
+		defer afterStdin()
+		w, err := os.OpenFile(s.stdinPath, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return
+		}
+		s.stdinMu.Lock()
+		if s.stdinCancelled {
+			s.stdinMu.Unlock()
+			w.Close()
+			return
+		}
+		s.stdinW = w
+		s.stdinMu.Unlock()
+		_, _ = io.Copy(w, s.stdin)
+		s.stdinMu.Lock()
+		s.stdinW = nil
+		s.stdinMu.Unlock()
+		w.Close()
+	}()
+}
+
+// wait waits until the output has been read to its end: every writer of
+// it (the process, and what it started) gone.
+func (s *stdio) wait() { s.copies.Wait() }
+
+// cancel stops the copies: for a process that will not be waited for.
+func (s *stdio) cancel() {
+	for _, f := range s.outs {
+		if f != nil {
+			_ = f.SetReadDeadline(time.Unix(1, 0))
+		}
+	}
+	s.stdinMu.Lock()
+	s.stdinCancelled = true
+	if s.stdinW != nil {
+		_ = s.stdinW.SetWriteDeadline(time.Unix(1, 0))
+	}
+	s.stdinMu.Unlock()
+}
+
+// close releases the FIFOs: the read ends, and the directory.
+func (s *stdio) close() {
+	s.closeOnce.Do(func() {
+		for _, f := range s.outs {
+			if f != nil {
+				f.Close()
+			}
+		}
+		_ = os.RemoveAll(s.dir)
+	})
+}
