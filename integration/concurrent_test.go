@@ -276,7 +276,7 @@ func hung(t *testing.T, env *daemons.Env) {
 
 // hungClients logs this process's goroutines that are in a call or its
 // stdio (an exec's FIFOs, which the shim waits to open), and which
-// processes hold each exec FIFO under the temporary directory open.
+// processes hold each exec FIFO open.
 func hungClients(t *testing.T) {
 	buf := make([]byte, 16<<20)
 	buf = buf[:runtime.Stack(buf, true)]
@@ -292,7 +292,8 @@ func hungClients(t *testing.T) {
 			holders[l] = append(holders[l], fd)
 		}
 	}
-	_ = filepath.WalkDir(os.TempDir(), func(p string, e fs.DirEntry, err error) error {
+	// The client's FIFOs are where containerd's clients make theirs.
+	_ = filepath.WalkDir("/run/containerd/fifo", func(p string, e fs.DirEntry, err error) error {
 		if err == nil && e.Type()&fs.ModeNamedPipe != 0 {
 			t.Logf("FIFO %s held by %v", p, holders[p])
 		}
