@@ -220,7 +220,7 @@ check-length:
 	@hack/funclen.sh
 
 # The tests of pure logic: no root, no daemons, seconds.
-UNIT_PKGS := ./branch/ ./client/ ./client/branchapi/ ./patterns/ ./internal/branchctl/ ./cmd/branchctl/ ./cmd/branchctl-full/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/fscopy/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/
+UNIT_PKGS := ./branch/ ./client/ ./internal/fifoio/ ./client/branchapi/ ./patterns/ ./internal/branchctl/ ./cmd/branchctl/ ./cmd/branchctl-full/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/fscopy/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
 

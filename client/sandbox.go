@@ -23,6 +23,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/fifoio"
 )
 
 // criSandboxAnnotation groups a pod's containers into one shim.
@@ -390,7 +391,7 @@ type Process struct {
 	branch string
 	ID     string
 	Pid    int
-	io     *stdio
+	io     *fifoio.IO
 	once   sync.Once
 }
 
@@ -406,7 +407,7 @@ type ExitStatus struct {
 }
 
 // Exec starts a process in a branch, its stdio connected through FIFOs as
-// containerd's own clients do (stdio.go).
+// containerd's own clients do (internal/fifoio).
 func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOptions) (*Process, error) {
 	if opts.ID == "" {
 		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
@@ -420,17 +421,17 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 	if opts.Stderr == nil {
 		opts.Stderr = io.Discard
 	}
-	sio, err := newStdio(fifoDir, opts.ID, opts.Terminal, opts.Stdin, opts.Stdout, opts.Stderr)
+	sio, err := fifoio.New(fifoio.Dir, opts.ID, opts.Terminal, opts.Stdin, opts.Stdout, opts.Stderr)
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branchID, err)
 	}
 	p.io = sio
 	resp, err := s.api.Exec(s.ctx(ctx), &shimv1.ExecRequest{
 		Sandbox: s.ID, Branch: branchID, ExecId: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd,
-		Terminal: opts.Terminal, Stdin: sio.stdinPath, Stdout: sio.outPaths[0], Stderr: sio.outPaths[1],
+		Terminal: opts.Terminal, Stdin: sio.StdinPath, Stdout: sio.Stdout, Stderr: sio.Stderr,
 	})
 	if err != nil {
-		sio.close()
+		sio.Close()
 		return nil, fromTTRPC(err)
 	}
 	p.Pid = int(resp.Pid)
@@ -441,7 +442,7 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 	if !opts.Terminal {
 		afterStdin = func() { _ = p.CloseIO(context.WithoutCancel(ctx)) }
 	}
-	sio.start(afterStdin)
+	sio.Start(afterStdin)
 	return p, nil
 }
 
@@ -450,10 +451,10 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	resp, err := p.s.api.Wait(p.s.ctx(ctx), &shimv1.WaitRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
 	p.once.Do(func() {
 		if err != nil {
-			p.io.cancel()
+			p.io.Cancel()
 		}
-		p.io.wait()
-		p.io.close()
+		p.io.Wait()
+		p.io.Close()
 	})
 	if err != nil {
 		return ExitStatus{}, fromTTRPC(err)
@@ -470,8 +471,8 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 // an abort kills with its branch. After Wait it does nothing.
 func (p *Process) Close() {
 	p.once.Do(func() {
-		p.io.cancel()
-		p.io.close()
+		p.io.Cancel()
+		p.io.Close()
 	})
 }
 

@@ -223,7 +223,7 @@ func (p *Process) openIO(ctx context.Context) ([]*os.File, error) {
 			return fail(err)
 		}
 		files = append(files, r)
-		in, hold, err := openStdinFifo(ctx, p.stdio.Stdin)
+		in, hold, err := openStdinFifo(p.stdio.Stdin)
 		if err != nil {
 			w.Close()
 			return fail(err)
@@ -262,13 +262,16 @@ func (p *Process) openIO(ctx context.Context) ([]*os.File, error) {
 }
 
 // openStdinFifo opens the caller's stdin FIFO for reading, and a writer
-// of it the shim holds until CloseIO (Process.stdinHold).
-func openStdinFifo(ctx context.Context, path string) (in, hold io.ReadWriteCloser, err error) {
-	in, err = fifo.OpenFifo(context.WithoutCancel(ctx), path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+// of it the shim holds until CloseIO (Process.stdinHold). Both open at
+// once, not blocking (the reader makes the writer's open find one), and
+// by path: containerd/fifo reopens a FIFO through /proc/self/fd/N, which
+// a concurrent release of another could close and reuse (fifoio).
+func openStdinFifo(path string) (in, hold *os.File, err error) {
+	in, err = os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open stdin %s: %w", path, err)
 	}
-	hold, err = fifo.OpenFifo(context.WithoutCancel(ctx), path, unix.O_WRONLY|unix.O_NONBLOCK, 0)
+	hold, err = os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		in.Close()
 		return nil, nil, fmt.Errorf("open stdin %s: %w", path, err)
@@ -331,7 +334,7 @@ func (p *Process) copyConsole(ctx context.Context) error {
 		}()
 	}
 	if p.stdio.Stdin != "" {
-		in, hold, err := openStdinFifo(ctx, p.stdio.Stdin)
+		in, hold, err := openStdinFifo(p.stdio.Stdin)
 		if err != nil {
 			return err
 		}

@@ -21,7 +21,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
@@ -31,6 +30,7 @@ import (
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/fifoio"
 	"github.com/branchbox/branchbox/shim/cgroup"
 )
 
@@ -73,7 +73,7 @@ type selfSock struct {
 // output the shim keeps for Wait.
 type selfExec struct {
 	target         string
-	io             cio.IO
+	io             *fifoio.IO
 	stdout, stderr *tailBuffer
 }
 
@@ -256,7 +256,7 @@ func (c *Service) closeSelf(sandboxID, id string) {
 	c.insock.mu.Unlock()
 	for _, e := range execs {
 		e.io.Cancel()
-		_ = e.io.Close()
+		e.io.Close()
 		e.release()
 	}
 	if s == nil {

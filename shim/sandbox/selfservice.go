@@ -5,14 +5,15 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"google.golang.org/protobuf/proto"
 	"path/filepath"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/internal/fifoio"
 
 	"github.com/branchbox/branchbox/branch"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 )
 
@@ -155,21 +156,20 @@ func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ 
 
 	e := &selfExec{target: target, stdout: newTailBuffer(sb.output), stderr: newTailBuffer(sb.output)}
 	// The FIFOs go in the branch's bundle, which goes with the branch.
-	e.io, err = cio.NewCreator(cio.WithStreams(nil, e.stdout, e.stderr), cio.WithFIFODir(filepath.Join(sb.bundle, branchesDir, target)))(execID)
+	e.io, err = fifoio.New(filepath.Join(sb.bundle, branchesDir, target), execID, false, nil, e.stdout, e.stderr)
 	if err != nil {
 		e.release()
 		return nil, fmt.Errorf("exec in %s: set up output: %w", target, err)
 	}
-	cfg := e.io.Config()
 	if _, err := s.c.Exec(ctx, &shimv1.ExecRequest{
 		Sandbox: s.sandbox, Branch: target, ExecId: execID, Args: req.Args, Env: req.Env, Cwd: req.Cwd,
-		Stdout: cfg.Stdout, Stderr: cfg.Stderr,
+		Stdout: e.io.Stdout, Stderr: e.io.Stderr,
 	}); err != nil {
-		e.io.Cancel()
-		_ = e.io.Close()
+		e.io.Close()
 		e.release()
 		return nil, err
 	}
+	e.io.Start(func() {})
 	in.mu.Lock()
 	if in.execs == nil {
 		in.execs = map[string]*selfExec{}
@@ -211,7 +211,7 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 	delete(s.c.insock.execs, selfKey(s.sandbox, req.ExecId))
 	s.c.insock.mu.Unlock()
 	e.io.Wait()
-	_ = e.io.Close()
+	e.io.Close()
 	resp := &shimv1.SelfWaitResponse{ExitStatus: w.ExitStatus, ExitedAt: w.ExitedAt, OomKilled: w.OomKilled, BranchEnded: w.BranchEnded}
 	var t1, t2 bool
 	resp.Stdout, t1 = e.stdout.bytes()

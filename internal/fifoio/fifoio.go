@@ -1,4 +1,7 @@
-package client
+// Package fifoio connects a process's standard streams through FIFOs the
+// shim opens by path, as containerd's clients do, for the Go client's
+// execs and the shim's in-sandbox ones.
+package fifoio
 
 import (
 	"io"
@@ -9,11 +12,11 @@ import (
 	"time"
 )
 
-// fifoDir is where a process's FIFOs are made, as containerd's clients
-// make them (its cio's default).
-const fifoDir = "/run/containerd/fifo"
+// Dir is where a client makes a process's FIFOs, as containerd's clients
+// do (its cio's default).
+const Dir = "/run/containerd/fifo"
 
-// stdio is a process's standard streams through FIFOs the shim opens by
+// IO is a process's standard streams through FIFOs the shim opens by
 // path. containerd's cio opens each FIFO in the background through
 // containerd/fifo, which reopens it as /proc/self/fd/N and, closing one
 // not yet open (an exec refused, a Wait that failed), reopens it from the
@@ -28,24 +31,25 @@ const fifoDir = "/run/containerd/fifo"
 // writer), so the shim's writes find them, and are read once the exec has
 // started, when the process holds the write ends; stdin's write end is
 // opened once the shim holds its read end, after the exec.
-type stdio struct {
+type IO struct {
 	dir            string
 	stdin          io.Reader
 	stdout, stderr io.Writer
-	stdinPath      string
-	outPaths       [2]string // stdout, stderr; "" if not asked for
-	outs           [2]*os.File
-	copies         sync.WaitGroup
-	closeOnce      sync.Once
-	stdinMu        sync.Mutex
-	stdinW         *os.File
-	stdinCancelled bool
+	// StdinPath, Stdout and Stderr are the FIFOs to give the shim; ""
+	// for those not asked for.
+	StdinPath, Stdout, Stderr string
+	outs                      [2]*os.File
+	copies                    sync.WaitGroup
+	closeOnce                 sync.Once
+	stdinMu                   sync.Mutex
+	stdinW                    *os.File
+	stdinCancelled            bool
 }
 
-// newStdio makes the FIFOs of process id in a new directory below root
+// New makes the FIFOs of process id in a new directory below root
 // (stdin only if stdin is not nil, stderr only without a terminal) and
 // opens their read ends.
-func newStdio(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writer) (_ *stdio, retErr error) {
+func New(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writer) (_ *IO, retErr error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
@@ -53,10 +57,10 @@ func newStdio(root, id string, terminal bool, stdin io.Reader, stdout, stderr io
 	if err != nil {
 		return nil, err
 	}
-	s := &stdio{dir: dir, stdin: stdin, stdout: stdout, stderr: stderr}
+	s := &IO{dir: dir, stdin: stdin, stdout: stdout, stderr: stderr}
 	defer func() {
 		if retErr != nil {
-			s.close()
+			s.Close()
 		}
 	}()
 	mk := func(name string) (string, error) {
@@ -64,30 +68,31 @@ func newStdio(root, id string, terminal bool, stdin io.Reader, stdout, stderr io
 		return p, syscall.Mkfifo(p, 0o700)
 	}
 	if stdin != nil {
-		if s.stdinPath, err = mk("stdin"); err != nil {
+		if s.StdinPath, err = mk("stdin"); err != nil {
 			return nil, err
 		}
 	}
 	names := [2]string{"stdout", "stderr"}
+	paths := [2]*string{&s.Stdout, &s.Stderr}
 	for i, w := range []io.Writer{stdout, stderr} {
 		if w == nil || (i == 1 && terminal) {
 			continue
 		}
-		if s.outPaths[i], err = mk(names[i]); err != nil {
+		if *paths[i], err = mk(names[i]); err != nil {
 			return nil, err
 		}
 		// Pollable (a FIFO), so its reads wait in the runtime's poller.
-		if s.outs[i], err = os.OpenFile(s.outPaths[i], os.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
+		if s.outs[i], err = os.OpenFile(*paths[i], os.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// start copies the process's output, and its input if any, once the
+// Start copies the process's output, and its input if any, once the
 // shim has started it; afterStdin is called once stdin is all written
 // (the shim holds the FIFO open until told).
-func (s *stdio) start(afterStdin func()) {
+func (s *IO) Start(afterStdin func()) {
 	ws := [2]io.Writer{s.stdout, s.stderr}
 	for i, f := range s.outs {
 		if f == nil {
@@ -99,12 +104,12 @@ func (s *stdio) start(afterStdin func()) {
 			_, _ = io.Copy(ws[i], f)
 		}()
 	}
-	if s.stdinPath == "" {
+	if s.StdinPath == "" {
 		return
 	}
 	go func() {
 		defer afterStdin()
-		w, err := os.OpenFile(s.stdinPath, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		w, err := os.OpenFile(s.StdinPath, os.O_WRONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return
 		}
@@ -124,12 +129,12 @@ func (s *stdio) start(afterStdin func()) {
 	}()
 }
 
-// wait waits until the output has been read to its end: every writer of
+// Wait waits until the output has been read to its end: every writer of
 // it (the process, and what it started) gone.
-func (s *stdio) wait() { s.copies.Wait() }
+func (s *IO) Wait() { s.copies.Wait() }
 
-// cancel stops the copies: for a process that will not be waited for.
-func (s *stdio) cancel() {
+// Cancel stops the copies: for a process that will not be waited for.
+func (s *IO) Cancel() {
 	for _, f := range s.outs {
 		if f != nil {
 			_ = f.SetReadDeadline(time.Unix(1, 0))
@@ -143,8 +148,8 @@ func (s *stdio) cancel() {
 	s.stdinMu.Unlock()
 }
 
-// close releases the FIFOs: the read ends, and the directory.
-func (s *stdio) close() {
+// Close releases the FIFOs: the read ends, and the directory.
+func (s *IO) Close() {
 	s.closeOnce.Do(func() {
 		for _, f := range s.outs {
 			if f != nil {

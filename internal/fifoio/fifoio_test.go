@@ -1,4 +1,4 @@
-package client
+package fifoio
 
 import (
 	"bytes"
@@ -44,16 +44,16 @@ func shimWrites(paths [2]string, data string) error {
 func TestStdioReadersBeforeExec(t *testing.T) {
 	root := t.TempDir()
 	var out, errOut bytes.Buffer
-	s, err := newStdio(root, "p1", false, nil, &out, &errOut)
+	s, err := New(root, "p1", false, nil, &out, &errOut)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := shimWrites(s.outPaths, "early"); err != nil {
+	if err := shimWrites([2]string{s.Stdout, s.Stderr}, "early"); err != nil {
 		t.Fatal(err)
 	}
-	s.start(func() { t.Error("stdin closed without stdin") })
-	s.wait()
-	s.close()
+	s.Start(func() { t.Error("stdin closed without stdin") })
+	s.Wait()
+	s.Close()
 	if out.String() != "early0" || errOut.String() != "early1" {
 		t.Fatalf("read %q and %q, want early0 and early1", out.String(), errOut.String())
 	}
@@ -65,22 +65,22 @@ func TestStdioReadersBeforeExec(t *testing.T) {
 // TestStdioStdin: the input is written once the shim holds the FIFO's
 // read end (after the exec), then the shim is told it ended.
 func TestStdioStdin(t *testing.T) {
-	s, err := newStdio(t.TempDir(), "p2", false, strings.NewReader("input"), io.Discard, io.Discard)
+	s, err := New(t.TempDir(), "p2", false, strings.NewReader("input"), io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	// The shim's read end, opened as the exec starts the process.
-	r, err := os.OpenFile(s.stdinPath, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	r, err := os.OpenFile(s.StdinPath, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := shimWrites(s.outPaths, ""); err != nil {
+	if err := shimWrites([2]string{s.Stdout, s.Stderr}, ""); err != nil {
 		t.Fatal(err)
 	}
 	ended := make(chan struct{})
-	s.start(func() { close(ended) })
+	s.Start(func() { close(ended) })
 	select {
 	case <-ended:
 	case <-time.After(10 * time.Second):
@@ -90,7 +90,7 @@ func TestStdioStdin(t *testing.T) {
 	if err != nil || string(b) != "input" {
 		t.Fatalf("the shim read %q (%v)", b, err)
 	}
-	s.wait()
+	s.Wait()
 }
 
 // TestStdioConcurrentRefusals: one process making execs from several
@@ -124,26 +124,26 @@ func TestStdioConcurrentRefusals(t *testing.T) {
 			for i := 0; time.Now().Before(end); i++ {
 				var out, errOut bytes.Buffer
 				id := fmt.Sprintf("w%d-%d", w, i)
-				s, err := newStdio(root, id, false, nil, &out, &errOut)
+				s, err := New(root, id, false, nil, &out, &errOut)
 				if err != nil {
 					fail(err)
 					return
 				}
 				if (w+i)%4 != 0 {
 					// Refused: the shim never opens them.
-					s.cancel()
-					s.close()
+					s.Cancel()
+					s.Close()
 					refused.Add(1)
 					continue
 				}
 				// The exec's round trip to the shim.
 				time.Sleep(2 * time.Millisecond)
-				if err := shimWrites(s.outPaths, id); err != nil {
+				if err := shimWrites([2]string{s.Stdout, s.Stderr}, id); err != nil {
 					fail(err)
 				}
-				s.start(func() {})
-				s.wait()
-				s.close()
+				s.Start(func() {})
+				s.Wait()
+				s.Close()
 				if out.String() != id+"0" || errOut.String() != id+"1" {
 					fail(fmt.Errorf("%s read %q and %q", id, out.String(), errOut.String()))
 				}
