@@ -262,6 +262,9 @@ func printSelfResult(ctx context.Context, g globals, c *client.SelfClient, id, e
 	if res.Truncated {
 		fmt.Fprintln(stderr, "branchctl self exec: output truncated: the shim keeps the last 1 MiB per stream, less once the sandbox's processes not waited for hold 16 MiB")
 	}
+	if res.BranchEnded != "" {
+		fmt.Fprintf(stderr, "branchctl self exec: killed with its branch: %s\n", res.BranchEnded)
+	}
 	return res.Code, nil
 }
 
