@@ -23,9 +23,9 @@ const Dir = "/run/containerd/fifo"
 // other side by that path to wake its own open, from two goroutines at
 // once: the descriptor N can be closed by one and reused meanwhile for
 // another exec's FIFO, which the other then opens and closes. That other
-// process's stdout reader saw a writer come and go, read EOF and closed;
-// its shim then waited for a reader until the exec's deadline (one exec
-// in about 70,000 with eight callers in one process, TestConcurrentAgents).
+// exec's stdout reader saw a writer come and go, read EOF and closed; its
+// shim then waited for a reader until the exec's deadline (one exec in
+// about 70,000 with eight callers in one process, TestConcurrentAgents).
 // Here no FIFO is reopened by a descriptor's path: the read ends are
 // opened non-blocking before the exec (a FIFO's read end opens without a
 // writer), so the shim's writes find them, and are read once the exec has
