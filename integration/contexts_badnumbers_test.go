@@ -61,6 +61,7 @@ func TestContextsBadNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(p.Close)
 	for _, sig := range []uint32{0, 65, 1 << 31} {
 		if err := p.Kill(ctx, sig); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "signal") {
 			t.Errorf("kill with signal %d: %v, want invalid argument naming the signal", sig, err)

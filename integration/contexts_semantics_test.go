@@ -192,6 +192,7 @@ func TestContextsNesting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(watcher.Close)
 	if got := mustRun(t, ctx, sc, gs[0].ID, "cat", "/level"); got != "level1\n" {
 		t.Fatalf("grandchild sees %q", got)
 	}

@@ -115,7 +115,7 @@ func (e *Env) CrictlIn(ctx context.Context, stdin string, args ...string) (strin
 
 // CtrIn runs ctr against the env's containerd in the given namespace.
 func (e *Env) CtrIn(ctx context.Context, namespace string, args ...string) (string, error) {
-	full := append([]string{"--address", e.Address, "--namespace", namespace}, args...)
+	full := append([]string{"--address", e.Address, "--namespace", namespace}, e.withFIFODir(args)...)
 	cmd := exec.CommandContext(ctx, filepath.Join(e.BinDir, "ctr"), full...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -6,14 +6,12 @@
 package daemons
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -320,14 +318,26 @@ func (e *Env) Log(name string) string {
 // Ctr runs ctr against the env's containerd in the env's namespace and
 // returns its standard output; a failure carries its standard error.
 func (e *Env) Ctr(ctx context.Context, args ...string) (string, error) {
-	full := append([]string{"--address", e.Address, "--namespace", e.Namespace}, args...)
-	cmd := exec.CommandContext(ctx, filepath.Join(e.BinDir, "ctr"), full...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("ctr %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	return e.CtrIn(ctx, e.Namespace, args...)
+}
+
+// withFIFODir has a ctr command that makes a task's FIFOs (run, tasks
+// start, tasks exec) make them in the env's directory, which goes with
+// it: ctr makes them under /run/containerd/fifo, and leaves those of a
+// task it detaches from.
+func (e *Env) withFIFODir(args []string) []string {
+	at := 0
+	switch {
+	case len(args) > 0 && args[0] == "run":
+		at = 1
+	case len(args) > 1 && (args[0] == "tasks" || args[0] == "task" || args[0] == "t") && (args[1] == "start" || args[1] == "exec"):
+		at = 2
+	default:
+		return args
 	}
-	return stdout.String(), nil
+	out := append([]string(nil), args[:at]...)
+	out = append(out, "--fifo-dir", filepath.Join(e.Dir, "fifo"))
+	return append(out, args[at:]...)
 }
 
 // Stop takes everything down: containerd, then every shim it started (they

@@ -4,10 +4,8 @@ package ops
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/fifoio"
 )
 
 // Process is a process started in a branch.
@@ -71,26 +70,25 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	}
 	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
 	rp := &rootProcess{ns: sc.Namespace}
-	started := make(chan struct{})
-	defer close(started)
-	stdin := opts.Stdin
 	if opts.Stdout == nil {
 		opts.Stdout = io.Discard
 	}
 	if opts.Stderr == nil {
 		opts.Stderr = io.Discard
 	}
-	if stdin != nil {
-		// The task's stdin FIFO stays open until CloseIO: EOF is sent
-		// once the process exists.
-		stdin = &eofReader{r: stdin, eof: func() {
-			<-started
-			if rp.p != nil {
-				_ = rp.p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
-			}
-		}}
+	// The FIFOs as the client makes a branch's (internal/fifoio), not
+	// through containerd's cio, whose release of a FIFO never opened can
+	// close another exec's.
+	var sio *fifoio.IO
+	creator := func(id string) (cio.IO, error) {
+		s, err := fifoio.New(fifoio.Dir, id, false, opts.Stdin, opts.Stdout, opts.Stderr)
+		if err != nil {
+			return nil, err
+		}
+		sio = s
+		return fifoCIO{s}, nil
 	}
-	p, err := task.Exec(ctx, id, &ps, cio.NewCreator(cio.WithStreams(stdin, opts.Stdout, opts.Stderr)))
+	p, err := task.Exec(ctx, id, &ps, creator)
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +102,9 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 		_, _ = p.Delete(context.WithoutCancel(ctx))
 		return nil, err
 	}
+	// The task's stdin FIFO stays open until CloseIO: EOF is sent once
+	// the input is written.
+	sio.Start(func() { _ = p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser) })
 	rp.p, rp.exit = p, exit
 	return rp, nil
 }
@@ -164,18 +165,16 @@ func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
 	return rp.p.Kill(ctx, syscall.Signal(sig))
 }
 
-type eofReader struct {
-	r    io.Reader
-	eof  func()
-	once sync.Once
+// fifoCIO is containerd's cio.IO over fifoio's FIFOs.
+type fifoCIO struct{ *fifoio.IO }
+
+func (f fifoCIO) Config() cio.Config {
+	return cio.Config{Stdin: f.StdinPath, Stdout: f.Stdout, Stderr: f.Stderr}
 }
 
-func (e *eofReader) Read(b []byte) (int, error) {
-	n, err := e.r.Read(b)
-	if errors.Is(err, io.EOF) {
-		e.once.Do(e.eof)
-	}
-	return n, err
+func (f fifoCIO) Close() error {
+	f.IO.Close()
+	return nil
 }
 
 // Ended says whether ctx is done or past its deadline: a timed wait can
