@@ -127,6 +127,7 @@ type ttrpcTransport struct {
 
 	mu     sync.Mutex
 	client *ttrpc.Client
+	conn   syscall.Conn // client's connection
 	closed bool
 	lost   uint64 // connections lost so far
 }
@@ -138,7 +139,19 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 		return nil, fmt.Errorf("branch snapshotter client for %s: %w", t.address, ttrpc.ErrClosed)
 	}
 	if t.client != nil {
-		return t.client, nil
+		if !peerGone(t.conn) {
+			return t.client, nil
+		}
+		// The snapshotter went (a restart, a crash) and the client has
+		// not seen it yet: a call on it would fail as closed, its fate
+		// unknown, when it was never sent. Dial anew.
+		c := t.client
+		t.client = nil
+		t.lost++
+		_ = c.Close()
+		if t.onDrop != nil {
+			go t.onDrop()
+		}
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", t.address)
@@ -148,7 +161,28 @@ func (t *ttrpcTransport) connect(ctx context.Context) (*ttrpc.Client, error) {
 	var c *ttrpc.Client
 	c = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { t.forget(c) }))
 	t.client = c
+	t.conn, _ = conn.(syscall.Conn)
 	return c, nil
+}
+
+// peerGone tells whether the other end of conn has closed it: a peek
+// reads its end of file. It does not wait, nor take what the client's
+// reader would read.
+func peerGone(conn syscall.Conn) bool {
+	if conn == nil {
+		return false
+	}
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	_ = rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		gone = n == 0 && err == nil
+	})
+	return gone
 }
 
 // forget drops c, a closed connection, so that the next call dials anew.
