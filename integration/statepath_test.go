@@ -4,7 +4,6 @@ package integration
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -22,16 +21,20 @@ import (
 // file that names the tmpfs copies, a quoted path with a space).
 func TestStatePathWithSpace(t *testing.T) {
 	requireRoot(t)
-	// The env's namespace is named after the directory's base: no space.
-	dir, err := os.MkdirTemp(filepath.Join(t.TempDir()), "node state ")
+	parent, err := os.MkdirTemp(t.TempDir(), "node state ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir = filepath.Join(dir, "bbx")
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Chmod(parent, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+	// The env's namespace (and the runtime's state under it, host-wide) is
+	// named after the directory's base: no space, and a name of its own.
+	dir, err := os.MkdirTemp(parent, "bbx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
 	ctx, env, sc := replSandboxWith(t, daemons.Config{Dir: dir})
