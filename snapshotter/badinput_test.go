@@ -17,9 +17,15 @@ import (
 
 func newTest(t *testing.T) (context.Context, *Snapshotter) {
 	t.Helper()
+	return newTestAt(t, t.TempDir())
+}
+
+// newTestAt is newTest with the snapshotter's root at root.
+func newTestAt(t *testing.T, root string) (context.Context, *Snapshotter) {
+	t.Helper()
 	requireRoot(t)
 	ctx := context.Background()
-	s, err := New(ctx, t.TempDir())
+	s, err := New(ctx, root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,13 +46,7 @@ func newTestOnTmpfs(t *testing.T) (context.Context, *Snapshotter) {
 	requireRoot(t)
 	dir := t.TempDir()
 	fstest.Tmpfs(t, dir, "size=64m")
-	ctx := context.Background()
-	s, err := New(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return ctx, s
+	return newTestAt(t, dir)
 }
 
 func mappedWrites(t *testing.T, ctx context.Context, s *Snapshotter, file string) {

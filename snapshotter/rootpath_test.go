@@ -19,13 +19,7 @@ import (
 // there: a fork sealed nothing, and the parent went on writing under its
 // branches (the write below succeeded).
 func TestRootPathWithSpace(t *testing.T) {
-	requireRoot(t)
-	ctx := context.Background()
-	s, err := New(ctx, filepath.Join(t.TempDir(), "node root"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	ctx, s := newTestAt(t, filepath.Join(t.TempDir(), "node root"))
 	sb := newSandbox(t, ctx, s, "ns/1/sandbox")
 	rootMounts, err := s.Mounts(ctx, sb.key)
 	if err != nil {
