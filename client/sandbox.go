@@ -413,14 +413,6 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 		opts.ID = fmt.Sprintf("bx-%d", time.Now().UnixNano())
 	}
 	p := &Process{s: s, branch: branchID, ID: opts.ID}
-	// Output nobody asked for is discarded rather than left unread, which
-	// would fail the process's writes.
-	if opts.Stdout == nil {
-		opts.Stdout = io.Discard
-	}
-	if opts.Stderr == nil {
-		opts.Stderr = io.Discard
-	}
 	sio, err := fifoio.New(fifoio.Dir, opts.ID, opts.Terminal, opts.Stdin, opts.Stdout, opts.Stderr)
 	if err != nil {
 		return nil, fmt.Errorf("exec in %s/%s: set up stdio: %w", s.ID, branchID, err)

@@ -36,7 +36,7 @@ type IO struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	// StdinPath, Stdout and Stderr are the FIFOs to give the shim; ""
-	// for those not asked for.
+	// for stdin without input and stderr with a terminal.
 	StdinPath, Stdout, Stderr string
 	outs                      [2]*os.File
 	copies                    sync.WaitGroup
@@ -48,7 +48,9 @@ type IO struct {
 
 // New makes the FIFOs of process id in a new directory below root
 // (stdin only if stdin is not nil, stderr only without a terminal) and
-// opens their read ends.
+// opens their read ends. Output nobody asked for (a nil writer) is
+// discarded rather than left unread, which would fail the process's
+// writes.
 func New(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writer) (_ *IO, retErr error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
@@ -56,6 +58,12 @@ func New(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writ
 	dir, err := os.MkdirTemp(root, "")
 	if err != nil {
 		return nil, err
+	}
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
 	}
 	s := &IO{dir: dir, stdin: stdin, stdout: stdout, stderr: stderr}
 	defer func() {
@@ -74,8 +82,8 @@ func New(root, id string, terminal bool, stdin io.Reader, stdout, stderr io.Writ
 	}
 	names := [2]string{"stdout", "stderr"}
 	paths := [2]*string{&s.Stdout, &s.Stderr}
-	for i, w := range []io.Writer{stdout, stderr} {
-		if w == nil || (i == 1 && terminal) {
+	for i := range names {
+		if i == 1 && terminal {
 			continue
 		}
 		if *paths[i], err = mk(names[i]); err != nil {

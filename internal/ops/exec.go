@@ -5,7 +5,6 @@ package ops
 import (
 	"context"
 	"fmt"
-	"io"
 	"syscall"
 	"time"
 
@@ -70,12 +69,6 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	}
 	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
 	rp := &rootProcess{ns: sc.Namespace}
-	if opts.Stdout == nil {
-		opts.Stdout = io.Discard
-	}
-	if opts.Stderr == nil {
-		opts.Stderr = io.Discard
-	}
 	// The FIFOs as the client makes a branch's (internal/fifoio), not
 	// through containerd's cio, whose release of a FIFO never opened can
 	// close another exec's.
