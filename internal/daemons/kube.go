@@ -75,10 +75,16 @@ var kubeletSysctls = [][2]string{
 // wants them, and tmpfs hides the host's /var/lib and /var/log, where it
 // keeps what its flags cannot move (device-plugins/kubelet.sock, the
 // /var/log/containers links). The mount of its root directory on itself
-// (rshared) goes with the namespace too. $1 is the directory of the sysctl
-// values; the rest is the kubelet's command line.
+// (rshared) goes with the namespace too. The namespace copies the host's
+// mounts as they are when it starts, and where the host's mounts are
+// private (no systemd as PID 1) an unmount on the host does not reach the
+// copy: the overlay mounts there (other tests' sandboxes and branches)
+// are let go at once, or the kubelet would hold their layers, and the
+// space of aborted ones, for as long as it runs. $1 is the directory of
+// the sysctl values; the rest is the kubelet's command line.
 const kubeletWrapper = `set -e
 d=$1; shift
+umount -a -l -t overlay 2>/dev/null || true
 for f in "$d"/*; do
 	mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"
 done

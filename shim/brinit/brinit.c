@@ -1,5 +1,6 @@
-// brinit: the init of a branch, run by the shim in new PID and
-// mount namespaces (and whatever others the branch needs). It runs before
+// brinit: the init of a branch, run by the shim in a new PID namespace
+// (and whatever others the branch needs; its mount namespace it makes
+// itself, in op_root). It runs before
 // the Go runtime starts (a constructor) and never returns to it, so that a
 // branch starts without a run of the Go runtime: see init.go.
 //
@@ -360,8 +361,12 @@ static int cfg_fds[8], cfg_nfds;
 static void op_root(char **a) {
 	// root PATH: the branch's rootfs, whose mount (a clone of the shim's)
 	// is the config's first descriptor, attached at PATH: this init may
-	// have been started before the shim mounted it. Mounts below the
-	// host's / stop propagating (to and from) first.
+	// have been started before the shim mounted it. The init's own mount
+	// namespace is made here, a copy of the node's mounts as they are now
+	// (see CloneFlags: not at the clone, which may be long before), and
+	// its mounts stop propagating (to and from) first.
+	if (unshare(CLONE_NEWNS) < 0)
+		fail("new mount namespace: %s", strerror(errno));
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		fail("make mounts private: %s", strerror(errno));
 	if (cfg_nfds < 1)

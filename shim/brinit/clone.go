@@ -11,12 +11,19 @@ import (
 // inits ahead with it, and a branch's start picks or spawns its init by
 // it, before the init's cgroup (which the plan needs) is known.
 
-// CloneFlags are the namespaces a branch init is cloned into: new PID and
-// mount namespaces, and the spec's new IPC, UTS and network namespaces (a
-// cgroup namespace is made once the init is in its cgroup; namespaces with
-// a path are joined).
+// CloneFlags are the namespaces a branch init is cloned into: a new PID
+// namespace and the spec's new IPC, UTS and network namespaces (a cgroup
+// namespace is made once the init is in its cgroup; namespaces with a path
+// are joined). Not a mount namespace: the init makes its own when it
+// builds the branch's root (op root), a copy of the node's mounts as they
+// are then. An init cloned into one would hold a copy of every mount of
+// the node from the moment it was started ahead of a fork, for as long as
+// it waits: where the node's mounts are private (no systemd as PID 1), an
+// unmount on the node does not reach that copy, which keeps other
+// containers' rootfs and the layers of aborted branches alive, their
+// space not freed.
 func CloneFlags(spec *specs.Spec) uintptr {
-	f := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS)
+	f := uintptr(unix.CLONE_NEWPID)
 	for _, n := range spec.Linux.Namespaces {
 		if n.Path != "" {
 			continue
