@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails if the tests left overlay mounts, the snapshotter's id-mapped views
-# or project daemons behind (containerd, shims, the snapshotter, the
+# Fails if the tests left overlay mounts, the snapshotter's id-mapped views,
+# runtime state of a finished env, or project daemons behind (containerd, shims, the snapshotter, the
 # Kubernetes tests' etcd, kube-apiserver and kubelet). Daemons count when
 # they run from this checkout's bin/ (other checkouts on the same machine
 # may be testing at the same time); mounts are machine-wide.
@@ -15,4 +15,12 @@ if [ -n "$v" ]; then echo "leaked id-mapped views:"; echo "$v"; leaks=1; fi
 # (the command line after the pid: bin may hold spaces)
 p=$(ps -eo pid=,args= | awk -v bin="$bin/" '{ a = $0; sub(/^ *[0-9]+ /, "", a) } index(a, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc|/kubelet |/kube-apiserver |/etcd ' || true)
 if [ -n "$p" ]; then echo "leaked daemons:"; echo "$p"; leaks=1; fi
+# The runtimes' state of a test env's namespace (bbx-<env dir>) whose env
+# is gone: what a sandbox or branch left when its env was cleaned up (a
+# live env of another checkout keeps its directory).
+for d in /run/containerd/branch/bbx-* /run/containerd/runc/bbx-*; do
+	[ -d "$d" ] || continue
+	ns=${d##*/}
+	if [ ! -d "${TMPDIR:-/tmp}/${ns#bbx-}" ]; then echo "leaked runtime state: $d"; ls -A "$d"; leaks=1; fi
+done
 exit $leaks
