@@ -59,16 +59,28 @@ func (s *store) workPath(id string) string {
 	return filepath.Join(s.root, "snapshots", id, "work")
 }
 
-func hasOption(options []string, key string) bool {
-	for _, o := range options {
-		if o == key || strings.HasPrefix(o, key+"=") {
-			return true
+// overlayOptions are options of every overlay mount the snapshotter
+// makes, each where the kernel has it (its module parameter is there),
+// so that a mount behaves the same whatever the node's defaults:
+//   - index=off keeps overlay from refusing to remount an upper with a
+//     different lower stack, which branches do routinely;
+//   - redirect_dir=off and metacopy=off: where they are on by default
+//     (kernels built with CONFIG_OVERLAY_FS_REDIRECT_DIR, as Ubuntu's
+//     are, or CONFIG_OVERLAY_FS_METACOPY, which turns on both), a
+//     directory of a lower layer renamed in a branch, or a lower file
+//     whose owner or mode changed, is recorded in the upper as an xattr
+//     naming the lower one, which a commit's apply, a checkpoint's diff
+//     and a pushed layer cannot carry: the branch's commit was refused as
+//     not implemented. Off, such a rename fails with EXDEV and tools
+//     (mv, rename in Python, git) copy instead, as on other nodes;
+//     buildkit turns redirect_dir off for the same reason.
+func overlayOptions() []string {
+	var options []string
+	for _, o := range []string{"index=off", "redirect_dir=off", "metacopy=off"} {
+		param, _, _ := strings.Cut(o, "=")
+		if _, err := os.Stat("/sys/module/overlay/parameters/" + param); err == nil {
+			options = append(options, o)
 		}
 	}
-	return false
-}
-
-func supportsIndex() bool {
-	_, err := os.Stat("/sys/module/overlay/parameters/index")
-	return err == nil
+	return options
 }

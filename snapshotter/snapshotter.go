@@ -147,12 +147,7 @@ func New(ctx context.Context, root string, opts ...Opt) (_ *Snapshotter, retErr 
 		return nil, fmt.Errorf("open snapshot metadata in %s: %w", root, err)
 	}
 
-	var options []string
-	// index=off keeps overlay from refusing to remount an upper with a
-	// different lower stack, which branches do routinely.
-	if !hasOption(options, "index") && supportsIndex() {
-		options = append(options, "index=off")
-	}
+	options := overlayOptions()
 
 	bdb, err := openBranchDB(ctx, root)
 	if err != nil {
