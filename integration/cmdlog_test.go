@@ -96,9 +96,7 @@ func TestBranchOutputLogBounded(t *testing.T) {
 		})
 	})
 	t.Run("full disk", func(t *testing.T) {
-		// A nested branch's bundle on a 512 KiB tmpfs (nested: its init
-		// is spawned at the fork, in a mount namespace that has the
-		// tmpfs, not taken from the pool started before it; its id is
+		// A nested branch's bundle on a 512 KiB tmpfs (nested: its id is
 		// the next, its parent's plus one): the init's log fills it, and
 		// the command must still write all it has and exit, its output
 		// beyond what fits dropped.
