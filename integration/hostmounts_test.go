@@ -6,27 +6,55 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
 )
 
 // TestHostUnmountNotPinned: a mount the node unmounts is gone, and its
-// filesystem freed, even where the host's mounts are private (no systemd
-// as PID 1: containers in containers, CI machines, this one). Before, the
-// inits a sandbox starts ahead of its forks were cloned into a mount
-// namespace of their own at once: a private copy of every mount of the
-// node at that moment, held for as long as the init waited, which kept
-// other containers' rootfs and the layers of aborted branches (their
-// space: TestFullDisk failed so in CI) alive after the node unmounted
-// them. A mount made before the sandbox's pool, seen by an init waiting in
-// it, is unmounted on the host: no process of the sandbox still has it,
-// and a fork after it still works.
+// filesystem freed, whether the node's mounts are private (no systemd as
+// PID 1: containers in containers, CI machines, this one) or shared
+// (systemd). Before, the inits a sandbox starts ahead of its forks were
+// cloned into a mount namespace of their own at once: where the node's
+// mounts are private, a copy of every mount of the node at that moment,
+// held for as long as the init waited, which kept other containers'
+// rootfs and the layers of aborted branches (their space: TestFullDisk
+// failed so in CI) alive after the node unmounted them. A mount made
+// before the sandbox's pool, seen by an init waiting in it, is unmounted
+// on the host: no process of the sandbox still has it, and a fork after
+// it still works. Where the node's root mount is shared, the waiting init
+// has its namespace made already (a copy whose mounts are the node's
+// peers), so that the fork does not wait for it; elsewhere it is in the
+// node's until the fork. The test runs again, whole, in a mount
+// namespace of the other kind (unshare --propagation).
 func TestHostUnmountNotPinned(t *testing.T) {
+	shared := rootShared(t)
+	t.Logf("the root mount is shared: %v", shared)
+	hostUnmountNotPinned(t, shared)
+	if os.Getenv("BRANCHBOX_TEST_PROPAGATION") != "" {
+		return
+	}
+	other := map[bool]string{true: "private", false: "shared"}[shared]
+	t.Run(other, func(t *testing.T) {
+		cmd := exec.Command("unshare", "--mount", "--propagation", other, os.Args[0],
+			"-test.run", "^TestHostUnmountNotPinned$", "-test.v", "-test.count", "1")
+		cmd.Env = append(os.Environ(), "BRANCHBOX_TEST_PROPAGATION="+other)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("the root mount is shared: "+strconv.FormatBool(!shared))) {
+			t.Fatalf("the test in a namespace whose mounts are %s: %v\n%s", other, err, out)
+		}
+	})
+}
+
+func hostUnmountNotPinned(t *testing.T, shared bool) {
 	dir := t.TempDir()
 	source := fmt.Sprintf("bbx-pin-%d", time.Now().UnixNano())
 	if err := unix.Mount(source, dir, "tmpfs", 0, "size=1m"); err != nil {
@@ -48,7 +76,11 @@ func TestHostUnmountNotPinned(t *testing.T) {
 		waiting = seeing(t, cg, source)
 		return waiting != ""
 	})
-	t.Logf("init %s waits with the mount in view", waiting)
+	own := mountNS(t, waiting) != mountNS(t, "self")
+	t.Logf("init %s waits with the mount in view, in a mount namespace of its own: %v", waiting, own)
+	if own != shared {
+		t.Fatalf("init %s waiting ahead of a fork has a mount namespace of its own: %v; want %v where the root mount's shared is %v", waiting, own, shared, shared)
+	}
 	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +96,24 @@ func TestHostUnmountNotPinned(t *testing.T) {
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep -c "+source+" /proc/self/mountinfo; true"); got != "0\n" {
 		t.Fatalf("the branch has the host's mount: %s", got)
 	}
+}
+
+// rootShared says whether this process's root mount propagates.
+func rootShared(t *testing.T) bool {
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter("/"))
+	if err != nil || len(mounts) == 0 {
+		t.Fatalf("the root mount: %v", err)
+	}
+	return strings.Contains(mounts[len(mounts)-1].Optional, "shared:")
+}
+
+// mountNS is the mount namespace of process pid ("self" for this one).
+func mountNS(t *testing.T, pid string) string {
+	ns, err := os.Readlink(filepath.Join("/proc", pid, "ns", "mnt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 // seeing returns a process in cgroup cg (or below) whose mount namespace

@@ -14,9 +14,8 @@ import (
 // CloneFlags are the namespaces a branch init is cloned into: a new PID
 // namespace and the spec's new IPC, UTS and network namespaces (a cgroup
 // namespace is made once the init is in its cgroup; namespaces with a path
-// are joined). Not a mount namespace: the init makes its own when it
-// builds the branch's root (op root), a copy of the node's mounts as they
-// are then. An init cloned into one would hold a copy of every mount of
+// are joined). Not a mount namespace: the init makes its own (brinit.c,
+// own_mntns). An init cloned into one would hold a copy of every mount of
 // the node from the moment it was started ahead of a fork, for as long as
 // it waits: where the node's mounts are private (no systemd as PID 1), an
 // unmount on the node does not reach that copy, which keeps other
