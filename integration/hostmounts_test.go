@@ -70,13 +70,14 @@ func hostUnmountNotPinned(t *testing.T, shared bool) {
 	cg := "/" + env.Namespace + "/sb"
 	// The client's dial starts the sandbox's pool: wait for an init of it,
 	// which sees the mount, in the sandbox's cgroup and outside its
-	// container.
+	// container; where the root mount is shared, until it has made its
+	// mount namespace (once it is sent its early part).
 	var waiting string
 	waitFor(t, func() bool {
 		waiting = seeing(t, cg, source)
-		return waiting != ""
+		return waiting != "" && (!shared || mountNS(waiting) != mountNS("self"))
 	})
-	own := mountNS(t, waiting) != mountNS(t, "self")
+	own := mountNS(waiting) != mountNS("self")
 	t.Logf("init %s waits with the mount in view, in a mount namespace of its own: %v", waiting, own)
 	if own != shared {
 		t.Fatalf("init %s waiting ahead of a fork has a mount namespace of its own: %v; want %v where the root mount's shared is %v", waiting, own, shared, shared)
@@ -107,12 +108,10 @@ func rootShared(t *testing.T) bool {
 	return strings.Contains(mounts[len(mounts)-1].Optional, "shared:")
 }
 
-// mountNS is the mount namespace of process pid ("self" for this one).
-func mountNS(t *testing.T, pid string) string {
-	ns, err := os.Readlink(filepath.Join("/proc", pid, "ns", "mnt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+// mountNS is the mount namespace of process pid ("self" for this one),
+// "" if it is gone.
+func mountNS(pid string) string {
+	ns, _ := os.Readlink(filepath.Join("/proc", pid, "ns", "mnt"))
 	return ns
 }
 
