@@ -20,15 +20,18 @@ import (
 // the commit was refused as not implemented. The node's defaults are the
 // overlay module's parameters, set for the test and put back after.
 func TestNodeOverlayDefaultsOn(t *testing.T) {
-	setOverlayParam(t, "redirect_dir", "Y")
-	setOverlayParam(t, "metacopy", "Y")
 	ctx, s := newTest(t)
 	sb := newSandbox(t, ctx, s, "sb")
 	kids, err := s.Fork(ctx, sb.ctx(""), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A mount takes the defaults when it is made: they are the node's
+	// for as short a time as that takes (the other packages' tests run
+	// beside this one).
+	restore := setOverlayParams(t, map[string]string{"redirect_dir": "Y", "metacopy": "Y"})
 	dir := mountAt(t, kids[0].Mounts)
+	restore()
 	if err := os.Rename(filepath.Join(dir, "app"), filepath.Join(dir, "renamed")); !errors.Is(err, unix.EXDEV) {
 		t.Fatalf("rename of a directory of the parent in the branch: %v, want EXDEV (no redirect)", err)
 	}
@@ -60,22 +63,31 @@ func TestNodeOverlayDefaultsOn(t *testing.T) {
 	}
 }
 
-// setOverlayParam sets the overlay module's parameter name to v until the
-// test ends; a kernel without it skips the test (its overlay has no such
-// feature to turn off).
-func setOverlayParam(t *testing.T, name, v string) {
+// setOverlayParams sets the overlay module's parameters (name: value)
+// until restore is called or the test ends; a kernel without one skips
+// the test (its overlay has no such feature to turn off).
+func setOverlayParams(t *testing.T, params map[string]string) (restore func()) {
 	t.Helper()
-	p := "/sys/module/overlay/parameters/" + name
-	old, err := os.ReadFile(p)
-	if err != nil {
-		t.Skipf("overlay without %s: %v", name, err)
-	}
-	if err := os.WriteFile(p, []byte(v), 0); err != nil {
-		t.Fatalf("set %s: %v", p, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(p, old, 0); err != nil {
-			t.Errorf("put %s back: %v", p, err)
+	old := map[string][]byte{}
+	restore = func() {
+		for name, v := range old {
+			if err := os.WriteFile("/sys/module/overlay/parameters/"+name, v, 0); err != nil {
+				t.Errorf("put the overlay module's %s back: %v", name, err)
+			}
 		}
-	})
+		clear(old)
+	}
+	t.Cleanup(restore)
+	for name, v := range params {
+		p := "/sys/module/overlay/parameters/" + name
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Skipf("overlay without %s: %v", name, err)
+		}
+		old[name] = b
+		if err := os.WriteFile(p, []byte(v), 0); err != nil {
+			t.Fatalf("set %s: %v", p, err)
+		}
+	}
+	return restore
 }
