@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestHostUnmountNotPinned: a mount the node unmounts is gone, and its
@@ -36,16 +37,24 @@ import (
 // node's until the fork. The test runs again, whole, in a mount
 // namespace of the other kind (unshare --propagation).
 func TestHostUnmountNotPinned(t *testing.T) {
-	shared := rootShared(t)
-	t.Logf("the root mount is shared: %v", shared)
-	hostUnmountNotPinned(t, shared)
+	hostUnmountNotPinned(t, rootShared(t))
+	againWithOtherPropagation(t)
+}
+
+// againWithOtherPropagation runs the test t again, whole, in a mount
+// namespace whose mounts propagate the other way (shared where this one's
+// root mount is private, private where it is shared), unless it is that
+// run.
+func againWithOtherPropagation(t *testing.T) {
 	if os.Getenv("BRANCHBOX_TEST_PROPAGATION") != "" {
 		return
 	}
+	shared := rootShared(t)
 	other := map[bool]string{true: "private", false: "shared"}[shared]
 	t.Run(other, func(t *testing.T) {
+		name := strings.SplitN(t.Name(), "/", 2)[0]
 		cmd := exec.Command("unshare", "--mount", "--propagation", other, os.Args[0],
-			"-test.run", "^TestHostUnmountNotPinned$", "-test.v", "-test.count", "1")
+			"-test.run", "^"+name+"$", "-test.v", "-test.count", "1")
 		cmd.Env = append(os.Environ(), "BRANCHBOX_TEST_PROPAGATION="+other)
 		out, err := cmd.CombinedOutput()
 		if err != nil || !bytes.Contains(out, []byte("the root mount is shared: "+strconv.FormatBool(!shared))) {
@@ -54,7 +63,56 @@ func TestHostUnmountNotPinned(t *testing.T) {
 	})
 }
 
+// TestVolumeSeesHostMounts: under a volume (a bind mount of a host
+// directory), a branch sees what its sandbox sees. runc makes a
+// container's mounts slaves of the node's (its default root propagation,
+// rslave), so that where the node's mounts are shared (systemd) a mount
+// the node makes below the volume's directory once the container runs
+// appears in it, and where they are private it does not; a branch
+// forked before that mount must follow its sandbox either way. A branch
+// forked after it sees it, as a container started then would.
+func TestVolumeSeesHostMounts(t *testing.T) {
+	volumeSeesHostMounts(t, rootShared(t))
+	againWithOtherPropagation(t)
+}
+
+func volumeSeesHostMounts(t *testing.T, shared bool) {
+	vol := t.TempDir()
+	ctx, env, _ := shimEnv(t)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch",
+		"--mount", "type=bind,src="+vol+",dst=/v,options=rbind:rw", ociimage.ImageRef, "sb", "sleep", "100000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	sc := sandboxClient(t, ctx, env, "sb")
+	before := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+	sub := filepath.Join(vol, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(fmt.Sprintf("bbx-vol-%d", time.Now().UnixNano()), sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(sub, unix.MNT_DETACH)
+	if err := os.WriteFile(filepath.Join(sub, "f"), []byte("mounted by the node\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inSandbox, _ := execIn(ctx, env, "sb", "sh", "-c", "cat /v/sub/f 2>/dev/null; true")
+	t.Logf("the root mount is shared: %v; the sandbox reads %q below its volume", shared, inSandbox)
+	if want := map[bool]string{true: "mounted by the node\n", false: ""}[shared]; inSandbox != want {
+		t.Fatalf("the sandbox (runc's way) reads %q below its volume, want %q", inSandbox, want)
+	}
+	if got := mustRun(t, ctx, sc, before.ID, "sh", "-c", "cat /v/sub/f 2>/dev/null; true"); got != inSandbox {
+		t.Fatalf("branch %s, forked before the node's mount, reads %q below its volume; its sandbox reads %q", before.ID, got, inSandbox)
+	}
+	after := fork(t, ctx, sc, client.ForkOptions{Count: 1, Parent: before.ID})[0]
+	if got := mustRun(t, ctx, sc, after.ID, "cat", "/v/sub/f"); got != "mounted by the node\n" {
+		t.Fatalf("branch %s, forked after the node's mount, reads %q below its volume", after.ID, got)
+	}
+}
+
 func hostUnmountNotPinned(t *testing.T, shared bool) {
+	t.Logf("the root mount is shared: %v", shared)
 	dir := t.TempDir()
 	source := fmt.Sprintf("bbx-pin-%d", time.Now().UnixNano())
 	if err := unix.Mount(source, dir, "tmpfs", 0, "size=1m"); err != nil {

@@ -237,6 +237,17 @@ static void op_bind(char **a) {
 		remount_at(a[1], MS_BIND | (flags & ~MS_REC));
 }
 
+static void op_propagate(char **a) {
+	// propagate DST FLAGS: a mount's propagation (private or slave,
+	// recursive or not), set after it is made, as runc's mountPropagate.
+	int fd = resolve(a[0], 0);
+	if (fd < 0)
+		fail("propagation of %s: %s", a[0], strerror(errno));
+	if (mount(NULL, fdpath(fd), NULL, num(a[1]), NULL) < 0)
+		fail("propagation of %s (%#lx): %s", a[0], num(a[1]), strerror(errno));
+	close(fd);
+}
+
 // open_parent opens the directory that is to hold path inside the root
 // (made if missing) as a real directory descriptor, which mknodat and
 // symlinkat need, and points *name at path's last element (in buf).
@@ -434,14 +445,16 @@ static int root_shared(void) {
 }
 
 static void op_root(char **a) {
-	// root PATH: the branch's rootfs, whose mount (a clone of the shim's)
-	// is the config's first descriptor, attached at PATH: this init may
-	// have been started before the shim mounted it. Its mount namespace
-	// is made by now (own_mntns), and its mounts stop propagating (to
-	// and from) first.
+	// root PATH FLAGS: the branch's rootfs, whose mount (a clone of the
+	// shim's) is the config's first descriptor, attached at PATH: this
+	// init may have been started before the shim mounted it. Its mount
+	// namespace is made by now (own_mntns), and its mounts made slaves
+	// of the node's (or private: FLAGS, the spec's rootfs propagation,
+	// never shared), as runc's prepareRoot makes them, first.
 	own_mntns();
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		fail("make mounts private: %s", strerror(errno));
+	unsigned long prop = num(a[1]);
+	if (mount(NULL, "/", NULL, prop, NULL) < 0)
+		fail("set the propagation of the node's mounts (%#lx): %s", prop, strerror(errno));
 	if (cfg_nfds < 1)
 		fail("root: no rootfs mount");
 	if (syscall(SYS_move_mount, cfg_fds[0], "", AT_FDCWD, a[0], 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */) < 0)
@@ -451,8 +464,10 @@ static void op_root(char **a) {
 	// The attached tree is a clone of the shim's mount, and keeps its
 	// shared propagation where the host's mounts are shared (systemd as
 	// PID 1 makes them so): pivot_root refuses a shared new root (EINVAL).
-	if (mount(NULL, a[0], NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		fail("make rootfs mounts private: %s", strerror(errno));
+	// A slave of it, as runc's bind of the rootfs on itself below a
+	// slave root is (private if the spec asked so).
+	if (mount(NULL, a[0], NULL, MS_REC | (prop & MS_PRIVATE ? MS_PRIVATE : MS_SLAVE), NULL) < 0)
+		fail("make rootfs mounts slaves: %s", strerror(errno));
 	rootfd = open(a[0], O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
 		fail("open rootfs %s: %s", a[0], strerror(errno));
@@ -781,12 +796,13 @@ struct op {
 static const struct op ops[] = {
     {"mount", 5, op_mount},     {"bind", 4, op_bind},         {"mknod", 6, op_mknod},
     {"symlink", 2, op_symlink}, {"mask", 1, op_mask},         {"readonly", 1, op_readonly},
-    {"setns", 1, op_setns},     {"root", 1, op_root},         {"pivot", 0, op_pivot},
+    {"setns", 1, op_setns},     {"root", 2, op_root},         {"pivot", 0, op_pivot},
     {"write", 2, op_write},     {"hostname", 1, op_hostname}, {"domainname", 1, op_domainname},
     {"lo", 0, op_lo},           {"cgroupns", 0, op_cgroupns},   {"rootro", 0, op_rootro},
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
     {"joined", 0, op_joined},   {"fsmount", 5, op_fsmount},  {"attach", 2, op_attach},
     {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat}, {"log", 1, op_log},
+    {"propagate", 2, op_propagate},
 };
 
 // proc_key takes one key of a process description; it returns the number

@@ -332,7 +332,16 @@ func namespacesPlan(w *Config, cfg *configs.Config) error {
 // into it: the rootfs, the spec's mounts and, on a /dev tmpfs, its
 // devices and links.
 func mountsPlan(w *Config, cfg *configs.Config, rootfs string, cgroupPaths map[string]string) {
-	w.Op("root", rootfs)
+	// The node's mounts become slaves of the node's in the branch's
+	// namespace, unless the spec says otherwise, as runc's prepareRoot
+	// makes them: a mount the node makes below a volume's directory then
+	// appears in the branch as in its sandbox (shared propagations are
+	// the runtime's: initdriver.Unsupported).
+	rootProp := cfg.RootPropagation
+	if rootProp == 0 {
+		rootProp = unix.MS_SLAVE | unix.MS_REC
+	}
+	w.Op("root", rootfs, strconv.Itoa(rootProp))
 	devTmpfs := false
 	for _, m := range cfg.Mounts {
 		flags := m.Flags
@@ -341,11 +350,16 @@ func mountsPlan(w *Config, cfg *configs.Config, rootfs string, cgroupPaths map[s
 			w.Op("bind", m.Source, m.Destination, strconv.Itoa(flags), boolStr(flags&unix.MS_REC != 0))
 		case m.Device == "cgroup" || m.Device == "cgroup2":
 			cgroupMountsPlan(w, m, cgroupPaths)
+			continue
 		default:
 			if m.Destination == "/dev" && m.Device == "tmpfs" {
 				devTmpfs = true
 			}
 			w.Op("mount", m.Source, m.Destination, m.Device, strconv.Itoa(flags), m.Data)
+		}
+		// After the mount, as runc's mountPropagate.
+		for _, pf := range m.PropagationFlags {
+			w.Op("propagate", m.Destination, strconv.Itoa(pf))
 		}
 	}
 	if devTmpfs {

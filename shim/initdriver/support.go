@@ -50,6 +50,17 @@ func recursiveMountAttr(o string) bool {
 	return false
 }
 
+// sharedPropagation says whether o is a propagation that makes mounts
+// shared or unbindable (a mount option, or the spec's rootfs
+// propagation), which the init does not apply.
+func sharedPropagation(o string) bool {
+	switch o {
+	case "shared", "rshared", "unbindable", "runbindable":
+		return true
+	}
+	return false
+}
+
 func Unsupported(s *specs.Spec) string {
 	if s.Process == nil || s.Linux == nil {
 		return "no process or linux section"
@@ -85,11 +96,20 @@ func Unsupported(s *specs.Spec) string {
 			return "user namespace"
 		}
 	}
+	if sharedPropagation(l.RootfsPropagation) {
+		return "rootfs propagation " + l.RootfsPropagation
+	}
 	for _, m := range s.Mounts {
 		if len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0 {
 			return "id-mapped mount"
 		}
 		for _, o := range m.Options {
+			if sharedPropagation(o) {
+				// A branch's mounts made shared would need its rootfs's
+				// parent made private and the rest of runc's care for a
+				// shared root: the runtime's.
+				return "mount propagation " + o
+			}
 			if recursiveMountAttr(o) {
 				// The init's bind sets flags on the top mount only: a
 				// recursive read-only mount would leave its submounts

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -46,7 +48,8 @@ func defaultBranchSpec(t *testing.T, netns string) *specs.Spec {
 func ops(t *testing.T, conf []byte) [][]string {
 	t.Helper()
 	arity := map[string]int{"mount": 5, "bind": 4, "mknod": 6, "symlink": 2, "mask": 1, "readonly": 1, "setns": 1,
-		"root": 1, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2, "seccomp": 2, "timens": 1}
+		"root": 2, "pivot": 0, "write": 2, "hostname": 1, "domainname": 1, "lo": 0, "cgroupns": 0, "rootro": 0, "remount": 2, "seccomp": 2, "timens": 1,
+		"propagate": 2}
 	words := strings.Split(strings.TrimSuffix(string(conf), "\x00"), "\x00")
 	var out [][]string
 	for i := 0; i < len(words); {
@@ -84,7 +87,11 @@ func TestPlanFast(t *testing.T) {
 		return -1
 	}
 	setns := index(func(o []string) bool { return o[0] == "setns" && o[1] == "/proc/42/ns/net" })
-	root := index(func(o []string) bool { return o[0] == "root" && o[1] == "/run/b/rootfs" })
+	// The node's mounts are made slaves, as runc's default rootfs
+	// propagation (rslave).
+	root := index(func(o []string) bool {
+		return o[0] == "root" && o[1] == "/run/b/rootfs" && o[2] == strconv.Itoa(unix.MS_SLAVE|unix.MS_REC)
+	})
 	proc := index(func(o []string) bool { return o[0] == "mount" && o[2] == "/proc" && o[3] == "proc" })
 	bind := index(func(o []string) bool { return o[0] == "bind" && o[1] == "/etc/hosts" && o[2] == "/etc/hosts" })
 	null := index(func(o []string) bool { return o[0] == "mknod" && o[1] == "/dev/null" })
@@ -123,6 +130,36 @@ func TestPlanFast(t *testing.T) {
 	}
 }
 
+// TestPlanPropagation: a volume's propagation (Kubernetes' None and
+// HostToContainer: rprivate, rslave) is set after its bind, and a spec's
+// rootfs propagation replaces the default (rslave), as runc applies them.
+func TestPlanPropagation(t *testing.T) {
+	spec := defaultBranchSpec(t, "/proc/42/ns/net")
+	spec.Linux.RootfsPropagation = "rprivate"
+	spec.Mounts = append(spec.Mounts,
+		specs.Mount{Destination: "/none", Type: "bind", Source: "/tmp", Options: []string{"rbind", "rprivate"}},
+		specs.Mount{Destination: "/host-to-container", Type: "bind", Source: "/tmp", Options: []string{"rbind", "rslave"}})
+	if r := initdriver.Unsupported(spec); r != "" {
+		t.Fatalf("the branch init would not run it: %s", r)
+	}
+	p, err := brinit.NewPlan(spec, "/run/b/rootfs", map[string]string{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(ops(t, p.Conf.Bytes()))
+	for _, want := range []string{
+		fmt.Sprint([]string{"root", "/run/b/rootfs", strconv.Itoa(unix.MS_PRIVATE | unix.MS_REC)}),
+		fmt.Sprint([]string{"bind", "/tmp", "/none", strconv.Itoa(unix.MS_BIND | unix.MS_REC), "1"}) + " " +
+			fmt.Sprint([]string{"propagate", "/none", strconv.Itoa(unix.MS_PRIVATE | unix.MS_REC)}),
+		fmt.Sprint([]string{"bind", "/tmp", "/host-to-container", strconv.Itoa(unix.MS_BIND | unix.MS_REC), "1"}) + " " +
+			fmt.Sprint([]string{"propagate", "/host-to-container", strconv.Itoa(unix.MS_SLAVE | unix.MS_REC)}),
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("plan %s lacks %s", got, want)
+		}
+	}
+}
+
 func TestFastUnsupported(t *testing.T) {
 	for name, mod := range map[string]func(*specs.Spec){
 		"seccomp notify": func(s *specs.Spec) {
@@ -143,6 +180,15 @@ func TestFastUnsupported(t *testing.T) {
 		"user namespace": func(s *specs.Spec) {
 			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 		},
+		// A Kubernetes volume with Bidirectional propagation.
+		"shared volume": func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/tmp", Options: []string{"rbind", "rshared"}})
+			s.Linux.RootfsPropagation = "rshared"
+		},
+		"shared volume, rootfs propagation unset": func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/tmp", Options: []string{"rbind", "rshared"}})
+		},
+		"shared rootfs": func(s *specs.Spec) { s.Linux.RootfsPropagation = "shared" },
 	} {
 		s := defaultBranchSpec(t, "/proc/1/ns/net")
 		mod(s)
