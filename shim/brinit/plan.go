@@ -337,8 +337,13 @@ func mountsPlan(w *Config, cfg *configs.Config, rootfs string, cgroupPaths map[s
 	// makes them: a mount the node makes below a volume's directory then
 	// appears in the branch as in its sandbox (shared propagations are
 	// the runtime's: initdriver.Unsupported).
-	rootProp := cfg.RootPropagation
-	if rootProp == 0 {
+	// Always recursive: runc makes a non-recursive one's effect safe by
+	// making the rootfs's parent private, and the init attaches the
+	// rootfs below mounts that would otherwise still be the node's peers
+	// (the attach would appear on the node); what else it changes goes
+	// with the old root at the pivot.
+	rootProp := cfg.RootPropagation | unix.MS_REC
+	if cfg.RootPropagation == 0 {
 		rootProp = unix.MS_SLAVE | unix.MS_REC
 	}
 	w.Op("root", rootfs, strconv.Itoa(rootProp))

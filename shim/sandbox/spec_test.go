@@ -158,6 +158,16 @@ func TestPlanPropagation(t *testing.T) {
 			t.Errorf("plan %s lacks %s", got, want)
 		}
 	}
+	// A rootfs propagation that is not recursive is made so: the rootfs
+	// is attached below the node's mounts, which must not be its peers.
+	spec.Linux.RootfsPropagation = "slave"
+	if p, err = brinit.NewPlan(spec, "/run/b/rootfs", map[string]string{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	got = fmt.Sprint(ops(t, p.Conf.Bytes()))
+	if want := fmt.Sprint([]string{"root", "/run/b/rootfs", strconv.Itoa(unix.MS_SLAVE | unix.MS_REC)}); !strings.Contains(got, want) {
+		t.Errorf("plan %s lacks %s", got, want)
+	}
 }
 
 func TestFastUnsupported(t *testing.T) {
