@@ -2,9 +2,9 @@
 # Fails if the tests left overlay mounts, the snapshotter's id-mapped views,
 # runtime state of a finished env, or project daemons behind (containerd,
 # shims, the snapshotter, the Kubernetes tests' etcd, kube-apiserver and
-# kubelet). Daemons count when
-# they run from this checkout's bin/ (other checkouts on the same machine
-# may be testing at the same time); mounts are machine-wide.
+# kubelet). Daemons count when they run from this checkout's bin/ (other
+# checkouts on the same machine may be testing at the same time); mounts
+# are machine-wide.
 set -u
 bin=${BRANCHBOX_BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 leaks=0
