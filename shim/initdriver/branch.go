@@ -311,7 +311,7 @@ func (p *Process) awaitExec(ctx context.Context, reply *net.UnixConn, ps *specs.
 		if p.console == nil {
 			return fmt.Errorf("start %v: no terminal came back: %w", ps.Args, errdefs.ErrUnknown)
 		}
-		if err := p.copyConsole(ctx); err != nil {
+		if err := p.copyConsole(); err != nil {
 			return err
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/console"
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/fifo"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,6 +46,9 @@ type Process struct {
 	stdinHold io.Closer
 	stdinIn   io.Closer // the shim's reader of the FIFO
 	console   *os.File
+	// consoleOut is the caller's stdout FIFO a terminal's output is
+	// copied to, opened before the process starts.
+	consoleOut *os.File
 	ioDone    sync.WaitGroup
 }
 
@@ -195,19 +197,35 @@ func (p *Process) closeIO() {
 			c.Close()
 		}
 	}
+	if p.consoleOut != nil {
+		p.consoleOut.Close()
+		p.consoleOut = nil
+	}
 	if p.console != nil {
 		p.console.Close()
 		p.console = nil
 	}
 }
 
-// openIO opens the process's stdio: for a terminal, nothing (its copies run
-// through the terminal's master); otherwise stdin through a pipe the shim
-// feeds from the caller's FIFO (so that closing it, or the FIFO's end,
-// ends the process's input), and stdout and stderr as the caller's FIFOs
-// themselves, which the process writes straight into.
+// openIO opens the process's stdio: for a terminal, none (its copies run
+// through the terminal's master), but the caller's stdout FIFO, which the
+// copy of the terminal's output writes to, is opened now, so that an exec
+// whose caller is gone fails before it starts rather than write to no
+// reader for ever (p.consoleOut); otherwise stdin through a pipe the
+// shim feeds from the caller's FIFO (so that closing it, or the FIFO's
+// end, ends the process's input), and stdout and stderr as the caller's
+// FIFOs themselves, which the process writes straight into.
 func (p *Process) openIO(ctx context.Context) ([]*os.File, error) {
 	if p.stdio.Terminal {
+		if p.stdio.Stdout != "" {
+			out, err := openWriteFifo(ctx, p.stdio.Stdout)
+			if err != nil {
+				return nil, fmt.Errorf("open stdout: %w", err)
+			}
+			p.mu.Lock()
+			p.consoleOut = out
+			p.mu.Unlock()
+		}
 		return nil, nil
 	}
 	var files []*os.File
@@ -319,17 +337,19 @@ func openWriteFifo(ctx context.Context, path string) (*os.File, error) {
 }
 
 // copyConsole copies between the caller's FIFOs and the terminal's master.
-func (p *Process) copyConsole(ctx context.Context) error {
-	if p.stdio.Stdout != "" {
-		out, err := fifo.OpenFifo(context.WithoutCancel(ctx), p.stdio.Stdout, unix.O_WRONLY, 0)
-		if err != nil {
-			return fmt.Errorf("open stdout %s: %w", p.stdio.Stdout, err)
-		}
+func (p *Process) copyConsole() error {
+	p.mu.Lock()
+	out := p.consoleOut
+	p.consoleOut = nil
+	p.mu.Unlock()
+	if out != nil {
 		master := p.console
 		p.ioDone.Add(1)
 		go func() {
 			defer p.ioDone.Done()
-			_, _ = io.Copy(out, master) // ends with EIO when the terminal's last user goes
+			// Ends with EIO when the terminal's last user goes, or EPIPE
+			// when the caller's reader does.
+			_, _ = io.Copy(out, master)
 			out.Close()
 		}()
 	}
