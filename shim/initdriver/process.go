@@ -49,7 +49,7 @@ type Process struct {
 	// consoleOut is the caller's stdout FIFO a terminal's output is
 	// copied to, opened before the process starts.
 	consoleOut *os.File
-	ioDone    sync.WaitGroup
+	ioDone     sync.WaitGroup
 }
 
 func newProcess(id string, fc *Branch) *Process {
