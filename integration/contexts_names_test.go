@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/internal/daemons"
 )
 
 // TestContextsServiceNames: the shim serves its branch API under its name,
@@ -23,17 +24,7 @@ import (
 // client is, with no fallback of the client package between.
 func TestContextsServiceNames(t *testing.T) {
 	ctx, env, _ := sandboxCtxEnv(t)
-	ctx = namespaces.WithNamespace(ctx, env.Namespace)
-	sock, err := cshim.SocketAddress(ctx, env.Address, "sb", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("unix", strings.TrimPrefix(sock, "unix://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := ttrpc.NewClient(conn)
-	defer tc.Close()
+	ctx, tc := shimTTRPC(t, ctx, env, "sb")
 	old, cur := shimv1.NewContextsClient(tc), shimv1.NewBranchesClient(tc)
 	for name, api := range map[string]shimv1.BranchesService{"Contexts": old, "Branches": cur} {
 		if d, err := api.Describe(ctx, &shimv1.DescribeRequest{Sandbox: "sb"}); err != nil || d.GetSandbox() != "sb" {
@@ -75,4 +66,22 @@ func live(t *testing.T, ctx context.Context, api shimv1.BranchesService, id stri
 		}
 	}
 	return false
+}
+
+// shimTTRPC is a raw ttrpc client of sandbox id's shim, closed when the
+// test ends, and ctx in the env's namespace.
+func shimTTRPC(t *testing.T, ctx context.Context, env *daemons.Env, id string) (context.Context, *ttrpc.Client) {
+	t.Helper()
+	ctx = namespaces.WithNamespace(ctx, env.Namespace)
+	sock, err := cshim.SocketAddress(ctx, env.Address, id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("unix", strings.TrimPrefix(sock, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := ttrpc.NewClient(conn)
+	t.Cleanup(func() { tc.Close() })
+	return ctx, tc
 }

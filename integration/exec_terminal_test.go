@@ -6,16 +6,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-	cshim "github.com/containerd/containerd/v2/pkg/shim"
-	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
@@ -32,17 +27,7 @@ import (
 func TestTerminalExecNoReader(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
 	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
-	ctx = namespaces.WithNamespace(ctx, env.Namespace)
-	sock, err := cshim.SocketAddress(ctx, env.Address, "sb", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("unix", strings.TrimPrefix(sock, "unix://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := ttrpc.NewClient(conn)
-	defer tc.Close()
+	ctx, tc := shimTTRPC(t, ctx, env, "sb")
 	api := shimv1.NewBranchesClient(tc)
 	dir := t.TempDir()
 	marker := fmt.Sprintf("bbx-term-%d", time.Now().UnixNano())
@@ -57,7 +42,7 @@ func TestTerminalExecNoReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	err = exec(ectx, "no-reader", noReader)
+	err := exec(ectx, "no-reader", noReader)
 	cancel()
 	if err == nil {
 		t.Fatal("an exec with a terminal whose output FIFO has no reader started")
