@@ -17,8 +17,9 @@ if [ -n "$v" ]; then echo "leaked id-mapped views:"; echo "$v"; leaks=1; fi
 p=$(ps -eo pid=,args= | awk -v bin="$bin/" '{ a = $0; sub(/^ *[0-9]+ /, "", a) } index(a, bin) == 1' | grep -E 'containerd-branch-snapshotter|containerd-shim-branch|/containerd --config|containerd-shim-runc|/kubelet |/kube-apiserver |/etcd ' || true)
 if [ -n "$p" ]; then echo "leaked daemons:"; echo "$p"; leaks=1; fi
 # The runtimes' state of a test env's namespace (bbx-<env dir>) whose env
-# is gone: what a sandbox or branch left when its env was cleaned up (a
-# live env of another checkout keeps its directory).
+# is gone: what a sandbox or branch left when its env was cleaned up. Envs
+# are looked for in $TMPDIR: one made elsewhere (TestStatePathWithSpace's)
+# and still running would count, so run this when no test runs.
 for d in /run/containerd/branch/bbx-* /run/containerd/runc/bbx-*; do
 	[ -d "$d" ] || continue
 	ns=${d##*/}

@@ -371,13 +371,13 @@ static int cfg_fds[8], cfg_nfds;
 
 // The init's own mount namespace, a copy of the node's mounts. It is not
 // made at the clone (see CloneFlags): an init started ahead of a fork
-// makes it when it is prepared, where the node's root mount is shared
-// (systemd as PID 1 makes it so), since the copies of shared mounts are
-// peers of the node's, which an unmount on the node reaches, and the
-// fork then does not wait for the copy (about 1.5 ms with 1,000 mounts);
-// elsewhere when it builds the root (op_root), as a copy made early
-// would hold every mount the node had then for as long as the init
-// waits. A cold init makes it in op_root too.
+// makes it when it is prepared (op mntns, sent by the shim) where the
+// node's root mount is shared (systemd as PID 1 makes it so), since the
+// copies of shared mounts are peers of the node's, which an unmount on
+// the node reaches, and the fork then does not wait for the copy (about
+// 1.5 ms with 1,000 mounts); elsewhere when it builds the root (op_root),
+// as a copy made early would hold every mount the node had then for as
+// long as the init waits. A cold init makes it in op_root too.
 static int mntns_made;
 
 static void own_mntns(void) {
@@ -388,60 +388,10 @@ static void own_mntns(void) {
 	mntns_made = 1;
 }
 
-// root_shared says whether this process's root mount (the last mounted
-// on "/" in its mountinfo) propagates: an optional field "shared:N".
-static int root_shared(void) {
-	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	for (;;) {
-		if (!buf)
-			break;
-		if (len == cap) {
-			char *b = realloc(buf, cap *= 2);
-			if (!b) {
-				free(buf);
-				buf = NULL;
-				break;
-			}
-			buf = b;
-		}
-		ssize_t r = read(fd, buf + len, cap - len);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += r;
-	}
-	close(fd);
-	if (!buf)
-		return 0;
-	int shared = 0;
-	for (char *line = buf; line < buf + len;) {
-		char *end = memchr(line, '\n', buf + len - line);
-		if (!end)
-			end = buf + len;
-		// id parent major:minor root mount-point options [optional...] - ...
-		char *f = line;
-		for (int i = 0; i < 4 && f < end; i++) {
-			char *sp = memchr(f, ' ', end - f);
-			f = sp ? sp + 1 : end;
-		}
-		if (end - f >= 2 && f[0] == '/' && f[1] == ' ') {
-			shared = 0;
-			char *opt = memchr(f + 2, ' ', end - f - 2); // past the options
-			while (opt && opt + 1 < end && opt[1] != '-') {
-				if (end - opt > 8 && !strncmp(opt + 1, "shared:", 7))
-					shared = 1;
-				opt = memchr(opt + 1, ' ', end - opt - 1);
-			}
-		}
-		line = end + 1;
-	}
-	free(buf);
-	return shared;
+static void op_mntns(char **a) {
+	// mntns: the init's mount namespace, now (own_mntns).
+	(void)a;
+	own_mntns();
 }
 
 static void op_root(char **a) {
@@ -802,7 +752,7 @@ static const struct op ops[] = {
     {"remount", 2, op_remount}, {"seccomp", 2, op_seccomp}, {"timens", 1, op_timens},
     {"joined", 0, op_joined},   {"fsmount", 5, op_fsmount},  {"attach", 2, op_attach},
     {"mknodat", 7, op_mknodat}, {"symlinkat", 3, op_symlinkat}, {"log", 1, op_log},
-    {"propagate", 2, op_propagate},
+    {"propagate", 2, op_propagate}, {"mntns", 0, op_mntns},
 };
 
 // proc_key takes one key of a process description; it returns the number
@@ -1255,8 +1205,6 @@ void brinit(int argc, char **argv) {
 		// config at the fork.
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
-		if (root_shared())
-			own_mntns();
 		int nw = parse(msgbuf + 1, n - 1, words, MSGMAX / 2);
 		if (run_ops(nw, NULL))
 			fail("early set-up with a process");

@@ -9,12 +9,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -35,6 +37,20 @@ type Driver struct {
 	// Watch routes a process's exit, from the shim's one reaper, to it;
 	// started is when it was started.
 	Watch func(p process.Process, started time.Time)
+	// SharedRoot: the node's root mount is shared (systemd as PID 1), and
+	// an init started ahead makes its mount namespace when it is prepared
+	// (brinit.c, own_mntns), not at the fork. See RootShared.
+	SharedRoot bool
+}
+
+// RootShared says whether this process's root mount (the last mounted on
+// "/") propagates: an optional field "shared:N" in its mountinfo.
+func RootShared() bool {
+	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter("/"))
+	if err != nil || len(infos) == 0 {
+		return false
+	}
+	return strings.Contains(infos[len(infos)-1].Optional, "shared:")
 }
 
 // Config is what the driver needs of a branch to start it.

@@ -97,7 +97,7 @@ func (p *Pool) run(ctx context.Context) {
 		p.mu.Unlock()
 		s, err := p.spawnOne(ctx, cg, named)
 		if err == nil && p.prep != nil {
-			if perr := s.prep(p.prep); perr != nil {
+			if perr := s.prep(p.prep, p.d.SharedRoot); perr != nil {
 				// Inits from now on build all of their roots at the fork.
 				log.G(ctx).WithError(perr).Warn("an init started ahead could not build the early part of a branch's root; the pool's inits no longer do")
 				s.Discard(ctx)
@@ -176,9 +176,16 @@ func PrepOf(ctx context.Context, spec *specs.Spec) []byte {
 }
 
 // prep sends a spawned init the early part of a plan and waits for it to
-// be done.
-func (s *Spawned) prep(early []byte) error {
-	msg := append([]byte{'P'}, early...)
+// be done; where the node's root mount is shared, the init makes its mount
+// namespace first (op mntns).
+func (s *Spawned) prep(early []byte, sharedRoot bool) error {
+	msg := []byte{'P'}
+	if sharedRoot {
+		var w brinit.Config
+		w.Op("mntns")
+		msg = append(msg, w.Bytes()...)
+	}
+	msg = append(msg, early...)
 	if _, err := s.ctl.Write(msg); err != nil {
 		return fmt.Errorf("send the branch init its early set-up: %w", err)
 	}

@@ -108,7 +108,7 @@ func NewService(ctx context.Context, self string, publisher cshim.Publisher, tas
 		pending:   map[int]pendingExit{},
 		events:    make(chan queuedEvent, 1024),
 	}
-	c.inits = &initdriver.Driver{Binary: initdriver.FindBinary(self), Cgroups: &c.cgroups, Watch: c.watch}
+	c.inits = &initdriver.Driver{Binary: initdriver.FindBinary(self), Cgroups: &c.cgroups, Watch: c.watch, SharedRoot: initdriver.RootShared()}
 	c.nodeBounds, c.nodeBoundsErr = readNodeBounds()
 	ec := reaper.Default.Subscribe()
 	go c.reap(ec)
