@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/ociimage"
+	"github.com/branchbox/branchbox/shim/initdriver"
 )
 
 // TestHostUnmountNotPinned: a mount the node unmounts is gone, and its
@@ -37,7 +37,7 @@ import (
 // node's until the fork. The test runs again, whole, in a mount
 // namespace of the other kind (unshare --propagation).
 func TestHostUnmountNotPinned(t *testing.T) {
-	hostUnmountNotPinned(t, rootShared(t))
+	hostUnmountNotPinned(t, initdriver.RootShared())
 	againWithOtherPropagation(t)
 }
 
@@ -49,7 +49,7 @@ func againWithOtherPropagation(t *testing.T) {
 	if os.Getenv("BRANCHBOX_TEST_PROPAGATION") != "" {
 		return
 	}
-	shared := rootShared(t)
+	shared := initdriver.RootShared()
 	other := map[bool]string{true: "private", false: "shared"}[shared]
 	t.Run(other, func(t *testing.T) {
 		name := strings.SplitN(t.Name(), "/", 2)[0]
@@ -72,7 +72,7 @@ func againWithOtherPropagation(t *testing.T) {
 // forked before that mount must follow its sandbox either way. A branch
 // forked after it sees it, as a container started then would.
 func TestVolumeSeesHostMounts(t *testing.T) {
-	volumeSeesHostMounts(t, rootShared(t))
+	volumeSeesHostMounts(t, initdriver.RootShared())
 	againWithOtherPropagation(t)
 }
 
@@ -155,15 +155,6 @@ func hostUnmountNotPinned(t *testing.T, shared bool) {
 	if got := mustRun(t, ctx, sc, kids[0].ID, "sh", "-c", "grep -c "+source+" /proc/self/mountinfo; true"); got != "0\n" {
 		t.Fatalf("the branch has the host's mount: %s", got)
 	}
-}
-
-// rootShared says whether this process's root mount propagates.
-func rootShared(t *testing.T) bool {
-	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter("/"))
-	if err != nil || len(mounts) == 0 {
-		t.Fatalf("the root mount: %v", err)
-	}
-	return strings.Contains(mounts[len(mounts)-1].Optional, "shared:")
 }
 
 // mountNS is the mount namespace of process pid ("self" for this one),
