@@ -43,6 +43,9 @@ func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest)
 		ck, err = c.memoryCheckpoint(ctx, sb, rootOr(req.Branch), req.Name)
 	} else {
 		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
+		if sb.releasing.retryForRoom(ctx, err) {
+			ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
+		}
 	}
 	if err != nil {
 		return nil, sb.checkpointRefused(req.Name, err, isSelfCaller(ctx))
@@ -108,6 +111,9 @@ func (c *Service) Rollback(ctx context.Context, req *shimv1.RollbackRequest) (_ 
 		}
 	}
 	err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
+	if sb.releasing.retryForRoom(ctx, err) {
+		err = sb.snapshot.Rollback(ctx, sb.ref(id), req.Name)
+	}
 	if errdefs.IsFailedPrecondition(err) {
 		ck, lerr := c.checkpointNamed(ctx, sb, req.Name)
 		if lerr != nil {

@@ -59,6 +59,9 @@ func (c *Service) Commit(ctx context.Context, req *shimv1.CommitRequest) (_ *shi
 		return nil, fmt.Errorf("commit %s/%s: not made, the caller gave up; the branch runs on: %w", sb.id, n.id, err)
 	}
 	res, err := sb.snapshot.Commit(ctx, sb.ref(n.id))
+	if sb.releasing.retryForRoom(ctx, err) {
+		res, err = sb.snapshot.Commit(ctx, sb.ref(n.id))
+	}
 	if err != nil {
 		if errors.Is(err, branchapi.ErrNotSent) {
 			// The snapshotter never saw it: the branch runs on.

@@ -184,6 +184,9 @@ func (c *Service) sealForFork(ctx context.Context, f *fork) error {
 	sb := f.sb
 	sctx, answered := answerCtx(ctx, answerGrace)
 	infos, err := c.sealFork(sctx, sb, f.parent, f.pid, f.req)
+	if sb.releasing.retryForRoom(sctx, err) {
+		infos, err = c.sealFork(sctx, sb, f.parent, f.pid, f.req)
+	}
 	answered()
 	for _, in := range infos {
 		if id, err := strconv.ParseUint(in.ID, 10, 64); err == nil && id >= sb.nextID {

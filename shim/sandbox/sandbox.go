@@ -39,16 +39,14 @@ type Sandbox struct {
 
 	// mu serializes fork, commit and abort on one sandbox: a commit checks
 	// and kills before the snapshotter decides, and must not interleave.
-	mu       sync.Mutex
-	nodes    map[string]*Branch // branches by id, and "0"
-	snapshot *branchapi.Client
-	pool     *initdriver.Pool // inits started ahead of forks of the root, or nil
-	nextID   uint64           // the branch id the snapshotter likely gives next (0: not known)
-	warming  atomic.Bool      // warm ran: its pool is started, or was not to be (warm.go)
-	initPath initdriver.Path  // how its branches start (initdriver.Path, start.go's useInit)
-	// releasing counts the removals of ended branches' cgroups and
-	// runtime state still going on; Teardown waits for them.
-	releasing sync.WaitGroup
+	mu        sync.Mutex
+	nodes     map[string]*Branch // branches by id, and "0"
+	snapshot  *branchapi.Client
+	pool      *initdriver.Pool // inits started ahead of forks of the root, or nil
+	nextID    uint64           // the branch id the snapshotter likely gives next (0: not known)
+	warming   atomic.Bool      // warm ran: its pool is started, or was not to be (warm.go)
+	initPath  initdriver.Path  // how its branches start (initdriver.Path, start.go's useInit)
+	releasing releases         // of ended branches (releases.go)
 	// starting counts execs starting their process outside mu; a Pause
 	// waits for them.
 	starting starts
