@@ -3,6 +3,8 @@
 package sandbox
 
 import (
+	"os"
+
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cmdlog"
@@ -26,6 +28,7 @@ type Branch struct {
 	writers    bool               // its last fork found its processes writing (sealwriters.go)
 	container  *runc.Container    // run by the runtime; nil for the sandbox
 	init       *initdriver.Branch // run by the branch init; nil for the sandbox
+	rootfs     *os.File           // its init's rootfs mount, held until its release (holdRootfs)
 	limits     *shimv1.Limits     // given at fork
 	hasCommand bool
 	memory     bool        // its processes were restored from a memory fork

@@ -286,6 +286,9 @@ func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, inf
 		return err
 	}
 	n.init = fc
+	// Held from now on: the snapshotter may detach the host's mount
+	// before the shim destroys the branch (a commit's losers).
+	n.rootfs = holdRootfs(rootfs)
 	if n.hasCommand {
 		go func() {
 			_ = fc.Init().Wait(context.WithoutCancel(ctx))
