@@ -51,7 +51,10 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch, whi
 	refs := make([]*os.File, len(live))
 	for i, n := range live {
 		refs[i], n.rootfs = n.rootfs, nil
-		if refs[i] == nil && n.init != nil {
+		if refs[i] == nil {
+			// One started before its rootfs was held, or run by the
+			// runtime (a memory fork's restore), whose detach unmounts
+			// the host's mount before its release.
 			refs[i] = holdRootfs(filepath.Join(n.bundle, "rootfs"))
 		}
 	}
