@@ -91,8 +91,8 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch, whi
 }
 
 // holdRootfs takes a reference to the rootfs mount at path (nil if there
-// is none), which a branch run by an init keeps until destroyAll drops it
-// last, in the background of its release. The overlay's superblock ends
+// is none), which a branch keeps until destroyAll drops it last, in the
+// background of its release. The overlay's superblock ends
 // with its last reference, and the kernel then syncs the whole filesystem
 // of its upper (overlayfs's sync_fs writes back every dirty page there,
 // the node's other containers' too), which on a busy node takes seconds.
@@ -220,15 +220,15 @@ func (c *Service) release(ctx context.Context, sb *Sandbox, n *Branch, procs bra
 		if err := cgroup.RemoveDirs(cgDirs); err != nil {
 			log.G(ctx).WithError(err).WithField("branch", n.id).Warn("remove branch cgroup")
 		}
-		if !releaseRootfs(ctx, n) {
-			return // its bundle stays rather than be removed through a mount
-		}
+		unmounted := releaseRootfs(ctx, n)
 		go func() {
 			ctx := context.WithoutCancel(ctx)
 			for _, p := range fc.Execd() {
 				_ = p.Delete(ctx) // its exit came with the init's
 			}
-			removeBundle(ctx, n.bundle)
+			if unmounted { // else it stays, rather than be removed through a mount
+				removeBundle(ctx, n.bundle)
+			}
 		}()
 		return
 	}
