@@ -29,6 +29,7 @@ type Branch struct {
 	container  *runc.Container    // run by the runtime; nil for the sandbox
 	init       *initdriver.Branch // run by the branch init; nil for the sandbox
 	rootfs     *os.File           // its init's rootfs mount, held until its release (holdRootfs)
+	mntns      *os.File           // its init's mount namespace, held likewise (holdMntns)
 	limits     *shimv1.Limits     // given at fork
 	hasCommand bool
 	memory     bool        // its processes were restored from a memory fork

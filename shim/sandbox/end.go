@@ -48,15 +48,17 @@ func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch, whi
 			live = append(live, n)
 		}
 	}
-	refs := make([]*os.File, len(live))
-	for i, n := range live {
-		refs[i], n.rootfs = n.rootfs, nil
-		if refs[i] == nil {
+	refs := make([]*os.File, 0, 2*len(live))
+	for _, n := range live {
+		rootfs := n.rootfs
+		if rootfs == nil {
 			// One started before its rootfs was held, or run by the
 			// runtime (a memory fork's restore), whose detach unmounts
 			// the host's mount before its release.
-			refs[i] = holdRootfs(filepath.Join(n.bundle, "rootfs"))
+			rootfs = holdRootfs(filepath.Join(n.bundle, "rootfs"))
 		}
+		refs = append(refs, n.mntns, rootfs)
+		n.rootfs, n.mntns = nil, nil
 	}
 	dirs := killAll(ctx, ms, live, whileDying)
 	containers := make([]branchProcs, len(live))
@@ -107,6 +109,30 @@ func holdRootfs(path string) *os.File {
 		return nil
 	}
 	return f
+}
+
+// pidfdGetMntNamespace is PIDFD_GET_MNT_NAMESPACE (linux/pidfd.h, Linux
+// 6.11): a descriptor of the mount namespace of a pidfd's process.
+const pidfdGetMntNamespace = 0xFF03
+
+// holdMntns takes a reference to the mount namespace of a branch's init
+// (nil if it cannot), which destroyAll drops with the rootfs's. A mount
+// namespace ends with its last process otherwise: its mounts are
+// unmounted and the exit waits for an RCU grace period
+// (synchronize_rcu_expedited, 70 us and more when grace periods queue up),
+// which the abort waits for in turn.
+func holdMntns(init *initdriver.Process) *os.File {
+	pidfd := init.DupPidfd()
+	if pidfd < 0 {
+		return nil
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.IoctlRetInt(pidfd, pidfdGetMntNamespace)
+	if err != nil {
+		return nil
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "mntns")
 }
 
 // killAll kills every process of the live branches, together, and

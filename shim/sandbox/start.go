@@ -289,6 +289,7 @@ func (c *Service) startWithInit(ctx context.Context, sb *Sandbox, n *Branch, inf
 	// Held from now on: the snapshotter may detach the host's mount
 	// before the shim destroys the branch (a commit's losers).
 	n.rootfs = holdRootfs(rootfs)
+	n.mntns = holdMntns(fc.Init())
 	if n.hasCommand {
 		go func() {
 			_ = fc.Init().Wait(context.WithoutCancel(ctx))
