@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -22,16 +23,7 @@ import (
 // committed at once after (before: refused, the aborted layer still on
 // disk), its change in the sandbox; and forks work again.
 func TestFullDisk(t *testing.T) {
-	requireRoot(t)
-	mnt := fstest.LoopExt4(t, 256)
-	// A name of its own: the env's namespace (and the runtime's state
-	// under it, host-wide) is named after it.
-	dir, err := os.MkdirTemp(mnt, "env-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
-	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
+	ctx, env, _ := sandboxOnDisk(t, 256)
 	bc := func(args ...string) (string, string) {
 		t.Helper()
 		out, errOut, code := branchctl(t, ctx, env, "", args...)
@@ -63,4 +55,22 @@ func TestFullDisk(t *testing.T) {
 	}
 	bc("fork", "sb")
 	bc("checkpoint", "sb", "c1")
+}
+
+// sandboxOnDisk runs sandbox "sb" (busybox, sleeping) in an env whose
+// containerd and snapshotter directories are on an ext4 of sizeMB of its
+// own (a loop device), and returns where that filesystem is mounted.
+func sandboxOnDisk(t *testing.T, sizeMB int) (context.Context, *daemons.Env, string) {
+	t.Helper()
+	requireRoot(t)
+	mnt := fstest.LoopExt4(t, sizeMB)
+	// A name of its own: the env's namespace (and the runtime's state
+	// under it, host-wide) is named after it.
+	dir, err := os.MkdirTemp(mnt, "env-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
+	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
+	return ctx, env, mnt
 }

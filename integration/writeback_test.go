@@ -9,9 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/branchbox/branchbox/internal/daemons"
-	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestAbortNotBehindWriteback: a node whose disk holds data written but
@@ -26,14 +23,7 @@ import (
 // of the test's own, which nothing else writes. The committed branch's
 // change is the sandbox's, and forks go on.
 func TestAbortNotBehindWriteback(t *testing.T) {
-	requireRoot(t)
-	mnt := fstest.LoopExt4(t, 2048)
-	dir, err := os.MkdirTemp(mnt, "env-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
-	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
+	ctx, env, mnt := sandboxOnDisk(t, 2048)
 	bc := func(args ...string) {
 		t.Helper()
 		out, errOut, code := branchctl(t, ctx, env, "", args...)

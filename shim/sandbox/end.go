@@ -27,16 +27,16 @@ func (c *Service) destroy(ctx context.Context, sb *Sandbox, n *Branch) {
 }
 
 // destroyAll destroys branches together: their processes are all killed
-// first, so that none of them runs on while another is taken down, then
-// their rootfs mounts are detached. It returns once that is done, which is
-// all the snapshotter needs before it commits or discards their layers,
-// and all a caller needs before it replies: nothing of the branches runs
-// any more. whileDying, if not nil, runs once every process has been sent
-// its SIGKILL, while they die: work that needs only that they never run
-// again (the snapshotter's discard of their layers) overlaps the wait for
-// their exits. The rest (runtime state, cgroups, bundles) goes on in the
-// background, counted in sb.releasing; the returned wait blocks until it
-// is done.
+// first, so that none of them runs on while another is taken down. It
+// returns once they are dead, which is all the snapshotter needs before it
+// commits or discards their layers, and all a caller needs before it
+// replies: nothing of the branches runs any more. whileDying, if not nil,
+// runs once every process has been sent its SIGKILL, while they die: work
+// that needs only that they never run again (the snapshotter's discard of
+// their layers) overlaps the wait for their exits. The rest (runtime
+// state, cgroups, rootfs mounts and the references held to them, bundles)
+// goes on in the background, counted in sb.releasing; the returned wait
+// blocks until it is done.
 func (c *Service) destroyAll(ctx context.Context, sb *Sandbox, ns []*Branch, whileDying func()) (wait func()) {
 	ms, err := c.cgroups.Mounts()
 	if err != nil {
