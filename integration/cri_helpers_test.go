@@ -285,7 +285,7 @@ func (c *criTest) runPod(name, handler string, ns podNS) (string, string) {
 // <name>.log in the pod's log directory, and returns its id.
 func (c *criTest) createContainer(pod, podCfg, name string, ns podNS, args ...string) string {
 	c.t.Helper()
-	cfg := c.writeJSON(name+"-container.json", map[string]any{
+	return c.createFrom(pod, podCfg, name, map[string]any{
 		"metadata": map[string]any{"name": name, "attempt": 0},
 		"image":    map[string]any{"image": criAppImage},
 		"command":  args,
@@ -294,12 +294,28 @@ func (c *criTest) createContainer(pod, podCfg, name string, ns podNS, args ...st
 			"security_context": map[string]any{"namespace_options": ns.options()},
 		},
 	})
-	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
+}
+
+// createFrom creates a container of config cfg in pod and returns its id.
+func (c *criTest) createFrom(pod, podCfg, name string, cfg map[string]any) string {
+	c.t.Helper()
+	out, err := c.env.Crictl(c.ctx, "create", pod, c.writeJSON(name+"-container.json", cfg), podCfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	id := lastLine(out)
 	c.ids = append(c.ids, id)
+	return id
+}
+
+// startFrom creates and starts a container of config cfg in pod and
+// returns its id.
+func (c *criTest) startFrom(pod, podCfg, name string, cfg map[string]any) string {
+	c.t.Helper()
+	id := c.createFrom(pod, podCfg, name, cfg)
+	if _, err := c.env.Crictl(c.ctx, "start", id); err != nil {
+		c.t.Fatal(err)
+	}
 	return id
 }
 

@@ -37,7 +37,7 @@ func TestCRIBranchFeatures(t *testing.T) {
 
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	pod, podCfg := c.runPod("rro", "branch", ns)
-	cfg := c.writeJSON("rro-container.json", map[string]any{
+	ctr := c.startFrom(pod, podCfg, "rro", map[string]any{
 		"metadata": map[string]any{"name": "rro", "attempt": 0},
 		"image":    map[string]any{"image": criAppImage},
 		"command":  []string{"sleep", "1000"},
@@ -48,15 +48,6 @@ func TestCRIBranchFeatures(t *testing.T) {
 		},
 		"linux": map[string]any{"security_context": map[string]any{"namespace_options": ns.options()}},
 	})
-	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctr := lastLine(out)
-	c.ids = append(c.ids, ctr)
-	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
-		t.Fatal(err)
-	}
 	canWrite := func(path string, run func(...string) error) bool {
 		return run("touch", path) == nil
 	}

@@ -20,7 +20,7 @@ func TestCRIBranchRestricted(t *testing.T) {
 	c := criEnv(t)
 	ns := podNS{network: nsNode, pid: nsContainer, ipc: nsPod}
 	pod, podCfg := c.runPod("restricted", "branch", ns)
-	cfg := c.writeJSON("restricted-container.json", map[string]any{
+	ctr := c.startFrom(pod, podCfg, "restricted", map[string]any{
 		"metadata": map[string]any{"name": "app", "attempt": 0},
 		"image":    map[string]any{"image": criAppImage},
 		"command":  []string{"/bin/sh", "-c", "echo before > /tmp/state && exec sleep 1000"},
@@ -35,15 +35,6 @@ func TestCRIBranchRestricted(t *testing.T) {
 			},
 		},
 	})
-	out, err := c.env.Crictl(c.ctx, "create", pod, cfg, podCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctr := lastLine(out)
-	c.ids = append(c.ids, ctr)
-	if _, err := c.env.Crictl(c.ctx, "start", ctr); err != nil {
-		t.Fatal(err)
-	}
 	waitUntil(t, "the container to write its state", 10*time.Second, func() bool {
 		out, err := c.env.Crictl(c.ctx, "exec", "-s", ctr, "cat", "/tmp/state")
 		return err == nil && strings.TrimSpace(out) == "before"

@@ -71,7 +71,7 @@ func prepareCriu() {
 // refreezes after the dump.
 func checkpoint(c *cmdline) error {
 	prepareCriu()
-	container, st, err := checkpointable(c)
+	container, st, paused, err := checkpointable(c)
 	if err != nil {
 		return err
 	}
@@ -87,22 +87,45 @@ func checkpoint(c *cmdline) error {
 		return err
 	}
 	defer imageDir.Close()
+	freeze := c.str("freeze-cgroup")
+	if freeze == "" && paused {
+		// containerd's client pauses a task before it checkpoints it
+		// (nerdctl checkpoint create, ctr, the CRI's checkpoint): CRIU
+		// must thaw it under ptrace and freeze it again, as for runc,
+		// or it waits on the frozen processes until its timeout.
+		if freeze, err = freezerOf(st); err != nil {
+			return err
+		}
+	}
 	config := container.Config()
-	err = dump(c, &config, st, imageDir, images, true)
+	err = dump(c, &config, st, imageDir, images, freeze, true)
 	if errors.Is(err, errTmpfsGrew) {
 		// Again, with CRIU archiving every tmpfs mount itself.
 		if err := emptyDir(images); err != nil {
 			return err
 		}
-		err = dump(c, &config, st, imageDir, images, false)
+		err = dump(c, &config, st, imageDir, images, freeze, false)
 	}
 	return err
 }
 
-// dump has CRIU dump the container; with copyTmpfs, its small tmpfs
-// mounts are copied by the runtime (tmpfs.go).
-func dump(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images string, copyTmpfs bool) error {
-	opts, closeWork, err := dumpOpts(c, config, st, imageDir, images)
+// freezerOf is the cgroup that freezes the container of state st.
+func freezerOf(st *libcontainer.State) (string, error) {
+	key := "freezer"
+	if cgroups.IsCgroup2UnifiedMode() {
+		key = ""
+	}
+	if p := st.CgroupPaths[key]; p != "" {
+		return p, nil
+	}
+	return "", errors.New("checkpoint: the container is paused but has no freezer cgroup")
+}
+
+// dump has CRIU dump the container; with freeze, from that frozen
+// cgroup; with copyTmpfs, its small tmpfs mounts are copied by the
+// runtime (tmpfs.go).
+func dump(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images, freeze string, copyTmpfs bool) error {
+	opts, closeWork, err := dumpOpts(c, config, st, imageDir, images, freeze)
 	if err != nil {
 		return err
 	}
@@ -131,11 +154,18 @@ func dump(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *
 	}
 	cr := criu.MakeCriu()
 	if err := cr.Dump(opts, nfy); err != nil {
-		// Its log (dump.log in the work directory) says why; the shim
-		// reads it before the image goes.
-		return fmt.Errorf("criu dump: %w", err)
+		return fmt.Errorf("criu dump: %w%s", err, CriuLogErrors(filepath.Join(criuWorkDir(c, images), "dump.log")))
 	}
 	return nil
+}
+
+// criuWorkDir is where CRIU writes its log: the work directory the
+// command names, else the images'.
+func criuWorkDir(c *cmdline, images string) string {
+	if w := c.str("work-path"); w != "" {
+		return w
+	}
+	return images
 }
 
 // emptyDir removes what is in dir.
@@ -153,31 +183,32 @@ func emptyDir(dir string) error {
 }
 
 // checkpointable is the container to checkpoint and its state, if it
-// runs or is paused.
-func checkpointable(c *cmdline) (*libcontainer.Container, *libcontainer.State, error) {
+// runs or is paused, and whether it is paused.
+func checkpointable(c *cmdline) (*libcontainer.Container, *libcontainer.State, bool, error) {
 	container, err := getContainer(c)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	status, err := container.Status()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	if status != libcontainer.Running && status != libcontainer.Paused {
-		return nil, nil, fmt.Errorf("container cannot be checkpointed in %s state", status)
+		return nil, nil, false, fmt.Errorf("container cannot be checkpointed in %s state", status)
 	}
 	st, err := container.State()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return container, st, nil
+	return container, st, status == libcontainer.Paused, nil
 }
 
 // dumpOpts is CRIU's dump of the container of config and state st into
-// imageDir (the directory images): the options the command gives, its
+// imageDir (the directory images), from the frozen cgroup freeze if there
+// is one: the options the command gives, its
 // work directory (closeWork closes it once dumped), its external network
 // namespace and mounts, and its cgroups left alone if they are flat.
-func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images string) (_ *criurpc.CriuOpts, closeWork func(), retErr error) {
+func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images, freeze string) (_ *criurpc.CriuOpts, closeWork func(), retErr error) {
 	closeWork = func() {}
 	defer func() {
 		if retErr != nil {
@@ -214,17 +245,13 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 		closeWork = func() { workDir.Close() }
 		opts.WorkDirFd = proto.Int32(int32(workDir.Fd()))
 	}
-	// The init's network namespace, whoever made it, is external: a
-	// branch restored from the image joins the one it is given.
-	var netns unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.InitProcessPid), &netns); err != nil {
-		return nil, closeWork, fmt.Errorf("checkpoint: network namespace of the init: %w", err)
+	if err := addExternalNamespaces(c, opts, config, st.InitProcessPid); err != nil {
+		return nil, closeWork, err
 	}
-	opts.External = append(opts.External, fmt.Sprintf("net[%d]:%s", netns.Ino, ExtNetNSKey))
-	// Without --freeze-cgroup, CRIU stops the processes with ptrace alone:
+	// Without a frozen cgroup, CRIU stops the processes with ptrace alone:
 	// its freezer path polls the freezer every 100ms, which a running
-	// tree pays in full; a tree the caller froze already it does not.
-	if freeze := c.str("freeze-cgroup"); freeze != "" {
+	// tree pays in full; a tree frozen already it does not.
+	if freeze != "" {
 		opts.FreezeCgroup = proto.String(freeze)
 	}
 	if err := addDumpMounts(opts, config, st.InitProcessPid); err != nil {
@@ -243,6 +270,42 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 	}
 	return opts, closeWork, nil
 }
+
+// ExternalNetNSFlag, a flag of checkpoint, says that the image is for
+// restores that each join a network namespace they are given (a memory
+// fork's branches): the init's network namespace is external whoever made
+// it. Without it the rule is runc's, as containerd's checkpoint of a task
+// expects: a namespace is external where the container joined it by its
+// path (a pod's), and otherwise dumped, and made again by the restore.
+const ExternalNetNSFlag = "external-netns"
+
+// addExternalNamespaces marks the namespaces of the init pid that the
+// image does not hold, under the keys libcontainer's Restore hands back.
+func addExternalNamespaces(c *cmdline, opts *criurpc.CriuOpts, config *configs.Config, pid int) error {
+	external := func(t configs.NamespaceType, key string) error {
+		var ns unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, configs.NsName(t)), &ns); err != nil {
+			return fmt.Errorf("checkpoint: %s namespace of the init: %w", configs.NsName(t), err)
+		}
+		opts.External = append(opts.External, fmt.Sprintf("%s[%d]:%s", configs.NsName(t), ns.Ino, key))
+		return nil
+	}
+	if c.bool(ExternalNetNSFlag) {
+		return external(configs.NEWNET, ExtNetNSKey)
+	}
+	if config.Namespaces.PathOf(configs.NEWNET) != "" {
+		if err := external(configs.NEWNET, ExtNetNSKey); err != nil {
+			return err
+		}
+	}
+	if config.Namespaces.PathOf(configs.NEWPID) != "" {
+		return external(configs.NEWPID, extPidNSKey)
+	}
+	return nil
+}
+
+// extPidNSKey is libcontainer's criuNsToKey(NEWPID).
+const extPidNSKey = "extRootPidNS"
 
 // addDumpMounts marks the mounts CRIU cannot dump as external, under the
 // keys libcontainer's Restore maps back: bind mounts and device nodes by
@@ -356,7 +419,7 @@ func restore(c *cmdline) error {
 		restore:       opts,
 	}
 	if err := r.run(spec.Process); err != nil {
-		return err
+		return fmt.Errorf("%w%s", err, CriuLogErrors(filepath.Join(criuWorkDir(c, images), "restore.log")))
 	}
 	// The processes run: a failure here costs the poststop hooks of the
 	// container's end, not the restore.

@@ -9,9 +9,7 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +31,7 @@ import (
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/internal/procfd"
 	"github.com/branchbox/branchbox/shim/cgroup"
+	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
 // CriuBinary is the name of the CRIU binary, looked for beside the shim
@@ -186,9 +185,10 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		runtimeID = parent.runtimeID
 	}
 	r := c.runtimeOf(sb)
-	opts := &runcC.CheckpointOpts{ImagePath: dir, WorkDir: dir}
+	// Each branch joins the network namespace it is given.
+	opts := &runcC.CheckpointOpts{ImagePath: dir, WorkDir: dir, ExtraArgs: []string{"--" + ocirt.ExternalNetNSFlag}}
 	if freeze != "" {
-		opts.ExtraArgs = []string{"--freeze-cgroup", freeze}
+		opts.ExtraArgs = append(opts.ExtraArgs, "--freeze-cgroup", freeze)
 	}
 	start := time.Now()
 	// Not cut short when the caller gives up: a runtime killed midway
@@ -197,7 +197,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	err = r.Checkpoint(context.WithoutCancel(ctx), runtimeID, opts, runcC.LeaveRunning)
 	img.dump = time.Since(start)
 	if err != nil {
-		why := criuErrors(filepath.Join(dir, "dump.log"))
+		why := criuErrors(err, filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
 		if c.initEnded(ctx, sb, parent) {
 			// Killed meanwhile: CRIU's and the runtime's words ("cannot
@@ -205,7 +205,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 			// hide it.
 			return nil, fmt.Errorf("%s: %s's init exited during the dump of its processes; nothing was made: %w", what, branchName(parent.id), errdefs.ErrFailedPrecondition)
 		}
-		if strings.Contains(why, "No space left on device") {
+		if strings.Contains(err.Error()+why, "No space left on device") {
 			// The estimate before the dump was short (checkImageRoom).
 			err = fmt.Errorf("%w: its image did not fit in the sandbox's bundle, in containerd's state directory: %w", err, errdefs.ErrResourceExhausted)
 		}
@@ -337,34 +337,13 @@ func alive(pid int) bool {
 	return ok && state != 'Z' && state != 'X'
 }
 
-// criuErrors is CRIU's error lines of a log, to say why it failed: of its
-// last MB (a runaway restore's log runs to GBs, restorewatch.go).
-func criuErrors(logPath string) string {
-	b, err := readTail(logPath, 1<<20)
-	if err != nil {
+// criuErrors is what CRIU's log says went wrong, unless err (the
+// runtime's) says it already.
+func criuErrors(err error, logPath string) string {
+	if err != nil && strings.Contains(err.Error(), ocirt.CriuLogMarker) {
 		return ""
 	}
-	var errs []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if i := strings.Index(l, "Error ("); i >= 0 && !strings.Contains(l, "RLIMIT_NOFILE") {
-			errs = append(errs, strings.TrimSpace(l[i:]))
-		}
-	}
-	if len(errs) > 4 {
-		errs = errs[len(errs)-4:]
-	}
-	// The lines before the end say which step failed, which no Error
-	// line may (a dump failed by a check prints none).
-	var tail []string
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			tail = append(tail, l)
-		}
-	}
-	if len(tail) > 6 {
-		tail = tail[len(tail)-6:]
-	}
-	return " (criu: " + strings.Join(errs, "; ") + "; log ends: " + strings.Join(tail, " | ") + ")"
+	return ocirt.CriuLogErrors(logPath)
 }
 
 // checkpointImage is the memory image kept by checkpoint name of the
@@ -533,27 +512,4 @@ func (c *Service) checkRollbackMemory(sb *Sandbox, n *Branch, ck branch.Checkpoi
 		return fmt.Errorf("%s: it has %d live children (%s) built on its current state; commit or abort them first: %w", what, len(kids), strings.Join(kids, ", "), errdefs.ErrFailedPrecondition)
 	}
 	return nil
-}
-
-// readTail reads at most the last max bytes of a file.
-func readTail(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	off := fi.Size() - max
-	if off < 0 {
-		off = 0
-	}
-	b := make([]byte, fi.Size()-off)
-	n, err := f.ReadAt(b, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return b[:n], nil
 }

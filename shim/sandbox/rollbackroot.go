@@ -168,7 +168,7 @@ func (c *Service) restoreRoot(ctx context.Context, sb *Sandbox, n *Branch, ck br
 	readers()
 	if err != nil {
 		c.unexpect(sb, runtime.TaskStartEventTopic)
-		why := criuErrors(restoreLog)
+		why := criuErrors(err, restoreLog)
 		c.expect(sb, runtime.TaskDeleteEventTopic)
 		if _, derr := c.task.Delete(ctx, &taskAPI.DeleteRequest{ID: sb.id}); derr != nil {
 			c.unexpect(sb, runtime.TaskDeleteEventTopic)

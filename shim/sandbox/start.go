@@ -209,7 +209,7 @@ func (c *Service) runOnRuntime(ctx context.Context, sb *Sandbox, n *Branch, moun
 		if err != nil {
 			why := ""
 			if n.memory {
-				why = criuErrors(restoreLog) // read before the bundle goes
+				why = criuErrors(err, restoreLog) // read before the bundle goes
 			}
 			c.destroy(ctx, sb, n)
 			if n.memory {

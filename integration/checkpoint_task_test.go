@@ -1,0 +1,66 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
+)
+
+// sandboxCounter is waitCounter of a sandbox.
+func sandboxCounter(t *testing.T, ctx context.Context, env *daemons.Env, id string) (string, int) {
+	t.Helper()
+	return waitCounter(t, func() (string, error) { return execIn(ctx, env, id, "cat", "/count") })
+}
+
+// TestTaskCheckpointRestore checkpoints a sandbox with containerd's own
+// checkpoint of a task and its rw layer (`ctr containers checkpoint --task
+// --rw`, what nerdctl checkpoint create does: containerd pauses the task,
+// the runtime dumps it), while it has a live branch, then restores it
+// into a new container of the same id (`ctr containers restore --rw
+// --live`). The sandbox's network namespace is its own here (ctr makes
+// one): the image holds it and the restore makes it again, as runc's
+// does. Before, the checkpoint waited 10s on the paused processes and
+// failed, and a restore failed with "Unable to find an external netns".
+func TestTaskCheckpointRestore(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c", counterScript)
+	born, at := sandboxCounter(t, ctx, env, "sb")
+	if _, err := execIn(ctx, env, "sb", "sh", "-c", "echo written > /rw-file"); err != nil {
+		t.Fatal(err)
+	}
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1})
+
+	const ref = "checkpoint/sb:1"
+	if _, err := env.Ctr(ctx, "containers", "checkpoint", "--task", "--rw", "sb", ref); err != nil {
+		t.Fatal(err)
+	}
+	defer env.Ctr(context.Background(), "images", "rm", ref)
+	if st := taskStatus(t, ctx, env, "sb"); st != "RUNNING" {
+		t.Fatalf("sandbox %s after its checkpoint, want RUNNING", st)
+	}
+	if out := mustRun(t, ctx, sc, kids[0].ID, "cat", "/rw-file"); out != "written\n" {
+		t.Fatalf("its branch after the checkpoint reads %q", out)
+	}
+
+	removeContainer(t, env, "sb")
+	if _, err := env.Ctr(ctx, "containers", "restore", "--rw", "--live", "sb", ref); err != nil {
+		t.Fatal(err)
+	}
+	if b, n := sandboxCounter(t, ctx, env, "sb"); b != born || n <= at {
+		t.Fatalf("restored sandbox counts %q %d, want the checkpointed shell's %q past %d", b, n, born, at)
+	}
+	if out, err := execIn(ctx, env, "sb", "cat", "/rw-file"); err != nil || out != "written\n" {
+		t.Fatalf("restored sandbox's /rw-file: %q %v", out, err)
+	}
+	rc := sandboxClient(t, ctx, env, "sb")
+	kids = fork(t, ctx, rc, client.ForkOptions{Count: 1})
+	if out := mustRun(t, ctx, rc, kids[0].ID, "cat", "/count"); !strings.HasPrefix(out, born+" ") {
+		t.Fatalf("a branch of the restored sandbox reads /count %q, want the shell's number %s", out, born)
+	}
+}
