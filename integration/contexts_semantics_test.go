@@ -284,6 +284,30 @@ func TestContextsLimitsAndOOM(t *testing.T) {
 	}
 }
 
+// freezerState is the freezer cgroup of process pid and its state: on v1
+// the freezer hierarchy's and FROZEN or THAWED; on v2 the unified one's and
+// frozen 1 or 0 as its cgroup.events says.
+func freezerState(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		switch {
+		case len(parts) == 3 && parts[1] == "freezer":
+			s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", parts[2], "freezer.state"))
+			return parts[2] + " " + strings.TrimSpace(string(s))
+		case len(parts) == 3 && parts[0] == "0" && cgroupV2():
+			s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", parts[2], "cgroup.events"))
+			for _, e := range strings.Split(string(s), "\n") {
+				if strings.HasPrefix(e, "frozen ") {
+					return parts[2] + " " + e
+				}
+			}
+			return parts[2]
+		}
+	}
+	return ""
+}
+
 // TestContextsSealFreeze: with --seal freeze the sandbox's processes are
 // frozen (not only its rootfs read-only) while it has branches, and thawed
 // when the last one ends; new execs into the sandbox still run.
@@ -298,26 +322,7 @@ func TestContextsSealFreeze(t *testing.T) {
 	if cgroupV2() {
 		frozen, thawed = " frozen 1", " frozen 0"
 	}
-	state := func() string {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-		for _, l := range strings.Split(string(b), "\n") {
-			parts := strings.SplitN(l, ":", 3)
-			switch {
-			case len(parts) == 3 && parts[1] == "freezer":
-				s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", parts[2], "freezer.state"))
-				return parts[2] + " " + strings.TrimSpace(string(s))
-			case len(parts) == 3 && parts[0] == "0" && cgroupV2():
-				s, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", parts[2], "cgroup.events"))
-				for _, e := range strings.Split(string(s), "\n") {
-					if strings.HasPrefix(e, "frozen ") {
-						return parts[2] + " " + e
-					}
-				}
-				return parts[2]
-			}
-		}
-		return ""
-	}
+	state := func() string { return freezerState(pid) }
 	if got := state(); !strings.HasSuffix(got, leaf+frozen) {
 		t.Fatalf("sandbox init's freezer cgroup while forked with --seal freeze: %q", got)
 	}

@@ -154,10 +154,17 @@ func dump(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *
 	}
 	cr := criu.MakeCriu()
 	if err := cr.Dump(opts, nfy); err != nil {
-		return fmt.Errorf("criu dump: %w%s", err, CriuLogErrors(filepath.Join(criuWorkDir(c, images), "dump.log")))
+		return fmt.Errorf("criu dump: %w%s", oneLine{err}, CriuLogErrors(filepath.Join(criuWorkDir(c, images), "dump.log")))
 	}
 	return nil
 }
+
+// oneLine is an error said on one line: CRIU's messages end in a newline,
+// and runc-v2 keeps only the first line of a checkpoint's error.
+type oneLine struct{ error }
+
+func (e oneLine) Error() string { return strings.Join(strings.Fields(e.error.Error()), " ") }
+func (e oneLine) Unwrap() error { return e.error }
 
 // criuWorkDir is where CRIU writes its log: the work directory the
 // command names, else the images'.
