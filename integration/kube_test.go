@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
@@ -53,8 +55,58 @@ func TestKubeletBranchPod(t *testing.T) {
 	k.waitLogs("app", "main", "state: before")
 	k.forkCommitFromHost("app", "main", "from-branch")
 	k.checkStats("app", "main")
+	k.checkpointThroughKubelet("app", "main")
 	if w := k.warnings("app"); len(w) > 0 {
 		t.Errorf("warning events for the pod: %v", w)
+	}
+}
+
+// checkpointThroughKubelet checkpoints a pod's container through the
+// kubelet's checkpoint API (forensic container checkpointing, on by default
+// since Kubernetes 1.30), reached through the API server's node proxy, while
+// the container has a live branch: the archive is written, and the
+// container runs on, not restarted, its branch alive.
+func (k *kubeTest) checkpointThroughKubelet(pod, ctr string) {
+	k.t.Helper()
+	id := k.pod(pod).container(ctr).id()
+	out, err := k.hostBranchctl("fork", id, "-n", "1", "--json")
+	var kids []client.BranchInfo
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &kids)
+	}
+	if err != nil || len(kids) != 1 {
+		k.t.Fatalf("fork --json: %v %q", err, out)
+	}
+	empty := filepath.Join(k.dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		k.t.Fatal(err)
+	}
+	out = k.kubectl("create", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/checkpoint/default/"+pod+"/"+ctr, "-f", empty)
+	var resp struct{ Items []string }
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || len(resp.Items) != 1 {
+		k.t.Fatalf("the kubelet's checkpoint reply %q: %v", out, err)
+	}
+	if fi, err := os.Stat(resp.Items[0]); err != nil || fi.Size() == 0 {
+		k.t.Fatalf("the checkpoint archive %s: %v", resp.Items[0], err)
+	}
+	st := k.pod(pod).container(ctr)
+	if st.RestartCount != 0 || st.State.Running == nil || st.id() != id {
+		k.t.Fatalf("the container after its checkpoint: %s", st.view())
+	}
+	tree, err := k.hostBranchctl("tree", id, "--json")
+	var nodes []client.BranchInfo
+	if err == nil {
+		err = json.Unmarshal([]byte(tree), &nodes)
+	}
+	live := false
+	for _, n := range nodes {
+		live = live || n.ID == kids[0].ID && n.State == branch.Live
+	}
+	if err != nil || !live {
+		k.t.Fatalf("its branch %s after the checkpoint: %v\n%s", kids[0].ID, err, tree)
+	}
+	if _, err := k.hostBranchctl("abort", id+"/"+kids[0].ID); err != nil {
+		k.t.Fatal(err)
 	}
 }
 
