@@ -134,3 +134,51 @@ func TestCRICheckpointContainer(t *testing.T) {
 		t.Fatalf("a branch of the restored container reads /count %q, want the shell's number %s", out, born)
 	}
 }
+
+// TestCRICheckpointAcrossRuntimes restores a branch container's checkpoint
+// archive into a pod of the runc handler, and a runc container's into a
+// branch pod: an archive is a node's, not a runtime's (Kubernetes' restore
+// from a checkpoint image may land on any node whose handler runs it).
+func TestCRICheckpointAcrossRuntimes(t *testing.T) {
+	c := criEnv(t)
+	ns := podNS{network: nsPod, pid: nsContainer, ipc: nsPod}
+	for _, h := range [][2]string{{"branch", "runc"}, {"runc", "branch"}} {
+		from, to := h[0], h[1]
+		t.Run(from+"-to-"+to, func(t *testing.T) {
+			pod, podCfg := c.runPod("from-"+from, from, ns)
+			ctr := c.startFrom(pod, podCfg, "app-"+from, map[string]any{
+				"metadata":    map[string]any{"name": "app", "attempt": 0},
+				"image":       map[string]any{"image": criAppImage},
+				"command":     []string{"/bin/sh", "-c", counterScript},
+				"log_path":    "app.log",
+				"annotations": map[string]string{"io.kubernetes.container.hash": "1"},
+				"linux": map[string]any{
+					"security_context": map[string]any{"namespace_options": ns.options()},
+				},
+			})
+			born, at := readCounter(t, c, ctr)
+			archive := filepath.Join(c.dir, from+"-checkpoint.tar")
+			if _, err := c.env.Crictl(c.ctx, "checkpoint", "--export="+archive, ctr); err != nil {
+				t.Fatal(err)
+			}
+			toPod, toPodCfg := c.runPod("to-"+to, to, ns)
+			// containerd copies the archive's container log into the pod's
+			// log directory, which a kubelet makes.
+			if err := os.MkdirAll(filepath.Join(c.dir, "logs", "to-"+to), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			restored := c.startFrom(toPod, toPodCfg, "restored-"+to, map[string]any{
+				"metadata": map[string]any{"name": "restored", "attempt": 0},
+				"image":    map[string]any{"image": archive},
+				"log_path": "restored.log",
+				"linux": map[string]any{
+					"security_context": map[string]any{"namespace_options": ns.options()},
+				},
+			})
+			waitUntil(t, "the restored container's shell to count on from its checkpoint", 10*time.Second, func() bool {
+				b, n := readCounter(t, c, restored)
+				return b == born && n > at
+			})
+		})
+	}
+}

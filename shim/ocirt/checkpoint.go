@@ -98,7 +98,9 @@ func checkpoint(c *cmdline) error {
 		}
 	}
 	config := container.Config()
-	err = dump(c, &config, st, imageDir, images, freeze, true)
+	// Only a memory fork's image has the runtime copy the small tmpfs
+	// mounts: runc's restore would not know those mounts.
+	err = dump(c, &config, st, imageDir, images, freeze, c.bool(MemoryForkFlag))
 	if errors.Is(err, errTmpfsGrew) {
 		// Again, with CRIU archiving every tmpfs mount itself.
 		if err := emptyDir(images); err != nil {
@@ -269,7 +271,7 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 			return nil, closeWork, fmt.Errorf("checkpoint: the container's sysfs mounts: %w", err)
 		}
 	}
-	if cgroupsFlat(st.InitProcessPid) {
+	if c.bool(MemoryForkFlag) && cgroupsFlat(st.InitProcessPid) {
 		opts.ManageCgroups = proto.Bool(false)
 		if err := os.WriteFile(filepath.Join(images, cgroupsIgnored), nil, 0o600); err != nil {
 			return nil, closeWork, err
@@ -278,13 +280,17 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 	return opts, closeWork, nil
 }
 
-// ExternalNetNSFlag, a flag of checkpoint, says that the image is for
-// restores that each join a network namespace they are given (a memory
-// fork's branches): the init's network namespace is external whoever made
-// it. Without it the rule is runc's, as containerd's checkpoint of a task
-// expects: a namespace is external where the container joined it by its
-// path (a pod's), and otherwise dumped, and made again by the restore.
-const ExternalNetNSFlag = "external-netns"
+// MemoryForkFlag, a flag of checkpoint, says that the image is a memory
+// fork's, for this runtime's restores only, each of which joins the network
+// namespace it is given: the init's network namespace is external whoever
+// made it, the small tmpfs mounts are copied by the runtime (tmpfs.go) and
+// a flat tree's cgroups left alone (cgroupmode.go), which save the fork
+// time. Without it the image is runc's, as containerd's checkpoint of a
+// task expects and runc's restore reads (a Kubernetes checkpoint archive
+// may be restored on a node of either): a namespace is external where the
+// container joined it by its path (a pod's), and otherwise dumped, and made
+// again by the restore.
+const MemoryForkFlag = "memory-fork"
 
 // addExternalNamespaces marks the namespaces of the init pid that the
 // image does not hold, under the keys libcontainer's Restore hands back.
@@ -297,7 +303,7 @@ func addExternalNamespaces(c *cmdline, opts *criurpc.CriuOpts, config *configs.C
 		opts.External = append(opts.External, fmt.Sprintf("%s[%d]:%s", configs.NsName(t), ns.Ino, key))
 		return nil
 	}
-	if c.bool(ExternalNetNSFlag) {
+	if c.bool(MemoryForkFlag) {
 		return external(configs.NEWNET, ExtNetNSKey)
 	}
 	if config.Namespaces.PathOf(configs.NEWNET) != "" {

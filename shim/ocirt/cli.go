@@ -61,7 +61,7 @@ func (c *cmdline) bool(name string) bool {
 func boolFlag(flag string) bool {
 	switch flag {
 	case "detach", "d", "no-pivot", "no-new-keyring", "force", "f", "all", "a", "stats", "tty", "t", "no-subreaper", "keep", "ignore-paused", "no-new-privs",
-		"leave-running", "tcp-established", "ext-unix-sk", "shell-job", "file-locks", ExternalNetNSFlag:
+		"leave-running", "tcp-established", "ext-unix-sk", "shell-job", "file-locks", MemoryForkFlag:
 		return true
 	}
 	return false

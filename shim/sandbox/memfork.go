@@ -185,8 +185,9 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 		runtimeID = parent.runtimeID
 	}
 	r := c.runtimeOf(sb)
-	// Each branch joins the network namespace it is given.
-	opts := &runcC.CheckpointOpts{ImagePath: dir, WorkDir: dir, ExtraArgs: []string{"--" + ocirt.ExternalNetNSFlag}}
+	// An image for this runtime's restores only, each joining the network
+	// namespace it is given.
+	opts := &runcC.CheckpointOpts{ImagePath: dir, WorkDir: dir, ExtraArgs: []string{"--" + ocirt.MemoryForkFlag}}
 	if freeze != "" {
 		opts.ExtraArgs = append(opts.ExtraArgs, "--freeze-cgroup", freeze)
 	}
