@@ -266,7 +266,8 @@ CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSeal
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
 	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
 	integration:TestMemoryFork integration:TestMemoryRollback integration:TestMemoryCheckpoint \
-	integration:TestMemoryRollbackSandbox integration:TestMemoryForkMemoryLimit integration:TestKubeletBranchPod
+	integration:TestMemoryRollbackSandbox integration:TestMemoryForkMemoryLimit integration:TestKubeletBranchPod \
+	integration:TestTaskCheckpointRestore
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.
