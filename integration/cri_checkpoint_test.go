@@ -51,9 +51,7 @@ func readCounter(t *testing.T, c *criTest, ctr string) (string, int) {
 // with the archive as its image). Before, every such checkpoint waited
 // 10s and failed: the runtime had CRIU stop the paused processes with
 // ptrace alone, which waits on frozen ones ("Unseizable non-zombie ...
-// state D"), and the image recorded the container's network namespace as
-// external where the restore has none to give ("Unable to find an
-// external netns").
+// state D").
 func TestCRICheckpointContainer(t *testing.T) {
 	c := criEnv(t)
 	ns := podNS{network: nsPod, pid: nsContainer, ipc: nsPod}

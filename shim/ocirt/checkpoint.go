@@ -3,16 +3,18 @@
 package ocirt
 
 // checkpoint and restore: runc's commands of those names, for the memory
-// forks of branches (docs/memory-fork.md). Restore is runc's, on
-// libcontainer's Restore. Checkpoint drives CRIU itself (go-criu, as
-// libcontainer does) for two reasons libcontainer's Checkpoint cannot
-// serve: the cgroup CRIU freezes must be the one the sandbox's processes
-// are in (a sealed sandbox's are in a frozen leaf below its cgroup, which
-// CRIU must thaw and refreeze itself, or it waits forever for them), and
-// the network namespace is always external, so that each branch restored
-// from the image joins the namespace the shim gives it. Everything else
-// is what libcontainer's Checkpoint sends, so that its Restore reads the
-// image as its own: the same external mount keys, descriptors.json.
+// forks of branches (docs/memory-fork.md) and containerd's checkpoints of
+// a task (docs/runtime.md). Restore is runc's, on libcontainer's Restore.
+// Checkpoint drives CRIU itself (go-criu, as libcontainer does) for what
+// libcontainer's Checkpoint cannot serve a memory fork: the cgroup CRIU
+// freezes must be the one the sandbox's processes are in (a sealed
+// sandbox's are in a frozen leaf below its cgroup, which CRIU must thaw
+// and refreeze itself, or it waits forever for them), the network
+// namespace is always external, so that each branch restored from the
+// image joins the namespace the shim gives it, and the runtime's own
+// shortcuts (MemoryForkFlag). Everything else is what libcontainer's
+// Checkpoint sends, so that its Restore, and runc's, read the image as
+// their own: the same external mount keys, descriptors.json.
 
 import (
 	"encoding/json"
@@ -68,7 +70,8 @@ func prepareCriu() {
 // descendants into --image-path. With --leave-running they run on after
 // the dump; --freeze-cgroup names a cgroup (a directory under
 // /sys/fs/cgroup) they were frozen in, which CRIU thaws under ptrace and
-// refreezes after the dump.
+// refreezes after the dump, as it does the container's own cgroup when
+// the container is paused.
 func checkpoint(c *cmdline) error {
 	prepareCriu()
 	container, st, paused, err := checkpointable(c)
@@ -214,9 +217,9 @@ func checkpointable(c *cmdline) (*libcontainer.Container, *libcontainer.State, b
 
 // dumpOpts is CRIU's dump of the container of config and state st into
 // imageDir (the directory images), from the frozen cgroup freeze if there
-// is one: the options the command gives, its
-// work directory (closeWork closes it once dumped), its external network
-// namespace and mounts, and its cgroups left alone if they are flat.
+// is one: the options the command gives, its work directory (closeWork
+// closes it once dumped), its external namespaces and mounts, and for a
+// memory fork its cgroups left alone if they are flat.
 func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageDir *os.File, images, freeze string) (_ *criurpc.CriuOpts, closeWork func(), retErr error) {
 	closeWork = func() {}
 	defer func() {
