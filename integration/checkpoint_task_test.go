@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
@@ -47,6 +51,15 @@ func taskCheckpointRestore(t *testing.T, ctx context.Context, env *daemons.Env, 
 	}
 	kids := fork(t, ctx, sc, client.ForkOptions{Count: 1, Seal: seal})
 
+	if seal == "freeze" {
+		// Through containerd's task service without its client's pause:
+		// the sealed processes cannot be thawed for CRIU, so refused.
+		cc, _ := sandboxTask(t, ctx, env, "sb")
+		_, err := cc.TaskService().Checkpoint(ctx, &tasks.CheckpointTaskRequest{ContainerID: "sb"})
+		if err = errgrpc.ToNative(err); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pause it first") {
+			t.Fatalf("a checkpoint of the sealed sandbox not paused: %v; want failed precondition, pause it first", err)
+		}
+	}
 	const ref = "checkpoint/sb:1"
 	if _, err := env.Ctr(ctx, "containers", "checkpoint", "--task", "--rw", "sb", ref); err != nil {
 		t.Fatal(err)
