@@ -5,6 +5,8 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -129,5 +131,49 @@ func TestContextsUserns(t *testing.T) {
 	}
 	if _, task = sandboxTask(t, ctx, env, "sb"); task.Pid() == before {
 		t.Fatalf("the sandbox's task still runs its old init (%d) after the rollback", before)
+	}
+}
+
+// TestMemoryForkUsernsBinds: a memory fork of a sandbox in a user namespace
+// of its own whose bind mounts come from directories the mapped root
+// cannot search, as nerdctl's /etc/resolv.conf, /etc/hosts and
+// /etc/hostname do (its data root is 0700, root's). CRIU binds a restore's
+// external mounts from inside the user namespace it restores into, where
+// such a source is out of reach: before, every memory fork of a sandbox run
+// by `nerdctl --userns-remap` failed ("mnt-v2: Failed to open_tree
+// .../resolv.conf: Permission denied").
+func TestMemoryForkUsernsBinds(t *testing.T) {
+	// The sources are readable by anyone; their directory searchable by
+	// root only.
+	private := filepath.Join(t.TempDir(), "private")
+	if err := os.MkdirAll(filepath.Join(private, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(private, "file"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(private, "dir", "inner"), []byte("inner\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := fmt.Sprintf("0:%d:%d", usernsHost, usernsSize)
+	ctx, _, sc := sandboxCtxEnv(t, "--uidmap", m, "--gidmap", m,
+		"--mount", "type=bind,src="+filepath.Join(private, "file")+",dst=/etc/bound,options=rbind:ro",
+		"--mount", "type=bind,src="+filepath.Join(private, "dir")+",dst=/bound-dir,options=rbind:ro")
+	mem, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork of a user-namespaced sandbox with binds from a private directory: %v", err)
+	}
+	if out := mustRun(t, ctx, sc, mem.Branches[0].ID, "cat", "/etc/bound", "/bound-dir/inner"); out != "from the host\ninner\n" {
+		t.Fatalf("the memory branch reads its binds as %q", out)
+	}
+	if _, err := sc.Abort(ctx, mem.Branches[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing of the restore's is left mounted.
+	if out, err := exec.Command("findmnt", "-rn", "-o", "TARGET,SOURCE").Output(); err != nil || strings.Contains(string(out), "bind-") {
+		t.Fatalf("mounts after the fork (%v):\n%s", err, out)
 	}
 }

@@ -407,7 +407,13 @@ func restore(c *cmdline) error {
 		if err != nil {
 			return err
 		}
-		undo, err = tmpfsCopies(images, work, spec)
+		undoCopies, err := tmpfsCopies(images, work, spec)
+		undo = undoCopies
+		if err != nil {
+			return err
+		}
+		undoBinds, err := reachableBinds(work, spec) // binds_restore.go
+		undo = func() { undoBinds(); undoCopies() }
 		return err
 	})
 	if err != nil {

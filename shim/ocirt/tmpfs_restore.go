@@ -83,22 +83,32 @@ func tmpfsCopies(images, work string, spec *specs.Spec) (undo func(), err error)
 
 // copiesDir makes the directory below work that the copies are mounted in.
 func copiesDir(work string, spec *specs.Spec) (string, error) {
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp(work, "tmpfs-")
-	if err != nil {
-		return "", err
-	}
 	if inUserNS(spec) {
 		// CRIU binds them from inside the user namespace it restores
 		// the processes in, as its root (a host uid of its range), which
-		// must be able to reach them: searchable, not listable.
-		for _, d := range []string{work, dir} {
-			if err := os.Chmod(d, 0o711); err != nil {
-				os.Remove(dir)
-				return "", err
-			}
+		// must be able to reach them.
+		return searchableDir(work, "tmpfs-")
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", err
+	}
+	return os.MkdirTemp(work, "tmpfs-")
+}
+
+// searchableDir makes a new directory below work, named from prefix, that
+// any user can search but not list, and makes work so too.
+func searchableDir(work, prefix string) (string, error) {
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp(work, prefix)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range []string{work, dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			os.Remove(dir)
+			return "", err
 		}
 	}
 	return dir, nil

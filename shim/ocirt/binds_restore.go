@@ -1,0 +1,107 @@
+//go:build linux
+
+package ocirt
+
+// A restore into a user namespace: CRIU binds each external mount of the
+// image from inside the user namespace it makes, as its root (a host uid of
+// the mapped range), which must be able to search every directory on the
+// way to the mount's source. A container's bind mounts often come from
+// directories only the host's root may search (nerdctl's /etc/resolv.conf,
+// /etc/hosts and /etc/hostname, in its 0700 data root; a volume below a
+// 0700 directory): the container itself got them because the runtime opened
+// their sources as the host's root. So each bind source is first bound, as
+// the host's root, below the restore's work directory, which the mapped
+// root can search, and the restore names that bind instead; the runtime
+// detaches it once the restore is done (the container's mount is CRIU's
+// own clone of it).
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// reachableBinds rebinds the bind sources of spec's mounts below work for
+// a restore into a user namespace, and points the mounts at them; undo
+// detaches and removes them. Nothing happens outside a user namespace.
+func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
+	undo = func() {}
+	if !inUserNS(spec) {
+		return undo, nil
+	}
+	var binds []int
+	for i, m := range spec.Mounts {
+		// An id-mapped bind is libcontainer's to make from the host.
+		if isBind(m) && filepath.IsAbs(m.Source) && len(m.UIDMappings) == 0 {
+			binds = append(binds, i)
+		}
+	}
+	if len(binds) == 0 {
+		return undo, nil
+	}
+	dir, err := searchableDir(work, "binds-")
+	if err != nil {
+		return undo, err
+	}
+	var targets []string
+	undo = func() {
+		for _, t := range targets {
+			if err := unix.Unmount(t, unix.MNT_DETACH); err == nil || err == unix.EINVAL {
+				_ = os.Remove(t)
+			}
+		}
+		_ = os.Remove(dir)
+	}
+	for _, i := range binds {
+		m := &spec.Mounts[i]
+		target := filepath.Join(dir, strconv.Itoa(i))
+		if err := bindTarget(m.Source, target); err != nil {
+			undo()
+			return func() {}, fmt.Errorf("bind mount %s: %w", m.Destination, err)
+		}
+		targets = append(targets, target)
+		flags := uintptr(unix.MS_BIND)
+		if slices.Contains(m.Options, "rbind") {
+			flags |= unix.MS_REC
+		}
+		if err := unix.Mount(m.Source, target, "", flags, ""); err != nil {
+			undo()
+			return func() {}, fmt.Errorf("bind mount %s: bind %s for the restore: %w", m.Destination, m.Source, err)
+		}
+		// Not a peer of the source's: nothing the restore does to it
+		// propagates back to the host's mount.
+		if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			undo()
+			return func() {}, fmt.Errorf("bind mount %s: %w", m.Destination, err)
+		}
+		m.Source = target
+	}
+	return undo, nil
+}
+
+// isBind says whether a spec mount is a bind mount.
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// bindTarget makes at target what a bind of source needs there: a
+// directory for a directory, an empty file for anything else.
+func bindTarget(source, target string) error {
+	fi, err := os.Stat(source)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return os.Mkdir(target, 0o700)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
