@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/shim/initdriver"
 )
 
 // TestContextsUserns: a sandbox run by ctr with its own user namespace
@@ -141,8 +142,12 @@ func TestContextsUserns(t *testing.T) {
 // external mounts from inside the user namespace it restores into, where
 // such a source is out of reach: before, every memory fork of a sandbox run
 // by `nerdctl --userns-remap` failed ("mnt-v2: Failed to open_tree
-// .../resolv.conf: Permission denied").
+// .../resolv.conf: Permission denied"). Where the node's mounts are shared
+// (systemd's) it still fails, differently (docs/userns.md): not run there.
 func TestMemoryForkUsernsBinds(t *testing.T) {
+	if initdriver.RootShared() {
+		t.Skip("the node's mounts are shared: memory forks of a user-namespaced sandbox with binds fail there (docs/userns.md)")
+	}
 	// The sources are readable by anyone; their directory searchable by
 	// root only.
 	private := filepath.Join(t.TempDir(), "private")

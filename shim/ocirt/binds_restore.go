@@ -69,15 +69,12 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 		if slices.Contains(m.Options, "rbind") {
 			flags |= unix.MS_REC
 		}
+		// Left a peer of the source where the source is shared (a systemd
+		// host's mounts): the container's mount was a slave of it, and
+		// CRIU makes the restored one so by copying this one's sharing.
 		if err := unix.Mount(m.Source, target, "", flags, ""); err != nil {
 			undo()
 			return func() {}, fmt.Errorf("bind mount %s: bind %s for the restore: %w", m.Destination, m.Source, err)
-		}
-		// Not a peer of the source's: nothing the restore does to it
-		// propagates back to the host's mount.
-		if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-			undo()
-			return func() {}, fmt.Errorf("bind mount %s: %w", m.Destination, err)
 		}
 		m.Source = target
 	}
