@@ -144,17 +144,38 @@ func TestContextsUserns(t *testing.T) {
 // by `nerdctl --userns-remap` failed ("mnt-v2: Failed to open_tree
 // .../resolv.conf: Permission denied"). Where the node's mounts are shared
 // (systemd's) it still fails, differently (docs/userns.md): not run there.
+// Binds from directories the mapped root can search fork as before, on
+// either kind of node (the test runs again in a namespace whose mounts
+// propagate the other way).
 func TestMemoryForkUsernsBinds(t *testing.T) {
-	if initdriver.RootShared() {
-		t.Skip("the node's mounts are shared: memory forks of a user-namespaced sandbox with binds fail there (docs/userns.md)")
+	shared := initdriver.RootShared()
+	t.Logf("the root mount is shared: %v", shared)
+	t.Run("private", func(t *testing.T) {
+		if shared {
+			t.Skip("the node's mounts are shared: memory forks of a user-namespaced sandbox with binds out of its root's reach fail there (docs/userns.md)")
+		}
+		memoryForkUsernsBinds(t, 0o700)
+	})
+	t.Run("searchable", func(t *testing.T) { memoryForkUsernsBinds(t, 0o755) })
+	againWithOtherPropagation(t)
+}
+
+// memoryForkUsernsBinds is TestMemoryForkUsernsBinds with the binds'
+// sources in a directory of mode mode (readable by anyone themselves).
+func memoryForkUsernsBinds(t *testing.T, mode os.FileMode) {
+	top, err := os.MkdirTemp("", "bbx-binds-")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The sources are readable by anyone; their directory searchable by
-	// root only.
-	private := filepath.Join(t.TempDir(), "private")
+	t.Cleanup(func() { os.RemoveAll(top) })
+	if err := os.Chmod(top, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	private := filepath.Join(top, "sources")
 	if err := os.MkdirAll(filepath.Join(private, "dir"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(private, 0o700); err != nil {
+	if err := os.Chmod(private, mode); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(private, "file"), []byte("from the host\n"), 0o644); err != nil {
@@ -169,7 +190,7 @@ func TestMemoryForkUsernsBinds(t *testing.T) {
 		"--mount", "type=bind,src="+filepath.Join(private, "dir")+",dst=/bound-dir,options=rbind:ro")
 	mem, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
 	if err != nil {
-		t.Fatalf("memory fork of a user-namespaced sandbox with binds from a private directory: %v", err)
+		t.Fatalf("memory fork of a user-namespaced sandbox with binds from a directory of mode %o: %v", mode, err)
 	}
 	if out := mustRun(t, ctx, sc, mem.Branches[0].ID, "cat", "/etc/bound", "/bound-dir/inner"); out != "from the host\ninner\n" {
 		t.Fatalf("the memory branch reads its binds as %q", out)
@@ -178,7 +199,7 @@ func TestMemoryForkUsernsBinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing of the restore's is left mounted.
-	if out, err := exec.Command("findmnt", "-rn", "-o", "TARGET,SOURCE").Output(); err != nil || strings.Contains(string(out), "bind-") {
+	if out, err := exec.Command("findmnt", "-rn", "-o", "TARGET").Output(); err != nil || strings.Contains(string(out), "/work/binds-") {
 		t.Fatalf("mounts after the fork (%v):\n%s", err, out)
 	}
 }

@@ -13,7 +13,10 @@ package ocirt
 // the host's root, below the restore's work directory, which the mapped
 // root can search, and the restore names that bind instead; the runtime
 // detaches it once the restore is done (the container's mount is CRIU's
-// own clone of it).
+// own clone of it). Only a source out of reach is: where the node's mounts
+// are shared, CRIU makes a restored bind a slave as the container's was by
+// copying the sharing of one source of the group to all its binds, and
+// only the original sources' mounts are wide enough for that.
 
 import (
 	"fmt"
@@ -34,10 +37,11 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 	if !inUserNS(spec) {
 		return undo, nil
 	}
+	uid, gid, mapped := mappedRoot(spec)
 	var binds []int
 	for i, m := range spec.Mounts {
 		// An id-mapped bind is libcontainer's to make from the host.
-		if isBind(m) && filepath.IsAbs(m.Source) && len(m.UIDMappings) == 0 {
+		if isBind(m) && filepath.IsAbs(m.Source) && len(m.UIDMappings) == 0 && !(mapped && searchable(m.Source, uid, gid)) {
 			binds = append(binds, i)
 		}
 	}
@@ -79,6 +83,46 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 		m.Source = target
 	}
 	return undo, nil
+}
+
+// mappedRoot is the host uid and gid of the root of spec's user namespace.
+func mappedRoot(spec *specs.Spec) (uid, gid uint32, ok bool) {
+	var uok, gok bool
+	for _, m := range spec.Linux.UIDMappings {
+		if m.ContainerID == 0 && m.Size > 0 {
+			uid, uok = m.HostID, true
+		}
+	}
+	for _, m := range spec.Linux.GIDMappings {
+		if m.ContainerID == 0 && m.Size > 0 {
+			gid, gok = m.HostID, true
+		}
+	}
+	return uid, gid, uok && gok
+}
+
+// searchable says whether uid and gid (and no other group) may search every
+// directory above path.
+func searchable(path string, uid, gid uint32) bool {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		var st unix.Stat_t
+		if unix.Stat(dir, &st) != nil {
+			return false
+		}
+		var bit uint32 = unix.S_IXOTH
+		switch {
+		case st.Uid == uid:
+			bit = unix.S_IXUSR
+		case st.Gid == gid:
+			bit = unix.S_IXGRP
+		}
+		if st.Mode&bit == 0 {
+			return false
+		}
+		if dir == "/" {
+			return true
+		}
+	}
 }
 
 // isBind says whether a spec mount is a bind mount.
