@@ -29,9 +29,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reachableBinds rebinds the bind sources of spec's mounts below work for
-// a restore into a user namespace, and points the mounts at them; undo
-// detaches and removes them. Nothing happens outside a user namespace.
+// reachableBinds rebinds below work the bind sources of spec's mounts that
+// the root of spec's user namespace cannot reach, for a restore into that
+// namespace, and points the mounts at them; undo detaches and removes
+// them. Nothing happens outside a user namespace.
 func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 	undo = func() {}
 	if !inUserNS(spec) {
