@@ -287,6 +287,7 @@ func TestMemoryCheckpointPushPull(t *testing.T) {
 	if _, err := envB.Ctr(ctx, "tasks", "start", "-d", "sb2"); err != nil {
 		t.Fatal(err)
 	}
+	waitReplReady(t, ctx, envB, "sb2")
 	scB, err := client.NewSandboxClient(ctx, envB.Address, envB.Namespace, "sb2")
 	if err != nil {
 		t.Fatal(err)

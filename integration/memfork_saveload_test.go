@@ -106,6 +106,7 @@ func forkLoadedMemory(t *testing.T, ctx context.Context, env *daemons.Env, memor
 	if _, err := env.Ctr(ctx, "tasks", "start", "-d", "sb2"); err != nil {
 		t.Fatal(err)
 	}
+	waitReplReady(t, ctx, env, "sb2")
 	sc2, err := client.NewSandboxClient(ctx, env.Address, env.Namespace, "sb2")
 	if err != nil {
 		t.Fatal(err)

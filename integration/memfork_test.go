@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
 	"github.com/branchbox/branchbox/branch"
@@ -47,7 +48,20 @@ func replSandboxWith(t *testing.T, cfg daemons.Config) (context.Context, *daemon
 	ctx, env, _ := shimEnvWith(t, cfg)
 	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c", replScript)
 	waitFor(t, func() bool { out, _ := execIn(ctx, env, "sb", "cat", "/data.log"); return out == "before\n" })
+	waitReplReady(t, ctx, env, "sb")
 	return ctx, env, sc
+}
+
+// waitReplReady waits until the replScript of sandbox id holds /data.log
+// open: a fork before that seals the rootfs read-only, its exec 3>> fails,
+// and the shell exits (a failed redirection of exec ends a script).
+func waitReplReady(t *testing.T, ctx context.Context, env *daemons.Env, id string) {
+	t.Helper()
+	_, task := sandboxTask(t, namespaces.WithNamespace(ctx, env.Namespace), env, id)
+	waitUntil(t, "the REPL to open /data.log", 10*time.Second, func() bool {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/3", task.Pid()))
+		return err == nil && strings.HasSuffix(l, "/data.log")
+	})
 }
 
 // replIn runs one REPL command (a line of shell) in a branch: the sandbox
