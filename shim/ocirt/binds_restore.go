@@ -14,9 +14,12 @@ package ocirt
 // root can search, and the restore names that bind instead; the runtime
 // detaches it once the restore is done (the container's mount is CRIU's
 // own clone of it). Only a source out of reach is: where the node's mounts
-// are shared, CRIU makes a restored bind a slave as the container's was by
-// copying the sharing of one source of the group to all its binds, and
-// only the original sources' mounts are wide enough for that.
+// are shared, CRIU's mount engine makes a restored bind a slave as the
+// container's was by copying the sharing of one source of the group to all
+// its binds, and only the original sources' mounts are wide enough for
+// that. A restore with such a rebound source, shared, is made with CRIU's
+// older mount engine (mntns-compat-mode), which makes binds slaves of their
+// own sources.
 
 import (
 	"fmt"
@@ -24,15 +27,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
 // reachableBinds rebinds below work the bind sources of spec's mounts that
 // the root of spec's user namespace cannot reach, for a restore into that
-// namespace, and points the mounts at them; undo detaches and removes
-// them. Nothing happens outside a user namespace.
+// namespace, and points the mounts at them (and CRIU at its older mount
+// engine if one of them is shared); undo detaches and removes them.
+// Nothing happens outside a user namespace.
 func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 	undo = func() {}
 	if !inUserNS(spec) {
@@ -60,8 +66,10 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 				_ = os.Remove(t)
 			}
 		}
+		_ = os.Remove(filepath.Join(dir, "criu.conf"))
 		_ = os.Remove(dir)
 	}
+	shared := false
 	for _, i := range binds {
 		m := &spec.Mounts[i]
 		target := filepath.Join(dir, strconv.Itoa(i))
@@ -82,8 +90,24 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 			return func() {}, fmt.Errorf("bind mount %s: bind %s for the restore: %w", m.Destination, m.Source, err)
 		}
 		m.Source = target
+		if ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target)); err == nil && len(ms) == 1 {
+			shared = shared || strings.Contains(ms[0].Optional, "shared:")
+		}
+	}
+	if shared {
+		if err := addCriuConfig(dir, spec, "mntns-compat-mode"); err != nil {
+			undo()
+			return func() {}, err
+		}
 	}
 	return undo, nil
+}
+
+// addCriuConfig points spec's CRIU configuration at a file in dir that
+// holds what it held and lines.
+func addCriuConfig(dir string, spec *specs.Spec, lines ...string) error {
+	e := &extMounts{dir: dir, conf: append(criuConfigOf(spec), lines...)}
+	return e.writeConf(dir, spec)
 }
 
 // mappedRoot is the host uid and gid of the root of spec's user namespace.
