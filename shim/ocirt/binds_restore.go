@@ -84,7 +84,7 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 		}
 		// Left a peer of the source where the source is shared (a systemd
 		// host's mounts): the container's mount was a slave of it, and
-		// CRIU makes the restored one so by copying this one's sharing.
+		// CRIU makes the restored one a slave of this one.
 		if err := unix.Mount(m.Source, target, "", flags, ""); err != nil {
 			undo()
 			return func() {}, fmt.Errorf("bind mount %s: bind %s for the restore: %w", m.Destination, m.Source, err)
