@@ -21,6 +21,24 @@ import (
 // would freeze its branches too, since they are nested below it.
 const SealLeaf = ".sealed"
 
+// Leaf is the seal leaf of a cgroup in one hierarchy.
+type Leaf struct {
+	Dir  Dir    // the hierarchy
+	Path string // the leaf's directory
+}
+
+// SealLeaves is the seal leaves of the cgroup path, in those hierarchies
+// of ms that freeze where the leaf exists.
+func SealLeaves(ms []Dir, path string) []Leaf {
+	var leaves []Leaf
+	for _, d := range DirsIn(ms, path) {
+		if leaf := filepath.Join(d.Path, SealLeaf); d.Freezes() && IsDir(leaf) {
+			leaves = append(leaves, Leaf{Dir: d, Path: leaf})
+		}
+	}
+	return leaves
+}
+
 // Thaw thaws a cgroup and every cgroup below it: on cgroup v1 a frozen
 // task ignores SIGKILL until thawed, and a child frozen by itself stays
 // frozen when its parent thaws.

@@ -4,7 +4,6 @@ package sandbox
 
 import (
 	"context"
-	"path/filepath"
 
 	"github.com/branchbox/branchbox/shim/cgroup"
 	"github.com/containerd/log"
@@ -23,12 +22,9 @@ func (c *Service) ThawSealForKill(ctx context.Context, id string) {
 	if err != nil {
 		return
 	}
-	for _, d := range cgroup.DirsIn(ms, sb.cgroup) {
-		leaf := filepath.Join(d.Path, cgroup.SealLeaf)
-		if d.Freezes() && cgroup.IsDir(leaf) {
-			if err := cgroup.SetFreezer(d, leaf, cgroups.Thawed); err != nil {
-				log.G(ctx).WithError(err).WithField("sandbox", id).Warn("thaw the sealed processes of a killed sandbox")
-			}
+	for _, l := range cgroup.SealLeaves(ms, sb.cgroup) {
+		if err := cgroup.SetFreezer(l.Dir, l.Path, cgroups.Thawed); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", id).Warn("thaw the sealed processes of a killed sandbox")
 		}
 	}
 }

@@ -16,7 +16,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -26,12 +25,6 @@ import (
 
 	"github.com/branchbox/branchbox/shim/cgroup"
 )
-
-// sealLeaf is the seal's frozen leaf of a branch in one hierarchy.
-type sealLeaf struct {
-	dir  cgroup.Dir
-	path string
-}
 
 // TaskCheckpoint runs dump, containerd's checkpoint of the task id, with
 // the sandbox's seal leaves thawed under its pause.
@@ -54,7 +47,7 @@ func (c *Service) TaskCheckpoint(ctx context.Context, id string, dump func() err
 			sb.id, strings.Join(names, ", "), errdefs.ErrFailedPrecondition)
 	}
 	for i, l := range leaves {
-		if err := cgroup.SetFreezer(l.dir, l.path, cgroups.Thawed); err != nil {
+		if err := cgroup.SetFreezer(l.Dir, l.Path, cgroups.Thawed); err != nil {
 			refreeze(ctx, sb, leaves[:i])
 			return fmt.Errorf("checkpoint of sandbox %s: thaw the processes its seal froze, under its pause: %w", sb.id, err)
 		}
@@ -65,8 +58,8 @@ func (c *Service) TaskCheckpoint(ctx context.Context, id string, dump func() err
 
 // sealLeaves is the frozen seal leaves of the sandbox's live branches (its
 // root's included), and the branches' names.
-func (c *Service) sealLeaves(sb *Sandbox) ([]sealLeaf, []string, error) {
-	var leaves []sealLeaf
+func (c *Service) sealLeaves(sb *Sandbox) ([]cgroup.Leaf, []string, error) {
+	var leaves []cgroup.Leaf
 	var names []string
 	var ms []cgroup.Dir
 	for _, n := range sb.nodes {
@@ -80,11 +73,7 @@ func (c *Service) sealLeaves(sb *Sandbox) ([]sealLeaf, []string, error) {
 			}
 		}
 		names = append(names, branchName(n.id))
-		for _, d := range cgroup.DirsIn(ms, n.cgroup) {
-			if leaf := filepath.Join(d.Path, cgroup.SealLeaf); d.Freezes() && cgroup.IsDir(leaf) {
-				leaves = append(leaves, sealLeaf{dir: d, path: leaf})
-			}
-		}
+		leaves = append(leaves, cgroup.SealLeaves(ms, n.cgroup)...)
 	}
 	sort.Strings(names)
 	return leaves, names, nil
@@ -93,10 +82,10 @@ func (c *Service) sealLeaves(sb *Sandbox) ([]sealLeaf, []string, error) {
 // refreeze freezes the seal leaves again. It cannot fail the checkpoint:
 // the dump is made. A leaf left thawed would let sealed processes run once
 // the sandbox resumes, so it is said loudly.
-func refreeze(ctx context.Context, sb *Sandbox, leaves []sealLeaf) {
+func refreeze(ctx context.Context, sb *Sandbox, leaves []cgroup.Leaf) {
 	for _, l := range leaves {
-		if err := cgroup.SetFreezer(l.dir, l.path, cgroups.Frozen); err != nil {
-			log.G(ctx).WithError(err).WithField("sandbox", sb.id).WithField("cgroup", l.path).Error("freeze the sealed processes again after a checkpoint: they run once the sandbox resumes")
+		if err := cgroup.SetFreezer(l.Dir, l.Path, cgroups.Frozen); err != nil {
+			log.G(ctx).WithError(err).WithField("sandbox", sb.id).WithField("cgroup", l.Path).Error("freeze the sealed processes again after a checkpoint: they run once the sandbox resumes")
 		}
 	}
 }
