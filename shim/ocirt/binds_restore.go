@@ -69,7 +69,6 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 		_ = os.Remove(filepath.Join(dir, "criu.conf"))
 		_ = os.Remove(dir)
 	}
-	shared := false
 	for _, i := range binds {
 		m := &spec.Mounts[i]
 		target := filepath.Join(dir, strconv.Itoa(i))
@@ -90,12 +89,9 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 			return func() {}, fmt.Errorf("bind mount %s: bind %s for the restore: %w", m.Destination, m.Source, err)
 		}
 		m.Source = target
-		if ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target)); err == nil && len(ms) == 1 {
-			shared = shared || strings.Contains(ms[0].Optional, "shared:")
-		}
 	}
-	if shared {
-		if err := addCriuConfig(dir, spec, "mntns-compat-mode"); err != nil {
+	if anyShared(dir) {
+		if err := writeCriuConfig(dir, append(criuConfigOf(spec), "mntns-compat-mode"), spec); err != nil {
 			undo()
 			return func() {}, err
 		}
@@ -103,11 +99,14 @@ func reachableBinds(work string, spec *specs.Spec) (undo func(), err error) {
 	return undo, nil
 }
 
-// addCriuConfig points spec's CRIU configuration at a file in dir that
-// holds what it held and lines.
-func addCriuConfig(dir string, spec *specs.Spec, lines ...string) error {
-	e := &extMounts{dir: dir, conf: append(criuConfigOf(spec), lines...)}
-	return e.writeConf(dir, spec)
+// anyShared says whether a mount below dir is shared (one read of the
+// mount table for all of them).
+func anyShared(dir string) bool {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(ms, func(m *mountinfo.Info) bool { return strings.Contains(m.Optional, "shared:") })
 }
 
 // mappedRoot is the host uid and gid of the root of spec's user namespace.

@@ -77,7 +77,7 @@ func tmpfsCopies(images, work string, spec *specs.Spec) (undo func(), err error)
 			return undo, err
 		}
 	}
-	err = e.writeConf(work, spec)
+	err = writeCriuConfig(e.dir, e.conf, spec)
 	return undo, err
 }
 
@@ -172,13 +172,14 @@ func (e *extMounts) sysfs(i int, m sysfsMount, netns string) error {
 	return nil
 }
 
-// writeConf writes the CRIU configuration and points spec at it.
-func (e *extMounts) writeConf(work string, spec *specs.Spec) error {
-	file := filepath.Join(e.dir, "criu.conf")
+// writeCriuConfig writes the CRIU configuration conf into dir and points
+// spec at it.
+func writeCriuConfig(dir string, conf []string, spec *specs.Spec) error {
+	file := filepath.Join(dir, "criu.conf")
 	if strings.ContainsAny(file, "\"\n") {
-		return fmt.Errorf("work directory %q: CRIU's configuration cannot name it", work)
+		return fmt.Errorf("work directory %q: CRIU's configuration cannot name it", filepath.Dir(dir))
 	}
-	if err := os.WriteFile(file, []byte(strings.Join(e.conf, "\n")+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 		return err
 	}
 	if spec.Annotations == nil {
