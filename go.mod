@@ -40,6 +40,7 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250804133106-a7a43d27e69b
 	google.golang.org/grpc v1.76.0
 	google.golang.org/protobuf v1.36.10
+	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397
 )
 
 require (

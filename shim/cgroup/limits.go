@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/internal/cgroupfit"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/cgroups"
@@ -41,9 +42,7 @@ func SetLimits(paths map[string]string, l *shimv1.Limits) error {
 			if err := write("", "cpu.max", quota+" 100000"); err != nil {
 				return err
 			}
-		} else if err := write("cpu", "cpu.cfs_period_us", "100000"); err != nil {
-			return err
-		} else if err := write("cpu", "cpu.cfs_quota_us", quota); err != nil {
+		} else if err := setQuotaV1(paths, write, int64(l.Cpus*100000)); err != nil {
 			return err
 		}
 	}
@@ -57,4 +56,18 @@ func SetLimits(paths map[string]string, l *shimv1.Limits) error {
 		}
 	}
 	return nil
+}
+
+// setQuotaV1 writes a branch's CPU limit on cgroup v1, unless it is above
+// what the nearest limited ancestor has: the kernel refuses that there
+// (on v2 it takes it and bounds the branch by its parent), so the branch
+// is left bounded by its ancestor's, as it would be on v2.
+func setQuotaV1(paths map[string]string, write func(ctrl, file, v string) error, quota int64) error {
+	if over, err := cgroupfit.QuotaAboveAncestors(paths["cpu"], quota, 100000); err != nil || over {
+		return err
+	}
+	if err := write("cpu", "cpu.cfs_period_us", "100000"); err != nil {
+		return err
+	}
+	return write("cpu", "cpu.cfs_quota_us", strconv.FormatInt(quota, 10))
 }

@@ -23,6 +23,8 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/cgroupfit"
 )
 
 // runner is runc's runner, reduced to the detached case: the task service
@@ -252,7 +254,23 @@ func update(c *cmdline) error {
 	setResources(config.Cgroups.Resources, r)
 	// Like runc update: device rules cannot change here.
 	config.Cgroups.SkipDevices = true
-	return container.Set(config)
+	st, err := container.State()
+	if err != nil {
+		return err
+	}
+	// The branch cgroups below the container's first, which cgroup v1
+	// would otherwise keep from this update. A warm init's cgroup made
+	// meanwhile (the pool refills on its own) may copy the old cpuset:
+	// the kernel's EBUSY then, and one more round.
+	for try := 0; ; try++ {
+		if err := cgroupfit.Update(st.CgroupPaths, config.Cgroups.Resources); err != nil {
+			return fmt.Errorf("make the branch cgroups below the container fit its update: %w", err)
+		}
+		err := container.Set(config)
+		if err == nil || try == 1 || !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+	}
 }
 
 // readResources reads the resources of --resources (a file, or "-" for

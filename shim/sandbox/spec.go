@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/internal/cgroupfit"
 )
 
 // Network modes of a branch.
@@ -108,30 +109,7 @@ func branchSpec(parent *specs.Spec, cgroupPath string, join joinNS, req *shimv1.
 		if s.Linux.Resources == nil {
 			s.Linux.Resources = &specs.LinuxResources{}
 		}
-		r := s.Linux.Resources
-		if l.Memory > 0 {
-			var mem specs.LinuxMemory
-			if r.Memory != nil {
-				mem = *r.Memory
-			}
-			m := l.Memory
-			mem.Limit, mem.Swap = &m, nil
-			r.Memory = &mem
-		}
-		if l.Cpus > 0 {
-			var cpu specs.LinuxCPU
-			if r.CPU != nil {
-				cpu = *r.CPU
-			}
-			period := uint64(100000)
-			quota := int64(l.Cpus * float64(period))
-			cpu.Period, cpu.Quota = &period, &quota
-			r.CPU = &cpu
-		}
-		if l.Pids > 0 {
-			p := l.Pids
-			r.Pids = &specs.LinuxPids{Limit: &p}
-		}
+		applyLimits(s.Linux.Resources, l)
 	}
 	return &s, nil
 }
@@ -219,4 +197,67 @@ func imageForUserNS(dir string, s *specs.Spec) error {
 		return fmt.Errorf("give the memory image to the user namespace's root (uid %d): %w", uid, err)
 	}
 	return nil
+}
+
+// applyLimits sets the limits given at fork on a branch's resources.
+func applyLimits(r *specs.LinuxResources, l *shimv1.Limits) {
+	if l.Memory > 0 {
+		var mem specs.LinuxMemory
+		if r.Memory != nil {
+			mem = *r.Memory
+		}
+		m := l.Memory
+		mem.Limit, mem.Swap = &m, nil
+		r.Memory = &mem
+	}
+	if l.Cpus > 0 {
+		var cpu specs.LinuxCPU
+		if r.CPU != nil {
+			cpu = *r.CPU
+		}
+		period := uint64(100000)
+		quota := int64(l.Cpus * float64(period))
+		cpu.Period, cpu.Quota = &period, &quota
+		r.CPU = &cpu
+	}
+	if l.Pids > 0 {
+		p := l.Pids
+		r.Pids = &specs.LinuxPids{Limit: &p}
+	}
+}
+
+// runtimeSpec is the spec the runtime runs a branch from (a memory
+// branch, or one the branch init does not take): the branch's, without
+// the limits and cpuset it took from its parent's spec, as the branch
+// init runs one (shim/cgroup.SetLimits writes only the fork's). Its
+// cgroup is nested in its parent's, which bounds it with the parent's
+// limits as they are now; the parent's spec has them as they were at its
+// create, before any update (nerdctl update, a pod's resize), and on
+// cgroup v1 the kernel refuses a child a cpuset or a quota beyond its
+// parent's: such a fork failed after an update narrowed the sandbox's.
+func runtimeSpec(s *specs.Spec, l *shimv1.Limits) *specs.Spec {
+	if s.Linux == nil || s.Linux.Resources == nil {
+		return s
+	}
+	out, linux, res := *s, *s.Linux, *s.Linux.Resources
+	out.Linux, linux.Resources = &linux, &res
+	if res.Memory != nil {
+		mem := *res.Memory
+		mem.Limit, mem.Swap, mem.Reservation = nil, nil, nil
+		res.Memory = &mem
+	}
+	if res.CPU != nil {
+		cpu := *res.CPU
+		cpu.Quota, cpu.Period, cpu.Cpus, cpu.Mems = nil, nil, "", ""
+		res.CPU = &cpu
+	}
+	res.Pids = nil
+	if l != nil {
+		if over, _ := cgroupfit.CPUsAboveAncestors(linux.CgroupsPath, l.Cpus); over {
+			// As SetLimits leaves it: bounded by the ancestor's.
+			l = &shimv1.Limits{Memory: l.Memory, Pids: l.Pids}
+		}
+		applyLimits(&res, l)
+	}
+	return &out
 }

@@ -313,3 +313,32 @@ func TestBranchSpecUserns(t *testing.T) {
 		}
 	}
 }
+
+// TestRuntimeSpec: a branch the runtime runs leaves its parent's limits
+// and cpuset to its parent's cgroup (they may have been updated since the
+// parent's create), keeps its devices, and takes the fork's limits.
+func TestRuntimeSpec(t *testing.T) {
+	limit, quota, period, pids := int64(1<<30), int64(50000), uint64(100000), int64(100)
+	parent := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{
+		CgroupsPath: "/unit-test-no-such-cgroup/b1",
+		Resources: &specs.LinuxResources{
+			Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+			Memory:  &specs.LinuxMemory{Limit: &limit},
+			CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period, Cpus: "0-1", Mems: "0"},
+			Pids:    &specs.LinuxPids{Limit: &pids},
+		}}}
+	got := runtimeSpec(parent, nil).Linux.Resources
+	if got.Memory.Limit != nil || got.CPU.Quota != nil || got.CPU.Cpus != "" || got.CPU.Mems != "" || got.Pids != nil {
+		t.Errorf("the parent's limits kept: %+v %+v %+v", got.Memory, got.CPU, got.Pids)
+	}
+	if len(got.Devices) != 1 {
+		t.Errorf("devices %+v; want the parent's", got.Devices)
+	}
+	if *parent.Linux.Resources.Memory.Limit != limit || parent.Linux.Resources.CPU.Cpus != "0-1" {
+		t.Errorf("the parent's spec changed: %+v", parent.Linux.Resources)
+	}
+	got = runtimeSpec(parent, &shimv1.Limits{Memory: 1 << 20, Pids: 7}).Linux.Resources
+	if got.Memory.Limit == nil || *got.Memory.Limit != 1<<20 || got.Pids == nil || *got.Pids.Limit != 7 || got.CPU.Quota != nil {
+		t.Errorf("the fork's limits: %+v %+v %+v", got.Memory, got.Pids, got.CPU)
+	}
+}

@@ -94,7 +94,7 @@ func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info b
 		}
 		return n, nil
 	}
-	if err := writeSpec(n.bundle, spec); err != nil {
+	if err := writeSpec(n.bundle, runtimeSpec(spec, req.Limits)); err != nil {
 		return nil, fmt.Errorf("branch %s: write spec: %w", info.ID, err)
 	}
 	if err := c.runOnRuntime(ctx, sb, n, info.Mounts, img, req.Args); err != nil {
