@@ -35,11 +35,16 @@ const watchScript = `echo before > /state; last=; while :; do s=$(cat /state); [
 // server (kubectl), exec and logs through the kubelet, and a fork of its
 // container by branchctl on the host whose commit the pod's running
 // process sees, while the API server's view of the pod stays the same:
-// no restart, no exit, same container, still ready.
+// no restart, no exit, same container, still ready; an in-place resize
+// of the container with a live branch, and the kubelet's checkpoint.
 func TestKubeletBranchPod(t *testing.T) {
 	k := kubeNode(t)
 	ctr := container("main", criAppImage, "sh", "-c", watchScript)
 	ctr["readinessProbe"] = map[string]any{"exec": map[string]any{"command": []string{"cat", "/state"}}, "periodSeconds": 1}
+	ctr["resources"] = map[string]any{
+		"limits":   map[string]any{"cpu": "500m", "memory": "128Mi"},
+		"requests": map[string]any{"cpu": "100m", "memory": "128Mi"},
+	}
 	k.apply(k.branchPod("app", nil, "", ctr))
 	p := k.waitRunning("app")
 	// The RuntimeClass's scheduling reached the pod (RuntimeClass admission).
@@ -55,12 +60,55 @@ func TestKubeletBranchPod(t *testing.T) {
 	k.waitLogs("app", "main", "state: before")
 	k.forkCommitFromHost("app", "main", "from-branch")
 	k.checkStats("app", "main")
+	k.resizeWithBranch("app", "main")
 	if w := k.warnings("app"); len(w) > 0 {
 		t.Errorf("warning events for the pod: %v", w)
 	}
 	// Last: containerd pauses the container for the dump, and an exec
 	// probe in that window errors, as with runc (a warning event).
 	k.checkpointThroughKubelet("app", "main")
+}
+
+// resizeWithBranch resizes a pod's container in place (the pod's resize
+// subresource: the kubelet's UpdateContainerResources through the CRI)
+// while it has a live branch with a CPU limit of its own as large as the
+// container's: down to below the branch's, and up again. The kubelet
+// reports the new limits, the container sees its new quota, and the
+// branch lives on. On cgroup v1 the update failed before (the kernel
+// refused the container a quota below its branch's), and the kubelet
+// retried it with a warning until the branch ended.
+func (k *kubeTest) resizeWithBranch(pod, ctr string) {
+	k.t.Helper()
+	id := k.pod(pod).container(ctr).id()
+	out, err := k.hostBranchctl("fork", id, "-n", "1", "--cpus", "0.5", "--json")
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var kids []client.BranchInfo
+	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 1 {
+		k.t.Fatalf("fork --json: %v %q", err, out)
+	}
+	before := k.pod(pod).container(ctr).view()
+	for _, cpu := range []string{"200m", "500m"} {
+		k.kubectl("patch", "pod", pod, "--subresource", "resize", "--type", "strategic",
+			"-p", fmt.Sprintf(`{"spec":{"containers":[{"name":%q,"resources":{"limits":{"cpu":%q}}}]}}`, ctr, cpu))
+		waitUntil(k.t, "the kubelet to report the container's cpu limit "+cpu, kubeWait(time.Minute), func() bool {
+			got, err := k.kube.Kubectl(k.ctx, "", "get", "pod", pod, "-o",
+				`jsonpath={.status.containerStatuses[0].resources.limits.cpu} {.status.conditions[?(@.type=="PodResizeInProgress")].status}`)
+			return err == nil && strings.TrimSpace(got) == cpu
+		})
+		quota, err := k.exec(pod, ctr, "sh", "-c", "cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+		if want := strings.TrimSuffix(cpu, "m") + "00"; err != nil || strings.Fields(quota)[0] != want {
+			k.t.Errorf("the container's quota after its resize to %s: %q %v; want %s", cpu, quota, err, want)
+		}
+	}
+	k.stays(pod, ctr, before, "after the resizes")
+	if _, err := k.hostBranchctl("exec", id+"/"+kids[0].ID, "--", "true"); err != nil {
+		k.t.Errorf("the branch after its container's resizes: %v", err)
+	}
+	if _, err := k.hostBranchctl("abort", id+"/"+kids[0].ID); err != nil {
+		k.t.Fatal(err)
+	}
 }
 
 // checkpointThroughKubelet checkpoints a pod's container through the
