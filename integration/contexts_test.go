@@ -49,7 +49,14 @@ func sandboxCtxEnv(t *testing.T, extra ...string) (context.Context, *daemons.Env
 // the test ends.
 func runSandbox(t *testing.T, ctx context.Context, env *daemons.Env, image string, args ...string) *client.SandboxClient {
 	t.Helper()
-	run := append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", image, "sb"}, args...)
+	return runSandboxWith(t, ctx, env, nil, image, args...)
+}
+
+// runSandboxWith is runSandbox with more flags of ctr run.
+func runSandboxWith(t *testing.T, ctx context.Context, env *daemons.Env, flags []string, image string, args ...string) *client.SandboxClient {
+	t.Helper()
+	run := append(append([]string{"run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch"}, flags...), image, "sb")
+	run = append(run, args...)
 	if _, err := env.Ctr(ctx, run...); err != nil {
 		t.Fatal(err)
 	}

@@ -437,3 +437,40 @@ func onlyChild(t *testing.T, pid int) int {
 	})
 	return child
 }
+
+// TestMemoryForkSharedPidNS: a sandbox whose processes run in a PID
+// namespace it joins (another container's, as nerdctl --pid container:X
+// or a pod with shareProcessNamespace make it), whose init is not theirs:
+// CRIU can restore no such tree as a branch's own namespace. Its memory
+// fork and checkpoint with memory are refused before anything changes,
+// naming the namespace (before, CRIU stopped the processes, then failed:
+// "Can't dump a pid namespace without the process init"); a fork of its
+// files works.
+func TestMemoryForkSharedPidNS(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	if _, err := env.Ctr(ctx, "run", "-d", "--runtime", branchRuntime, "--snapshotter", "branch", "docker.io/branchbox/busybox:test", "holder", "sleep", "100000"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "holder") })
+	_, holder := sandboxTask(t, ctx, env, "holder")
+	pidns := fmt.Sprintf("pid:/proc/%d/ns/pid", holder.Pid())
+	sc := runSandboxWith(t, ctx, env, []string{"--with-ns", pidns}, "docker.io/branchbox/busybox:test", "sh", "-c", "echo before > /state; exec sleep 100000")
+	for _, try := range []func() error{
+		func() error { _, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true}); return err },
+		func() error { _, err := sc.Checkpoint(ctx, "", "c", client.CheckpointWithMemory()); return err },
+	} {
+		err := try()
+		if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "PID namespace that is not theirs, one it joins") {
+			t.Fatalf("memory fork or checkpoint of a sandbox in another's PID namespace: %v; want not implemented, naming the namespace", err)
+		}
+	}
+	tree, err := sc.Tree(ctx)
+	if err != nil || len(tree) != 1 || tree[0].Sealed {
+		t.Fatalf("after the refusals: %+v %v; want the sandbox alone, unsealed", tree, err)
+	}
+	assertNoMemoryImages(t, env)
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+	if out := mustRun(t, ctx, sc, kid.ID, "cat", "/state"); out != "before\n" {
+		t.Fatalf("the branch's /state: %q", out)
+	}
+}

@@ -118,6 +118,12 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 		// stops anything.
 		return fmt.Errorf("%s: it runs in a user namespace and joins the %s namespace of another process (a pod's), which CRIU cannot join from the user namespace it restores into; fork it without --memory (docs/userns.md): %w", what, joined, errdefs.ErrNotImplemented)
 	}
+	if shared := sharedPidNS(parent.spec); shared != "" {
+		// CRIU restores a tree into a PID namespace of its own, whose
+		// init is the tree's first process: it refuses to dump one
+		// whose namespace's init is not in the tree, after stopping it.
+		return fmt.Errorf("%s: its processes are in a PID namespace that is not theirs, %s, whose init is not one of them; CRIU restores a process tree only as a PID namespace of its own: fork it without --memory: %w", what, shared, errdefs.ErrNotImplemented)
+	}
 	if parent.spec != nil && parent.spec.Process != nil && parent.spec.Process.Terminal {
 		return fmt.Errorf("%s: its init holds a terminal whose other end is on the host (ctr run -t, nerdctl -t), which a restored copy cannot be given: %w", what, errdefs.ErrFailedPrecondition)
 	}

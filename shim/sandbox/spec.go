@@ -151,6 +151,25 @@ func sharedWithUserNS(s *specs.Spec) string {
 	return joined
 }
 
+// sharedPidNS says whose PID namespace a spec's processes run in when it
+// is not one of their own: "the host's" without a PID namespace, "one it
+// joins" with a path (another container's, a pod's with
+// shareProcessNamespace), "" for a namespace of their own.
+func sharedPidNS(s *specs.Spec) string {
+	if s == nil || s.Linux == nil {
+		return ""
+	}
+	for _, n := range s.Linux.Namespaces {
+		if n.Type == specs.PIDNamespace {
+			if n.Path != "" {
+				return "one it joins (another container's, or a pod's that shares its process namespace)"
+			}
+			return ""
+		}
+	}
+	return "the host's"
+}
+
 // imageForUserNS gives a memory image to the root of the user namespace a
 // spec asks for, if it asks for one: CRIU's restored root task opens the
 // image's files from inside that namespace, first with the host root's ids
