@@ -79,3 +79,61 @@ func TestContextsInitSchedTimens(t *testing.T) {
 		t.Errorf("a process exec'd into a branch reports:\n%s\nwant as in the sandbox:\n%s", got, want)
 	}
 }
+
+// TestForkSysctls: a sandbox whose spec sets sysctls (nerdctl --sysctl, a
+// pod's securityContext.sysctls), as nerdctl --net none runs one: of its
+// network namespace and of its IPC namespace. Its branches, of each kind
+// (the branch init's, shared or isolated, and memory branches, shared or
+// isolated), have them. Before, every fork of such a sandbox through the
+// branch init failed ("write /proc/sys/kernel/msgmax: Read-only file
+// system": the init wrote them after making /proc/sys read-only, where
+// runc writes them before), and an isolated memory branch's new network
+// namespace had the kernel's defaults.
+func TestForkSysctls(t *testing.T) {
+	ctx, env, cc := shimEnv(t)
+	img, err := cc.GetImage(ctx, ociimage.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cc.NewContainer(ctx, "sb",
+		containerd.WithSnapshotter("branch"),
+		containerd.WithNewSnapshot("sb", img),
+		containerd.WithRuntime(branchRuntime, nil),
+		containerd.WithNewSpec(oci.WithImageConfig(img),
+			oci.WithProcessArgs("sh", "-c", "exec sleep 100000"),
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
+			func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+				s.Linux.Sysctl = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.msgmax": "4096"}
+				return nil
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sc := sandboxClient(t, ctx, env, "sb")
+	const report = "cat /proc/sys/net/ipv4/ip_unprivileged_port_start /proc/sys/kernel/msgmax"
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", report); err != nil || out != "77\n4096\n" {
+		t.Fatalf("the sandbox's sysctls: %q %v", out, err)
+	}
+	for _, o := range []client.ForkOptions{
+		{Count: 1},
+		{Count: 1, Net: "isolated"},
+		{Count: 1, WithMemory: true},
+		{Count: 1, WithMemory: true, Net: "isolated"},
+	} {
+		kid := fork(t, ctx, sc, o)[0]
+		if got := mustRun(t, ctx, sc, kid.ID, "sh", "-c", report); got != "77\n4096\n" {
+			t.Errorf("sysctls in a branch of fork %+v: %q; want the sandbox's", o, got)
+		}
+		if _, err := sc.Abort(ctx, kid.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -262,14 +264,17 @@ func NewPlan(spec *specs.Spec, rootfs string, cgroupPaths map[string]string, sec
 	}
 	mountsPlan(w, cfg, rootfs, cgroupPaths)
 	w.Op("pivot")
+	// The sysctls before the read-only paths (/proc/sys is one), as
+	// runc writes them; in sorted order, for a plan that is the same
+	// for the same spec.
+	for _, k := range slices.Sorted(maps.Keys(cfg.Sysctl)) {
+		w.Op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), cfg.Sysctl[k])
+	}
 	for _, m := range cfg.MaskPaths {
 		w.Op("mask", m)
 	}
 	for _, r := range cfg.ReadonlyPaths {
 		w.Op("readonly", r)
-	}
-	for k, v := range cfg.Sysctl {
-		w.Op("write", "/proc/sys/"+strings.ReplaceAll(k, ".", "/"), v)
 	}
 	if newUTS && cfg.Hostname != "" {
 		w.Op("hostname", cfg.Hostname)

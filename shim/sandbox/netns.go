@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
@@ -22,9 +23,11 @@ import (
 // than by the runtime, as an isolated branch's is otherwise.
 const netnsFile = "netns"
 
-// makeIsolatedNetns makes a new network namespace with its loopback up,
+// makeIsolatedNetns makes a new network namespace with its loopback up
+// and the spec's network sysctls set (sysctl, the spec's: runc writes
+// them into a container's namespace, the branch init into a branch's),
 // bind-mounted at path.
-func makeIsolatedNetns(path string) error {
+func makeIsolatedNetns(path string, sysctl map[string]string) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
 	if err != nil {
 		return fmt.Errorf("make network namespace file: %w", err)
@@ -36,7 +39,7 @@ func makeIsolatedNetns(path string) error {
 		// its namespace with it, rather than going back to the scheduler
 		// in the wrong one.
 		runtime.LockOSThread()
-		done <- newNetnsAt(path)
+		done <- newNetnsAt(path, sysctl)
 	}()
 	if err := <-done; err != nil {
 		_ = unix.Unmount(path, unix.MNT_DETACH)
@@ -47,8 +50,9 @@ func makeIsolatedNetns(path string) error {
 }
 
 // newNetnsAt moves the calling (locked) thread into a new network
-// namespace, brings its loopback up and bind-mounts it at path.
-func newNetnsAt(path string) error {
+// namespace, brings its loopback up, sets the network sysctls of sysctl
+// in it and bind-mounts it at path.
+func newNetnsAt(path string, sysctl map[string]string) error {
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 		return fmt.Errorf("make network namespace: %w", err)
 	}
@@ -71,6 +75,15 @@ func newNetnsAt(path string) error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("bring loopback up: %w", err)
+	}
+	// /proc/sys/net is the calling thread's network namespace's.
+	for k, v := range sysctl {
+		if !strings.HasPrefix(k, "net.") {
+			continue // another namespace's: CRIU restores the IPC and UTS ones
+		}
+		if err := os.WriteFile("/proc/sys/"+strings.ReplaceAll(k, ".", "/"), []byte(v), 0); err != nil {
+			return fmt.Errorf("set sysctl %s of the sandbox in the branch's network namespace: %w", k, err)
+		}
 	}
 	return nil
 }

@@ -72,7 +72,7 @@ func (c *Service) start(ctx context.Context, sb *Sandbox, parent *Branch, info b
 	if img != nil && req.Net == NetIsolated {
 		// Its processes are restored into a namespace that exists.
 		ns := filepath.Join(n.bundle, netnsFile)
-		if err := makeIsolatedNetns(ns); err != nil {
+		if err := makeIsolatedNetns(ns, spec.Linux.Sysctl); err != nil {
 			return nil, fmt.Errorf("branch %s: %w", info.ID, err)
 		}
 		for i := range spec.Linux.Namespaces {
