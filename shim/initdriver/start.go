@@ -354,6 +354,14 @@ func (d *Driver) awaitReady(b Config, s *Spawned, joined bool) error {
 	ctl := s.ctl
 	if !joined {
 		if err := s.waitJoined(); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				// The init ended before its move: if its set-up failed,
+				// it said why before it ended, and that is the error.
+				_ = ctl.SetReadDeadline(time.Now().Add(time.Second))
+				if rerr := initReply(ctl, 'R'); errors.Is(rerr, errdefs.ErrFailedPrecondition) {
+					return fmt.Errorf("branch %s: %w", b.ID, rerr)
+				}
+			}
 			return fmt.Errorf("branch %s: %w", b.ID, err)
 		}
 		if err := initReply(ctl, 'R'); err != nil {
