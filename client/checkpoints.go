@@ -27,7 +27,7 @@ func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, o
 	}
 	resp, err := s.api.Checkpoint(s.ctx(ctx), req)
 	if err != nil {
-		return branch.Checkpoint{}, fromTTRPC(err)
+		return branch.Checkpoint{}, s.shimErr(err)
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
@@ -36,7 +36,7 @@ func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, o
 func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {
 	resp, err := s.api.ListCheckpoints(s.ctx(ctx), &shimv1.ListCheckpointsRequest{Sandbox: s.ID})
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return nil, s.shimErr(err)
 	}
 	out := make([]branch.Checkpoint, len(resp.Checkpoints))
 	for i, ck := range resp.Checkpoints {
@@ -48,12 +48,12 @@ func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, e
 // DeleteCheckpoint removes a checkpoint of the sandbox.
 func (s *SandboxClient) DeleteCheckpoint(ctx context.Context, name string) error {
 	_, err := s.api.DeleteCheckpoint(s.ctx(ctx), &shimv1.DeleteCheckpointRequest{Sandbox: s.ID, Name: name})
-	return fromTTRPC(err)
+	return s.shimErr(err)
 }
 
 // Rollback brings a branch of the sandbox back to its checkpoint name,
 // visible at once to its running processes.
 func (s *SandboxClient) Rollback(ctx context.Context, branchID, name string) error {
 	_, err := s.api.Rollback(s.ctx(ctx), &shimv1.RollbackRequest{Sandbox: s.ID, Branch: branchID, Name: name})
-	return fromTTRPC(err)
+	return s.shimErr(err)
 }

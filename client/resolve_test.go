@@ -69,3 +69,16 @@ func TestSandboxNames(t *testing.T) {
 		}
 	}
 }
+
+func TestReplaceWord(t *testing.T) {
+	for _, c := range []struct{ text, word, with, want string }{
+		{"memory fork of abc123: no", "abc123", "web", "memory fork of web: no"},
+		{`no checkpoint named "x" in "abc123"`, "abc123", "web", `no checkpoint named "x" in "web"`},
+		{"app: the application app-2 and app.", "app", "ap", "ap: the application app-2 and ap."},
+		{"nothing here", "abc", "x", "nothing here"},
+	} {
+		if got, _ := replaceWord(c.text, c.word, c.with); got != c.want {
+			t.Errorf("replaceWord(%q, %q, %q) = %q; want %q", c.text, c.word, c.with, got, c.want)
+		}
+	}
+}

@@ -36,8 +36,11 @@ type SandboxClient struct {
 	Namespace string
 	// Created is when the container was created.
 	Created time.Time
-	conn    *ttrpc.Client
-	api     shimv1.BranchesService
+	// name is what the caller named the sandbox by, where that is not
+	// its id (a nerdctl or CRI name, an id prefix).
+	name string
+	conn *ttrpc.Client
+	api  shimv1.BranchesService
 }
 
 // NewSandboxClient finds the shim serving the container name names (see
@@ -92,6 +95,9 @@ func NewSandboxClient(ctx context.Context, address, namespace, name string) (*Sa
 	}
 	tc, api := dialShim(conn)
 	sc := &SandboxClient{ID: id, Namespace: namespace, Created: sb.Created, conn: tc, api: api}
+	if name != id {
+		sc.name = name
+	}
 	if rt == criRuntimeType {
 		if _, err := sc.api.Tree(sc.ctx(ctx), &shimv1.TreeRequest{Sandbox: id}); status.Code(err) == codes.Unimplemented {
 			tc.Close()
@@ -303,7 +309,7 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 		FromCheckpoint: opts.From, Memory: opts.WithMemory,
 	})
 	if err != nil {
-		return ForkResult{}, fromTTRPC(err)
+		return ForkResult{}, s.shimErr(err)
 	}
 	res := ForkResult{Branches: branchesFromProto(resp.Branches)}
 	if m := resp.Memory; m != nil {
@@ -335,7 +341,7 @@ type SandboxCommitResult struct {
 func (s *SandboxClient) Commit(ctx context.Context, branchID string) (SandboxCommitResult, error) {
 	resp, err := s.api.Commit(s.ctx(ctx), &shimv1.CommitRequest{Sandbox: s.ID, Branch: branchID})
 	if err != nil {
-		return SandboxCommitResult{}, fromTTRPC(err)
+		return SandboxCommitResult{}, s.shimErr(err)
 	}
 	return SandboxCommitResult{Parent: branchFromProto(resp.Parent), Invalidated: resp.Invalidated}, nil
 }
@@ -344,7 +350,7 @@ func (s *SandboxClient) Commit(ctx context.Context, branchID string) (SandboxCom
 func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, error) {
 	resp, err := s.api.Abort(s.ctx(ctx), &shimv1.AbortRequest{Sandbox: s.ID, Branch: branchID})
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return nil, s.shimErr(err)
 	}
 	return resp.Aborted, nil
 }
@@ -356,7 +362,7 @@ func (s *SandboxClient) Abort(ctx context.Context, branchID string) ([]string, e
 func (s *SandboxClient) Output(ctx context.Context, branchID string) ([]byte, error) {
 	resp, err := s.api.Output(s.ctx(ctx), &shimv1.OutputRequest{Sandbox: s.ID, Branch: branchID})
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return nil, s.shimErr(err)
 	}
 	return resp.Output, nil
 }
@@ -365,7 +371,7 @@ func (s *SandboxClient) Output(ctx context.Context, branchID string) ([]byte, er
 func (s *SandboxClient) Tree(ctx context.Context) ([]BranchInfo, error) {
 	resp, err := s.api.Tree(s.ctx(ctx), &shimv1.TreeRequest{Sandbox: s.ID})
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return nil, s.shimErr(err)
 	}
 	return branchesFromProto(resp.Nodes), nil
 }
@@ -424,7 +430,7 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 	})
 	if err != nil {
 		sio.Close()
-		return nil, fromTTRPC(err)
+		return nil, s.shimErr(err)
 	}
 	p.Pid = int(resp.Pid)
 	// The shim holds the stdin FIFO open until told: EOF is CloseIO, sent
@@ -449,7 +455,7 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 		p.io.Close()
 	})
 	if err != nil {
-		return ExitStatus{}, fromTTRPC(err)
+		return ExitStatus{}, p.s.shimErr(err)
 	}
 	st := ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled, BranchEnded: resp.BranchEnded}
 	if resp.ExitedAt != nil {
@@ -471,19 +477,19 @@ func (p *Process) Close() {
 // Resize sets the size of the process's terminal.
 func (p *Process) Resize(ctx context.Context, width, height uint32) error {
 	_, err := p.s.api.ResizePty(p.s.ctx(ctx), &shimv1.ResizePtyRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Width: width, Height: height})
-	return fromTTRPC(err)
+	return p.s.shimErr(err)
 }
 
 // CloseIO closes the process's standard input.
 func (p *Process) CloseIO(ctx context.Context) error {
 	_, err := p.s.api.CloseIO(p.s.ctx(ctx), &shimv1.CloseIORequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
-	return fromTTRPC(err)
+	return p.s.shimErr(err)
 }
 
 // Kill sends a signal to the process.
 func (p *Process) Kill(ctx context.Context, sig uint32) error {
 	_, err := p.s.api.Kill(p.s.ctx(ctx), &shimv1.KillRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Signal: sig})
-	return fromTTRPC(err)
+	return p.s.shimErr(err)
 }
 
 // Run starts a process in a branch and waits for it.
@@ -503,6 +509,60 @@ func fromTTRPC(err error) error {
 	}
 	return branch.FromGRPC(err)
 }
+
+// shimErr is fromTTRPC, with the sandbox's id in the shim's words
+// replaced by the name the caller gave it, if another: the shim knows
+// only the container id, a nerdctl user the name.
+func (s *SandboxClient) shimErr(err error) error {
+	err = fromTTRPC(err)
+	if err == nil || s.name == "" {
+		return err
+	}
+	msg, n := replaceWord(err.Error(), s.ID, s.name)
+	if n == 0 {
+		return err
+	}
+	return &namedError{err: err, msg: msg}
+}
+
+// replaceWord replaces each occurrence of word in text that is not part of
+// a longer name (no letter, digit, '_', '.' or '-' either side, but for a
+// full stop), and says how many it replaced.
+func replaceWord(text, word, with string) (string, int) {
+	inName := func(c byte) bool {
+		return c == '_' || c == '.' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+	}
+	var b strings.Builder
+	n := 0
+	for {
+		i := strings.Index(text, word)
+		if i < 0 || word == "" {
+			b.WriteString(text)
+			return b.String(), n
+		}
+		j := i + len(word)
+		// A '.' that ends a sentence is not part of the name.
+		after := j < len(text) && inName(text[j]) && !(text[j] == '.' && (j+1 == len(text) || !inName(text[j+1])))
+		if (i > 0 && inName(text[i-1])) || after {
+			b.WriteString(text[:j])
+		} else {
+			b.WriteString(text[:i])
+			b.WriteString(with)
+			n++
+		}
+		text = text[j:]
+	}
+}
+
+// namedError is an error whose words name the sandbox as the caller did;
+// it is still the shim's error (errdefs kinds, stale errors) underneath.
+type namedError struct {
+	err error
+	msg string
+}
+
+func (e *namedError) Error() string { return e.msg }
+func (e *namedError) Unwrap() error { return e.err }
 
 // Output is a buffer safe for a process's stdout and stderr together:
 // containerd's stdio copies them in two goroutines.

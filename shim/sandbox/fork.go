@@ -81,7 +81,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 		}
 	}()
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", f.parentID, sb.id, err)
+		return nil, fmt.Errorf("%s: the caller gave up before it was done; undone: %w", forkOf(sb.id, f.parentID), err)
 	}
 	if req.Memory && f.img == nil {
 		// Sealed first: the image and the branches' lower layer are
@@ -97,7 +97,7 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	if err := ctx.Err(); err != nil {
 		// Its caller is gone and would never learn of these branches:
 		// they are undone rather than left to appear unasked.
-		return nil, fmt.Errorf("fork %s of %s: the caller gave up before it was done; undone: %w", f.parentID, sb.id, err)
+		return nil, fmt.Errorf("%s: the caller gave up before it was done; undone: %w", forkOf(sb.id, f.parentID), err)
 	}
 	return c.forked(ctx, f), nil
 }
@@ -270,7 +270,7 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 	sb, parent := f.sb, f.parent
 	f.checkAhead(ctx)
 	if err := cgroup.PrepareBranchParent(ctx, parent.cgroup); err != nil {
-		return fmt.Errorf("fork %s of %s: make room for branch cgroups: %w", f.parentID, sb.id, err)
+		return fmt.Errorf("%s: make room for branch cgroups: %w", forkOf(sb.id, f.parentID), err)
 	}
 	errs := make([]error, len(f.infos))
 	var wg sync.WaitGroup
@@ -302,7 +302,7 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 		if !alive(f.pid) {
 			return f.parentEnded()
 		}
-		return fmt.Errorf("fork %s of %s: %w", f.parentID, sb.id, err)
+		return fmt.Errorf("%s: %w", forkOf(sb.id, f.parentID), err)
 	}
 	return nil
 }
@@ -313,7 +313,7 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 // a cgroup write for no process, with host paths) say nothing a user can
 // act on. The fork is undone as any failed fork is.
 func (f *fork) parentEnded() error {
-	return fmt.Errorf("fork %s of %s: %s's init exited during the fork; its branches were undone: %w", f.parentID, f.sb.id, branchName(f.parentID), errdefs.ErrFailedPrecondition)
+	return fmt.Errorf("%s: %s's init exited during the fork; its branches were undone: %w", forkOf(f.sb.id, f.parentID), branchName(f.parentID), errdefs.ErrFailedPrecondition)
 }
 
 // checkAhead drops every init taken ahead if a guess was wrong (ids used
@@ -400,4 +400,13 @@ func checkLimits(l *shimv1.Limits) error {
 		return fmt.Errorf("fork: process limit %d is out of range: give 1 to %d: %w", l.Pids, MaxBranchPids, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// forkOf names a fork in errors, in the user's terms: "fork of sandbox SB"
+// or "fork of branch N of sandbox SB".
+func forkOf(sandbox, parentID string) string {
+	if parentID == branch.RootID {
+		return "fork of sandbox " + sandbox
+	}
+	return "fork of branch " + parentID + " of sandbox " + sandbox
 }

@@ -118,7 +118,7 @@ func (c *Service) planFork(ctx context.Context, sb *Sandbox, req *shimv1.ForkReq
 	}
 	f.parent = parent
 	if parent.state.has(held) {
-		return nil, fmt.Errorf("fork %s of %s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", f.parentID, sb.id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("%s: it is frozen until the snapshotter answers and says whether its commit was made; call commit again to learn it: %w", forkOf(sb.id, f.parentID), errdefs.ErrFailedPrecondition)
 	}
 	if err := sb.checkBranches(parent, int(req.Count)); err != nil {
 		return nil, err

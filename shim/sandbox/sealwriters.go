@@ -99,7 +99,7 @@ func (c *Service) sealFork(ctx context.Context, sb *Sandbox, parent *Branch, ini
 		return nil, err
 	}
 	if outside := writersOutside(parent.cgroup, we.Writers); len(outside) > 0 || len(we.Writers) == 0 {
-		return nil, fmt.Errorf("fork %s of %s: %w", parent.id, sb.id, &branch.WritersError{Branch: we.Branch, Writers: outside})
+		return nil, fmt.Errorf("%s: %w", forkOf(sb.id, parent.id), &branch.WritersError{Branch: we.Branch, Writers: outside})
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": parent.id, "writers": we.Writers}).Info("files are open for writing: freezing the parent's processes for its branches' lifetime instead of making its rootfs read-only")
 	if err := cgroup.FreezeOwn(ctx, parent.cgroup); err != nil {
