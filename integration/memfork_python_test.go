@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/branchbox/branchbox/branch"
@@ -149,6 +150,21 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 		t.Fatalf("sandbox's /data.log after the commit: %q %v", out, err)
 	}
 	pyIn(t, ctx, env, sc, branch.RootID, `print('parent has', x, tries, sb.recv(16))`, "parent has 41 [] b'queued'")
+	// An io_uring instance (io_uring_setup, 425 on every architecture),
+	// whose descriptor CRIU cannot dump: refused before the dump, naming
+	// it (before, CRIU stopped the REPL and failed with "Can't retrieve
+	// FDs from socket"); once closed, the REPL forks again.
+	pyIn(t, ctx, env, sc, branch.RootID, `import ctypes; ring = ctypes.CDLL(None, use_errno=True).syscall(425, 8, ctypes.create_string_buffer(120)); print('ring', ring > 0)`, "ring True")
+	_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds an io_uring instance") {
+		t.Fatalf("memory fork of a REPL holding an io_uring instance: %v; want failed precondition naming it", err)
+	}
+	pyIn(t, ctx, env, sc, branch.RootID, `import os; os.close(ring); print('closed')`, "closed")
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1, WithMemory: true})[0]
+	pyIn(t, ctx, env, sc, kid.ID, `print('copy has', x)`, "copy has 41")
+	if _, err := sc.Abort(ctx, kid.ID); err != nil {
+		t.Fatal(err)
+	}
 	assertNoMemoryImages(t, env)
 }
 

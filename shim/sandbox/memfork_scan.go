@@ -17,8 +17,9 @@ import (
 // process of the branch's own (own) outside the tree, a TCP connection or a bound
 // port (the branches share the parent's network namespace, where the
 // parent holds them), a terminal or another device than the harmless
-// ones. CRIU refuses more (an external unix socket, say); its errors are
-// passed on as they come.
+// ones, an anonymous inode CRIU cannot dump (an io_uring instance, say).
+// CRIU refuses more (an external unix socket, say); its errors are passed
+// on as they come.
 func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []string {
 	var out []string
 	for _, pid := range own {
@@ -59,6 +60,10 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []str
 				}
 				continue
 			}
+			if what := anonProblem(link); what != "" {
+				out = append(out, fmt.Sprintf("process %d (%s) holds %s (descriptor %s, %s), which CRIU cannot dump", pid, comm(pid), what, fd.Name(), link))
+				continue
+			}
 			if !strings.HasPrefix(link, "/dev/") {
 				continue
 			}
@@ -81,6 +86,29 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []str
 		}
 	}
 	return out
+}
+
+// anonProblem names the kernel object behind a descriptor's link
+// (/proc/PID/fd/N) if it is an anonymous inode CRIU cannot dump, "" if it
+// can or the link is no anonymous inode. CRIU dumps those of its
+// criu/files.c (eventfd, epoll, inotify, fanotify, signalfd, timerfd,
+// pidfd; bpf maps only when built with libbpf, which ours is not) and
+// fails the dump on any other after stopping the processes: an io_uring
+// instance, whose descriptor the kernel will not pass to CRIU's parasite
+// ("Can't retrieve FDs from socket"), a userfaultfd, a perf event, a KVM
+// VM.
+func anonProblem(link string) string {
+	kind, ok := strings.CutPrefix(link, "anon_inode:")
+	if !ok {
+		return ""
+	}
+	switch kind {
+	case "[eventfd]", "[eventpoll]", "inotify", "[fanotify]", "[signalfd]", "[timerfd]", "[pidfd]":
+		return ""
+	case "[io_uring]":
+		return "an io_uring instance"
+	}
+	return "a kernel object of its own kind"
 }
 
 // socketProblem says what of socket fd of the process of pidfd a

@@ -89,3 +89,22 @@ func TestSocketProblem(t *testing.T) {
 		t.Error("a descriptor the process does not have was read")
 	}
 }
+
+func TestAnonProblem(t *testing.T) {
+	for link, bad := range map[string]bool{
+		"anon_inode:[eventfd]":     false,
+		"anon_inode:[eventpoll]":   false,
+		"anon_inode:inotify":       false,
+		"anon_inode:[timerfd]":     false,
+		"anon_inode:[pidfd]":       false,
+		"anon_inode:[io_uring]":    true,
+		"anon_inode:[userfaultfd]": true,
+		"anon_inode:[perf_event]":  true,
+		"/tmp/file":                false,
+		"pipe:[1234]":              false,
+	} {
+		if got := anonProblem(link); (got != "") != bad {
+			t.Errorf("anonProblem(%q) = %q; want refused %v", link, got, bad)
+		}
+	}
+}
