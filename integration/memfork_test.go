@@ -474,3 +474,51 @@ func TestMemoryForkSharedPidNS(t *testing.T) {
 		t.Fatalf("the branch's /state: %q", out)
 	}
 }
+
+// TestMemoryForkDeletedFiles: a process holding deleted files open (a
+// Python tempfile.TemporaryFile, SQLite's temporary files), on the rootfs
+// and on a tmpfs. CRIU carries their content in the image ("ghost files"),
+// by default only up to 1 MiB each: before, a memory fork of a process
+// holding a 3 MiB one failed after stopping it ("Can't dump ghost file
+// /tmp/big of 3145728 size, increase limit"). Now each copy has them, same
+// content; one above the memory fork's limit (64 MiB) is refused before the
+// dump, naming the process, the file and the sizes.
+func TestMemoryForkDeletedFiles(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c", `dd if=/dev/urandom of=/tmp/big bs=1M count=3 2>/dev/null
+exec 5</tmp/big; rm /tmp/big
+dd if=/dev/urandom of=/dev/shm/big2 bs=1M count=2 2>/dev/null
+exec 6</dev/shm/big2; rm /dev/shm/big2
+md5sum /proc/self/fd/5 /proc/self/fd/6 | cut -d' ' -f1 > /dev/shm/sums
+while [ ! -e /dev/shm/go ]; do sleep 0.1; done
+dd if=/dev/zero of=/tmp/huge bs=1M count=65 2>/dev/null
+exec 7</tmp/huge; rm /tmp/huge; echo held > /dev/shm/held
+exec sleep 100000`)
+	waitUntil(t, "the sandbox's deleted files", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "sh", "-c", "wc -l < /dev/shm/sums")
+		return err == nil && strings.TrimSpace(out) == "2"
+	})
+	want, _ := execIn(ctx, env, "sb", "cat", "/dev/shm/sums")
+	kids := fork(t, ctx, sc, client.ForkOptions{Count: 2, WithMemory: true})
+	for _, k := range kids {
+		if got := mustRun(t, ctx, sc, k.ID, "sh", "-c", "md5sum /proc/1/fd/5 /proc/1/fd/6 | cut -d' ' -f1"); got != want {
+			t.Errorf("deleted files held by branch %s's init: %q; want the sandbox's %q", k.ID, got, want)
+		}
+		if _, err := sc.Abort(ctx, k.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Over the limit: a 65 MiB deleted file.
+	if _, err := execIn(ctx, env, "sb", "touch", "/dev/shm/go"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the huge file held and deleted", 20*time.Second, func() bool {
+		_, err := execIn(ctx, env, "sb", "test", "-e", "/dev/shm/held")
+		return err == nil
+	})
+	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "holds the deleted file /tmp/huge open (descriptor 7), of 65MiB, and a memory fork carries deleted files of at most 64MiB") {
+		t.Fatalf("memory fork holding a 65 MiB deleted file: %v; want failed precondition naming it", err)
+	}
+	assertNoMemoryImages(t, env)
+}

@@ -274,6 +274,9 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 			return nil, closeWork, fmt.Errorf("checkpoint: the container's sysfs mounts: %w", err)
 		}
 	}
+	if c.bool(MemoryForkFlag) {
+		opts.GhostLimit = proto.Uint32(GhostLimit)
+	}
 	if c.bool(MemoryForkFlag) && cgroupsFlat(st.InitProcessPid) {
 		opts.ManageCgroups = proto.Bool(false)
 		if err := os.WriteFile(filepath.Join(images, cgroupsIgnored), nil, 0o600); err != nil {
@@ -282,6 +285,14 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 	}
 	return opts, closeWork, nil
 }
+
+// GhostLimit is the largest deleted file a memory fork's image carries
+// (CRIU's ghost files, copied into the image and out again into each
+// branch): CRIU's default, 1 MiB, refused a Python process holding a
+// tempfile.TemporaryFile of a few MiB. The shim refuses a larger one
+// before the dump, and counts those it carries in the image's room.
+// containerd's checkpoints keep CRIU's default, as runc's do.
+const GhostLimit = 64 << 20
 
 // MemoryForkFlag, a flag of checkpoint, says that the image is a memory
 // fork's, for this runtime's restores only, each of which joins the network

@@ -142,11 +142,12 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	}
 	// One walk of the tree serves every check.
 	tree := procfd.Tree(initPid, nil)
-	if problems := unforkable(initPid, tree, own, sharedNet); len(problems) > 0 {
+	problems, ghosts := unforkable(initPid, tree, own, sharedNet)
+	if len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)
 	}
 	anon := treeAnon(tree)
-	if err := checkImageRoom(sb.bundle, anon, what); err != nil {
+	if err := checkImageRoom(sb.bundle, anon+ghosts, what); err != nil {
 		return err
 	}
 	if copies > 0 {

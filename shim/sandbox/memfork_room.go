@@ -42,7 +42,7 @@ func checkImageRoom(dir string, anon int64, what string) error {
 	if anon+imageMargin > free {
 		// No path: a sandbox asking through its socket is not shown
 		// the host's.
-		return fmt.Errorf("%s: its processes hold about %s of memory, and their image would not fit in the %s free where it is written, the sandbox's bundle in containerd's state directory (a tmpfs sized by the node's memory on most nodes): make room there, or do without --memory: %w",
+		return fmt.Errorf("%s: its processes hold about %s of memory and deleted files, and their image would not fit in the %s free where it is written, the sandbox's bundle in containerd's state directory (a tmpfs sized by the node's memory on most nodes): make room there, or do without --memory: %w",
 			what, branch.Bytes(anon), branch.Bytes(free), errdefs.ErrResourceExhausted)
 	}
 	return nil

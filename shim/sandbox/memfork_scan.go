@@ -10,6 +10,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
 // unforkable lists what a memory fork of tree, the process tree of
@@ -20,8 +23,8 @@ import (
 // ones, an anonymous inode CRIU cannot dump (an io_uring instance, say).
 // CRIU refuses more (an external unix socket, say); its errors are passed
 // on as they come.
-func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []string {
-	var out []string
+func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out []string, ghostBytes int64) {
+	ghosts := map[[2]uint64]int64{} // by device and inode: one file open twice is one ghost
 	for _, pid := range own {
 		// One that ended since the listing, or that a process of the
 		// tree forked since it was read, is no stranger.
@@ -60,32 +63,56 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) []str
 				}
 				continue
 			}
-			if what := anonProblem(link); what != "" {
-				out = append(out, fmt.Sprintf("process %d (%s) holds %s (descriptor %s, %s), which CRIU cannot dump", pid, comm(pid), what, fd.Name(), link))
-				continue
+			if what := fileProblem(pid, fd.Name(), p, link, ghosts); what != "" {
+				out = append(out, what)
 			}
-			if !strings.HasPrefix(link, "/dev/") {
-				continue
-			}
-			var st unix.Stat_t
-			if unix.Stat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
-				continue
-			}
-			switch link {
-			case "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom":
-				continue
-			}
-			if strings.HasPrefix(link, "/dev/pts/") || link == "/dev/console" || link == "/dev/tty" {
-				out = append(out, fmt.Sprintf("process %d (%s) holds the terminal %s open (descriptor %s), whose other end is outside the sandbox", pid, comm(pid), link, fd.Name()))
-				continue
-			}
-			out = append(out, fmt.Sprintf("process %d (%s) holds the device %s open (descriptor %s)", pid, comm(pid), link, fd.Name()))
 		}
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
 	}
-	return out
+	for _, size := range ghosts {
+		ghostBytes += size
+	}
+	return out, ghostBytes
+}
+
+// fileProblem says what a restored copy could not have of the descriptor
+// fd of process pid, a file (p is its /proc path, link what it links to):
+// an anonymous inode CRIU cannot dump, a terminal, a device, a deleted
+// file larger than CRIU is let carry. A deleted file it can carry is
+// added to ghosts: CRIU copies its content into the image (a "ghost
+// file").
+func fileProblem(pid int, fd, p, link string, ghosts map[[2]uint64]int64) string {
+	if what := anonProblem(link); what != "" {
+		return fmt.Sprintf("process %d (%s) holds %s (descriptor %s, %s), which CRIU cannot dump", pid, comm(pid), what, fd, link)
+	}
+	name, deleted := strings.CutSuffix(link, " (deleted)")
+	if !deleted && !strings.HasPrefix(link, "/dev/") {
+		return "" // a stat of every descriptor costs a many-file process
+	}
+	var st unix.Stat_t
+	if unix.Stat(p, &st) != nil {
+		return ""
+	}
+	if deleted && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 0 {
+		if st.Size > ocirt.GhostLimit {
+			return fmt.Sprintf("process %d (%s) holds the deleted file %s open (descriptor %s), of %s, and a memory fork carries deleted files of at most %s", pid, comm(pid), name, fd, branch.Bytes(st.Size), branch.Bytes(ocirt.GhostLimit))
+		}
+		ghosts[[2]uint64{st.Dev, st.Ino}] = st.Size
+		return ""
+	}
+	if !strings.HasPrefix(link, "/dev/") || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return ""
+	}
+	switch link {
+	case "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom":
+		return ""
+	}
+	if strings.HasPrefix(link, "/dev/pts/") || link == "/dev/console" || link == "/dev/tty" {
+		return fmt.Sprintf("process %d (%s) holds the terminal %s open (descriptor %s), whose other end is outside the sandbox", pid, comm(pid), link, fd)
+	}
+	return fmt.Sprintf("process %d (%s) holds the device %s open (descriptor %s)", pid, comm(pid), link, fd)
 }
 
 // anonProblem names the kernel object behind a descriptor's link
