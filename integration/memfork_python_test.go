@@ -160,8 +160,21 @@ func TestMemoryForkPythonREPL(t *testing.T) {
 		t.Fatalf("memory fork of a REPL holding an io_uring instance: %v; want failed precondition naming it", err)
 	}
 	pyIn(t, ctx, env, sc, branch.RootID, `import os; os.close(ring); print('closed')`, "closed")
+	// File locks, as SQLite and lock files hold them (flock and fcntl):
+	// a dump failed on them ("Some file locks are hold by dumping
+	// tasks"). Each copy holds them again, on its own copy of the files:
+	// another process of the branch cannot take them.
+	pyIn(t, ctx, env, sc, branch.RootID, `import fcntl; lk1 = open('/lock1', 'w'); fcntl.flock(lk1, fcntl.LOCK_EX); lk2 = open('/lock2', 'w'); fcntl.lockf(lk2, fcntl.LOCK_EX); print('locked')`, "locked")
 	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1, WithMemory: true})[0]
 	pyIn(t, ctx, env, sc, kid.ID, `print('copy has', x)`, "copy has 41")
+	const tryLocks = `import fcntl, sys
+for name, lock in (('/lock1', fcntl.flock), ('/lock2', fcntl.lockf)):
+    try:
+        lock(open(name, 'r+'), fcntl.LOCK_EX | fcntl.LOCK_NB); print(name, 'free')
+    except OSError: print(name, 'held')`
+	if out := mustRun(t, ctx, sc, kid.ID, "python3", "-c", tryLocks); out != "/lock1 held\n/lock2 held\n" {
+		t.Errorf("the memory branch's locks, tried by another process of it: %q; want both held by its copy of the REPL", out)
+	}
 	if _, err := sc.Abort(ctx, kid.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -209,5 +222,26 @@ func TestMemoryForkDirty100MB(t *testing.T) {
 		t.Fatalf("b1 after the nested commit: /nested %q", got)
 	}
 	pyIn(t, ctx, env, sc, b1.ID, `print('b1 still has', b[0])`, "b1 still has 7")
+	assertNoMemoryImages(t, env)
+}
+
+// TestMemoryForkLockOnVolume: a lock on a file of a bind mount (a volume),
+// which a memory fork's copies share with the sandbox, unlike the files of
+// their rootfs: no copy could take it again while the sandbox holds it
+// (CRIU's restore waited on it until the restore's 20 s bound, then failed
+// as a damaged image). Refused before the dump, naming the process, the
+// file and the mount.
+func TestMemoryForkLockOnVolume(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	importPythonImage(t, ctx, env)
+	vol := t.TempDir()
+	sc := runSandboxWith(t, ctx, env, []string{"--mount", "type=bind,src=" + vol + ",dst=/vol,options=rbind:rw"}, ociimage.PythonImageRef,
+		"python3", "-c", "import fcntl, time; f = open('/vol/lk', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('/dev/shm/ready', 'w'); time.sleep(100000)")
+	waitUntil(t, "the lock", 20*time.Second, func() bool { _, err := execIn(ctx, env, "sb", "test", "-e", "/dev/shm/ready"); return err == nil })
+	start := time.Now()
+	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds a lock on /vol/lk (descriptor 3), a file of the mount at /vol") {
+		t.Fatalf("memory fork holding a lock on a volume's file: %v (after %v); want failed precondition naming it", err, time.Since(start))
+	}
 	assertNoMemoryImages(t, env)
 }

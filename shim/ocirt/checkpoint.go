@@ -276,6 +276,13 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 	}
 	if c.bool(MemoryForkFlag) {
 		opts.GhostLimit = proto.Uint32(GhostLimit)
+		// A lock held (flock, fcntl: SQLite's, a pidfile's) fails a
+		// dump without it; each copy takes it again on its own copy of
+		// the file. Marked for the restore, which must ask for it too.
+		opts.FileLocks = proto.Bool(true)
+		if err := os.WriteFile(filepath.Join(images, fileLocksDumped), nil, 0o600); err != nil {
+			return nil, closeWork, err
+		}
 	}
 	if c.bool(MemoryForkFlag) && cgroupsFlat(st.InitProcessPid) {
 		opts.ManageCgroups = proto.Bool(false)
@@ -293,6 +300,10 @@ func dumpOpts(c *cmdline, config *configs.Config, st *libcontainer.State, imageD
 // before the dump, and counts those it carries in the image's room.
 // containerd's checkpoints keep CRIU's default, as runc's do.
 const GhostLimit = 64 << 20
+
+// fileLocksDumped, in an image, marks a dump that holds the processes'
+// file locks, which its restore must then ask CRIU to take again.
+const fileLocksDumped = "file-locks-dumped"
 
 // MemoryForkFlag, a flag of checkpoint, says that the image is a memory
 // fork's, for this runtime's restores only, each of which joins the network
@@ -438,6 +449,9 @@ func restore(c *cmdline) error {
 		ShellJob:                c.bool("shell-job"),
 		FileLocks:               c.bool("file-locks"),
 		StatusFd:                -1,
+	}
+	if _, err := os.Stat(filepath.Join(images, fileLocksDumped)); err == nil {
+		opts.FileLocks = true
 	}
 	if _, err := os.Stat(filepath.Join(images, cgroupsIgnored)); err == nil {
 		opts.ManageCgroupsMode = "ignore" // cgroupmode.go
