@@ -214,7 +214,8 @@ func testForkStop(t *testing.T, opts client.ForkOptions) {
 }
 
 // TestMemoryForkRefusals: what a memory fork cannot carry is refused
-// before anything changes, naming the process and the resource.
+// before anything changes, naming the process and the resource: a
+// listener, a connection, a nested user namespace, a command.
 func TestMemoryForkRefusals(t *testing.T) {
 	ctx, env, sc := replSandbox(t)
 	// A listener the branches could not bind beside the sandbox's.
@@ -237,6 +238,17 @@ func TestMemoryForkRefusals(t *testing.T) {
 	})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "has a TCP connection from port 8126 to port ") {
 		t.Fatalf("memory fork with a connection: %v; want failed precondition naming both of its ends", err)
+	}
+	// A process in a user namespace of its own (unshare, bubblewrap, a
+	// browser's sandbox): CRIU failed the dump on it after stopping the
+	// processes ("Can't dump nested user namespace").
+	replIn(t, ctx, env, sc, branch.RootID, 2, `unshare -U -r sleep 1000 & echo started`)
+	waitUntil(t, "the nested user namespace", 10*time.Second, func() bool {
+		_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+		return err != nil && strings.Contains(err.Error(), "(sleep) is in a user namespace of its own")
+	})
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("memory fork with a nested user namespace: %v; want failed precondition", err)
 	}
 	for _, o := range []client.ForkOptions{
 		{Count: 1, WithMemory: true, Args: []string{"true"}},

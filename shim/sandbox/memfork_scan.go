@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -291,4 +292,38 @@ func comm(pid int) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// nestedNamespaces names the processes of tree in a namespace of their own
+// below the init's that CRIU cannot dump: it dumps nested mount and network
+// namespaces, and fails on a nested user, PID, IPC, UTS, cgroup or time
+// namespace ("Can't dump nested user namespace") after stopping the
+// processes. unshare, bubblewrap and a browser's own sandbox make them.
+func nestedNamespaces(initPid int, tree map[int]bool) []string {
+	kinds := []string{"user", "pid", "ipc", "uts", "cgroup", "time"}
+	ino := func(pid int, kind string) uint64 {
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), &st) != nil {
+			return 0
+		}
+		return st.Ino
+	}
+	root := make([]uint64, len(kinds))
+	for i, k := range kinds {
+		root[i] = ino(initPid, k)
+	}
+	var out []string
+	for pid := range tree {
+		if pid == initPid {
+			continue
+		}
+		for i, k := range kinds {
+			if n := ino(pid, k); n != 0 && root[i] != 0 && n != root[i] {
+				out = append(out, fmt.Sprintf("process %d (%s) is in a %s namespace of its own, below the sandbox's (unshare, bubblewrap or a browser's sandbox makes one), which CRIU cannot dump", pid, comm(pid), k))
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
