@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -225,23 +226,40 @@ func TestMemoryForkDirty100MB(t *testing.T) {
 	assertNoMemoryImages(t, env)
 }
 
-// TestMemoryForkLockOnVolume: a lock on a file of a bind mount (a volume),
-// which a memory fork's copies share with the sandbox, unlike the files of
-// their rootfs: no copy could take it again while the sandbox holds it
-// (CRIU's restore waited on it until the restore's 20 s bound, then failed
-// as a damaged image). Refused before the dump, naming the process, the
-// file and the mount.
-func TestMemoryForkLockOnVolume(t *testing.T) {
+// TestMemoryForkOnVolume: what a memory fork's copies would share with
+// the sandbox through a bind mount (a volume): a lock on one of its files,
+// which no copy could take again while the sandbox holds it (CRIU's
+// restore waited on it until the restore's 20 s bound, then failed as a
+// damaged image), and a unix socket connected to a process of the host
+// through it (CRIU failed the dump after stopping the processes: "External
+// socket is used"). Refused before the dump, naming the processes, the
+// file, the mount and the peer.
+func TestMemoryForkOnVolume(t *testing.T) {
 	ctx, env, _ := shimEnv(t)
 	importPythonImage(t, ctx, env)
 	vol := t.TempDir()
+	l, err := net.Listen("unix", filepath.Join(vol, "host.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
 	sc := runSandboxWith(t, ctx, env, []string{"--mount", "type=bind,src=" + vol + ",dst=/vol,options=rbind:rw"}, ociimage.PythonImageRef,
-		"python3", "-c", "import fcntl, time; f = open('/vol/lk', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('/dev/shm/ready', 'w'); time.sleep(100000)")
+		"python3", "-c", "import fcntl, socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/vol/host.sock'); f = open('/vol/lk', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('/dev/shm/ready', 'w'); time.sleep(100000)")
 	waitUntil(t, "the lock", 20*time.Second, func() bool { _, err := execIn(ctx, env, "sb", "test", "-e", "/dev/shm/ready"); return err == nil })
 	start := time.Now()
-	_, err := sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds a lock on /vol/lk (descriptor 3), a file of the mount at /vol") {
-		t.Fatalf("memory fork holding a lock on a volume's file: %v (after %v); want failed precondition naming it", err, time.Since(start))
+	_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds a lock on /vol/lk (descriptor 4), a file of the mount at /vol") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("(python3) has a unix socket connected to process %d (", os.Getpid())) {
+		t.Fatalf("memory fork holding a lock on a volume's file and a socket to the host: %v (after %v); want failed precondition naming both", err, time.Since(start))
 	}
 	assertNoMemoryImages(t, env)
 }

@@ -21,9 +21,9 @@ import (
 // process of the branch's own (own) outside the tree, a TCP connection or a bound
 // port (the branches share the parent's network namespace, where the
 // parent holds them), a terminal or another device than the harmless
-// ones, an anonymous inode CRIU cannot dump (an io_uring instance, say).
-// CRIU refuses more (an external unix socket, say); its errors are passed
-// on as they come.
+// ones, an anonymous inode CRIU cannot dump (an io_uring instance, say),
+// a unix socket connected outside the tree, a deleted file too large to
+// carry. CRIU refuses more; its errors are passed on as they come.
 func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out []string, ghostBytes int64) {
 	ghosts := map[[2]uint64]int64{} // by device and inode: one file open twice is one ghost
 	for _, pid := range own {
@@ -51,7 +51,7 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 				}
 				what, read := "", false
 				if n, err := strconv.Atoi(fd.Name()); err == nil && pidfd >= 0 {
-					what, read = socketProblem(pidfd, n, sharedNet)
+					what, read = socketProblem(pidfd, n, sharedNet, tree)
 				}
 				if !read {
 					if socks == nil {
@@ -116,6 +116,31 @@ func fileProblem(pid int, fd, p, link string, ghosts map[[2]uint64]int64) string
 	return fmt.Sprintf("process %d (%s) holds the device %s open (descriptor %s)", pid, comm(pid), link, fd)
 }
 
+// unixPeerProblem says whether the unix socket s (a duplicate) is
+// connected to a process outside tree: CRIU cannot dump such a socket
+// ("External socket is used") and fails the dump after stopping the
+// processes. The peer is the process that connected (or made the pair),
+// as the kernel recorded it (SO_PEERCRED): one that ended since is not
+// known to be outside, and left to CRIU.
+func unixPeerProblem(s int, tree map[int]bool) string {
+	if tree == nil {
+		return ""
+	}
+	typ, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil || (typ != unix.SOCK_STREAM && typ != unix.SOCK_SEQPACKET) {
+		return ""
+	}
+	cred, err := unix.GetsockoptUcred(s, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil || cred.Pid <= 0 {
+		return "" // not connected
+	}
+	peer := int(cred.Pid)
+	if tree[peer] || !alive(peer) || descends(peer, tree) {
+		return ""
+	}
+	return fmt.Sprintf("has a unix socket connected to process %d (%s) outside its process tree (the host's, or another container's, through a bind mount), which a copy could not share", peer, comm(peer))
+}
+
 // anonProblem names the kernel object behind a descriptor's link
 // (/proc/PID/fd/N) if it is an anonymous inode CRIU cannot dump, "" if it
 // can or the link is no anonymous inode. CRIU dumps those of its
@@ -145,7 +170,7 @@ func anonProblem(link string) string {
 // kernel's whole TCP hash table, sized by the node's memory, about 3.4 ms
 // for each of tcp and tcp6 on a 24 GiB node, whatever the sandbox holds.
 // read is false where the duplicate or its options could not be had.
-func socketProblem(pidfd, fd int, sharedNet bool) (what string, read bool) {
+func socketProblem(pidfd, fd int, sharedNet bool, tree map[int]bool) (what string, read bool) {
 	s, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
 		return "", false
@@ -154,6 +179,9 @@ func socketProblem(pidfd, fd int, sharedNet bool) (what string, read bool) {
 	domain, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	if err != nil {
 		return "", false
+	}
+	if domain == unix.AF_UNIX {
+		return unixPeerProblem(s, tree), true
 	}
 	if domain != unix.AF_INET && domain != unix.AF_INET6 {
 		return "", true

@@ -80,12 +80,12 @@ func TestSocketProblem(t *testing.T) {
 		{"unix", pair[0], true, ""},
 		{"unbound tcp", unbound, true, ""},
 	} {
-		what, read := socketProblem(pidfd, c.fd, c.sharedNet)
+		what, read := socketProblem(pidfd, c.fd, c.sharedNet, nil)
 		if !read || (c.want == "") != (what == "") || !strings.Contains(what, c.want) {
 			t.Errorf("%s: %q (read %v), want %q", c.name, what, read, c.want)
 		}
 	}
-	if _, read := socketProblem(pidfd, 1<<20, true); read {
+	if _, read := socketProblem(pidfd, 1<<20, true, nil); read {
 		t.Error("a descriptor the process does not have was read")
 	}
 }
