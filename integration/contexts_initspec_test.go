@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
@@ -29,41 +30,18 @@ const schedReport = `cut -d' ' -f19,41 /proc/self/stat; ionice -p $$; grep Cpus_
 // with clock offsets has its branches started by the branch init, and a
 // process exec'd into a branch gets what one exec'd into the sandbox gets.
 func TestContextsInitSchedTimens(t *testing.T) {
-	ctx, env, cc := shimEnv(t)
-	img, err := cc.GetImage(ctx, ociimage.ImageRef)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const year = 365 * 24 * 3600
-	c, err := cc.NewContainer(ctx, "sb",
-		containerd.WithSnapshotter("branch"),
-		containerd.WithNewSnapshot("sb", img),
-		containerd.WithRuntime(branchRuntime, nil),
-		containerd.WithNewSpec(oci.WithImageConfig(img),
-			oci.WithProcessArgs("sh", "-c", "exec sleep 100000"),
-			func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-				s.Process.Scheduler = &specs.Scheduler{Policy: specs.SchedBatch, Nice: 5}
-				s.Process.IOPriority = &specs.LinuxIOPriority{Class: specs.IOPRIO_CLASS_BE, Priority: 6}
-				s.Process.ExecCPUAffinity = &specs.CPUAffinity{Final: "0"}
-				s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.TimeNamespace})
-				s.Linux.TimeOffsets = map[string]specs.LinuxTimeOffset{
-					"boottime":  {Secs: year},
-					"monotonic": {Secs: year},
-				}
-				return nil
-			}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.NewTask(ctx, cio.NullIO)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := task.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	sc := sandboxClient(t, ctx, env, "sb")
+	ctx, env, sc := specSandbox(t, func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		s.Process.Scheduler = &specs.Scheduler{Policy: specs.SchedBatch, Nice: 5}
+		s.Process.IOPriority = &specs.LinuxIOPriority{Class: specs.IOPRIO_CLASS_BE, Priority: 6}
+		s.Process.ExecCPUAffinity = &specs.CPUAffinity{Final: "0"}
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.TimeNamespace})
+		s.Linux.TimeOffsets = map[string]specs.LinuxTimeOffset{
+			"boottime":  {Secs: year},
+			"monotonic": {Secs: year},
+		}
+		return nil
+	})
 	want, err := execIn(ctx, env, "sb", "sh", "-c", schedReport)
 	if err != nil {
 		t.Fatalf("%v: %s", err, want)
@@ -90,34 +68,11 @@ func TestContextsInitSchedTimens(t *testing.T) {
 // runc writes them before), and an isolated memory branch's new network
 // namespace had the kernel's defaults.
 func TestForkSysctls(t *testing.T) {
-	ctx, env, cc := shimEnv(t)
-	img, err := cc.GetImage(ctx, ociimage.ImageRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cc.NewContainer(ctx, "sb",
-		containerd.WithSnapshotter("branch"),
-		containerd.WithNewSnapshot("sb", img),
-		containerd.WithRuntime(branchRuntime, nil),
-		containerd.WithNewSpec(oci.WithImageConfig(img),
-			oci.WithProcessArgs("sh", "-c", "exec sleep 100000"),
-			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
-			func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-				s.Linux.Sysctl = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.msgmax": "4096"}
-				return nil
-			}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.NewTask(ctx, cio.NullIO)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, env, "sb") })
-	if err := task.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sc := sandboxClient(t, ctx, env, "sb")
+	ctx, env, sc := specSandbox(t, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace}),
+		func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+			s.Linux.Sysctl = map[string]string{"net.ipv4.ip_unprivileged_port_start": "77", "kernel.msgmax": "4096"}
+			return nil
+		})
 	const report = "cat /proc/sys/net/ipv4/ip_unprivileged_port_start /proc/sys/kernel/msgmax"
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", report); err != nil || out != "77\n4096\n" {
 		t.Fatalf("the sandbox's sysctls: %q %v", out, err)
@@ -136,4 +91,33 @@ func TestForkSysctls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// specSandbox runs the sandbox "sb" of the busybox image (sh, exec'ing a
+// long sleep) with the spec options opts, as a Go client makes one, and
+// returns a branch client for it; both go when the test ends.
+func specSandbox(t *testing.T, opts ...oci.SpecOpts) (context.Context, *daemons.Env, *client.SandboxClient) {
+	t.Helper()
+	ctx, env, cc := shimEnv(t)
+	img, err := cc.GetImage(ctx, ociimage.ImageRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cc.NewContainer(ctx, "sb",
+		containerd.WithSnapshotter("branch"),
+		containerd.WithNewSnapshot("sb", img),
+		containerd.WithRuntime(branchRuntime, nil),
+		containerd.WithNewSpec(append([]oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", "exec sleep 100000")}, opts...)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, env, "sb") })
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, env, sandboxClient(t, ctx, env, "sb")
 }
