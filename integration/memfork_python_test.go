@@ -230,10 +230,11 @@ func TestMemoryForkDirty100MB(t *testing.T) {
 // the sandbox through a bind mount (a volume): a lock on one of its files,
 // which no copy could take again while the sandbox holds it (CRIU's
 // restore waited on it until the restore's 20 s bound, then failed as a
-// damaged image), and a unix socket connected to a process of the host
-// through it (CRIU failed the dump after stopping the processes: "External
-// socket is used"). Refused before the dump, naming the processes, the
-// file, the mount and the peer.
+// damaged image), and unix sockets connected to the host's through it, a
+// stream and a datagram one (CRIU failed the dump after stopping the
+// processes: "External socket is used", "Unix socket ... without peer").
+// Refused before the dump, naming the processes, the file, the mount and
+// the peers.
 func TestMemoryForkOnVolume(t *testing.T) {
 	ctx, env, _ := shimEnv(t)
 	importPythonImage(t, ctx, env)
@@ -252,14 +253,20 @@ func TestMemoryForkOnVolume(t *testing.T) {
 			defer c.Close()
 		}
 	}()
+	dgram, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(vol, "host.dgram"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dgram.Close()
 	sc := runSandboxWith(t, ctx, env, []string{"--mount", "type=bind,src=" + vol + ",dst=/vol,options=rbind:rw"}, ociimage.PythonImageRef,
-		"python3", "-c", "import fcntl, socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/vol/host.sock'); f = open('/vol/lk', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('/dev/shm/ready', 'w'); time.sleep(100000)")
+		"python3", "-c", "import fcntl, socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/vol/host.sock'); d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); d.connect('/vol/host.dgram'); f = open('/vol/lk', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('/dev/shm/ready', 'w'); time.sleep(100000)")
 	waitUntil(t, "the lock", 20*time.Second, func() bool { _, err := execIn(ctx, env, "sb", "test", "-e", "/dev/shm/ready"); return err == nil })
 	start := time.Now()
 	_, err = sc.ForkResult(ctx, client.ForkOptions{Count: 1, WithMemory: true})
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds a lock on /vol/lk (descriptor 4), a file of the mount at /vol") ||
-		!strings.Contains(err.Error(), fmt.Sprintf("(python3) has a unix socket connected to process %d (", os.Getpid())) {
-		t.Fatalf("memory fork holding a lock on a volume's file and a socket to the host: %v (after %v); want failed precondition naming both", err, time.Since(start))
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "(python3) holds a lock on /vol/lk (descriptor 5), a file of the mount at /vol") ||
+		!strings.Contains(err.Error(), fmt.Sprintf("(python3) has a unix socket connected to process %d (", os.Getpid())) ||
+		!strings.Contains(err.Error(), "(python3) has a unix datagram socket (descriptor 4) connected to "+filepath.Join(vol, "host.dgram")) {
+		t.Fatalf("memory fork holding a lock on a volume's file and sockets to the host: %v (after %v); want failed precondition naming all three", err, time.Since(start))
 	}
 	assertNoMemoryImages(t, env)
 }

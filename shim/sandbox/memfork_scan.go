@@ -34,7 +34,9 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 		}
 	}
 	var socks map[string]string // the /proc/net tables, read only if needed
+	u := &unixScan{tree: tree, bound: map[string]bool{}}
 	for pid := range tree {
+		u.pid = pid
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		pidfd := -1
 		for _, fd := range fds {
@@ -51,7 +53,7 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 				}
 				what, read := "", false
 				if n, err := strconv.Atoi(fd.Name()); err == nil && pidfd >= 0 {
-					what, read = socketProblem(pidfd, n, sharedNet, tree)
+					what, read = socketProblem(pidfd, n, sharedNet, u)
 				}
 				if !read {
 					if socks == nil {
@@ -72,6 +74,7 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 			unix.Close(pidfd)
 		}
 	}
+	out = append(out, u.outside()...)
 	for _, size := range ghosts {
 		ghostBytes += size
 	}
@@ -116,31 +119,6 @@ func fileProblem(pid int, fd, p, link string, ghosts map[[2]uint64]int64) string
 	return fmt.Sprintf("process %d (%s) holds the device %s open (descriptor %s)", pid, comm(pid), link, fd)
 }
 
-// unixPeerProblem says whether the unix socket s (a duplicate) is
-// connected to a process outside tree: CRIU cannot dump such a socket
-// ("External socket is used") and fails the dump after stopping the
-// processes. The peer is the process that connected (or made the pair),
-// as the kernel recorded it (SO_PEERCRED): one that ended since is not
-// known to be outside, and left to CRIU.
-func unixPeerProblem(s int, tree map[int]bool) string {
-	if tree == nil {
-		return ""
-	}
-	typ, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_TYPE)
-	if err != nil || (typ != unix.SOCK_STREAM && typ != unix.SOCK_SEQPACKET) {
-		return ""
-	}
-	cred, err := unix.GetsockoptUcred(s, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	if err != nil || cred.Pid <= 0 {
-		return "" // not connected
-	}
-	peer := int(cred.Pid)
-	if tree[peer] || !alive(peer) || descends(peer, tree) {
-		return ""
-	}
-	return fmt.Sprintf("has a unix socket connected to process %d (%s) outside its process tree (the host's, or another container's, through a bind mount), which a copy could not share", peer, comm(peer))
-}
-
 // anonProblem names the kernel object behind a descriptor's link
 // (/proc/PID/fd/N) if it is an anonymous inode CRIU cannot dump, "" if it
 // can or the link is no anonymous inode. CRIU dumps those of its
@@ -170,7 +148,7 @@ func anonProblem(link string) string {
 // kernel's whole TCP hash table, sized by the node's memory, about 3.4 ms
 // for each of tcp and tcp6 on a 24 GiB node, whatever the sandbox holds.
 // read is false where the duplicate or its options could not be had.
-func socketProblem(pidfd, fd int, sharedNet bool, tree map[int]bool) (what string, read bool) {
+func socketProblem(pidfd, fd int, sharedNet bool, u *unixScan) (what string, read bool) {
 	s, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
 		return "", false
@@ -181,7 +159,7 @@ func socketProblem(pidfd, fd int, sharedNet bool, tree map[int]bool) (what strin
 		return "", false
 	}
 	if domain == unix.AF_UNIX {
-		return unixPeerProblem(s, tree), true
+		return u.check(s, fd), true
 	}
 	if domain != unix.AF_INET && domain != unix.AF_INET6 {
 		return "", true
