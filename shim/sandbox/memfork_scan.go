@@ -158,11 +158,16 @@ func socketProblem(pidfd, fd int, sharedNet bool, u *unixScan) (what string, rea
 	if err != nil {
 		return "", false
 	}
-	if domain == unix.AF_UNIX {
+	switch domain {
+	case unix.AF_UNIX:
 		return u.check(s, fd), true
-	}
-	if domain != unix.AF_INET && domain != unix.AF_INET6 {
+	case unix.AF_INET, unix.AF_INET6:
+	case unix.AF_PACKET, unix.AF_NETLINK:
 		return "", true
+	default:
+		// CRIU dumps these five families only (criu/sockets.c), and
+		// fails the dump on another after stopping the processes.
+		return fmt.Sprintf("has a socket of address family %d (descriptor %d: vsock, AF_ALG, Bluetooth, ...), which CRIU cannot dump", domain, fd), true
 	}
 	proto, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PROTOCOL)
 	if err != nil {

@@ -23,17 +23,7 @@ func TestSocketProblem(t *testing.T) {
 		t.Skipf("pidfd_open: %v", err)
 	}
 	defer unix.Close(pidfd)
-	fdOf := func(c interface {
-		File() (*os.File, error)
-	}) int {
-		t.Helper()
-		f, err := c.File()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		return int(f.Fd())
-	}
+	fdOf := func(c fileConn) int { return fdOf(t, c) }
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +78,45 @@ func TestSocketProblem(t *testing.T) {
 	if _, read := socketProblem(pidfd, 1<<20, true, nil); read {
 		t.Error("a descriptor the process does not have was read")
 	}
+	// A family CRIU does not dump (the kernel's crypto API), where the
+	// kernel has it.
+	if alg, err := unix.Socket(unix.AF_ALG, unix.SOCK_SEQPACKET, 0); err == nil {
+		defer unix.Close(alg)
+		if what, _ := socketProblem(pidfd, alg, false, nil); !strings.Contains(what, "address family 38") {
+			t.Errorf("AF_ALG socket: %q; want refused naming its family", what)
+		}
+	}
+}
+
+// TestUnixScan: a datagram socket connected to a name no socket of the
+// tree is bound to is outside; to one it is bound to, inside.
+func TestUnixScan(t *testing.T) {
+	dir := t.TempDir()
+	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	defer unix.Close(pidfd)
+	server, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: dir + "/d", Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	client, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: dir + "/d", Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	for _, withServer := range []bool{false, true} {
+		u := &unixScan{tree: map[int]bool{os.Getpid(): true}, pid: os.Getpid(), bound: map[string]bool{}}
+		if withServer {
+			socketProblem(pidfd, fdOf(t, server), false, u)
+		}
+		socketProblem(pidfd, fdOf(t, client), false, u)
+		if got := u.outside(); (len(got) == 1) == withServer || (len(got) == 1 && !strings.Contains(got[0], "connected to "+dir+"/d")) {
+			t.Errorf("tree holding the server %v: outside %q", withServer, got)
+		}
+	}
 }
 
 func TestAnonProblem(t *testing.T) {
@@ -107,4 +136,18 @@ func TestAnonProblem(t *testing.T) {
 			t.Errorf("anonProblem(%q) = %q; want refused %v", link, got, bad)
 		}
 	}
+}
+
+// fileConn is a connection or listener whose descriptor can be had.
+type fileConn interface{ File() (*os.File, error) }
+
+// fdOf is a duplicate of c's descriptor, closed when the test ends.
+func fdOf(t *testing.T, c fileConn) int {
+	t.Helper()
+	f, err := c.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
 }
