@@ -534,3 +534,33 @@ exec sleep 100000`)
 	}
 	assertNoMemoryImages(t, env)
 }
+
+// TestMemoryForkSymlinkBind: a bind mount whose source is a symlink
+// (nerdctl -v /lib64:/lib64 on a merged-/usr host, where /lib64 links to
+// usr/lib64, as a Node.js sandbox borrowing the host's libraries has it).
+// The container's mount followed the link; CRIU's restore did not ("mnt-v2:
+// Failed to move_mount from /lib64 ...: Invalid argument"), and every
+// memory fork of such a sandbox failed. The copies see the bound files.
+func TestMemoryForkSymlinkBind(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "real"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "real", "f"), []byte("through the link\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("real", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	sc := runSandboxWith(t, ctx, env, []string{"--mount", "type=bind,src=" + filepath.Join(dir, "link") + ",dst=/data,options=rbind:ro"},
+		ociimage.ImageRef, "sh", "-c", "exec 3</data/f; exec sleep 100000")
+	waitUntil(t, "the sandbox's bind", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "cat", "/data/f")
+		return err == nil && out == "through the link\n"
+	})
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1, WithMemory: true})[0]
+	if out := mustRun(t, ctx, sc, kid.ID, "sh", "-c", "cat /data/f; cat /proc/1/fd/3"); out != "through the link\nthrough the link\n" {
+		t.Fatalf("the memory branch's bind and its init's descriptor on it: %q", out)
+	}
+}

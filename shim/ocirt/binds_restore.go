@@ -170,3 +170,27 @@ func bindTarget(source, target string) error {
 	}
 	return f.Close()
 }
+
+// resolveBindSources points each bind mount of spec whose source is a
+// symlink (nerdctl -v /lib64:/lib64, where /lib64 links to usr/lib64) at
+// what it links to. The container's mount followed the link, as mount(2)
+// does; CRIU's restore moves the source's tree with move_mount, which does
+// not follow a final symlink ("Failed to move_mount from /lib64 ...:
+// Invalid argument"), and libcontainer hands it the spec's source.
+func resolveBindSources(spec *specs.Spec) error {
+	for i, m := range spec.Mounts {
+		if !isBind(m) || !filepath.IsAbs(m.Source) {
+			continue
+		}
+		fi, err := os.Lstat(m.Source)
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			continue // gone: the restore says so
+		}
+		real, err := filepath.EvalSymlinks(m.Source)
+		if err != nil {
+			return fmt.Errorf("bind mount of %s at %s: %w", m.Source, m.Destination, err)
+		}
+		spec.Mounts[i].Source = real
+	}
+	return nil
+}

@@ -434,7 +434,10 @@ func restore(c *cmdline) error {
 		if err != nil {
 			return err
 		}
-		undoBinds, err := reachableBinds(work, spec) // binds_restore.go
+		if err := resolveBindSources(spec); err != nil { // binds_restore.go
+			return err
+		}
+		undoBinds, err := reachableBinds(work, spec)
 		undo = func() { undoBinds(); undoCopies() }
 		return err
 	})
