@@ -92,6 +92,8 @@ func fileProblem(pid int, fd, p, link string, ghosts map[[2]uint64]int64) string
 		return fmt.Sprintf("process %d (%s) holds %s (descriptor %s, %s), which CRIU cannot dump", pid, comm(pid), what, fd, link)
 	}
 	name, deleted := strings.CutSuffix(link, " (deleted)")
+	// A memfd reads as deleted too; CRIU dumps it as a memfd, no ghost.
+	deleted = deleted && !strings.HasPrefix(link, "/memfd:")
 	if !deleted && !strings.HasPrefix(link, "/dev/") {
 		return "" // a stat of every descriptor costs a many-file process
 	}

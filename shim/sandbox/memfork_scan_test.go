@@ -3,13 +3,17 @@
 package sandbox
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
 // TestSocketProblem: what a memory fork refuses of a process's sockets,
@@ -150,4 +154,59 @@ func fdOf(t *testing.T, c fileConn) int {
 	}
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
+}
+
+// TestFileProblemGhosts: a deleted file is counted once however often it
+// is open, one above the limit refused; a memfd, which reads as deleted
+// too, is no ghost.
+func TestFileProblemGhosts(t *testing.T) {
+	dir := t.TempDir()
+	open := func(name string, size int64) int {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(f.Name()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return int(f.Fd())
+	}
+	small, big := open("small", 3<<20), open("big", ocirt.GhostLimit+1)
+	again, err := unix.Dup(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(again)
+	mfd, err := unix.MemfdCreate("big", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.Ftruncate(mfd, ocirt.GhostLimit+1); err != nil {
+		t.Fatal(err)
+	}
+	ghosts := map[[2]uint64]int64{}
+	check := func(fd int) string {
+		p := fmt.Sprintf("/proc/self/fd/%d", fd)
+		link, err := os.Readlink(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fileProblem(os.Getpid(), strconv.Itoa(fd), p, link, ghosts)
+	}
+	for _, fd := range []int{small, again, mfd} {
+		if what := check(fd); what != "" {
+			t.Errorf("descriptor %d: %q; want carried", fd, what)
+		}
+	}
+	if what := check(big); !strings.Contains(what, "holds the deleted file "+filepath.Join(dir, "big")+" open") {
+		t.Errorf("a deleted file above the limit: %q; want refused", what)
+	}
+	if len(ghosts) != 1 {
+		t.Errorf("ghosts %v; want the small file once", ghosts)
+	}
 }
