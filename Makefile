@@ -267,7 +267,7 @@ CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSeal
 	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
 	integration:TestMemoryFork integration:TestMemoryRollback integration:TestMemoryCheckpoint \
 	integration:TestMemoryRollbackSandbox integration:TestMemoryForkMemoryLimit integration:TestKubeletBranchPod \
-	integration:TestTaskCheckpointRestore
+	integration:TestTaskCheckpointRestore integration:TestUpdateWithBranches
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.
