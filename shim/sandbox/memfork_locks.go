@@ -57,11 +57,12 @@ func sharedLocks(initPid int, tree map[int]bool, spec *specs.Spec) []string {
 	var out []string
 	for _, l := range locks {
 		fd, path, mnt, ok := lockedFd(l)
-		if !ok || own[mounts[mnt]] {
-			continue
+		point, known := mounts[mnt]
+		if !ok || !known || own[point] {
+			continue // a mount of a nested mount namespace: left to CRIU
 		}
 		out = append(out, fmt.Sprintf("process %d (%s) holds a lock on %s (descriptor %s), a file of the mount at %s, which its copies would share with it (a bind mount or a volume): no copy could take the lock again; release it first",
-			l.pid, comm(l.pid), path, fd, mounts[mnt]))
+			l.pid, comm(l.pid), path, fd, point))
 	}
 	return out
 }
