@@ -40,7 +40,7 @@ RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl $(BIN)/branchctl-full
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench crash-loop soak lint check-version check-tidy check-proto check-imports check-length clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench benchstat crash-loop soak lint check-version check-tidy check-proto check-imports check-length clean containerd-config install image
 
 all: binaries
 
@@ -283,7 +283,9 @@ $(BIN)/.benchstat-$(BENCHSTAT_VERSION):
 	@rm -f $(BIN)/.benchstat-*
 	@touch $@
 
-bench: binaries $(BIN)/.benchstat-$(BENCHSTAT_VERSION)
+benchstat: $(BIN)/.benchstat-$(BENCHSTAT_VERSION)
+
+bench: binaries benchstat
 	@hack/bench.sh
 
 # The crash loop of the branch contexts (TestContextsCrashLoop), long:

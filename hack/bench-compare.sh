@@ -16,6 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { echo "usage: $0 OLD NEW" >&2; exit 2; }
 repo=$PWD
+# benchstat prints the comparison at the end: built first (make bench
+# builds it too), not found after the rounds.
+[ -n "${BENCHSTAT:-}" ] || make -s benchstat >/dev/null
 filter=${BENCH_FILTER:-'^Benchmark(Fork|ForkEight|Commit|Abort|Checkpoint|Rollback|ContextFork|ContextCommit|ContextAbort|ContextExec)$'}
 read -r -a pkgs <<<"${BENCH_PKGS:-snapshotter integration}"
 out=${BENCH_OUT:-$repo/bin/bench-compare}
