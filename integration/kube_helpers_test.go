@@ -38,6 +38,13 @@ type kubeTest struct {
 // the cgroupfs driver.
 func kubeNode(t *testing.T) *kubeTest {
 	t.Helper()
+	return kubeNodeWith(t, daemons.KubeConfig{})
+}
+
+// kubeNodeWith is kubeNode with a kubelet configured by cfg (its driver,
+// labels and timeout are kubeNode's own).
+func kubeNodeWith(t *testing.T, cfg daemons.KubeConfig) *kubeTest {
+	t.Helper()
 	useSystemd := systemdNode()
 	// The node has a network namespace of its own (daemons.StartKube says
 	// why), which its containerd and the pods' runtimes share.
@@ -51,12 +58,11 @@ func kubeNode(t *testing.T) *kubeTest {
 	if daemons.Emulated() {
 		timeout = 15 * time.Minute
 	}
-	kube, err := c.env.StartKube(c.ctx, daemons.KubeConfig{
-		SystemdCgroup: useSystemd,
-		// What docs/runtimeclass.yaml's nodeSelector asks for.
-		NodeLabels: []string{"branchbox.io/runtime=branch"},
-		Timeout:    timeout,
-	})
+	cfg.SystemdCgroup = useSystemd
+	// What docs/runtimeclass.yaml's nodeSelector asks for.
+	cfg.NodeLabels = []string{"branchbox.io/runtime=branch"}
+	cfg.Timeout = timeout
+	kube, err := c.env.StartKube(c.ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

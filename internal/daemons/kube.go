@@ -37,6 +37,11 @@ type KubeConfig struct {
 	NodeLabels []string
 	// Timeout bounds each daemon's start (default 2 minutes).
 	Timeout time.Duration
+	// CPUManagerStatic runs the kubelet's CPU manager with its static
+	// policy, CPU 0 reserved and a reconcile every second: a Guaranteed
+	// container with whole CPUs gets them alone, and the kubelet narrows
+	// every other container's cpuset to the rest (UpdateContainerResources).
+	CPUManagerStatic bool
 }
 
 // Kube is a single-node Kubernetes cluster on an env's containerd: etcd,
@@ -300,6 +305,9 @@ evictionHard:
 syncFrequency: 10s
 shutdownGracePeriod: 0s
 `, endpoint, endpoint, driver, cgroupRoot, port, healthzPort, NodeIP, filepath.Join(k.Dir, "pod-logs"))
+	if cfg.CPUManagerStatic {
+		config += "cpuManagerPolicy: static\nreservedSystemCPUs: \"0\"\ncpuManagerReconcilePeriod: 1s\n"
+	}
 	configPath := filepath.Join(k.Dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		return err
