@@ -33,7 +33,9 @@ func (c *Service) TaskCheckpoint(ctx context.Context, id string, dump func() err
 	if err != nil {
 		return dump() // not one of ours to branch
 	}
-	sb.mu.Lock()
+	if !lockWithin(&sb.mu, pauseDrain) { // as an update's wait (taskupdate.go)
+		return fmt.Errorf("checkpoint of sandbox %s: a branch operation under way did not finish within %s; not checkpointed, try again: %w", sb.id, pauseDrain, errdefs.ErrUnavailable)
+	}
 	defer sb.mu.Unlock()
 	leaves, names, err := c.sealLeaves(sb)
 	if err != nil {

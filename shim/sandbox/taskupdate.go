@@ -2,7 +2,12 @@
 
 package sandbox
 
-import "context"
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
 
 // TaskUpdate runs update, containerd's update of the task id's resources
 // (nerdctl update, the CRI's UpdateContainerResources: a pod's in-place
@@ -15,7 +20,11 @@ func (c *Service) TaskUpdate(ctx context.Context, id string, update func() error
 	if err != nil {
 		return update() // not one of ours to branch
 	}
-	sb.mu.Lock()
+	// Bounded as a pause's wait is: a caller (the kubelet) retries an
+	// update refused, and must not hang behind a stuck operation.
+	if !lockWithin(&sb.mu, pauseDrain) {
+		return fmt.Errorf("update of %s: a branch operation under way did not finish within %s; not updated, try again: %w", id, pauseDrain, errdefs.ErrUnavailable)
+	}
 	defer sb.mu.Unlock()
 	return update()
 }
