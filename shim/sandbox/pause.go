@@ -106,6 +106,18 @@ func lockWithin(mu *sync.Mutex, d time.Duration) bool {
 	}
 }
 
+// lockDrained takes sb's lock once the branch operations under way are
+// done, for a task operation of containerd's (a pause, an update, a
+// checkpoint): it waits at most pauseDrain, then refuses, unavailable, as
+// the caller (the kubelet) retries, and must not hang behind a stuck
+// operation. what names the operation, undone what did not happen.
+func lockDrained(sb *Sandbox, what, undone string) error {
+	if lockWithin(&sb.mu, pauseDrain) {
+		return nil
+	}
+	return fmt.Errorf("%s: a branch operation under way did not finish within %s; %s, try again: %w", what, pauseDrain, undone, errdefs.ErrUnavailable)
+}
+
 // pause runs containerd's Pause of a container (do) once the branch
 // operations under way on it are done, holding its lock meanwhile so that
 // none starts before its cgroup is frozen; after that they see it frozen
@@ -117,8 +129,8 @@ func (c *Service) Pause(ctx context.Context, id string, do func() error) error {
 		return do() // not one of ours to branch: nothing to wait for
 	}
 	deadline := time.Now().Add(pauseDrain)
-	if !lockWithin(&sb.mu, pauseDrain) {
-		return fmt.Errorf("pause %s: a branch operation under way did not finish within %s; not paused, try again: %w", id, pauseDrain, errdefs.ErrUnavailable)
+	if err := lockDrained(sb, "pause "+id, "not paused"); err != nil {
+		return err
 	}
 	defer sb.mu.Unlock()
 	if !sb.starting.wait(deadline) {

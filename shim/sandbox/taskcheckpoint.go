@@ -33,8 +33,8 @@ func (c *Service) TaskCheckpoint(ctx context.Context, id string, dump func() err
 	if err != nil {
 		return dump() // not one of ours to branch
 	}
-	if !lockWithin(&sb.mu, pauseDrain) { // as an update's wait (taskupdate.go)
-		return fmt.Errorf("checkpoint of sandbox %s: a branch operation under way did not finish within %s; not checkpointed, try again: %w", sb.id, pauseDrain, errdefs.ErrUnavailable)
+	if err := lockDrained(sb, "checkpoint of sandbox "+sb.id, "not checkpointed"); err != nil {
+		return err
 	}
 	defer sb.mu.Unlock()
 	leaves, names, err := c.sealLeaves(sb)

@@ -2,12 +2,7 @@
 
 package sandbox
 
-import (
-	"context"
-	"fmt"
-
-	"github.com/containerd/errdefs"
-)
+import "context"
 
 // TaskUpdate runs update, containerd's update of the task id's resources
 // (nerdctl update, the CRI's UpdateContainerResources: a pod's in-place
@@ -20,10 +15,8 @@ func (c *Service) TaskUpdate(ctx context.Context, id string, update func() error
 	if err != nil {
 		return update() // not one of ours to branch
 	}
-	// Bounded as a pause's wait is: a caller (the kubelet) retries an
-	// update refused, and must not hang behind a stuck operation.
-	if !lockWithin(&sb.mu, pauseDrain) {
-		return fmt.Errorf("update of %s: a branch operation under way did not finish within %s; not updated, try again: %w", id, pauseDrain, errdefs.ErrUnavailable)
+	if err := lockDrained(sb, "update of "+id, "not updated"); err != nil {
+		return err
 	}
 	defer sb.mu.Unlock()
 	return update()
