@@ -19,10 +19,9 @@ import (
 	"math/bits"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/fscommon"
 	"k8s.io/utils/cpuset"
 )
 
@@ -50,7 +49,7 @@ func Update(paths map[string]string, res *cgroups.Resources) error {
 	if dir := paths["cpu"]; dir != "" && res.CpuQuota > 0 {
 		period := int64(res.CpuPeriod)
 		if period == 0 {
-			p, err := readInt(dir, "cpu.cfs_period_us")
+			p, err := fscommon.GetCgroupParamInt(dir, "cpu.cfs_period_us")
 			if err != nil {
 				return err
 			}
@@ -72,14 +71,14 @@ func spreadCpuset(dir, file, v string) error {
 	}
 	all := append([]string{dir}, descendants(dir)...)
 	set := func(d string, to func(cpuset.CPUSet) cpuset.CPUSet) error {
-		b, err := os.ReadFile(filepath.Join(d, file))
+		v, err := fscommon.GetCgroupParamString(d, file)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // a branch's cgroup removed meanwhile
 		}
 		if err != nil {
 			return err
 		}
-		have, err := cpuset.Parse(strings.TrimSpace(string(b)))
+		have, err := cpuset.Parse(v)
 		if err != nil {
 			return fmt.Errorf("%s of %s: %w", file, d, err)
 		}
@@ -106,7 +105,7 @@ func spreadCpuset(dir, file, v string) error {
 // its nearest ancestor's, the new one. Removing a quota is never refused.
 func unboundQuotasAbove(dir string, quota, period int64) error {
 	for _, d := range descendants(dir) {
-		q, err := readInt(d, "cpu.cfs_quota_us")
+		q, err := fscommon.GetCgroupParamInt(d, "cpu.cfs_quota_us")
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -116,7 +115,7 @@ func unboundQuotasAbove(dir string, quota, period int64) error {
 		if q <= 0 {
 			continue
 		}
-		p, err := readInt(d, "cpu.cfs_period_us")
+		p, err := fscommon.GetCgroupParamInt(d, "cpu.cfs_period_us")
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
@@ -138,7 +137,7 @@ func QuotaAboveAncestors(dir string, quota, period int64) (bool, error) {
 		return false, nil
 	}
 	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
-		q, err := readInt(d, "cpu.cfs_quota_us")
+		q, err := fscommon.GetCgroupParamInt(d, "cpu.cfs_quota_us")
 		if errors.Is(err, fs.ErrNotExist) {
 			return false, nil // above the hierarchy's root
 		}
@@ -148,7 +147,7 @@ func QuotaAboveAncestors(dir string, quota, period int64) (bool, error) {
 		if q <= 0 {
 			continue
 		}
-		p, err := readInt(d, "cpu.cfs_period_us")
+		p, err := fscommon.GetCgroupParamInt(d, "cpu.cfs_period_us")
 		if err != nil {
 			return false, err
 		}
@@ -201,14 +200,6 @@ func descendants(dir string) []string {
 	}
 	walk(dir)
 	return out
-}
-
-func readInt(dir, file string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, file))
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // write writes v to file of the cgroup d below top; a cgroup removed
