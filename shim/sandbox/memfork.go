@@ -142,8 +142,8 @@ func (c *Service) checkMemoryDump(ctx context.Context, sb *Sandbox, parent *Bran
 	}
 	// One walk of the tree serves every check.
 	tree := procfd.Tree(initPid, nil)
-	problems, ghosts := unforkable(initPid, tree, own, sharedNet)
-	problems = append(problems, sharedLocks(initPid, tree, parent.spec)...)
+	problems, ghosts, locks := unforkable(initPid, tree, own, sharedNet)
+	problems = append(problems, sharedLocks(initPid, locks, parent.spec)...)
 	problems = append(problems, nestedNamespaces(initPid, tree)...)
 	if len(problems) > 0 {
 		return fmt.Errorf("%s: %s: %w", what, strings.Join(problems, "; "), errdefs.ErrFailedPrecondition)

@@ -29,11 +29,10 @@ type heldLock struct {
 	mnt      int
 }
 
-// sharedLocks names the locks held by processes of tree on files of mounts
-// the copies would share (every mount but the root and the spec's tmpfs
-// mounts, seen from initPid).
-func sharedLocks(initPid int, tree map[int]bool, spec *specs.Spec) []string {
-	locks := treeLocks(tree)
+// sharedLocks names the locks (unforkable found them) held on files of
+// mounts the copies would share (every mount but the root and the spec's
+// tmpfs mounts, seen from initPid).
+func sharedLocks(initPid int, locks []heldLock, spec *specs.Spec) []string {
 	if len(locks) == 0 {
 		return nil
 	}
@@ -65,32 +64,25 @@ func sharedLocks(initPid int, tree map[int]bool, spec *specs.Spec) []string {
 	return out
 }
 
-// treeLocks finds the locks the processes of tree hold, from the "lock:"
-// lines of their files' fdinfo, as CRIU finds them. Not from /proc/locks:
-// each read of it takes the kernel's file_rwsem for writing, which waits
-// for an RCU grace period, 2.5-11 ms on a fork's path here.
-func treeLocks(tree map[int]bool) []heldLock {
-	var out []heldLock
-	for pid := range tree {
-		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		fds, _ := os.ReadDir(dir)
-		for _, e := range fds {
-			path, err := os.Readlink(dir + "/" + e.Name())
-			if err != nil || !strings.HasPrefix(path, "/") {
-				continue // a pipe, a socket, an anonymous inode: no lock
-			}
-			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, e.Name()))
-			if err != nil || !bytes.Contains(info, []byte("\nlock:")) {
-				continue
-			}
-			for _, line := range strings.Split(string(info), "\n") {
-				if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
-					if mnt, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-						out = append(out, heldLock{pid: pid, fd: e.Name(), path: path, mnt: mnt})
-					}
-				}
+// lockOf says whether descriptor fd of process pid, a file at path, holds
+// a lock, from the "lock:" lines of its fdinfo, as CRIU finds them. Not
+// from /proc/locks: each read of it takes the kernel's file_rwsem for
+// writing, which waits for an RCU grace period, 2.5-11 ms on a fork's path
+// here.
+func lockOf(pid int, fd, path string) (heldLock, bool) {
+	if !strings.HasPrefix(path, "/") {
+		return heldLock{}, false // a pipe, a socket, an anonymous inode: no lock
+	}
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil || !bytes.Contains(info, []byte("\nlock:")) {
+		return heldLock{}, false
+	}
+	for _, line := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+			if mnt, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return heldLock{pid: pid, fd: fd, path: path, mnt: mnt}, true
 			}
 		}
 	}
-	return out
+	return heldLock{}, false
 }

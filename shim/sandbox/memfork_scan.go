@@ -23,8 +23,10 @@ import (
 // parent holds them), a terminal or another device than the harmless
 // ones, an anonymous inode CRIU cannot dump (an io_uring instance, say),
 // a unix socket connected outside the tree, a deleted file too large to
-// carry. CRIU refuses more; its errors are passed on as they come.
-func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out []string, ghostBytes int64) {
+// carry. CRIU refuses more; its errors are passed on as they come. The
+// same walk of the descriptors finds the file locks the tree holds
+// (sharedLocks judges them).
+func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out []string, ghostBytes int64, locks []heldLock) {
 	ghosts := map[[2]uint64]int64{} // by device and inode: one file open twice is one ghost
 	for _, pid := range own {
 		// One that ended since the listing, or that a process of the
@@ -66,6 +68,9 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 				}
 				continue
 			}
+			if l, ok := lockOf(pid, fd.Name(), link); ok {
+				locks = append(locks, l)
+			}
 			if what := fileProblem(pid, fd.Name(), p, link, ghosts); what != "" {
 				out = append(out, what)
 			}
@@ -78,7 +83,7 @@ func unforkable(initPid int, tree map[int]bool, own []int, sharedNet bool) (out 
 	for _, size := range ghosts {
 		ghostBytes += size
 	}
-	return out, ghostBytes
+	return out, ghostBytes, locks
 }
 
 // fileProblem says what a restored copy could not have of the descriptor
