@@ -398,7 +398,11 @@ type Process struct {
 	ID     string
 	Pid    int
 	io     *fifoio.IO
-	once   sync.Once
+
+	mu      sync.Mutex
+	exit    *ExitStatus   // the shim's answer, once it came
+	drained chan struct{} // closed once the output is read to its end
+	once    sync.Once     // the output's release
 }
 
 // ExitStatus is how a process ended.
@@ -444,34 +448,64 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 	return p, nil
 }
 
-// Wait waits for the process to exit and its output to drain.
+// Wait waits for the process to exit and its output to drain: what it
+// started and left holding its output (a server put in the background
+// with its output not redirected) is waited for too, as a terminal's
+// command is. A ctx that ends first ends the wait with its error; Wait
+// can be called again, for instance after a KillAll of what holds the
+// output.
 func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
-	resp, err := p.s.api.Wait(p.s.ctx(ctx), &shimv1.WaitRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
-	p.once.Do(func() {
+	p.mu.Lock()
+	st := p.exit
+	p.mu.Unlock()
+	if st == nil {
+		resp, err := p.s.api.Wait(p.s.ctx(ctx), &shimv1.WaitRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID})
 		if err != nil {
 			p.io.Cancel()
+			p.release()
+			return ExitStatus{}, p.s.shimErr(err)
 		}
+		st = &ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled, BranchEnded: resp.BranchEnded}
+		if resp.ExitedAt != nil {
+			st.ExitedAt = resp.ExitedAt.AsTime()
+		}
+		// The shim forgets an exec it answered: a later Wait takes this.
+		p.mu.Lock()
+		p.exit = st
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	if p.drained == nil {
+		p.drained = make(chan struct{})
+		go func() {
+			p.release()
+			close(p.drained)
+		}()
+	}
+	drained := p.drained
+	p.mu.Unlock()
+	select {
+	case <-drained:
+		return *st, nil
+	case <-ctx.Done():
+		return ExitStatus{}, ctx.Err()
+	}
+}
+
+// release waits for the copies of the output and lets go of its FIFOs.
+func (p *Process) release() {
+	p.once.Do(func() {
 		p.io.Wait()
 		p.io.Close()
 	})
-	if err != nil {
-		return ExitStatus{}, p.s.shimErr(err)
-	}
-	st := ExitStatus{Code: int(resp.ExitStatus), OOMKilled: resp.OomKilled, BranchEnded: resp.BranchEnded}
-	if resp.ExitedAt != nil {
-		st.ExitedAt = resp.ExitedAt.AsTime()
-	}
-	return st, nil
 }
 
 // Close releases the process's stdio (its FIFOs) without waiting for it:
 // for a process the caller will not wait for, such as one that a commit or
 // an abort kills with its branch. After Wait it does nothing.
 func (p *Process) Close() {
-	p.once.Do(func() {
-		p.io.Cancel()
-		p.io.Close()
-	})
+	p.io.Cancel()
+	p.release()
 }
 
 // Resize sets the size of the process's terminal.
@@ -490,6 +524,28 @@ func (p *Process) CloseIO(ctx context.Context) error {
 func (p *Process) Kill(ctx context.Context, sig uint32) error {
 	_, err := p.s.api.Kill(p.s.ctx(ctx), &shimv1.KillRequest{Sandbox: p.s.ID, Branch: p.branch, ExecId: p.ID, Signal: sig})
 	return p.s.shimErr(err)
+}
+
+// KillAll sends a signal to the process and to every process of its
+// session: each exec leads one, so this is what it started (a shell's
+// commands, a background server), unless that began a session of its
+// own. Those that outlive the process are signalled too. A timeout's kill
+// wants this: the process alone leaves them running, and its Wait waits
+// for the output they hold open.
+func (p *Process) KillAll(ctx context.Context, sig uint32) error {
+	return p.s.KillSession(ctx, p.branch, p.ID, p.Pid, sig)
+}
+
+// KillSession is Process.KillAll of exec execID of a branch, whose pid
+// was pid. In branch 0 it signals the processes of the session of an exec
+// of the sandbox's containerd task, whose pid containerd gave, but not
+// that exec: containerd's kill with all of an exec reaches the exec alone.
+func (s *SandboxClient) KillSession(ctx context.Context, branchID, execID string, pid int, sig uint32) error {
+	if pid <= 0 || pid > math.MaxInt32 {
+		return fmt.Errorf("kill the session of exec %q: pid %d: %w", execID, pid, errdefs.ErrInvalidArgument)
+	}
+	_, err := s.api.Kill(s.ctx(ctx), &shimv1.KillRequest{Sandbox: s.ID, Branch: branchID, ExecId: execID, Signal: sig, All: true, Pid: uint32(pid)})
+	return s.shimErr(err)
 }
 
 // Run starts a process in a branch and waits for it.

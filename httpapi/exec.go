@@ -231,11 +231,12 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		return nil
 	}
 	if err != nil && ops.Ended(ctx) {
-		// Timed out or the client left: the process goes, then its
+		// Timed out or the client left: the process and its session
+		// go (what it left running would hold its output), then its
 		// status is collected so that its stdio is released.
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = p.Kill(kctx, uint32(unix.SIGKILL))
+		_ = p.KillAll(kctx, uint32(unix.SIGKILL))
 		st, err = p.Wait(kctx)
 		if err == nil && r.Context().Err() == nil {
 			e := Error{Kind: "deadline-exceeded", Message: fmt.Sprintf("exec %v: killed after its timeout of %gs", req.Args, req.Timeout)}

@@ -27,6 +27,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // served is a `branchctl serve` run for one test: its unix socket and, if
@@ -182,6 +183,21 @@ func newUnixAPI(t *testing.T, s *served) *apiClient {
 func newTCPAPI(t *testing.T, s *served, token string) *apiClient {
 	spec, r := loadOpenAPI(t)
 	return &apiClient{t: t, base: s.TCP, hc: &http.Client{}, token: token, spec: spec, router: r, seen: map[string]bool{}}
+}
+
+// apiSandbox starts the daemons and a server on them, and makes sandbox
+// "sb" of the test image (sleeping) through it; every sandbox is removed
+// when the test ends. It returns the client on the server's unix socket
+// and the sandbox's path.
+func apiSandbox(t *testing.T) (context.Context, *daemons.Env, *served, *apiClient, string) {
+	ctx, env := startEnv(t)
+	importImage(t, ctx, env, "branch")
+	srv := startServe(t, env, false)
+	api := newUnixAPI(t, srv)
+	removeSandboxesAtEnd(t, srv, env.Namespace)
+	ns := "/v1/namespaces/" + env.Namespace
+	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
+	return ctx, env, srv, api, ns + "/sandboxes/sb"
 }
 
 // removeSandboxesAtEnd removes, when the test ends (failed or not), every

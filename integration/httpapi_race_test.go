@@ -6,22 +6,13 @@ import (
 	"encoding/json"
 	"sync"
 	"testing"
-
-	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
 // TestHTTPAPICommitRace: siblings committed at once through the HTTP API,
 // each in its own request from its own client: exactly one wins, and every
 // other is refused as stale, naming that winner, as through the Go client.
 func TestHTTPAPICommitRace(t *testing.T) {
-	ctx, env := startEnv(t)
-	importImage(t, ctx, env, "branch")
-	srv := startServe(t, env, false)
-	api := newUnixAPI(t, srv)
-	removeSandboxesAtEnd(t, srv, env.Namespace)
-	ns := "/v1/namespaces/" + env.Namespace
-	sb := ns + "/sandboxes/sb"
-	api.must(ctx, 201, "POST", ns+"/sandboxes", map[string]any{"id": "sb", "image": ociimage.ImageRef, "args": []string{"sleep", "100000"}})
+	ctx, _, srv, api, sb := apiSandbox(t)
 	const n = 8
 	var kids apiBranches
 	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": n}).decode(t, &kids)

@@ -324,7 +324,7 @@ func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
 	if err != nil && ops.Ended(tctx) {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer kcancel()
-		_ = p.Kill(kctx, uint32(unix.SIGKILL))
+		_ = p.KillAll(kctx, uint32(unix.SIGKILL))
 		_, _ = p.Wait(kctx)
 		return ExecOut{}, fmt.Errorf("%v ran longer than %s and was killed; its output so far: stdout %q, stderr %q: %w", args, timeout, stdout.String(), stderr.String(), context.DeadlineExceeded)
 	}

@@ -126,6 +126,10 @@ await fails('write_file', { branch: '0', path: '/answer', content: 'x' }, 'faile
 await fails('read_file', { branch: b1, path: '/nosuch' }, 'not-found', /call tree|list_dir/);
 await fails('exec', { branch: '99', command: 'true' }, 'not-found', /call tree/);
 await fails('exec', { branch: b1, command: 'sleep 30', timeout_seconds: 0.5 }, 'deadline-exceeded', /timeout_seconds/);
+// A timeout ends what the command started too: a server in the background
+// holding its output (whose wait would not end) is not left running.
+await fails('exec', { branch: b1, command: 'sleep 31 & echo $! > /bg.pid', timeout_seconds: 0.5 }, 'deadline-exceeded', /timeout_seconds/);
+assert.equal((await call('exec', { branch: b1, command: 'kill -0 $(cat /bg.pid) 2>/dev/null && echo running || echo gone' })).stdout, 'gone\n');
 await fails('exec', { branch: b1 }, 'invalid-argument', /input schema/);
 await fails('fork', { sandbox: 'some-other-sandbox' }, 'permission-denied', /scoped/);
 await fails('commit', {}, undefined, /branch/); // the schema's required property
@@ -134,7 +138,7 @@ await fails('commit', {}, undefined, /branch/); // the schema's required propert
 // notifications/cancelled): its command is killed, not left running.
 {
   const ac = new AbortController();
-  const pending = client.callTool({ name: 'exec', arguments: { branch: b1, command: 'echo $$ > /cancelled.pid; exec sleep 30' } }, undefined, { signal: ac.signal });
+  const pending = client.callTool({ name: 'exec', arguments: { branch: b1, command: 'sleep 30 & echo $! > /cancelled.child; echo $$ > /cancelled.pid; wait' } }, undefined, { signal: ac.signal });
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   for (let i = 0; ; i++) {
     const rr = await call('exec', { branch: b1, command: 'cat /cancelled.pid 2>/dev/null || true' });
@@ -145,12 +149,12 @@ await fails('commit', {}, undefined, /branch/); // the schema's required propert
   ac.abort();
   await assert.rejects(pending, (e) => e.name === 'AbortError' || /abort/i.test(String(e)));
   for (let i = 0; ; i++) {
-    const rr = await call('exec', { branch: b1, command: 'kill -0 $(cat /cancelled.pid) 2>/dev/null && echo running || echo gone' });
+    const rr = await call('exec', { branch: b1, command: 'kill -0 $(cat /cancelled.pid) 2>/dev/null || kill -0 $(cat /cancelled.child) 2>/dev/null && echo running || echo gone' });
     if (rr.stdout === 'gone\n') break;
     assert.ok(i < 200, 'the command of a cancelled call still runs 10 s later');
     await sleep(50);
   }
-  log('cancelled exec: its command was killed');
+  log('cancelled exec: its command and its child were killed');
 }
 
 const c = await call('commit', { branch: b1 });

@@ -5,6 +5,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,6 +25,8 @@ type Process interface {
 	// Wait waits for it to exit and its output to drain.
 	Wait(ctx context.Context) (client.ExitStatus, error)
 	Kill(ctx context.Context, sig uint32) error
+	// KillAll signals its session too (client.Process.KillAll).
+	KillAll(ctx context.Context, sig uint32) error
 }
 
 // Exec starts a process in a branch of the sandbox. The shim runs
@@ -42,6 +45,11 @@ type rootProcess struct {
 	// ns is the sandbox's namespace: the caller's context of Wait and
 	// Kill has none, and containerd's calls need it.
 	ns string
+	sc *client.SandboxClient
+
+	mu       sync.Mutex
+	status   *containerd.ExitStatus // once it came
+	released chan struct{}          // closed once release is done
 }
 
 // execRoot starts opts in the sandbox's own task.
@@ -68,7 +76,7 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 		ps.Cwd = opts.Cwd
 	}
 	id := fmt.Sprintf("api-%d", time.Now().UnixNano())
-	rp := &rootProcess{ns: sc.Namespace}
+	rp := &rootProcess{ns: sc.Namespace, sc: sc}
 	// The FIFOs as the client makes a branch's (internal/fifoio), not
 	// through containerd's cio, whose release of a FIFO never opened can
 	// close another exec's.
@@ -102,18 +110,41 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	return rp, nil
 }
 
+// Wait waits for the exit and the release (below); a ctx that ends first
+// ends it, and Wait can be called again (after a KillAll).
 func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
 	ctx = namespaces.WithNamespace(ctx, rp.ns)
-	select {
-	case st := <-rp.exit:
-		rp.release(context.WithoutCancel(ctx))
-		if err := st.Error(); err != nil {
-			return client.ExitStatus{}, err
+	rp.mu.Lock()
+	st := rp.status
+	rp.mu.Unlock()
+	if st == nil {
+		select {
+		case s := <-rp.exit:
+			st = &s
+		case <-ctx.Done():
+			return client.ExitStatus{}, ctx.Err()
 		}
-		return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
+	}
+	rp.mu.Lock()
+	rp.status = st
+	if rp.released == nil {
+		rp.released = make(chan struct{})
+		go func() {
+			rp.release(context.WithoutCancel(ctx))
+			close(rp.released)
+		}()
+	}
+	released := rp.released
+	rp.mu.Unlock()
+	select {
+	case <-released:
 	case <-ctx.Done():
 		return client.ExitStatus{}, ctx.Err()
 	}
+	if err := st.Error(); err != nil {
+		return client.ExitStatus{}, err
+	}
+	return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
 }
 
 // release deletes the exited exec once its output has drained.
@@ -156,6 +187,23 @@ func (rp *rootProcess) release(ctx context.Context) {
 func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
 	ctx = namespaces.WithNamespace(ctx, rp.ns)
 	return rp.p.Kill(ctx, syscall.Signal(sig))
+}
+
+// KillAll is Kill, then the shim's kill of the exec's session:
+// containerd sends a kill with all of an exec to the exec alone.
+func (rp *rootProcess) KillAll(ctx context.Context, sig uint32) error {
+	err := rp.Kill(ctx, sig)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	serr := rp.sc.KillSession(ctx, branch.RootID, rp.p.ID(), int(rp.p.Pid()), sig)
+	if err != nil && serr != nil {
+		return err // neither the exec nor any of its session was there
+	}
+	if serr != nil && !errdefs.IsNotFound(serr) {
+		return serr
+	}
+	return nil
 }
 
 // fifoCIO is containerd's cio.IO over fifoio's FIFOs.

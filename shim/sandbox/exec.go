@@ -9,6 +9,7 @@ import (
 	"time"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 
 	"github.com/branchbox/branchbox/shim/cgroup"
@@ -213,7 +214,22 @@ func (c *Service) Kill(ctx context.Context, req *shimv1.KillRequest) (_ *shimv1.
 	if err := checkSignal(req.Signal); err != nil {
 		return nil, err
 	}
-	_, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, true)
+	if req.All && req.Branch == branch.RootID {
+		return c.killTaskSession(ctx, req)
+	}
+	n, _, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, true)
+	if req.All && req.ExecId != "" {
+		if err != nil && errdefs.IsNotFound(err) && req.Pid > 0 {
+			return c.killWaited(ctx, req, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := c.killAll(ctx, n.cgroup, p, req.Signal); err != nil {
+			return nil, errgrpc.ToNative(err)
+		}
+		return &shimv1.Empty{}, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1231,11 +1231,23 @@ func (x *CloseIORequest) GetExecId() string {
 }
 
 type KillRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Branch        string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
-	ExecId        string                 `protobuf:"bytes,3,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
-	Signal        uint32                 `protobuf:"varint,4,opt,name=signal,proto3" json:"signal,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Branch  string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	ExecId  string                 `protobuf:"bytes,3,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Signal  uint32                 `protobuf:"varint,4,opt,name=signal,proto3" json:"signal,omitempty"`
+	// all signals every process of the exec's session too: each exec leads
+	// a session of its own, so that is what it started, unless that began
+	// a session of its own (a daemon). Those that outlive the exec are
+	// signalled as well, when the exec itself has exited.
+	All bool `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"`
+	// pid, with all, is the exec's as Exec answered it: the shim forgets an
+	// exec once it has answered its Wait, and what it left running (holding
+	// its output open, which the caller still waits for) is found by it.
+	// In branch 0 it is the pid of an exec of the sandbox's containerd task,
+	// whose session alone is signalled (containerd's kill of an exec drops
+	// all). Only the branch's (the sandbox's) processes are signalled.
+	Pid           uint32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1294,6 +1306,20 @@ func (x *KillRequest) GetExecId() string {
 func (x *KillRequest) GetSignal() uint32 {
 	if x != nil {
 		return x.Signal
+	}
+	return 0
+}
+
+func (x *KillRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *KillRequest) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
 	}
 	return 0
 }
@@ -2019,12 +2045,14 @@ const file_api_shim_v1_branches_proto_rawDesc = "" +
 	"\x0eCloseIORequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x17\n" +
-	"\aexec_id\x18\x03 \x01(\tR\x06execId\"p\n" +
+	"\aexec_id\x18\x03 \x01(\tR\x06execId\"\x94\x01\n" +
 	"\vKillRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x17\n" +
 	"\aexec_id\x18\x03 \x01(\tR\x06execId\x12\x16\n" +
-	"\x06signal\x18\x04 \x01(\rR\x06signal\"A\n" +
+	"\x06signal\x18\x04 \x01(\rR\x06signal\x12\x10\n" +
+	"\x03all\x18\x05 \x01(\bR\x03all\x12\x10\n" +
+	"\x03pid\x18\x06 \x01(\rR\x03pid\"A\n" +
 	"\rCommitRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\"e\n" +

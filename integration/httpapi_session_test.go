@@ -1,0 +1,92 @@
+//go:build linux
+
+package integration
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHTTPAPIExecSession: an exec's timeout, or its client leaving, ends
+// what the exec started too, not the exec alone: a shell's command, and
+// a process it put in the background that holds the exec's output open
+// (whose wait would otherwise never end: the timeout's answer did not
+// come, and the process ran on in the branch). Both in a branch and in
+// the sandbox's own task (branch 0, an exec of its containerd task).
+func TestHTTPAPIExecSession(t *testing.T) {
+	ctx, env, srv, api, sb := apiSandbox(t)
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
+
+	// gone waits until no live process of the sandbox runs cmd.
+	gone := func(what, cmd string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var left []hostProc
+			for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
+				if strings.TrimSpace(p.cmd) == cmd {
+					left = append(left, p)
+				}
+			}
+			if len(left) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %q still runs: %+v", what, cmd, left)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, br := range []string{"1", "0"} {
+		exec := sb + "/branches/" + br + "/exec"
+		what := "branch " + br
+
+		// A background process holding the output: the exec's own
+		// process exits at once, and the timeout ends the wait for
+		// the output by killing what holds it.
+		// (A deadline of the test's own: without the fix the answer
+		// never came.)
+		start := time.Now()
+		ectx, ecancel := context.WithTimeout(ctx, 30*time.Second)
+		r := api.must(ectx, 200, "POST", exec, map[string]any{"args": []string{"sh", "-c", "sleep 3001 & echo bg"}, "timeout": 1})
+		ecancel()
+		stdout, _, exit, kind := execOut(r.Lines)
+		if stdout != "bg\n" || exit == nil || kind != "deadline-exceeded" {
+			t.Fatalf("%s: background process and a timeout: %s after %s", what, r.Body, time.Since(start))
+		}
+		gone(what+", background process past the timeout", "sleep 3001")
+
+		// A shell's command, its child, killed with it.
+		r = api.must(ctx, 200, "POST", exec, map[string]any{"args": []string{"sh", "-c", "sleep 3002; echo not reached"}, "timeout": 0.5})
+		if stdout, _, exit, kind = execOut(r.Lines); stdout != "" || exit == nil || exit["exitCode"] != float64(137) || kind != "deadline-exceeded" {
+			t.Fatalf("%s: a shell's child and a timeout: %s", what, r.Body)
+		}
+		gone(what+", a shell's child past the timeout", "sleep 3002")
+
+		// A client that leaves mid-stream.
+		cctx, cancel := context.WithCancel(ctx)
+		req := `{"args": ["sh", "-c", "echo started; sleep 3003; echo not reached"]}`
+		hreq, err := http.NewRequestWithContext(cctx, "POST", "http://branchbox"+exec, strings.NewReader(req))
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		resp, err := unixHTTP(srv.Socket).Do(hreq)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil || !strings.Contains(line, "started") {
+			cancel()
+			t.Fatalf("%s: first line %q, %v", what, line, err)
+		}
+		cancel()
+		resp.Body.Close()
+		gone(what+", its client gone", "sleep 3003")
+	}
+}
