@@ -12,6 +12,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ops"
 )
 
 // Error is the body of every error response, as `branchctl --json` prints
@@ -65,6 +66,7 @@ func errorOf(err error) Error {
 	var se *branch.StaleError
 	var mbe *http.MaxBytesError
 	var cbe *branch.CheckpointBoundError
+	var pe *ops.PathError
 	switch {
 	case errors.As(err, &se):
 		e.Hint = fmt.Sprintf("branch %s lost to branch %s; fork again from the parent to keep exploring", se.Branch, se.Winner)
@@ -73,6 +75,8 @@ func errorOf(err error) Error {
 		e.Hint = fmt.Sprintf("the request body is over this server's limit of %d bytes (branchctl serve --max-body)", mbe.Limit)
 	case errors.Is(err, client.ErrNoSandbox):
 		e.Hint = "list the namespace's sandboxes with GET /v1/namespaces/{ns}/sandboxes"
+	case errdefs.IsNotFound(err) && errors.As(err, &pe):
+		e.Hint = "the path does not exist in the branch: list its directory with GET .../dir?path=DIR"
 	case errdefs.IsNotFound(err):
 		e.Hint = "see the sandbox's branches with GET .../tree and its checkpoints with GET .../checkpoints"
 	case errors.As(err, &cbe):

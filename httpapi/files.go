@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -44,13 +45,27 @@ func (s *Server) readFile(w http.ResponseWriter, r request) error {
 		return err
 	}
 	defer f.Close()
+	var body io.Reader = io.LimitReader(f, fi.Size())
+	size := fi.Size()
+	if size == 0 {
+		// A file of /proc or /sys says 0 and has content: it is read
+		// (to a bound) to know its length.
+		data, err := io.ReadAll(io.LimitReader(f, maxPseudoFile))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", p, err)
+		}
+		body, size = bytes.NewReader(data), int64(len(data))
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	w.Header().Set("X-File-Mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
 	w.WriteHeader(http.StatusOK)
-	_, _ = io.CopyN(w, f, fi.Size())
+	_, _ = io.CopyN(w, body, size)
 	return nil
 }
+
+// maxPseudoFile bounds the read of a file whose size says 0.
+const maxPseudoFile = 1 << 20
 
 type writtenDoc struct {
 	Written struct {

@@ -151,7 +151,17 @@ func TestHTTPAPI(t *testing.T) {
 	if r := api.must(ctx, 200, "GET", br1+"/files"+q("/answer"), nil); string(r.Body) != "one\n" {
 		t.Fatalf("read back %q", r.Body)
 	}
-	api.fails(ctx, 404, "not-found", "GET", br2+"/files"+q("/answer"), nil)
+	// A path not found is told apart from a branch not found.
+	if r := api.fails(ctx, 404, "not-found", "GET", br2+"/files"+q("/answer"), nil); !strings.Contains(string(r.Body), "/dir?path=") {
+		t.Fatalf("a file not found: the hint is not about paths: %s", r.Body)
+	}
+	if r := api.fails(ctx, 404, "not-found", "GET", sb+"/branches/99/files"+q("/answer"), nil); !strings.Contains(string(r.Body), "/tree") {
+		t.Fatalf("a branch not found: the hint is not about branches: %s", r.Body)
+	}
+	// A file of /proc says its size is 0.
+	if r := api.must(ctx, 200, "GET", br1+"/files"+q("/proc/meminfo"), nil); !strings.Contains(string(r.Body), "MemTotal:") {
+		t.Fatalf("/proc/meminfo read %q", r.Body)
+	}
 	api.fails(ctx, 412, "failed-precondition", "PUT", sb+"/branches/0/files"+q("/answer"), []byte("root\n"))
 	api.fails(ctx, 400, "invalid-argument", "GET", br1+"/files"+q("relative"), nil)
 	api.fails(ctx, 400, "invalid-argument", "GET", br1+"/files"+q("/etc"), nil)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ops"
 )
 
 // toolError is what a tool returns on failure: the SDK sends its text as
@@ -43,11 +44,14 @@ func actionable(err error) error {
 	}
 	e := &toolError{err: err, kind: client.ErrorKind(err)}
 	var se *branch.StaleError
+	var pe *ops.PathError
 	switch {
 	case errors.As(err, &se):
 		e.hint = fmt.Sprintf("branch %s lost: branch %s was committed first and its changes are in the parent now; call fork on the parent to explore again, or tree to see the branches", se.Branch, se.Winner)
 	case errors.Is(err, client.ErrNoSandbox):
 		e.hint = "call list_sandboxes to see the sandboxes this server reaches"
+	case errdefs.IsNotFound(err) && errors.As(err, &pe):
+		e.hint = "the path does not exist in the branch: call list_dir on its directory"
 	case errdefs.IsNotFound(err):
 		e.hint = "call tree to see the sandbox's branches (branch ids) and which are live, list_checkpoints its checkpoints; paths must exist (list_dir)"
 	case errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "read-only"):

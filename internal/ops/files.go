@@ -128,10 +128,21 @@ func fileErr(p string, err error) error {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		kind = errdefs.ErrResourceExhausted
 	default:
-		return fmt.Errorf("%s: %w", p, err)
+		return &PathError{Path: p, err: fmt.Errorf("%s: %w", p, err)}
 	}
-	return fmt.Errorf("%s: %v%s: %w", p, err, hint, kind)
+	return &PathError{Path: p, err: fmt.Errorf("%s: %v%s: %w", p, err, hint, kind)}
 }
+
+// PathError is a failure on a path of a branch's files (not on the
+// branch): a front's hint for a path not found is about paths, not
+// branches.
+type PathError struct {
+	Path string
+	err  error
+}
+
+func (e *PathError) Error() string { return e.err.Error() }
+func (e *PathError) Unwrap() error { return e.err }
 
 // OpenFile opens a regular file of the branch root is the root of.
 func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
