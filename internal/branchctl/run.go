@@ -297,10 +297,16 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 			defer func() { _ = con.Reset() }()
 		}
 	}
+	// Signals are taken from here on: one that comes while the command
+	// starts is passed to it once it runs.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
 	p, err := sc.Exec(ctx, b, opts)
 	if err != nil {
+		signal.Stop(sigs)
 		return 1, err
 	}
+	defer forwardSignals(ctx, p, sigs, stderr)()
 	if con != nil {
 		resize := func() {
 			if ws, err := con.Size(); err == nil {
@@ -333,6 +339,37 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 		fmt.Fprintf(stderr, "branchctl exec: %v was killed with its branch: %s\n", cmd, st.BranchEnded)
 	}
 	return st.Code, nil
+}
+
+// forwardSignals passes the signals that would stop branchctl (Ctrl-C
+// without a terminal, a supervisor's SIGTERM, a hangup) to the command and
+// what it started (its session), as a terminal passes Ctrl-C to its
+// foreground job, and branchctl goes on waiting for its exit: without it
+// branchctl died and the command ran on in the branch. A second signal
+// kills them (a shell's background jobs ignore SIGINT, and would hold the
+// output, and branchctl, open). sigs is where signal.Notify sends them; it
+// returns the stop.
+func forwardSignals(ctx context.Context, p *client.Process, sigs chan os.Signal, stderr io.Writer) func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first := true
+		for s := range sigs {
+			sig := s.(unix.Signal)
+			if !first {
+				sig = unix.SIGKILL
+			} else {
+				fmt.Fprintf(stderr, "branchctl exec: %v passed to the command; again to kill it and what it started\n", s)
+			}
+			first = false
+			_ = p.KillAll(context.WithoutCancel(ctx), uint32(sig))
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(sigs)
+		<-done
+	}
 }
 
 // execResult is exec's --json document.
