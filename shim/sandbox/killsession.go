@@ -69,6 +69,7 @@ func (c *Service) signalSession(ctx context.Context, path string, sid int, sig u
 // which may outlive it. The exec having exited is no failure while one of
 // them was still there to signal.
 func (c *Service) killAll(ctx context.Context, path string, p interface {
+	ID() string
 	Pid() int
 	Kill(context.Context, uint32, bool) error
 }, sig uint32) error {
@@ -78,7 +79,7 @@ func (c *Service) killAll(ctx context.Context, path string, p interface {
 	}
 	n, err := c.signalSession(ctx, path, p.Pid(), sig)
 	if err != nil {
-		return fmt.Errorf("signal the processes of exec's session: %w", err)
+		return fmt.Errorf("signal the processes of exec %s's session: %w", p.ID(), err)
 	}
 	if kerr != nil && n == 0 {
 		return kerr
