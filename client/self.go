@@ -157,6 +157,13 @@ func (s *SelfClient) Run(ctx context.Context, branchID string, opts SelfExecOpti
 	return s.Wait(ctx, branchID, id)
 }
 
+// KillAll signals a process started by Exec and what it started (its
+// session, as Process.KillAll), those it left running after its exit too.
+func (s *SelfClient) KillAll(ctx context.Context, branchID, execID string, sig uint32) error {
+	_, err := s.api.Kill(ctx, &shimv1.SelfKillRequest{Branch: branchID, ExecId: execID, Signal: sig, All: true})
+	return fromTTRPC(err)
+}
+
 // Kill signals a process started by Exec.
 func (s *SelfClient) Kill(ctx context.Context, branchID, execID string, sig uint32) error {
 	_, err := s.api.Kill(ctx, &shimv1.SelfKillRequest{Branch: branchID, ExecId: execID, Signal: sig})

@@ -259,6 +259,21 @@ func TestInsock(t *testing.T) {
 	if out, err := in("sb", "branchctl", "self", "exec", b, "--", "sh", "-c", "echo oops >&2; exit 3"); err == nil || !strings.Contains(err.Error(), "oops") || !strings.Contains(err.Error(), "exit status 3") {
 		t.Fatalf("failing exec in b: %q %v", out, err)
 	}
+	// A supervisor's SIGTERM to self exec (busybox timeout here) goes to
+	// the command and what it started; a background process holding the
+	// output does not keep self exec waiting past it.
+	for _, c := range []struct{ script, want string }{
+		{"sleep 3201 & sleep 3202", "rc=143"},
+		{"sleep 3203 & echo bg", "bg\nrc=0"},
+	} {
+		out := must("sb", "sh", "-c", "timeout -s TERM 1 branchctl self exec "+b+" -- sh -c '"+c.script+"' 2>/dev/null; echo rc=$?")
+		if strings.TrimSpace(out) != c.want {
+			t.Fatalf("self exec of %q under a timeout's SIGTERM: %q, want %q", c.script, out, c.want)
+		}
+	}
+	waitFor(t, func() bool {
+		return !strings.Contains(must("sb", "branchctl", "self", "exec", b, "--", "ps", "-o", "args"), "sleep 320")
+	})
 	if st := parseSelfTree(t, must("sb", "branchctl", "self", "exec", a, "--", "branchctl", "self", "tree", "--json")); st.Self != a || strings.Join(st.ids(), ",") != a {
 		t.Fatalf("a's tree through its own socket: self %s, branches %v; want only %s", st.Self, st.ids(), a)
 	}

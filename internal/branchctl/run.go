@@ -299,14 +299,13 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 	}
 	// Signals are taken from here on: one that comes while the command
 	// starts is passed to it once it runs.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
+	sigs := notifyStops()
 	p, err := sc.Exec(ctx, b, opts)
 	if err != nil {
 		signal.Stop(sigs)
 		return 1, err
 	}
-	defer forwardSignals(ctx, p, sigs, stderr)()
+	defer forwardSignals(ctx, "exec", p.KillAll, sigs, stderr)()
 	if con != nil {
 		resize := func() {
 			if ws, err := con.Size(); err == nil {
@@ -347,9 +346,9 @@ func execIn(c *cli.Context, g globals, inv *invocation) (int, error) {
 // foreground job, and branchctl goes on waiting for its exit: without it
 // branchctl died and the command ran on in the branch. A second signal
 // kills them (a shell's background jobs ignore SIGINT, and would hold the
-// output, and branchctl, open). sigs is where signal.Notify sends them; it
-// returns the stop.
-func forwardSignals(ctx context.Context, p *client.Process, sigs chan os.Signal, stderr io.Writer) func() {
+// output, and branchctl, open). sigs is notifyStops'; kill is the
+// process's KillAll; it returns the stop.
+func forwardSignals(ctx context.Context, cmd string, kill func(context.Context, uint32) error, sigs chan os.Signal, stderr io.Writer) func() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -359,10 +358,10 @@ func forwardSignals(ctx context.Context, p *client.Process, sigs chan os.Signal,
 			if !first {
 				sig = unix.SIGKILL
 			} else {
-				fmt.Fprintf(stderr, "branchctl exec: %v passed to the command; again to kill it and what it started\n", s)
+				fmt.Fprintf(stderr, "branchctl %s: %v passed to the command; again to kill it and what it started\n", cmd, s)
 			}
 			first = false
-			_ = p.KillAll(context.WithoutCancel(ctx), uint32(sig))
+			_ = kill(context.WithoutCancel(ctx), uint32(sig))
 		}
 	}()
 	return func() {
@@ -370,6 +369,13 @@ func forwardSignals(ctx context.Context, p *client.Process, sigs chan os.Signal,
 		close(sigs)
 		<-done
 	}
+}
+
+// notifyStops takes the signals forwardSignals passes on.
+func notifyStops() chan os.Signal {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
+	return sigs
 }
 
 // execResult is exec's --json document.

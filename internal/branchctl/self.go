@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -110,8 +112,15 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		if len(cmd) == 0 {
 			return 2, fmt.Errorf("no command: write `branchctl self exec %s -- CMD...`: %w", id, errdefs.ErrInvalidArgument)
 		}
+		var sigs chan os.Signal
+		if !detach {
+			sigs = notifyStops()
+		}
 		execID, err := c.Exec(ctx, id, client.SelfExecOptions{Args: cmd})
 		if err != nil {
+			if sigs != nil {
+				signal.Stop(sigs)
+			}
 			return 1, err
 		}
 		if detach {
@@ -121,11 +130,13 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 			fmt.Fprintln(stdout, execID)
 			return 0, nil
 		}
+		defer forwardSignals(ctx, "self exec", selfKill(c, id, execID), sigs, stderr)()
 		return printSelfResult(ctx, g, c, id, execID, stdout, stderr)
 	case "wait":
 		if len(pos) != 2 {
 			return 2, fmt.Errorf("want a branch id and an exec id, got %v: %w", pos, errdefs.ErrInvalidArgument)
 		}
+		defer forwardSignals(ctx, "self wait", selfKill(c, pos[0], pos[1]), notifyStops(), stderr)()
 		return printSelfResult(ctx, g, c, pos[0], pos[1], stdout, stderr)
 	case "commit":
 		id, err := optional()
@@ -245,6 +256,11 @@ func cmdSelf(cc *cli.Context, g globals, stdout, stderr io.Writer) (int, error) 
 		return 0, nil
 	}
 	return 2, fmt.Errorf("unknown command %q (see `branchctl self help`): %w", name, errdefs.ErrInvalidArgument)
+}
+
+// selfKill is KillAll of a process started through the branch socket.
+func selfKill(c *client.SelfClient, id, execID string) func(context.Context, uint32) error {
+	return func(ctx context.Context, sig uint32) error { return c.KillAll(ctx, id, execID, sig) }
 }
 
 // printSelfResult waits for a process started through the socket and

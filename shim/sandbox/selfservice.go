@@ -161,14 +161,16 @@ func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ 
 		e.release()
 		return nil, fmt.Errorf("exec in %s: set up output: %w", target, err)
 	}
-	if _, err := s.c.Exec(ctx, &shimv1.ExecRequest{
+	resp, err := s.c.Exec(ctx, &shimv1.ExecRequest{
 		Sandbox: s.sandbox, Branch: target, ExecId: execID, Args: req.Args, Env: req.Env, Cwd: req.Cwd,
 		Stdout: e.io.Stdout, Stderr: e.io.Stderr,
-	}); err != nil {
+	})
+	if err != nil {
 		e.io.Close()
 		e.release()
 		return nil, err
 	}
+	e.pid = resp.Pid
 	e.io.Start(func() {})
 	in.mu.Lock()
 	if in.execs == nil {
@@ -203,15 +205,25 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	w, err := s.c.Wait(ctx, &shimv1.WaitRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId})
-	if err != nil {
+	e.mu.Lock()
+	w := e.exit
+	e.mu.Unlock()
+	if w == nil {
+		// The shim's Wait forgets the exec: its answer is kept for a
+		// Wait after one that ctx ended while the output was read.
+		if w, err = s.c.Wait(ctx, &shimv1.WaitRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId}); err != nil {
+			return nil, err
+		}
+		e.mu.Lock()
+		e.exit = w
+		e.mu.Unlock()
+	}
+	if err := e.awaitDrained(ctx); err != nil {
 		return nil, err
 	}
 	s.c.insock.mu.Lock()
 	delete(s.c.insock.execs, selfKey(s.sandbox, req.ExecId))
 	s.c.insock.mu.Unlock()
-	e.io.Wait()
-	e.io.Close()
 	resp := &shimv1.SelfWaitResponse{ExitStatus: w.ExitStatus, ExitedAt: w.ExitedAt, OomKilled: w.OomKilled, BranchEnded: w.BranchEnded}
 	var t1, t2 bool
 	resp.Stdout, t1 = e.stdout.bytes()
@@ -227,7 +239,7 @@ func (s *selfService) Kill(ctx context.Context, req *shimv1.SelfKillRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	return s.c.Kill(ctx, &shimv1.KillRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId, Signal: req.Signal})
+	return s.c.Kill(ctx, &shimv1.KillRequest{Sandbox: s.sandbox, Branch: e.target, ExecId: req.ExecId, Signal: req.Signal, All: req.All, Pid: e.pid})
 }
 
 func (s *selfService) Commit(ctx context.Context, req *shimv1.SelfCommitRequest) (_ *shimv1.CommitResponse, retErr error) {

@@ -436,10 +436,13 @@ func (x *SelfWaitResponse) GetBranchEnded() string {
 }
 
 type SelfKillRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Branch        string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
-	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
-	Signal        uint32                 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Branch string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
+	ExecId string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Signal uint32                 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	// all signals what the process started too (its session: KillRequest's
+	// all), those it left running after its exit as well.
+	All           bool `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -493,6 +496,13 @@ func (x *SelfKillRequest) GetSignal() uint32 {
 		return x.Signal
 	}
 	return 0
+}
+
+func (x *SelfKillRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type SelfCommitRequest struct {
@@ -901,11 +911,12 @@ const file_api_shim_v1_self_proto_rawDesc = "" +
 	"\x06stdout\x18\x04 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x05 \x01(\fR\x06stderr\x12\x1c\n" +
 	"\ttruncated\x18\x06 \x01(\bR\ttruncated\x12!\n" +
-	"\fbranch_ended\x18\a \x01(\tR\vbranchEnded\"Z\n" +
+	"\fbranch_ended\x18\a \x01(\tR\vbranchEnded\"l\n" +
 	"\x0fSelfKillRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
-	"\x06signal\x18\x03 \x01(\rR\x06signal\"+\n" +
+	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"+\n" +
 	"\x11SelfCommitRequest\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\"*\n" +
 	"\x10SelfAbortRequest\x12\x16\n" +
