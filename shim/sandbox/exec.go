@@ -137,6 +137,9 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 	n, remove, p, err := c.proc(ctx, req.Sandbox, req.Branch, req.ExecId, false)
 	if err != nil {
 		if sb, serr := c.Sandbox(req.Sandbox); serr == nil && req.ExecId != "" {
+			if resp := sb.takeWaited(req.Branch, req.ExecId); resp != nil {
+				return resp, nil
+			}
 			if p := sb.takeEnded(req.Branch, req.ExecId); p != nil {
 				// Its branch ended (and killed it) before this Wait came.
 				if err := p.Wait(ctx); err != nil {
@@ -164,6 +167,9 @@ func (c *Service) Wait(ctx context.Context, req *shimv1.WaitRequest) (_ *shimv1.
 		}
 	}
 	if req.ExecId != "" {
+		if sb, err := c.Sandbox(req.Sandbox); err == nil {
+			sb.keepWaited(req.Branch, req.ExecId, resp)
+		}
 		_ = p.Delete(ctx)
 		remove(req.ExecId)
 	}

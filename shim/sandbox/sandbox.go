@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client/branchapi"
 	"github.com/branchbox/branchbox/shim/cgroup"
@@ -73,6 +74,11 @@ type Sandbox struct {
 	// commit that killed its branch still gets the exit status.
 	endedMu sync.Mutex
 	ended   map[string]process.Process // by branch/exec id
+	// waited is the answers of Waits that forgot their exec: a caller's
+	// Wait that its deadline ended can be answered after the exec's end
+	// while the caller asks again (a kill, then Wait), and that Wait
+	// must get the same answer, not "not found".
+	waited map[string]*shimv1.WaitResponse
 
 	// create is the task's creation as the task service was asked for it
 	// (its rootfs aside), to create it again from a memory image
@@ -93,6 +99,23 @@ func (sb *Sandbox) keepEnded(branchID string, ps []process.Process) {
 	for _, p := range ps {
 		sb.ended[branchID+"/"+p.ID()] = p
 	}
+}
+
+func (sb *Sandbox) keepWaited(branchID, execID string, resp *shimv1.WaitResponse) {
+	sb.endedMu.Lock()
+	defer sb.endedMu.Unlock()
+	if sb.waited == nil || len(sb.waited) >= maxEnded {
+		sb.waited = map[string]*shimv1.WaitResponse{}
+	}
+	sb.waited[branchID+"/"+execID] = resp
+}
+
+func (sb *Sandbox) takeWaited(branchID, execID string) *shimv1.WaitResponse {
+	sb.endedMu.Lock()
+	defer sb.endedMu.Unlock()
+	resp := sb.waited[branchID+"/"+execID]
+	delete(sb.waited, branchID+"/"+execID)
+	return resp
 }
 
 func (sb *Sandbox) takeEnded(branchID, execID string) process.Process {
