@@ -44,6 +44,8 @@ type IO struct {
 	stdinMu                   sync.Mutex
 	stdinW                    *os.File
 	stdinCancelled            bool
+	stdinOpening              bool     // Start's open of stdin waits
+	stdinWake                 *os.File // a reader that ended that wait
 }
 
 // New makes the FIFOs of process id in a new directory below root
@@ -117,24 +119,58 @@ func (s *IO) Start(afterStdin func()) {
 	}
 	go func() {
 		defer afterStdin()
-		w, err := os.OpenFile(s.StdinPath, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		w, err := s.openStdin()
 		if err != nil {
 			return
 		}
-		s.stdinMu.Lock()
-		if s.stdinCancelled {
-			s.stdinMu.Unlock()
-			w.Close()
-			return
-		}
-		s.stdinW = w
-		s.stdinMu.Unlock()
 		_, _ = io.Copy(w, s.stdin)
 		s.stdinMu.Lock()
 		s.stdinW = nil
 		s.stdinMu.Unlock()
 		w.Close()
 	}()
+}
+
+// openStdin opens the write end of the stdin FIFO once the shim holds its
+// read end. runc-v2's shim opens it in the background (containerd/fifo)
+// and may not have when the exec's Start returns; an open that does not
+// wait then fails (ENXIO) and the process's input was closed before it
+// was written (an interactive exec of the sandbox's task read nothing, 2
+// in 300). So the open waits, and Cancel or Close ends the wait by opening
+// a reader of their own.
+func (s *IO) openStdin() (*os.File, error) {
+	s.stdinMu.Lock()
+	if s.stdinCancelled {
+		s.stdinMu.Unlock()
+		return nil, os.ErrClosed
+	}
+	s.stdinOpening = true
+	s.stdinMu.Unlock()
+	w, err := os.OpenFile(s.StdinPath, os.O_WRONLY, 0)
+	s.stdinMu.Lock()
+	defer s.stdinMu.Unlock()
+	s.stdinOpening = false
+	if s.stdinWake != nil {
+		s.stdinWake.Close()
+		s.stdinWake = nil
+	}
+	if err == nil && s.stdinCancelled {
+		w.Close()
+		err = os.ErrClosed
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.stdinW = w
+	return w, nil
+}
+
+// wakeStdin ends openStdin's wait, under stdinMu: the reader it opens is
+// closed once that open has returned.
+func (s *IO) wakeStdin() {
+	if s.stdinOpening && s.stdinWake == nil {
+		s.stdinWake, _ = os.OpenFile(s.StdinPath, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	}
 }
 
 // Wait waits until the output has been read to its end: every writer of
@@ -153,11 +189,18 @@ func (s *IO) Cancel() {
 	if s.stdinW != nil {
 		_ = s.stdinW.SetWriteDeadline(time.Unix(1, 0))
 	}
+	s.wakeStdin()
 	s.stdinMu.Unlock()
 }
 
 // Close releases the FIFOs: the read ends, and the directory.
 func (s *IO) Close() {
+	// A stdin open still waiting (the shim let go of its read end first)
+	// gives up.
+	s.stdinMu.Lock()
+	s.stdinCancelled = true
+	s.wakeStdin()
+	s.stdinMu.Unlock()
 	s.closeOnce.Do(func() {
 		for _, f := range s.outs {
 			if f != nil {

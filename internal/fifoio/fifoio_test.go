@@ -93,6 +93,66 @@ func TestStdioStdin(t *testing.T) {
 	s.Wait()
 }
 
+// TestStdioStdinReaderLate: runc-v2's shim opens the stdin FIFO's read
+// end in the background and may not have when the exec's Start returns;
+// the input is written once it has (an open that did not wait failed and
+// closed the process's input before any was written), and Close ends a
+// wait for a reader that never comes.
+func TestStdioStdinReaderLate(t *testing.T) {
+	s, err := New(t.TempDir(), "p3", false, strings.NewReader("late"), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := shimWrites([2]string{s.Stdout, s.Stderr}, ""); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	s.Start(func() { close(ended) })
+	time.Sleep(50 * time.Millisecond) // the shim's open, late
+	opened := make(chan *os.File, 1)
+	go func() {
+		// Waits for a writer, as a read of the shim's would find its
+		// end without one.
+		r, err := os.OpenFile(s.StdinPath, os.O_RDONLY, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- r
+	}()
+	var r *os.File
+	select {
+	case r = <-opened:
+	case <-time.After(10 * time.Second):
+		// No writer came: wake the open, and fail.
+		if w, err := os.OpenFile(s.StdinPath, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		(<-opened).Close()
+		t.Fatal("no writer of stdin came once its reader was there: the input was given up")
+	}
+	defer r.Close()
+	<-ended
+	if b, err := io.ReadAll(r); err != nil || string(b) != "late" {
+		t.Fatalf("the shim read %q (%v)", b, err)
+	}
+	s.Wait()
+
+	never, err := New(t.TempDir(), "p4", false, strings.NewReader("never read"), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaveUp := make(chan struct{})
+	never.Start(func() { close(gaveUp) })
+	time.Sleep(20 * time.Millisecond)
+	never.Close()
+	select {
+	case <-gaveUp:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close left stdin's open waiting for a reader")
+	}
+}
+
 // TestStdioConcurrentRefusals: one process making execs from several
 // goroutines, some refused (their FIFOs released unopened) while others
 // start. With containerd's cio, releasing an unopened FIFO reopened it
