@@ -471,8 +471,14 @@ class Interactive:
         """Close its standard input."""
         if not self._ended:
             self._ended = True
-            self._line({"eof": True})
-            self._sock.sendall(b"0\r\n\r\n")
+            try:
+                self._line({"eof": True})
+                self._sock.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                # The process ended first (it read what it needed and
+                # exited) and the server closed the request: its input
+                # is over anyway, and its answer is there to read.
+                pass
 
     def __iter__(self):
         try:

@@ -131,6 +131,30 @@ class SDKTest(unittest.TestCase):
         states = {c["id"]: c["state"] for c in self.sb.tree()}
         self.assertEqual((states[a.id], states[b.id]), ("committed", "stale"))
 
+    def test_timeout_and_leaving_end_what_it_started(self):
+        (b,) = self.sb.fork(1)
+
+        def gone(pidfile):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                r = b.exec(["sh", "-c", "kill -0 $(cat %s) 2>/dev/null && echo running || echo gone" % pidfile])
+                if r.stdout == "gone\n":
+                    return
+                time.sleep(0.05)
+            self.fail("%s still runs" % pidfile)
+
+        # A timeout: the shell, and the process it put in the background.
+        with self.assertRaises(branchbox.BranchboxError) as cm:
+            b.exec(["sh", "-c", "sleep 3301 & echo $! > /bg; sleep 3302"], timeout=1)
+        self.assertEqual(cm.exception.kind, "deadline-exceeded")
+        gone("/bg")
+        # A stream left early (the generator closed): the connection goes,
+        # and with it the command and what it started.
+        stream = b.exec_stream(["sh", "-c", "sleep 3303 & echo $! > /left; echo started; wait"])
+        self.assertEqual(next(stream), ("stdout", "started\n"))
+        stream.close()
+        gone("/left")
+
     def test_interactive(self):
         (b,) = self.sb.fork(1)
         p = b.exec_interactive(["sh", "-c", 'while read l; do echo "got $l"; done; echo done'])
