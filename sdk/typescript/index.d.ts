@@ -115,9 +115,9 @@ export interface ExecOptions {
   cwd?: string;
   /** The whole standard input. */
   stdin?: string;
-  /** Seconds; the process is killed after it. */
+  /** Seconds; the process, and what it started, is killed after it. */
   timeout?: number;
-  /** Aborting it disconnects, which kills the process. */
+  /** Aborting it disconnects, which kills the process and what it started. */
   signal?: AbortSignal;
 }
 
