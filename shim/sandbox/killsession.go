@@ -65,6 +65,16 @@ func (c *Service) signalSession(ctx context.Context, path string, sid int, sig u
 	return total, nil
 }
 
+// signalExecSession is signalSession of exec execID's session, whose
+// failure names the exec.
+func (c *Service) signalExecSession(ctx context.Context, path, execID string, sid int, sig uint32) (int, error) {
+	n, err := c.signalSession(ctx, path, sid, sig)
+	if err != nil {
+		return n, fmt.Errorf("signal the processes of exec %s's session: %w", execID, err)
+	}
+	return n, nil
+}
+
 // killAll is Kill with all: the exec, then the processes of its session,
 // which may outlive it. The exec having exited is no failure while one of
 // them was still there to signal.
@@ -77,9 +87,9 @@ func (c *Service) killAll(ctx context.Context, path string, p interface {
 	if kerr != nil && !errdefs.IsNotFound(kerr) {
 		return kerr
 	}
-	n, err := c.signalSession(ctx, path, p.Pid(), sig)
+	n, err := c.signalExecSession(ctx, path, p.ID(), p.Pid(), sig)
 	if err != nil {
-		return fmt.Errorf("signal the processes of exec %s's session: %w", p.ID(), err)
+		return err
 	}
 	if kerr != nil && n == 0 {
 		return kerr
@@ -98,9 +108,9 @@ func (c *Service) killWaited(ctx context.Context, req *shimv1.KillRequest, notFo
 	}
 	path := n.cgroup
 	sb.mu.Unlock()
-	signalled, err := c.signalSession(ctx, path, int(req.Pid), req.Signal)
+	signalled, err := c.signalExecSession(ctx, path, req.ExecId, int(req.Pid), req.Signal)
 	if err != nil {
-		return nil, fmt.Errorf("signal the processes of exec %s's session: %w", req.ExecId, err)
+		return nil, err
 	}
 	if signalled == 0 {
 		return nil, notFound
@@ -123,9 +133,9 @@ func (c *Service) killTaskSession(ctx context.Context, req *shimv1.KillRequest) 
 	if sb.cgroup == "" {
 		return nil, fmt.Errorf("sandbox %s has no cgroup to find its processes in: %w", req.Sandbox, errdefs.ErrFailedPrecondition)
 	}
-	n, err := c.signalSession(ctx, sb.cgroup, int(req.Pid), req.Signal)
+	n, err := c.signalExecSession(ctx, sb.cgroup, req.ExecId, int(req.Pid), req.Signal)
 	if err != nil {
-		return nil, fmt.Errorf("signal the processes of exec %s's session: %w", req.ExecId, err)
+		return nil, err
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("no process of exec %q's session is left in sandbox %s: %w", req.ExecId, req.Sandbox, errdefs.ErrNotFound)
