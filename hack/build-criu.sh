@@ -18,7 +18,9 @@
 # collects the sockets of its network namespaces when it first meets one,
 # not with the tasks stopped whether they hold any or not (0003); a quoted
 # value of its configuration file may hold a space (0004: the runtime's
-# restore names paths below the bundle there).
+# restore names paths below the bundle there); a task's resource limits are
+# read from /proc/PID/limits where prlimit() is refused it (0005: root
+# without CAP_SYS_RESOURCE dumping a task of another uid).
 #
 # Usage: hack/build-criu.sh BIN_DIR
 set -euo pipefail

@@ -284,6 +284,57 @@ func assertNoMemoryImages(t *testing.T, env *daemons.Env) {
 	}
 }
 
+// TestMemoryForkUser forks a sandbox whose processes run as a user (ctr
+// run --user, a Dockerfile's USER, a pod's runAsUser): the copies run as
+// that user, with the same resource limits, and continue from its memory.
+// CRIU read a task's limits with prlimit(), which the kernel refuses root
+// on another user's task without CAP_SYS_RESOURCE (as on these VMs): the
+// fork failed with "Can't get rlimit 0" (hack/criu/0005).
+func TestMemoryForkUser(t *testing.T) {
+	ctx, env, _ := shimEnv(t)
+	// A value only the shell's memory holds, written again and again to a
+	// file of the user's.
+	sc := runSandboxWith(t, ctx, env, []string{"--user", "1000:1000"}, ociimage.ImageRef, "sh", "-c",
+		`v=v$RANDOM$RANDOM; while :; do echo "$v $(id -u)" > /tmp/v; sleep 0.05; done`)
+	_, task := sandboxTask(t, namespaces.WithNamespace(ctx, env.Namespace), env, "sb")
+	var want string
+	waitUntil(t, "the sandbox's value", 10*time.Second, func() bool {
+		out, err := execIn(ctx, env, "sb", "cat", "/tmp/v")
+		want = out
+		return err == nil && strings.HasSuffix(out, " 1000\n")
+	})
+	limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", task.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1, WithMemory: true})
+	if err != nil {
+		t.Fatalf("memory fork of a sandbox run as uid 1000: %v", err)
+	}
+	k := kids[0]
+	// The branch's copy writes the sandbox's value to its own file.
+	mustRun(t, ctx, sc, k.ID, "rm", "/tmp/v")
+	waitUntil(t, "the branch's shell to write its value", 10*time.Second, func() bool {
+		out, code := run(t, ctx, sc, k.ID, "cat", "/tmp/v")
+		return code == 0 && out == want
+	})
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", k.InitPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(st), "\nUid:\t1000\t1000\t1000\t1000\n") || !strings.Contains(string(st), "\nGid:\t1000\t1000\t1000\t1000\n") {
+		t.Fatalf("branch %s's restored shell's ids:\n%s", k.ID, st)
+	}
+	if got, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", k.InitPid)); err != nil || string(got) != string(limits) {
+		t.Fatalf("branch %s's restored shell's limits (%v):\n%s\nthe sandbox's:\n%s", k.ID, err, got, limits)
+	}
+	if _, err := sc.Abort(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertBranchGone(t, env, k, nil)
+	assertNoMemoryImages(t, env)
+}
+
 // TestMemoryForkBackgroundJob forks a shell with a job running in the
 // background: in each branch the job runs on, as the shell's child, and
 // writes to the branch's own files.
