@@ -30,6 +30,12 @@ type Config struct {
 	// DefaultTimeout is an exec's timeout when the call gives none;
 	// MaxTimeout the most a call may give.
 	DefaultTimeout, MaxTimeout time.Duration
+	// ProgressEvery is how often a running exec tells a client that asked
+	// for progress (a progressToken) that it still runs: a client whose
+	// request timeout restarts on progress (the TypeScript SDK's
+	// resetTimeoutOnProgress) then waits for a command longer than that
+	// timeout (60 s by default there). Default 1 s.
+	ProgressEvery time.Duration
 	// Version is reported to clients.
 	Version string
 }
@@ -61,6 +67,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxTimeout <= 0 {
 		cfg.MaxTimeout = 30 * time.Minute
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = time.Second
 	}
 	if cfg.Version == "" {
 		cfg.Version = "v1"

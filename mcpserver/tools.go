@@ -11,13 +11,11 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
@@ -53,29 +51,6 @@ func branchOf(c client.BranchInfo) Branch {
 // ForkOut is fork's output.
 type ForkOut struct {
 	Branches []Branch `json:"branches"`
-}
-
-// ExecIn is exec's input.
-type ExecIn struct {
-	Sandbox string   `json:"sandbox,omitempty" jsonschema:"the sandbox (id, id prefix or name); default: the one this server is scoped to"`
-	Branch  string   `json:"branch" jsonschema:"the branch to run in: a branch id, or \"0\" for the sandbox itself"`
-	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with /bin/sh -c (give this or args)"`
-	Args    []string `json:"args,omitempty" jsonschema:"the program and its arguments, run as they are (give this or command)"`
-	Stdin   string   `json:"stdin,omitempty" jsonschema:"the whole standard input"`
-	Env     []string `json:"env,omitempty" jsonschema:"more environment variables, KEY=VALUE"`
-	Cwd     string   `json:"cwd,omitempty" jsonschema:"working directory"`
-	Timeout float64  `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds (default 120)"`
-}
-
-// ExecOut is exec's output.
-type ExecOut struct {
-	ExitCode  int    `json:"exit_code"`
-	Stdout    string `json:"stdout"`
-	Stderr    string `json:"stderr"`
-	Truncated bool   `json:"truncated,omitempty" jsonschema:"the output was longer than the server returns; only its start is here"`
-	OOMKilled bool   `json:"oom_killed,omitempty"`
-	// Why the process's branch ended, if that killed it.
-	BranchEnded string `json:"branch_ended,omitempty" jsonschema:"set when the process was killed because its branch ended (another branch's commit made it stale, or it was aborted): why"`
 }
 
 // FileIn names a file or directory.
@@ -216,7 +191,12 @@ func tool[In, Out any](s *Server, name, desc string, h func(context.Context, In)
 
 func (s *Server) addTools() {
 	tool(s, "fork", "Fork a running sandbox, or one of its branches, into count copy-on-write branches, each with its own files and processes. The parent is read-only while it has live branches. Returns the new branch ids.", s.fork)
-	tool(s, "exec", "Run a command in a branch (\"0\": the sandbox itself) and wait for it: its exit code, stdout and stderr.", s.exec)
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "exec", Description: "Run a command in a branch (\"0\": the sandbox itself) and wait for it: its exit code, stdout and stderr. " +
+		"A call that carries a progressToken gets a progress notification every second while the command runs."},
+		func(ctx context.Context, req *mcp.CallToolRequest, in ExecIn) (*mcp.CallToolResult, ExecOut, error) {
+			out, err := s.exec(ctx, in, progressOf(req))
+			return nil, out, actionable(err)
+		})
 	tool(s, "read_file", "Read a file of a branch, as its processes see it.", s.readFile)
 	tool(s, "write_file", "Write (replace or create) a file in a branch. A branch with live branches is read-only.", s.writeFile)
 	tool(s, "list_dir", "List a directory of a branch.", s.listDir)
@@ -255,83 +235,6 @@ func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
 		out.Branches = append(out.Branches, branchOf(k))
 	}
 	return out, nil
-}
-
-// capped keeps the first max bytes written to it.
-type capped struct {
-	mu        sync.Mutex
-	buf       bytes.Buffer
-	max       int
-	truncated bool
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if room := c.max - c.buf.Len(); len(p) > room {
-		c.truncated = true
-		c.buf.Write(p[:max(room, 0)])
-	} else {
-		c.buf.Write(p)
-	}
-	return len(p), nil
-}
-
-func (c *capped) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return strings.ToValidUTF8(c.buf.String(), "\uFFFD")
-}
-
-func (s *Server) exec(ctx context.Context, in ExecIn) (ExecOut, error) {
-	args := in.Args
-	switch {
-	case in.Command != "" && len(args) > 0:
-		return ExecOut{}, fmt.Errorf("give command or args, not both: %w", errdefs.ErrInvalidArgument)
-	case in.Command != "":
-		args = []string{"/bin/sh", "-c", in.Command}
-	case len(args) == 0:
-		return ExecOut{}, fmt.Errorf("no command: give command (a shell line) or args: %w", errdefs.ErrInvalidArgument)
-	}
-	timeout := s.cfg.DefaultTimeout
-	if in.Timeout > 0 {
-		timeout = min(time.Duration(in.Timeout*float64(time.Second)), s.cfg.MaxTimeout)
-	}
-	select {
-	case s.execs <- struct{}{}:
-		defer func() { <-s.execs }()
-	default:
-		return ExecOut{}, fmt.Errorf("%d commands are already running, this server's limit: %w", cap(s.execs), errdefs.ErrResourceExhausted)
-	}
-	sc, err := s.dial(ctx, in.Sandbox)
-	if err != nil {
-		return ExecOut{}, err
-	}
-	defer sc.Close()
-	stdout, stderr := &capped{max: s.cfg.MaxOutput}, &capped{max: s.cfg.MaxOutput}
-	opts := client.ExecOptions{Args: args, Env: in.Env, Cwd: in.Cwd, Stdout: stdout, Stderr: stderr}
-	if in.Stdin != "" {
-		opts.Stdin = strings.NewReader(in.Stdin)
-	}
-	p, err := ops.Exec(ctx, s.cc, sc, in.Branch, opts)
-	if err != nil {
-		return ExecOut{}, err
-	}
-	// The timeout is the command's run, from its start.
-	tctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	st, err := p.Wait(tctx)
-	if err != nil && ops.Ended(tctx) {
-		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer kcancel()
-		_ = p.KillAll(kctx, uint32(unix.SIGKILL))
-		_, _ = p.Wait(kctx)
-		return ExecOut{}, fmt.Errorf("%v ran longer than %s and was killed; its output so far: stdout %q, stderr %q: %w", args, timeout, stdout.String(), stderr.String(), context.DeadlineExceeded)
-	}
-	if err != nil {
-		return ExecOut{}, err
-	}
-	return ExecOut{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.truncated || stderr.truncated, OOMKilled: st.OOMKilled, BranchEnded: st.BranchEnded}, nil
 }
 
 // openRoot opens the root of a branch for a file tool, and checks the

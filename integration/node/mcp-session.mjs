@@ -157,6 +157,19 @@ await fails('commit', {}, undefined, /branch/); // the schema's required propert
   log('cancelled exec: its command and its child were killed');
 }
 
+// A command that runs longer than the client's request timeout (the SDK's
+// is 60 s by default; 2.5 s here) is waited for when the client restarts
+// that timeout on progress: the server reports every second while it runs.
+{
+  const seen = [];
+  const r = await client.callTool({ name: 'exec', arguments: { branch: b1, command: 'sleep 6; echo done' } }, undefined,
+    { timeout: 2500, resetTimeoutOnProgress: true, onprogress: (p) => seen.push(p) });
+  assert.equal(r.structuredContent?.stdout, 'done\n', JSON.stringify(r));
+  assert.ok(seen.length >= 3 && seen.every((p, i) => i === 0 || p.progress > seen[i - 1].progress), JSON.stringify(seen));
+  assert.match(seen[0].message, /^running for \d+s, 0 bytes of output$/);
+  log('exec past the request timeout, kept alive by progress:', seen.length, 'notifications');
+}
+
 const c = await call('commit', { branch: b1 });
 assert.deepEqual(c.invalidated, [b2]);
 await fails('exec', { branch: b2, command: 'true' }, 'stale', /call fork/);
