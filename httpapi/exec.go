@@ -42,6 +42,10 @@ type ExecEvent struct {
 	Stderr *string            `json:"stderr,omitempty"`
 	Exit   *client.ExitStatus `json:"exit,omitempty"`
 	Error  *Error             `json:"error,omitempty"`
+	// Running, the seconds the process has run, is sent after
+	// Config.KeepAlive without output: an idle connection is what a
+	// client's read timeout, or a proxy's, ends.
+	Running *float64 `json:"running,omitempty"`
 }
 
 // ndjson writes JSON lines to a response, flushing each: the writes come
@@ -52,10 +56,12 @@ type ndjson struct {
 	w     http.ResponseWriter
 	ready chan struct{}
 
-	mu  sync.Mutex
-	ok  bool
-	enc *json.Encoder
-	f   http.Flusher
+	mu    sync.Mutex
+	ok    bool
+	quiet bool      // no more keep-alive lines: the last line is next
+	last  time.Time // of the last line sent
+	enc   *json.Encoder
+	f     http.Flusher
 }
 
 func newNDJSON(w http.ResponseWriter) *ndjson {
@@ -72,9 +78,48 @@ func (n *ndjson) begin() {
 	if n.f != nil {
 		n.f.Flush()
 	}
-	n.enc, n.ok = json.NewEncoder(n.w), true
+	n.enc, n.ok, n.last = json.NewEncoder(n.w), true, time.Now()
 	n.mu.Unlock()
 	close(n.ready)
+}
+
+// keepAlive sends a Running line whenever nothing was sent for every, from
+// begin until stop; since is when the process started. every 0: none.
+func (n *ndjson) keepAlive(every time.Duration, since time.Time) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	stopc, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		timer := time.NewTimer(every)
+		defer timer.Stop()
+		for {
+			select {
+			case <-stopc:
+				return
+			case <-timer.C:
+			}
+			n.mu.Lock()
+			idle := time.Since(n.last)
+			if n.ok && !n.quiet && idle >= every {
+				s := time.Since(since).Round(time.Millisecond).Seconds()
+				// A client gone fails this write; the exec sees it
+				// through the request's context.
+				_ = n.writeLocked(ExecEvent{Running: &s})
+				idle = 0
+			}
+			n.mu.Unlock()
+			timer.Reset(every - idle)
+		}
+	}()
+	return sync.OnceFunc(func() {
+		n.mu.Lock()
+		n.quiet = true
+		n.mu.Unlock()
+		close(stopc)
+		<-done
+	})
 }
 
 // fail drops every line: the response is an error instead.
@@ -87,6 +132,12 @@ func (n *ndjson) send(v any) error {
 	if !n.ok {
 		return nil
 	}
+	return n.writeLocked(v)
+}
+
+// writeLocked writes a line and flushes it; n.mu is held.
+func (n *ndjson) writeLocked(v any) error {
+	n.last = time.Now()
 	if err := n.enc.Encode(v); err != nil {
 		return err
 	}
@@ -212,6 +263,8 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		return err
 	}
 	out.begin()
+	stopKeepAlive := out.keepAlive(s.cfg.KeepAlive, time.Now())
+	defer stopKeepAlive()
 	// The timeout is the process's run, from its start.
 	ctx := r.Context()
 	if req.Timeout > 0 {
@@ -223,6 +276,7 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 	// Wait returns once the output is drained: what a stream holds back
 	// goes before the last line.
 	end := func(evs ...ExecEvent) error {
+		stopKeepAlive()
 		stdout.flush()
 		stderr.flush()
 		for _, ev := range evs {

@@ -47,6 +47,10 @@ type Config struct {
 	// HostsDir is containerd's registry host configuration directory that
 	// push and pull use; a client cannot name another.
 	HostsDir string
+	// KeepAlive is how long an exec's stream may go without a line
+	// before a {"running": seconds} line is sent (0: DefaultKeepAlive;
+	// negative: never).
+	KeepAlive time.Duration
 }
 
 // Defaults for the bounds a Config leaves zero.
@@ -55,6 +59,9 @@ const (
 	DefaultMaxJSON    = 1 << 20
 	DefaultMaxExecs   = 16
 	DefaultMaxStreams = 8
+	// DefaultKeepAlive is below the idle timeouts of common proxies and
+	// load balancers (60 s) and of clients that set one.
+	DefaultKeepAlive = 10 * time.Second
 )
 
 // Server is the HTTP API over one containerd.
@@ -81,6 +88,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = DefaultKeepAlive
 	}
 	s := &Server{cfg: cfg, limits: newLimits(cfg.MaxExecs, cfg.MaxStreams), mux: http.NewServeMux(), sandboxes: newSandboxCache(cfg.Address)}
 	if cfg.TokenFile != "" {

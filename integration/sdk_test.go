@@ -29,9 +29,10 @@ func sdkEnv(t *testing.T) ([]string, *served) {
 	if err := os.WriteFile(tokens, []byte(tok+" "+env.Namespace+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// TCP with TLS, as a remote client would reach it.
+	// TCP with TLS, as a remote client would reach it; keep-alive lines
+	// after 1 s without output (test_silent_command_under_a_read_timeout).
 	cert, key, _ := selfSigned(t, t.TempDir())
-	srv := startServe(t, env, true, "--token-file", tokens, "--tls-cert", cert, "--tls-key", key)
+	srv := startServe(t, env, true, "--token-file", tokens, "--tls-cert", cert, "--tls-key", key, "--keepalive", "1s")
 	// What an SDK's test left behind, if it failed halfway.
 	removeSandboxesAtEnd(t, srv, env.Namespace)
 	return append(os.Environ(), "BRANCHBOX_SOCKET="+srv.Socket, "BRANCHBOX_URL="+srv.TCP, "BRANCHBOX_TOKEN="+tok, "BRANCHBOX_CA="+cert,

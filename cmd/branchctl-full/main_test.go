@@ -35,7 +35,7 @@ func TestActions(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	for cmd, wants := range map[string][]string{
 		"push":  {fmt.Sprintf("registry host configuration directory (default: %q)", oci.DefaultHostsDir)},
-		"serve": {fmt.Sprintf("(default: %q)", oci.DefaultHostsDir), fmt.Sprintf("(default: %d)", httpapi.DefaultMaxBody), fmt.Sprintf("concurrent execs per client (default: %d)", httpapi.DefaultMaxExecs), fmt.Sprintf("concurrent event streams per client (default: %d)", httpapi.DefaultMaxStreams), `(default: "/run/branchbox/api.sock")`},
+		"serve": {fmt.Sprintf("(default: %q)", oci.DefaultHostsDir), fmt.Sprintf("(default: %d)", httpapi.DefaultMaxBody), fmt.Sprintf("concurrent execs per client (default: %d)", httpapi.DefaultMaxExecs), fmt.Sprintf("concurrent event streams per client (default: %d)", httpapi.DefaultMaxStreams), fmt.Sprintf("(0: never) (default: %s)", httpapi.DefaultKeepAlive), `(default: "/run/branchbox/api.sock")`},
 	} {
 		var out bytes.Buffer
 		if code := branchctl.Run(t.Context(), []string{cmd, "--help"}, nil, &out, &bytes.Buffer{}, actions); code != 0 {

@@ -27,7 +27,10 @@ func cmdServe(c *cli.Context, e branchctl.Env) error {
 	cfg := httpapi.Config{
 		Address: e.Address, Namespaces: c.StringSlice("serve-namespace"), TokenFile: c.String("token-file"),
 		MaxBody: c.Int64("max-body"), MaxExecs: c.Int("max-execs"), MaxStreams: c.Int("max-streams"),
-		HostsDir: c.String("hosts-dir"),
+		HostsDir: c.String("hosts-dir"), KeepAlive: c.Duration("keepalive"),
+	}
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = -1 // --keepalive 0: none
 	}
 	sock, tcp := c.String("socket"), c.String("tcp")
 	if sock == "" && tcp == "" {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
@@ -61,6 +62,7 @@ const (
 	defaultAPISocket  = "/run/branchbox/api.sock"
 	defaultMaxBody    = 64 << 20
 	defaultMaxExecs   = 16
+	defaultKeepAlive  = 10 * time.Second
 	defaultMaxStreams = 8
 )
 
@@ -157,6 +159,7 @@ contract.`,
 			&cli.Int64Flag{Name: "max-body", Value: defaultMaxBody, Usage: "largest request body (a file written), bytes"},
 			&cli.IntFlag{Name: "max-execs", Value: defaultMaxExecs, Usage: "concurrent execs per client"},
 			&cli.IntFlag{Name: "max-streams", Value: defaultMaxStreams, Usage: "concurrent event streams per client"},
+			&cli.DurationFlag{Name: "keepalive", Value: defaultKeepAlive, Usage: "send an exec's stream a {\"running\": SECONDS} line after this long without output, before a client's or a proxy's idle timeout ends it (0: never)"},
 			&cli.StringFlag{Name: "hosts-dir", Value: defaultHostsDir, Usage: "containerd's registry host configuration directory, for push and pull"},
 		),
 		Action: inv.heavy("serve"),

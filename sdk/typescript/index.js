@@ -240,6 +240,7 @@ export class Branch {
   async *execStream(args, opts = {}) {
     const { signal, ...rest } = opts;
     for await (const ev of this.sandbox.client._lines('POST', this._path('/exec'), { args, ...rest }, signal)) {
+      if (ev.running !== undefined) continue; // the server's keep-alive
       if (ev.error) {
         const C = ev.error.kind === 'stale' ? StaleError : BranchboxError;
         throw new C(ev.error.kind, ev.error.message, ev.error.hint);
@@ -287,6 +288,7 @@ export class Branch {
             buf = buf.slice(i + 1);
             if (!line) continue;
             const ev = JSON.parse(line);
+            if (ev.running !== undefined) continue; // the server's keep-alive
             if (ev.error) {
               const C = ev.error.kind === 'stale' ? StaleError : BranchboxError;
               throw new C(ev.error.kind, ev.error.message, ev.error.hint);

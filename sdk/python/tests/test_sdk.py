@@ -155,6 +155,21 @@ class SDKTest(unittest.TestCase):
         stream.close()
         gone("/left")
 
+    def test_silent_command_under_a_read_timeout(self):
+        # A client with a read timeout (2.5 s) runs a command that writes
+        # nothing for longer (4 s): the server's keep-alive lines (every
+        # 1 s here, --keepalive) hold the stream open, and the SDK skips
+        # them. Without them the read timed out and the command was killed.
+        (b,) = self.sb.fork(1)
+        with branchbox.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS, timeout=2.5) as c:
+            r = c.sandbox(self.sb.name).branch(b.id).exec(["sh", "-c", "sleep 4; echo done"])
+            self.assertEqual((r.exit_code, r.stdout), (0, "done\n"))
+            lines = list(c._stream("POST", b._path("/exec"), {"args": ["sleep", "2.5"]}))
+        running = [ev["running"] for ev in lines if "running" in ev]
+        self.assertGreaterEqual(len(running), 2, lines)
+        self.assertEqual(running, sorted(running), lines)
+        self.assertIn("exit", lines[-1])
+
     def test_interactive(self):
         (b,) = self.sb.fork(1)
         p = b.exec_interactive(["sh", "-c", 'while read l; do echo "got $l"; done; echo done'])

@@ -39,9 +39,11 @@ describe('branchbox SDK', () => {
       assert.deepEqual([entry?.type, entry?.mode], ['file', '0600']);
       await rejectsWith(() => b.readFile('/answer'), 'not-found');
 
-      // Output streams as it comes, then the exit status.
+      // Output streams as it comes, then the exit status; the server's
+      // keep-alive lines (after 1 s without output here) are not events.
       const events = [];
-      for await (const ev of a.execStream(['sh', '-c', 'echo one; sleep 0.2; echo two >&2; exit 4'])) events.push(ev);
+      for await (const ev of a.execStream(['sh', '-c', 'echo one; sleep 2.5; echo two >&2; exit 4'])) events.push(ev);
+      assert.ok(events.every((e) => ['stdout', 'stderr', 'exit'].includes(Object.keys(e).join())), JSON.stringify(events));
       const last = events.at(-1);
       assert.ok(last && 'exit' in last && last.exit.exitCode === 4, JSON.stringify(events));
       const out = events.map((e) => ('stdout' in e ? e.stdout : '')).join('');
@@ -79,11 +81,14 @@ describe('branchbox SDK', () => {
       // The answer to the first line comes before the input ends.
       const first = await it.next();
       assert.deepEqual(first.value, { stdout: 'got a\n' });
+      // Quiet for longer than the server's keep-alive (1 s here).
+      await new Promise((r) => setTimeout(r, 2500));
       p.write('b\n');
       p.end();
       let out = '';
       let exit;
       for (let r = await it.next(); !r.done; r = await it.next()) {
+        assert.ok(['stdout', 'exit'].includes(Object.keys(r.value).join()), JSON.stringify(r.value));
         if ('stdout' in r.value) out += r.value.stdout;
         if ('exit' in r.value) exit = r.value.exit;
       }
