@@ -23,6 +23,13 @@ type Event struct {
 	Event     json.RawMessage `json:"event,omitempty"`
 }
 
+// keepAliveEvent is the line an event stream gets after Config.KeepAlive
+// without one: an idle connection is what a client's read timeout, or a
+// proxy's, ends.
+type keepAliveEvent struct {
+	KeepAlive bool `json:"keepalive"`
+}
+
 // events streams the namespace's containerd events as JSON lines until the
 // client leaves; ?topic=/branch/ keeps only topics with that prefix.
 func (s *Server) events(w http.ResponseWriter, r request) error {
@@ -36,12 +43,15 @@ func (s *Server) events(w http.ResponseWriter, r request) error {
 	ch, errs := s.cc.EventService().Subscribe(ctx, fmt.Sprintf(`namespace==%q`, r.ns))
 	out := newNDJSON(w)
 	out.begin()
+	stopKeepAlive := out.keepAlive(s.cfg.KeepAlive, func() any { return keepAliveEvent{KeepAlive: true} })
+	defer stopKeepAlive()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-errs:
 			if err != nil && ctx.Err() == nil {
+				stopKeepAlive() // the error is the last line
 				e := errorOf(err)
 				_ = out.send(struct {
 					Error Error `json:"error"`

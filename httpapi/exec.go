@@ -83,9 +83,9 @@ func (n *ndjson) begin() {
 	close(n.ready)
 }
 
-// keepAlive sends a Running line whenever nothing was sent for every, from
-// begin until stop; since is when the process started. every 0: none.
-func (n *ndjson) keepAlive(every time.Duration, since time.Time) (stop func()) {
+// keepAlive sends the line line() makes whenever nothing was sent for
+// every, from begin until stop. every 0 or less: none.
+func (n *ndjson) keepAlive(every time.Duration, line func() any) (stop func()) {
 	if every <= 0 {
 		return func() {}
 	}
@@ -103,10 +103,9 @@ func (n *ndjson) keepAlive(every time.Duration, since time.Time) (stop func()) {
 			n.mu.Lock()
 			idle := time.Since(n.last)
 			if n.ok && !n.quiet && idle >= every {
-				s := time.Since(since).Round(time.Millisecond).Seconds()
-				// A client gone fails this write; the exec sees it
+				// A client gone fails this write; the handler sees it
 				// through the request's context.
-				_ = n.writeLocked(ExecEvent{Running: &s})
+				_ = n.writeLocked(line())
 				idle = 0
 			}
 			n.mu.Unlock()
@@ -263,7 +262,11 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		return err
 	}
 	out.begin()
-	stopKeepAlive := out.keepAlive(s.cfg.KeepAlive, time.Now())
+	started := time.Now()
+	stopKeepAlive := out.keepAlive(s.cfg.KeepAlive, func() any {
+		running := time.Since(started).Round(time.Millisecond).Seconds()
+		return ExecEvent{Running: &running}
+	})
 	defer stopKeepAlive()
 	// The timeout is the process's run, from its start.
 	ctx := r.Context()

@@ -46,7 +46,10 @@ func TestKeepAlive(t *testing.T) {
 	out := newNDJSON(rec)
 	out.begin()
 	start := time.Now()
-	stop := out.keepAlive(20*time.Millisecond, start)
+	stop := out.keepAlive(20*time.Millisecond, func() any {
+		s := time.Since(start).Seconds()
+		return ExecEvent{Running: &s}
+	})
 	time.Sleep(70 * time.Millisecond)
 	text := "x"
 	_ = out.send(ExecEvent{Stdout: &text})
@@ -84,7 +87,7 @@ func TestKeepAlive(t *testing.T) {
 	if !sawOutput || len(running) < 3 {
 		t.Fatalf("output %v, running lines %v", sawOutput, running)
 	}
-	if out.keepAlive(0, start)(); rec.Body.Len() != n {
+	if out.keepAlive(0, nil)(); rec.Body.Len() != n {
 		t.Fatal("keepAlive(0) sent something")
 	}
 }

@@ -159,9 +159,11 @@ export class Client {
   }
 
   /** The namespace's containerd events until signal aborts; topic '/branch/' keeps the branch events. */
-  events(opts = {}) {
+  async *events(opts = {}) {
     const q = opts.topic ? `?topic=${enc(opts.topic)}` : '';
-    return this._lines('GET', `${this._ns()}/events${q}`, undefined, opts.signal);
+    for await (const ev of this._lines('GET', `${this._ns()}/events${q}`, undefined, opts.signal)) {
+      if (!ev.keepalive) yield ev; // the server's keep-alive, while no event comes
+    }
   }
 }
 

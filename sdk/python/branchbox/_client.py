@@ -229,7 +229,8 @@ class Client:
         """The namespace's containerd events, as dicts, until the caller
         stops iterating; topic="/branch/" keeps the branch events."""
         q = "?topic=" + urllib.parse.quote(topic) if topic else ""
-        return self._stream("GET", self._ns() + "/events" + q)
+        # Without the server's keep-alive lines (sent while no event comes).
+        return (ev for ev in self._stream("GET", self._ns() + "/events" + q) if "keepalive" not in ev)
 
 
 def _branches(doc):

@@ -264,8 +264,9 @@ class SDKTest(unittest.TestCase):
         t = threading.Thread(target=watch, daemon=True)
         t.start()
         ready.wait()
-        import time
-        time.sleep(0.5)
+        # Quiet for longer than the server's keep-alive (1 s here): its
+        # lines are not events (ev["topic"] would fail on one).
+        time.sleep(2.5)
         self.sb.fork(1)
         t.join(20)
         self.assertIn("/branch/fork", got)

@@ -162,10 +162,12 @@ describe('branchbox SDK', () => {
     try {
       const seen = (async () => {
         for await (const ev of c.events({ topic: '/branch/', signal: ac.signal })) {
+          assert.equal(typeof ev.topic, 'string', JSON.stringify(ev)); // no keep-alive line
           if (ev.topic === '/branch/fork') return ev;
         }
       })();
-      await new Promise((r) => setTimeout(r, 500));
+      // Quiet for longer than the server's keep-alive (1 s here).
+      await new Promise((r) => setTimeout(r, 2500));
       await sb.fork();
       const ev = await seen;
       assert.equal(ev?.topic, '/branch/fork');
