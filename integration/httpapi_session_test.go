@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -88,5 +89,57 @@ func TestHTTPAPIExecSession(t *testing.T) {
 		cancel()
 		resp.Body.Close()
 		gone(what+", its client gone", "sleep 3003")
+	}
+}
+
+// TestHTTPAPIExecContainerdRestart: an exec runs on across a restart of
+// containerd, and its answer is its exit status, in a branch (the shim's)
+// and in the sandbox's own task (branch 0, an exec of its containerd
+// task, whose wait through containerd broke: the answer was an
+// Unavailable error after the output).
+func TestHTTPAPIExecContainerdRestart(t *testing.T) {
+	ctx, env, _, api, sb := apiSandbox(t)
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
+	type answer struct {
+		br string
+		r  apiResult
+	}
+	answers := make(chan answer, 2)
+	for _, br := range []string{"1", "0"} {
+		go func() {
+			// A deadline of the test's own: an answer that never came
+			// would hang it.
+			ectx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			r := api.do(ectx, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"sh", "-c", "echo started; while [ ! -e /dev/shm/go-on ]; do sleep 0.05; done; echo done; exit 3"}}, false)
+			answers <- answer{br, r}
+		}()
+	}
+	// Both run, then containerd goes and comes back, then they end.
+	waitUntil(t, "both execs", 20*time.Second, func() bool {
+		n := 0
+		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
+			if strings.Contains(p.cmd, "go-on") {
+				n++
+			}
+		}
+		return n == 2
+	})
+	if err := env.StopContainerd(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the waits see it gone
+	if err := env.StartContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, br := range []string{"1", "0"} {
+		api.must(ctx, 200, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"touch", "/dev/shm/go-on"}})
+	}
+	for range 2 {
+		a := <-answers
+		stdout, _, exit, kind := execOut(a.r.Lines)
+		if a.r.Status != 200 || stdout != "started\ndone\n" || kind != "" || exit == nil || exit["exitCode"] != float64(3) {
+			t.Fatalf("branch %s: exec across containerd's restart: %d %s", a.br, a.r.Status, a.r.Body)
+		}
 	}
 }

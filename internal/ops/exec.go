@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 
 	"github.com/branchbox/branchbox/branch"
@@ -117,9 +118,17 @@ func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
 	rp.mu.Lock()
 	st := rp.status
 	rp.mu.Unlock()
-	if st == nil {
+	for st == nil {
 		select {
-		case s := <-rp.exit:
+		case s, ok := <-rp.exit:
+			if err := s.Error(); ok && err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) {
+				// containerd went away (a restart); the shim and the
+				// exec run on: wait again once it is back.
+				if err := rp.rewait(ctx); err != nil {
+					return client.ExitStatus{}, err
+				}
+				continue
+			}
 			st = &s
 		case <-ctx.Done():
 			return client.ExitStatus{}, ctx.Err()
@@ -145,6 +154,39 @@ func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
 		return client.ExitStatus{}, err
 	}
 	return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
+}
+
+// rewait asks containerd again for the exec's exit, every 100 ms until
+// it answers or ctx ends: gRPC fails calls at once while it reconnects.
+func (rp *rootProcess) rewait(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		// Not ctx: an exit that comes after ctx ended is read by the
+		// next Wait (after a KillAll).
+		exit, err := rp.p.Wait(namespaces.WithNamespace(context.WithoutCancel(ctx), rp.ns))
+		if err != nil {
+			return err
+		}
+		select {
+		case s := <-exit:
+			if err := s.Error(); err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) {
+				continue
+			}
+			// The exit, or another error: the next round reads it.
+			ch := make(chan containerd.ExitStatus, 1)
+			ch <- s
+			rp.exit = ch
+			return nil
+		case <-ctx.Done():
+			// Still waiting: the next Wait reads this one's answer.
+			rp.exit = exit
+			return ctx.Err()
+		}
+	}
 }
 
 // release deletes the exited exec once its output has drained.
