@@ -50,7 +50,7 @@ func TestErrorKinds(t *testing.T) {
 		Components struct {
 			Schemas map[string]struct {
 				Properties map[string]struct {
-					Enum []string `json:"enum"`
+					Enum []any `json:"enum"` // strings for kind; KeepAlive's is [true]
 				} `json:"properties"`
 			} `json:"schemas"`
 		} `json:"components"`
@@ -58,7 +58,10 @@ func TestErrorKinds(t *testing.T) {
 	if err := json.Unmarshal(openapi.Spec, &doc); err != nil {
 		t.Fatal(err)
 	}
-	enum := doc.Components.Schemas["Error"].Properties["kind"].Enum
+	var enum []string
+	for _, e := range doc.Components.Schemas["Error"].Properties["kind"].Enum {
+		enum = append(enum, fmt.Sprint(e))
+	}
 	sort.Strings(enum)
 	kinds := client.ErrorKinds()
 	sort.Strings(kinds)
