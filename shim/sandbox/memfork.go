@@ -213,7 +213,13 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 			// Killed meanwhile: CRIU's and the runtime's words ("cannot
 			// be checkpointed in stopped state", an RLIMIT warning) would
 			// hide it.
-			return nil, fmt.Errorf("%s: %s's init exited during the dump of its processes; nothing was made: %w", what, branchName(parent.id), errdefs.ErrFailedPrecondition)
+			hint := ""
+			if !parent.state.has(sealFrozen) {
+				// What ended it, most often (a Node.js app dies of the
+				// EROFS of its next write), and what avoids it.
+				hint = " (the fork had sealed its root filesystem read-only: a process whose write to it fails may end; --seal freeze stops its processes instead while it has branches)"
+			}
+			return nil, fmt.Errorf("%s: %s's init exited during the dump of its processes%s; nothing was made: %w", what, branchName(parent.id), hint, errdefs.ErrFailedPrecondition)
 		}
 		if strings.Contains(err.Error()+why, "No space left on device") {
 			// The estimate before the dump was short (checkImageRoom).
