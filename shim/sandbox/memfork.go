@@ -209,23 +209,7 @@ func (c *Service) dumpMemory(ctx context.Context, sb *Sandbox, parent *Branch, w
 	if err != nil {
 		why := criuErrors(err, filepath.Join(dir, "dump.log"))
 		img.remove(ctx)
-		if c.initEnded(ctx, sb, parent) {
-			// Killed meanwhile: CRIU's and the runtime's words ("cannot
-			// be checkpointed in stopped state", an RLIMIT warning) would
-			// hide it.
-			hint := ""
-			if !parent.state.has(sealFrozen) {
-				// What ended it, most often (a Node.js app dies of the
-				// EROFS of its next write), and what avoids it.
-				hint = " (the fork had sealed its root filesystem read-only: a process whose write to it fails may end; --seal freeze stops its processes instead while it has branches)"
-			}
-			return nil, fmt.Errorf("%s: %s's init exited during the dump of its processes%s; nothing was made: %w", what, branchName(parent.id), hint, errdefs.ErrFailedPrecondition)
-		}
-		if strings.Contains(err.Error()+why, "No space left on device") {
-			// The estimate before the dump was short (checkImageRoom).
-			err = fmt.Errorf("%w: its image did not fit in the sandbox's bundle, in containerd's state directory: %w", err, errdefs.ErrResourceExhausted)
-		}
-		return nil, fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
+		return nil, c.dumpFailed(ctx, sb, parent, what, err, why)
 	}
 	if err := markSelfCall(ctx, dir); err != nil {
 		img.remove(ctx)
@@ -337,6 +321,28 @@ func killCriuOf(ctx context.Context, bundle string) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+}
+
+// dumpFailed is the error of a dump of parent's processes that failed
+// with err, CRIU's error lines being why.
+func (c *Service) dumpFailed(ctx context.Context, sb *Sandbox, parent *Branch, what string, err error, why string) error {
+	if c.initEnded(ctx, sb, parent) {
+		// Killed meanwhile: CRIU's and the runtime's words ("cannot be
+		// checkpointed in stopped state", an RLIMIT warning) would hide
+		// it.
+		hint := ""
+		if !parent.state.has(sealFrozen) {
+			// What ended it, most often (a Node.js app dies of the
+			// EROFS of its next write), and what avoids it.
+			hint = " (the fork had sealed its root filesystem read-only: a process whose write to it fails may end; --seal freeze stops its processes instead while it has branches)"
+		}
+		return fmt.Errorf("%s: %s's init exited during the dump of its processes%s; nothing was made: %w", what, branchName(parent.id), hint, errdefs.ErrFailedPrecondition)
+	}
+	if strings.Contains(err.Error()+why, "No space left on device") {
+		// The estimate before the dump was short (checkImageRoom).
+		err = fmt.Errorf("%w: its image did not fit in the sandbox's bundle, in containerd's state directory: %w", err, errdefs.ErrResourceExhausted)
+	}
+	return fmt.Errorf("%s: dump its processes: %w%s", what, err, why)
 }
 
 // initEnded says whether branch n's init is gone (or a zombie): a
