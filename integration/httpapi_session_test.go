@@ -107,12 +107,15 @@ func TestHTTPAPIExecContainerdRestart(t *testing.T) {
 	answers := make(chan answer, 2)
 	for _, br := range []string{"1", "0"} {
 		go func() {
+			// Sent even if do fails the test (t.Fatal ends this
+			// goroutine): the test reads two answers.
+			var r apiResult
+			defer func() { answers <- answer{br, r} }()
 			// A deadline of the test's own: an answer that never came
 			// would hang it.
 			ectx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			defer cancel()
-			r := api.do(ectx, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"sh", "-c", "echo started; while [ ! -e /dev/shm/go-on ]; do sleep 0.05; done; echo done; exit 3"}}, false)
-			answers <- answer{br, r}
+			r = api.do(ectx, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"sh", "-c", "echo started; while [ ! -e /dev/shm/go-on ]; do sleep 0.05; done; echo done; exit 3"}}, false)
 		}()
 	}
 	// Both run, then containerd goes and comes back, then they end.
