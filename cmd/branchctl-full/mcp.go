@@ -26,6 +26,7 @@ import (
 func cmdMCP(c *cli.Context, e branchctl.Env) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	quietLogs()
 	srv, err := mcpserver.New(ctx, mcpserver.Config{
 		Address: e.Address, Namespace: e.Namespace, Sandbox: c.String("sandbox"),
 		MaxOutput: c.Int("max-output"), MaxFile: c.Int64("max-file"), MaxExecs: c.Int("max-execs"),

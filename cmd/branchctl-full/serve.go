@@ -24,6 +24,7 @@ import (
 func cmdServe(c *cli.Context, e branchctl.Env) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	quietLogs()
 	cfg := httpapi.Config{
 		Address: e.Address, Namespaces: c.StringSlice("serve-namespace"), TokenFile: c.String("token-file"),
 		MaxBody: c.Int64("max-body"), MaxExecs: c.Int("max-execs"), MaxStreams: c.Int("max-streams"),
