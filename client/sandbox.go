@@ -399,10 +399,8 @@ type Process struct {
 	Pid    int
 	io     *fifoio.IO
 
-	mu      sync.Mutex
-	exit    *ExitStatus   // the shim's answer, once it came
-	drained chan struct{} // closed once the output is read to its end
-	once    sync.Once     // the output's release
+	mu   sync.Mutex
+	exit *ExitStatus // the shim's answer, once it came
 }
 
 // ExitStatus is how a process ended.
@@ -474,30 +472,16 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 		p.exit = st
 		p.mu.Unlock()
 	}
-	p.mu.Lock()
-	if p.drained == nil {
-		p.drained = make(chan struct{})
-		go func() {
-			p.release()
-			close(p.drained)
-		}()
+	if err := p.io.Release(ctx); err != nil {
+		return ExitStatus{}, err
 	}
-	drained := p.drained
-	p.mu.Unlock()
-	select {
-	case <-drained:
-		return *st, nil
-	case <-ctx.Done():
-		return ExitStatus{}, ctx.Err()
-	}
+	return *st, nil
 }
 
-// release waits for the copies of the output and lets go of its FIFOs.
+// release waits for the copies of the output, which Cancel has ended, and
+// lets go of its FIFOs.
 func (p *Process) release() {
-	p.once.Do(func() {
-		p.io.Wait()
-		p.io.Close()
-	})
+	_ = p.io.Release(context.Background())
 }
 
 // Close releases the process's stdio (its FIFOs) without waiting for it:

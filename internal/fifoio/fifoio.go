@@ -4,6 +4,7 @@
 package fifoio
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -46,6 +47,8 @@ type IO struct {
 	stdinCancelled            bool
 	stdinOpening              bool     // Start's open of stdin waits
 	stdinWake                 *os.File // a reader that ended that wait
+	releaseOnce               sync.Once
+	released                  chan struct{} // closed once Release's wait and Close are done
 }
 
 // New makes the FIFOs of process id in a new directory below root
@@ -176,6 +179,27 @@ func (s *IO) wakeStdin() {
 // Wait waits until the output has been read to its end: every writer of
 // it (the process, and what it started) gone.
 func (s *IO) Wait() { s.copies.Wait() }
+
+// Release waits, at most as long as ctx, until the output has been read to
+// its end, then releases the FIFOs (Close). If ctx ends first the wait goes
+// on: a process left in the background may hold the output, and a later
+// Release (once what held it is killed) ends with the same wait.
+func (s *IO) Release(ctx context.Context) error {
+	s.releaseOnce.Do(func() {
+		s.released = make(chan struct{})
+		go func() {
+			s.Wait()
+			s.Close()
+			close(s.released)
+		}()
+	})
+	select {
+	case <-s.released:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Cancel stops the copies: for a process that will not be waited for.
 func (s *IO) Cancel() {

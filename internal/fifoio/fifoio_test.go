@@ -2,6 +2,7 @@ package fifoio
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -218,5 +219,41 @@ func TestStdioConcurrentRefusals(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(root); len(entries) != 0 {
 		t.Fatalf("left %d FIFO directories", len(entries))
+	}
+}
+
+// TestRelease: while a writer holds the output, Release ends with its
+// context and the wait goes on; once the writer is gone a later Release
+// returns, the output read whole and the FIFOs' directory gone.
+func TestRelease(t *testing.T) {
+	root := t.TempDir()
+	var out bytes.Buffer
+	s, err := New(root, "p1", true, nil, &out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A background process of the exec, holding stdout open.
+	fd, err := unix.Open(s.Stdout, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start(func() {})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Release(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release with the output held: %v", err)
+	}
+	if _, err := unix.Write(fd, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "late" {
+		t.Fatalf("read %q, want late", out.String())
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("left in %s: %v", root, entries)
 	}
 }

@@ -77,31 +77,8 @@ type selfExec struct {
 	io             *fifoio.IO
 	stdout, stderr *tailBuffer
 
-	mu      sync.Mutex
-	exit    *shimv1.WaitResponse // its exit, once waited for
-	drained chan struct{}        // closed once its output is read to its end
-}
-
-// awaitDrained waits, at most as long as ctx, for the output to end: a
-// process the exec left running (in the background) may hold it open.
-func (e *selfExec) awaitDrained(ctx context.Context) error {
-	e.mu.Lock()
-	if e.drained == nil {
-		e.drained = make(chan struct{})
-		go func() {
-			e.io.Wait()
-			e.io.Close()
-			close(e.drained)
-		}()
-	}
-	drained := e.drained
-	e.mu.Unlock()
-	select {
-	case <-drained:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	mu   sync.Mutex
+	exit *shimv1.WaitResponse // its exit, once waited for
 }
 
 // release gives the memory of its output back to the sandbox's budget.

@@ -218,7 +218,9 @@ func (s *selfService) Wait(ctx context.Context, req *shimv1.SelfWaitRequest) (_ 
 		e.exit = w
 		e.mu.Unlock()
 	}
-	if err := e.awaitDrained(ctx); err != nil {
+	// A process the exec left running (in the background) may hold the
+	// output open: waited for as long as the call.
+	if err := e.io.Release(ctx); err != nil {
 		return nil, err
 	}
 	s.c.insock.mu.Lock()
