@@ -31,7 +31,7 @@ const poolPrefix = "bbx-pool-"
 // the pool's init of its name (another flag, the runtime) has it discarded
 // first (takeNamed, Evict), and the pool never names an init after a
 // cgroup a branch start asked for meanwhile (reserved). An init taken for
-// another name (takeReady) keeps its cgroup until it is moved away, so a
+// another name (Take) keeps its cgroup until it is moved away, so a
 // branch start that wants that name waits until then (leaving): else it
 // would make its cgroup in the directory being renamed away under it.
 
@@ -74,7 +74,7 @@ type Pool struct {
 	leaving map[string]bool
 	// busy counts the sandbox's operations running, lastActive is when
 	// the last ended, and wake tells a refill waiting for quiet
-	// (quiet.go).
+	// (active.go, refill.go).
 	busy       int
 	lastActive time.Time
 	wake       chan struct{}
@@ -118,16 +118,6 @@ func (p *Pool) Evict(ctx context.Context, cgroup string) {
 	if s := p.takeNamed(ctx, cgroup); s != nil {
 		s.Discard(ctx)
 	}
-}
-
-// takeReady takes a started init cloned with flags out of the pool, for a
-// branch whose cgroup is to be cgroup, and gives it that name; or returns
-// nil.
-func (p *Pool) takeReady(ctx context.Context, flags uintptr, cgroup string) *Spawned {
-	if s := p.takeOut(flags); s != nil {
-		return p.moveAway(ctx, s, cgroup)
-	}
-	return nil
 }
 
 // takeOut takes the first started init cloned with flags out of the pool,

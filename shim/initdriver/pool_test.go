@@ -37,7 +37,7 @@ func TestPoolTakeNamedWaitsForLeaving(t *testing.T) {
 	// Branch 16's start takes the init named for 17: its move into its
 	// cgroup is not done yet, so the rename waits.
 	got16 := make(chan *Spawned, 1)
-	go func() { got16 <- p.takeReady(ctx, 0, "/sb/b16") }()
+	go func() { got16 <- p.Take(ctx, 0, "/sb/b16") }()
 	for {
 		p.mu.Lock()
 		taken := len(p.ready) == 0
@@ -77,7 +77,7 @@ func TestPoolTakeNamedWaitsForLeaving(t *testing.T) {
 }
 
 // The refill starts no init while an operation of the sandbox runs
-// (quiet.go): waitQuiet returns only after the operation ended, or after
+// (refill.go): waitQuiet returns only after the operation ended, or after
 // quietMax.
 func TestPoolWaitQuiet(t *testing.T) {
 	p := NewPool(&Driver{}, "/sb", 0, nil)

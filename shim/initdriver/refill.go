@@ -21,6 +21,47 @@ import (
 // background, each new init doing the early part of a branch's plan
 // (brinit.SplitPrep) at once.
 
+// The refill out of the sandbox's way. Starting an init moves it into the
+// cgroup v1 hierarchies it was not born in, and each move holds the
+// kernel's global cgroup_mutex while the move waits for an RCU grace
+// period (unless the hierarchies are mounted favordynmods): every cgroup
+// made or removed on the node meanwhile, a fork's or an abort's, waits
+// behind it. So the refill starts each init once the sandbox has had no
+// operation for quietGap, or after quietMax at the latest, so that a
+// sandbox that never pauses still gets its inits.
+const (
+	quietGap = 20 * time.Millisecond
+	quietMax = 100 * time.Millisecond
+)
+
+// waitQuiet waits until no operation of the sandbox has run for quietGap,
+// quietMax at most, or the pool is closed; the caller holds p.mu.
+func (p *Pool) waitQuiet() {
+	deadline := time.Now().Add(quietMax)
+	for !p.closed {
+		now := time.Now()
+		wait := deadline.Sub(now)
+		if wait <= 0 {
+			return
+		}
+		if p.busy == 0 {
+			q := p.lastActive.Add(quietGap).Sub(now)
+			if q <= 0 {
+				return
+			}
+			wait = min(wait, q)
+		}
+		p.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.wake:
+		}
+		t.Stop()
+		p.mu.Lock()
+	}
+}
+
 // Release discards an init taken ahead that no branch claimed.
 func (a *Ahead) Release(ctx context.Context) {
 	if a.claimed {

@@ -102,7 +102,10 @@ func (p *Pool) Take(ctx context.Context, flags uintptr, cgroup string) *Spawned 
 		}
 		s.Discard(ctx) // its name is the branch's
 	}
-	return p.takeReady(ctx, flags, cgroup)
+	if s := p.takeOut(flags); s != nil {
+		return p.moveAway(ctx, s, cgroup)
+	}
+	return nil
 }
 
 // Claim returns the init for the branch whose cgroup is cgroup (the

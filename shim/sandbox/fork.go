@@ -59,10 +59,10 @@ func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.
 	ctx = withNS(ctx, sb)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	defer sb.active()()
 	if err := c.load(ctx, sb); err != nil {
 		return nil, err
 	}
+	defer sb.active()()
 	f, err := c.planFork(ctx, sb, req)
 	if err != nil {
 		return nil, err
