@@ -40,7 +40,7 @@ RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl $(BIN)/branchctl-full
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench benchstat crash-loop soak lint check-version check-tidy check-proto check-imports check-length clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench benchstat crash-loop soak lint check-version check-tidy check-proto check-imports check-length check-walk clean containerd-config install image
 
 all: binaries
 
@@ -186,7 +186,7 @@ check-version:
 $(BIN)/staticcheck:
 	GOBIN="$(ABSBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-lint: check-version check-tidy check-proto check-imports check-length $(BIN)/staticcheck
+lint: check-version check-tidy check-proto check-imports check-length check-walk $(BIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags seccomp ./shim/...
@@ -218,6 +218,11 @@ check-imports:
 # fork, commit, abort and rollback paths (hack/funclen/main.go lists them).
 check-length:
 	@hack/funclen.sh
+
+# A reader following a fork through the shim never comes back to a file it
+# left (issue 30; docs/design.md, "a fork's path").
+check-walk:
+	@out=$$(hack/walk.sh -max-returns 0) || { echo "$$out"; exit 1; }; echo "$$out" | tail -1
 
 # The tests of pure logic: no root, no daemons, seconds.
 UNIT_PKGS := ./branch/ ./client/ ./internal/fifoio/ ./client/branchapi/ ./patterns/ ./internal/branchctl/ ./cmd/branchctl/ ./cmd/branchctl-full/ ./hack/benchtable/ ./internal/containerdconfig/ ./shim/ocirt/ ./internal/safeopen/ ./internal/fscopy/ ./internal/procfd/ ./shim/brinit/ ./httpapi/ ./mcpserver/

@@ -3,7 +3,9 @@
 // left (docs/design.md, "a fork's path"). It walks the call graph from the
 // handler statically: each function of the shim's packages that is called,
 // in source order (deferred calls at their function's end), once; calls
-// through interfaces and into other modules end the walk there. Functions
+// through interfaces and into other modules end the walk there, as do
+// error paths and refusals, and function literals returned (run later by
+// whoever holds them). Functions
 // the ordinary fork does not run (a memory fork, the runtime's start, the
 // undo of a failed fork, error reports) are named in -skip; one-statement
 // accessors are not counted (-trivial counts them). A return is a call
@@ -49,8 +51,13 @@ func main() {
 	verbose := flag.Bool("v", false, "list each function entered")
 	trivial := flag.Bool("trivial", false, "count one-statement functions that call nothing of the shim (accessors) as visits too")
 	unwind := flag.Bool("unwind", false, "count coming back to a caller's file when a call ends as a return too, not only a new call into a file left")
+	maxReturns := flag.Int("max-returns", -1, "fail if the path returns to a file it left more often than this (make check-walk: 0)")
 	flag.Parse()
-	if err := run(*dir, *root, *skip, *verbose, *trivial, *unwind); err != nil {
+	returns, err := run(*dir, *root, *skip, *verbose, *trivial, *unwind)
+	if err == nil && *maxReturns >= 0 && returns > *maxReturns {
+		err = fmt.Errorf("the path returns to a file it left %d times, more than %d: a reader following it comes back to a file (docs/design.md, \"a fork's path\"; -v lists each function)", returns, *maxReturns)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "walk:", err)
 		os.Exit(1)
 	}
@@ -69,7 +76,7 @@ type walker struct {
 	base    string
 }
 
-func run(dir, root, skip string, verbose, trivial, unwind bool) error {
+func run(dir, root, skip string, verbose, trivial, unwind bool) (int, error) {
 	cfg := &packages.Config{
 		Mode:       packages.NeedName | packages.NeedFiles | packages.NeedSyntax | packages.NeedTypes | packages.NeedTypesInfo,
 		Dir:        dir,
@@ -77,7 +84,7 @@ func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 	}
 	pkgs, err := packages.Load(cfg, "./shim/...")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	abs, _ := filepath.Abs(dir)
 	w := &walker{fset: nil, decls: map[*types.Func]*ast.FuncDecl{}, infos: map[*types.Func]*types.Info{},
@@ -90,7 +97,7 @@ func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 	var start *types.Func
 	for _, p := range pkgs {
 		if len(p.Errors) > 0 {
-			return fmt.Errorf("%s: %v", p.PkgPath, p.Errors[0])
+			return 0, fmt.Errorf("%s: %v", p.PkgPath, p.Errors[0])
 		}
 		w.fset = p.Fset
 		for _, f := range p.Syntax {
@@ -111,7 +118,7 @@ func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 		}
 	}
 	if start == nil {
-		return fmt.Errorf("%s not found", root)
+		return 0, fmt.Errorf("%s not found", root)
 	}
 	handler := w.file(start)
 	w.enter(start, "")
@@ -130,7 +137,7 @@ func run(dir, root, skip string, verbose, trivial, unwind bool) error {
 		}
 	}
 	fmt.Printf("%d files beyond %s, %d returns to a file left\n", len(files), handler, returns)
-	return nil
+	return returns, nil
 }
 
 // name is Recv.Method or Func.
@@ -182,9 +189,9 @@ func (w *walker) enter(fn *types.Func, from string) {
 	calls = func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.IfStmt:
-			if failing(n.Cond) {
-				// An error's path, not the fork's: its init and
-				// condition run, its body does not.
+			if failing(n.Cond) || refuses(n.Body) {
+				// An error's path or a refusal, not the fork's: its
+				// init and condition run, its body does not.
 				if n.Init != nil {
 					ast.Inspect(n.Init, calls)
 				}
@@ -194,10 +201,34 @@ func (w *walker) enter(fn *types.Func, from string) {
 				}
 				return false
 			}
+		case *ast.ReturnStmt:
+			// A function literal returned is run later by whoever
+			// holds it, if at all (a ttrpc interceptor runs for each
+			// call on a branch's socket, not in the fork).
+			for _, r := range n.Results {
+				if _, lit := ast.Unparen(r).(*ast.FuncLit); !lit {
+					ast.Inspect(r, calls)
+				}
+			}
+			return false
 		case *ast.DeferStmt:
+			// The function value and the arguments are evaluated at
+			// the defer (defer sb.active()() marks the sandbox active
+			// there); the call, or a literal's body, at the end.
+			for _, a := range n.Call.Args {
+				ast.Inspect(a, calls)
+			}
+			if _, lit := ast.Unparen(n.Call.Fun).(*ast.FuncLit); !lit {
+				ast.Inspect(n.Call.Fun, calls)
+			}
 			deferred = append(deferred, n.Call)
 			return false
 		case *ast.CallExpr:
+			if w.skipped(info, n) {
+				// Not on the path: nor are its arguments, evaluated
+				// for it only (writeSpec(dir, runtimeSpec(...))).
+				return false
+			}
 			for _, a := range n.Args { // arguments are evaluated first
 				ast.Inspect(a, calls)
 			}
@@ -209,14 +240,23 @@ func (w *walker) enter(fn *types.Func, from string) {
 	}
 	ast.Inspect(w.decls[fn].Body, calls)
 	for i := len(deferred) - 1; i >= 0; i-- {
-		ast.Inspect(deferred[i], calls)
+		if lit, ok := ast.Unparen(deferred[i].Fun).(*ast.FuncLit); ok {
+			ast.Inspect(lit.Body, calls)
+		} else {
+			w.call(info, deferred[i], f)
+		}
 	}
 }
 
-// call enters the callee of c if it is a function of the shim's packages
-// not yet entered. Coming back to the caller's file is not a visit (a
-// reader has read that far already), unless -unwind.
-func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
+// skipped is whether c calls a function named in -skip.
+func (w *walker) skipped(info *types.Info, c *ast.CallExpr) bool {
+	fn := callee(info, c)
+	return fn != nil && w.skip[name(fn)]
+}
+
+// callee is the function of the shim's packages or another that c calls
+// by name, or nil (a call of a function value).
+func callee(info *types.Info, c *ast.CallExpr) *types.Func {
 	var id *ast.Ident
 	switch fun := ast.Unparen(c.Fun).(type) {
 	case *ast.Ident:
@@ -231,13 +271,23 @@ func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
 		}
 	}
 	if id == nil {
-		return
+		return nil
 	}
 	fn, _ := info.Uses[id].(*types.Func)
 	if fn == nil {
+		return nil
+	}
+	return fn.Origin()
+}
+
+// call enters the callee of c if it is a function of the shim's packages
+// not yet entered. Coming back to the caller's file is not a visit (a
+// reader has read that far already), unless -unwind.
+func (w *walker) call(info *types.Info, c *ast.CallExpr, from string) {
+	fn := callee(info, c)
+	if fn == nil {
 		return
 	}
-	fn = fn.Origin()
 	if _, ok := w.decls[fn]; !ok || w.seen[fn] || w.skip[name(fn)] {
 		return
 	}
@@ -261,6 +311,29 @@ func failing(cond ast.Expr) bool {
 		id, ok := ast.Unparen(b.X).(*ast.Ident)
 		nl, ok2 := ast.Unparen(b.Y).(*ast.Ident)
 		return ok && ok2 && nl.Name == "nil" && (id.Name == "err" || id.Name == "retErr")
+	}
+	return false
+}
+
+// refuses is whether body ends by returning an error it makes there
+// (fmt.Errorf, errors.New, &SomethingError{...}): a refusal of the request,
+// as a failing error test's body is an error's path. Its message's helpers
+// (the fork's name, a count in words) are not steps of the fork.
+func refuses(body *ast.BlockStmt) bool {
+	if len(body.List) == 0 {
+		return false
+	}
+	ret, ok := body.List[len(body.List)-1].(*ast.ReturnStmt)
+	if !ok || len(ret.Results) == 0 {
+		return false
+	}
+	switch e := ast.Unparen(ret.Results[len(ret.Results)-1]).(type) {
+	case *ast.CallExpr:
+		s := types.ExprString(e.Fun)
+		return s == "fmt.Errorf" || s == "errors.New"
+	case *ast.UnaryExpr:
+		lit, ok := e.X.(*ast.CompositeLit)
+		return ok && e.Op == token.AND && strings.HasSuffix(types.ExprString(lit.Type), "Error")
 	}
 	return false
 }
