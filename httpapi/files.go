@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 
 	"github.com/containerd/errdefs"
@@ -20,7 +19,7 @@ import (
 // made leads out of it.
 
 // root opens the root of the branch the path names.
-func (s *Server) root(r request) (*os.File, string, error) {
+func (s *Server) root(r request) (*ops.Root, string, error) {
 	p, err := ops.CheckPath(r.URL.Query().Get("path"))
 	if err != nil {
 		return nil, "", err
@@ -30,7 +29,7 @@ func (s *Server) root(r request) (*os.File, string, error) {
 		return nil, "", err
 	}
 	defer done()
-	root, err := ops.Root(r.Context(), s.cc, sc, r.PathValue("branch"))
+	root, err := ops.OpenRoot(r.Context(), s.cc, sc, r.PathValue("branch"))
 	return root, p, err
 }
 
@@ -40,25 +39,25 @@ func (s *Server) readFile(w http.ResponseWriter, r request) error {
 		return err
 	}
 	defer root.Close()
-	f, fi, err := ops.OpenFile(root, p)
+	f, err := ops.OpenFile(root, p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	var body io.Reader = io.LimitReader(f, fi.Size())
-	size := fi.Size()
-	if size == 0 {
-		// A file of /proc or /sys says 0 and has content: it is read
-		// (to a bound) to know its length.
-		data, err := io.ReadAll(io.LimitReader(f, maxPseudoFile))
+	var body io.Reader = io.LimitReader(f, f.Info.Size())
+	size := f.Info.Size()
+	if f.Pseudo || size == 0 {
+		// A file of /proc or /sys says 0 or 4096 whatever it has: it
+		// is read (to a bound) to know its length.
+		data, err := f.ReadAll(maxPseudoFile)
 		if err != nil {
-			return fmt.Errorf("read %s: %w", p, err)
+			return err
 		}
 		body, size = bytes.NewReader(data), int64(len(data))
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	w.Header().Set("X-File-Mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
+	w.Header().Set("X-File-Mode", fmt.Sprintf("%04o", f.Info.Mode().Perm()))
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.CopyN(w, body, size)
 	return nil

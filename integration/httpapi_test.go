@@ -162,6 +162,18 @@ func TestHTTPAPI(t *testing.T) {
 	if r := api.must(ctx, 200, "GET", br1+"/files"+q("/proc/meminfo"), nil); !strings.Contains(string(r.Body), "MemTotal:") {
 		t.Fatalf("/proc/meminfo read %q", r.Body)
 	}
+	// A sysfs attribute says 4096 bytes: the body is what it holds (it
+	// was announced as 4096 and cut short after 6).
+	if r := api.must(ctx, 200, "GET", br1+"/files"+q("/sys/class/net/lo/mtu"), nil); string(r.Body) != "65536\n" {
+		t.Fatalf("/sys/class/net/lo/mtu read %q", r.Body)
+	}
+	// The kernel's refusals are the request's, and its checks at open
+	// are against the sandbox's capabilities: /proc/kmsg needs
+	// CAP_SYSLOG, which the sandbox lacks (the server, the node's root,
+	// opened it and waited for the node's kernel log).
+	api.fails(ctx, 400, "invalid-argument", "GET", sb+"/branches/0/files"+q("/proc/1/mem"), nil)
+	api.fails(ctx, 403, "permission-denied", "GET", br1+"/files"+q("/proc/kmsg"), nil)
+	api.fails(ctx, 412, "failed-precondition", "PUT", br1+"/files"+q("/proc/sys/kernel/hostname"), []byte("x"))
 	api.fails(ctx, 412, "failed-precondition", "PUT", sb+"/branches/0/files"+q("/answer"), []byte("root\n"))
 	api.fails(ctx, 400, "invalid-argument", "GET", br1+"/files"+q("relative"), nil)
 	api.fails(ctx, 400, "invalid-argument", "GET", br1+"/files"+q("/etc"), nil)

@@ -8,8 +8,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -239,7 +237,7 @@ func (s *Server) fork(ctx context.Context, in ForkIn) (ForkOut, error) {
 
 // openRoot opens the root of a branch for a file tool, and checks the
 // path.
-func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*os.File, string, error) {
+func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*ops.Root, string, error) {
 	p, err := ops.CheckPath(path)
 	if err != nil {
 		return nil, "", err
@@ -249,7 +247,7 @@ func (s *Server) openRoot(ctx context.Context, sandbox, id, path string) (*os.Fi
 		return nil, "", err
 	}
 	defer sc.Close()
-	root, err := ops.Root(ctx, s.cc, sc, id)
+	root, err := ops.OpenRoot(ctx, s.cc, sc, id)
 	return root, p, err
 }
 
@@ -259,16 +257,21 @@ func (s *Server) readFile(ctx context.Context, in FileIn) (ReadOut, error) {
 		return ReadOut{}, err
 	}
 	defer root.Close()
-	f, fi, err := ops.OpenFile(root, p)
+	f, err := ops.OpenFile(root, p)
 	if err != nil {
 		return ReadOut{}, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, s.cfg.MaxFile))
+	data, err := f.ReadAll(s.cfg.MaxFile + 1)
 	if err != nil {
 		return ReadOut{}, err
 	}
-	out := ReadOut{Path: p, Size: fi.Size(), Encoding: "utf-8", Content: string(data), Truncated: fi.Size() > int64(len(data))}
+	size := f.Info.Size()
+	if f.Pseudo {
+		size = int64(len(data)) // its own says nothing; more than MaxFile if truncated
+	}
+	data = data[:min(int64(len(data)), s.cfg.MaxFile)]
+	out := ReadOut{Path: p, Size: size, Encoding: "utf-8", Content: string(data), Truncated: size > int64(len(data))}
 	if !utf8.Valid(data) {
 		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
 	}

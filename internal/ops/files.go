@@ -28,31 +28,6 @@ import (
 // RESOLVE_IN_ROOT, so that no symlink a branch made leads out of it.
 const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 
-// Root opens the root directory of a branch: "0" (or "") is the
-// sandbox's own (its task's init), any other id a branch's init. The pidfd
-// taken first, and checked after, makes sure the root opened is that
-// process's and not one of a process that reused its pid.
-func Root(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (*os.File, error) {
-	pid, err := initPid(ctx, cc, sc, id)
-	if err != nil {
-		return nil, err
-	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: its init %d is gone: %w", id, pid, errdefs.ErrFailedPrecondition)
-	}
-	defer unix.Close(pidfd)
-	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: open its root: %w", id, err)
-	}
-	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		root.Close()
-		return nil, fmt.Errorf("branch %s: its init %d ended: %w", id, pid, errdefs.ErrFailedPrecondition)
-	}
-	return root, nil
-}
-
 func initPid(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (int, error) {
 	if id == branch.RootID || id == "" {
 		ctx = namespaces.WithNamespace(ctx, sc.Namespace)
@@ -144,44 +119,80 @@ type PathError struct {
 func (e *PathError) Error() string { return e.err.Error() }
 func (e *PathError) Unwrap() error { return e.err }
 
-// OpenFile opens a regular file of the branch root is the root of.
-func OpenFile(root *os.File, p string) (*os.File, os.FileInfo, error) {
-	// O_NONBLOCK: opening a fifo a branch made must not wait for a
-	// writer (it is then refused as not a regular file).
-	f, err := openIn(root, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+// OpenFile opens a regular file of a branch for reading.
+func OpenFile(root *Root, p string) (*File, error) {
+	f, err := openRegular(root, p, unix.O_RDONLY, "; list a directory instead")
 	if err != nil {
-		return nil, nil, err
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = fileErr(p, pe.Err)
+		}
 	}
-	fi, err := f.Stat()
+	return f, err
+}
+
+// openRegular opens the regular file at p with flags (O_RDONLY or
+// O_WRONLY): first as a path only, which runs none of the file's own open
+// (a device's, a fifo's waiting for a writer), to see what it is; then
+// that same file again with flags, and a pseudo file (pseudo.go) with the
+// capabilities root has in the sandbox, so that the kernel's checks at
+// open are the sandbox's, not the server's.
+func openRegular(root *Root, p string, flags int, notRegular string) (*File, error) {
+	pf, err := openIn(root.dir, p, unix.O_PATH, 0)
 	if err != nil {
-		f.Close()
-		return nil, nil, err
+		return nil, err
+	}
+	defer pf.Close()
+	fi, err := pf.Stat()
+	if err != nil {
+		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, nil, fmt.Errorf("%s is not a regular file (%s); list a directory instead: %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s is not a regular file (%s)%s: %w", p, fi.Mode().Type(), notRegular, errdefs.ErrInvalidArgument)
 	}
-	return f, fi, nil
+	pseudo := pseudoFS(int(pf.Fd()))
+	// Through the open path's own link: the file seen above, whatever
+	// the branch renames meanwhile.
+	self := fmt.Sprintf("/proc/self/fd/%d", pf.Fd())
+	open := func() (int, error) {
+		for {
+			fd, err := unix.Open(self, flags|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			if err != unix.EINTR {
+				return fd, err
+			}
+		}
+	}
+	var fd int
+	if pseudo {
+		fd, err = withCaps(root.caps, open)
+	} else {
+		fd, err = open()
+	}
+	var errno unix.Errno
+	switch {
+	case errors.As(err, &errno) && pseudo:
+		return nil, pseudoErr(p, errno, "takes no such open")
+	case err != nil:
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return &File{File: os.NewFile(uintptr(fd), p), Info: fi, Pseudo: pseudo, path: p}, nil
 }
 
 // WriteFile replaces a file's content with what r gives, creating it with
 // mode if it does not exist. Its directory must exist.
-func WriteFile(root *os.File, p string, r io.Reader, mode uint32) (int64, error) {
-	// Opened without O_TRUNC and without blocking, so that only a regular
-	// file is emptied and written (not a fifo or a device a branch made).
-	f, err := openIn(root, p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK, mode)
-	if err != nil {
-		return 0, err
+func WriteFile(root *Root, p string, r io.Reader, mode uint32) (int64, error) {
+	f, err := openRegular(root, p, unix.O_WRONLY, "")
+	if errors.Is(err, errdefs.ErrNotFound) {
+		f, err = createIn(root, p, mode)
 	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
-	}
-	if err == nil {
-		err = f.Truncate(0)
+	if err == nil && !f.Pseudo {
+		// Emptied only now, a regular file (not a fifo or a device a
+		// branch made); a pseudo file takes the write as it is.
+		if err = f.Truncate(0); err != nil {
+			f.Close()
+		}
 	}
 	if err != nil {
-		f.Close()
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = fileErr(p, pe.Err)
@@ -190,13 +201,37 @@ func WriteFile(root *os.File, p string, r io.Reader, mode uint32) (int64, error)
 	}
 	n, err := io.Copy(f, r)
 	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fileErr(p, cerr)
+		err = cerr
 	}
 	var pe *os.PathError
-	if errors.As(err, &pe) {
+	var errno unix.Errno
+	switch {
+	case errors.As(err, &errno) && f.Pseudo:
+		err = pseudoErr(p, errno, "refuses this content")
+	case errors.As(err, &pe):
 		err = fileErr(p, pe.Err)
 	}
 	return n, err
+}
+
+// createIn makes the file at p, which was not there, with mode; or opens
+// what a branch made there meanwhile, if it is a regular file.
+func createIn(root *Root, p string, mode uint32) (*File, error) {
+	// Without O_TRUNC and without blocking: what is there by now may be
+	// a fifo or a device.
+	f, err := openIn(root.dir, p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK, mode)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &File{File: f, Info: fi, Pseudo: pseudoFS(int(f.Fd())), path: p}, nil
 }
 
 // DirEntry is one entry of a directory listing.
@@ -211,8 +246,8 @@ type DirEntry struct {
 }
 
 // ListDir lists a directory, by name; more than max entries is an error.
-func ListDir(root *os.File, p string, max int) ([]DirEntry, error) {
-	d, err := openIn(root, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+func ListDir(root *Root, p string, max int) ([]DirEntry, error) {
+	d, err := openIn(root.dir, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}
