@@ -73,7 +73,7 @@ func TestMCPServer(t *testing.T) {
 	}
 	cert, key, _ := selfSigned(t, t.TempDir())
 	srv := exec.Command(ctl, "mcp", "--address", env.Address, "--namespace", env.Namespace, "--sandbox", "mcp-http",
-		"--http", "127.0.0.1:0", "--token-file", tokens, "--tls-cert", cert, "--tls-key", key)
+		"--http", "127.0.0.1:0", "--token-file", tokens, "--tls-cert", cert, "--tls-key", key, "--keepalive", "1s")
 	var stderr bytes.Buffer
 	srv.Stderr = &stderr
 	stdout, err := srv.StdoutPipe()
@@ -99,7 +99,9 @@ func TestMCPServer(t *testing.T) {
 	if out, err := nodeIn("node", exec.CommandContext(ctx, "node", "mcp-session.mjs", "http"), "MCP_URL="+url, "NODE_EXTRA_CA_CERTS="+cert).CombinedOutput(); err == nil {
 		t.Fatalf("an MCP session without a token succeeded:\n%s", out)
 	}
-	session("http", "MCP_URL="+url, "MCP_TOKEN="+tok, "NODE_EXTRA_CA_CERTS="+cert)
+	// MCP_IDLE_MS: a call silent for 5 s through a proxy that cuts a
+	// response idle for 2.5 s, kept open by the keep-alive comments.
+	session("http", "MCP_URL="+url, "MCP_TOKEN="+tok, "NODE_EXTRA_CA_CERTS="+cert, "MCP_IDLE_MS=2500")
 
 	// Off loopback, tokens and TLS are required.
 	for _, args := range [][]string{{}, {"--token-file", tokens}} {

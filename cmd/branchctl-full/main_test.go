@@ -13,6 +13,7 @@ import (
 	"github.com/branchbox/branchbox/client/oci"
 	"github.com/branchbox/branchbox/httpapi"
 	"github.com/branchbox/branchbox/internal/branchctl"
+	"github.com/branchbox/branchbox/mcpserver"
 )
 
 // TestActions: branchctl-full has an action for every heavy command and
@@ -36,6 +37,7 @@ func TestDefaults(t *testing.T) {
 	for cmd, wants := range map[string][]string{
 		"push":  {fmt.Sprintf("registry host configuration directory (default: %q)", oci.DefaultHostsDir)},
 		"serve": {fmt.Sprintf("(default: %q)", oci.DefaultHostsDir), fmt.Sprintf("(default: %d)", httpapi.DefaultMaxBody), fmt.Sprintf("concurrent execs per client (default: %d)", httpapi.DefaultMaxExecs), fmt.Sprintf("concurrent event streams per client (default: %d)", httpapi.DefaultMaxStreams), fmt.Sprintf("(0: never) (default: %s)", httpapi.DefaultKeepAlive), `(default: "/run/branchbox/api.sock")`},
+		"mcp":   {fmt.Sprintf("(0: never) (default: %s)", mcpserver.DefaultKeepAlive)},
 	} {
 		var out bytes.Buffer
 		if code := branchctl.Run(t.Context(), []string{cmd, "--help"}, nil, &out, &bytes.Buffer{}, actions); code != 0 {

@@ -67,7 +67,7 @@ func cmdMCP(c *cli.Context, e branchctl.Env) error {
 		return fmt.Errorf("mcp --http %s: not a loopback address: it needs --token-file, and TLS (--tls-cert, --tls-key) so that tokens do not cross the network in clear: %w", addr, errdefs.ErrInvalidArgument)
 	}
 	mux := http.NewServeMux()
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv.MCP() }, nil)
+	h := mcpserver.KeepAlive(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv.MCP() }, nil), c.Duration("keepalive"))
 	mux.Handle("/mcp", authorized(tokens, e.Namespace, h))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -5,7 +5,7 @@
 // first thing that is not as it should be.
 //
 //   node mcp-session.mjs stdio   (BRANCHBOX_CTL, BRANCHBOX_ADDRESS, BRANCHBOX_NAMESPACE, BRANCHBOX_SANDBOX)
-//   node mcp-session.mjs http    (MCP_URL, MCP_TOKEN)
+//   node mcp-session.mjs http    (MCP_URL, MCP_TOKEN, MCP_IDLE_MS)
 
 import assert from 'node:assert/strict';
 
@@ -39,6 +39,41 @@ if (mode === 'stdio') {
 const client = new Client({ name: 'branchbox-integration', version: '1.0.0' });
 await client.connect(transport);
 const log = (...a) => console.log(`[${mode}]`, ...a);
+
+// idleCut is fetch through a proxy that ends a response when no byte of it
+// came for ms: neither its headers nor a chunk of its body.
+function idleCut(ms) {
+  return async (url, init = {}) => {
+    const cut = new AbortController();
+    let timer = setTimeout(() => cut.abort(new Error(`no byte for ${ms} ms: cut`)), ms);
+    const again = () => { clearTimeout(timer); timer = setTimeout(() => cut.abort(new Error(`no byte for ${ms} ms: cut`)), ms); };
+    const signal = init.signal ? AbortSignal.any([init.signal, cut.signal]) : cut.signal;
+    const res = await fetch(url, { ...init, signal });
+    if (!res.body) {
+      clearTimeout(timer);
+      return res;
+    }
+    again();
+    const reader = res.body.getReader();
+    const body = new ReadableStream({
+      async pull(ctl) {
+        const { done, value } = await reader.read();
+        if (done) {
+          clearTimeout(timer);
+          ctl.close();
+          return;
+        }
+        again();
+        ctl.enqueue(value);
+      },
+      cancel(reason) {
+        clearTimeout(timer);
+        return reader.cancel(reason);
+      },
+    });
+    return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+  };
+}
 
 // call calls a tool that must succeed and returns its structured output.
 async function call(name, args) {
@@ -168,6 +203,23 @@ await fails('commit', {}, undefined, /branch/); // the schema's required propert
   assert.ok(seen.length >= 3 && seen.every((p, i) => i === 0 || p.progress > seen[i - 1].progress), JSON.stringify(seen));
   assert.match(seen[0].message, /^running for \d+s, 0 bytes of output$/);
   log('exec past the request timeout, kept alive by progress:', seen.length, 'notifications');
+}
+
+// Over HTTP, a call without a progress token through a proxy that cuts a
+// response after a moment without bytes (nginx's proxy_read_timeout, a load
+// balancer's idle timeout, undici's headersTimeout and bodyTimeout, 300 s,
+// in Node's own fetch): the server's keep-alive comments on the event
+// stream (--keepalive, 1 s in the test) keep it open; without them the
+// response's headers waited for the result and the call failed.
+if (mode === 'http' && env.MCP_IDLE_MS) {
+  const idle = Number(env.MCP_IDLE_MS);
+  const headers = env.MCP_TOKEN ? { Authorization: `Bearer ${env.MCP_TOKEN}` } : {};
+  const proxied = new Client({ name: 'branchbox-integration-idle', version: '1.0.0' });
+  await proxied.connect(new StreamableHTTPClientTransport(new URL(env.MCP_URL), { requestInit: { headers }, fetch: idleCut(idle) }));
+  const r = await proxied.callTool({ name: 'exec', arguments: { branch: b1, command: `sleep ${(2 * idle) / 1000}; echo done` } }, undefined, { timeout: 60000 });
+  assert.equal(r.structuredContent?.stdout, 'done\n', JSON.stringify(r));
+  await proxied.close();
+  log(`exec silent for ${2 * idle} ms through a fetch that cuts a response idle for ${idle} ms: done`);
 }
 
 const c = await call('commit', { branch: b1 });

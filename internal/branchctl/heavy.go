@@ -188,6 +188,7 @@ and TLS (--tls-cert, --tls-key).`,
 			&cli.IntFlag{Name: "max-output", Value: 64 << 10, Usage: "bytes of each of stdout and stderr an exec returns"},
 			&cli.Int64Flag{Name: "max-file", Value: 1 << 20, Usage: "bytes of a file read or written"},
 			&cli.IntFlag{Name: "max-execs", Value: 16, Usage: "commands running at once"},
+			&cli.DurationFlag{Name: "keepalive", Value: defaultKeepAlive, Usage: "with --http: send an event stream a keep-alive comment after this long without a byte, before a client's or a proxy's idle timeout ends a long call (0: never)"},
 		),
 		Action: inv.heavy("mcp"),
 	}
