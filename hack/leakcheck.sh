@@ -25,4 +25,14 @@ for d in /run/containerd/branch/bbx-* /run/containerd/runc/bbx-*; do
 	ns=${d##*/}
 	if [ ! -d "${TMPDIR:-/tmp}/${ns#bbx-}" ]; then echo "leaked runtime state: $d"; ls -A "$d"; leaks=1; fi
 done
+# The FIFOs of execs that ended (internal/fifoio: the Go client's, bx-ID,
+# and the HTTP and MCP servers' execs of a sandbox's task, api-ID) that no
+# process holds open any more: an exec not released.
+held=$(find /proc/[0-9]*/fd -maxdepth 1 -lname '/run/containerd/fifo/*' -printf '%l\n' 2>/dev/null | xargs -r -n1 dirname | sort -u)
+for d in /run/containerd/fifo/*/; do
+	d=${d%/}
+	[ -d "$d" ] || continue
+	ls "$d" | grep -qE '^(bx|api)-' || continue
+	if ! grep -qxF "$d" <<<"$held"; then echo "leaked exec FIFOs: $d"; ls -A "$d"; leaks=1; fi
+done
 exit $leaks

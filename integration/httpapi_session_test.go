@@ -5,11 +5,16 @@ package integration
 import (
 	"bufio"
 	"context"
+	"io"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/branchbox/branchbox/internal/fifoio"
 )
 
 // TestHTTPAPIExecSession: an exec's timeout, or its client leaving, ends
@@ -145,4 +150,75 @@ func TestHTTPAPIExecContainerdRestart(t *testing.T) {
 			t.Fatalf("branch %s: exec across containerd's restart: %d %s", a.br, a.r.Status, a.r.Body)
 		}
 	}
+}
+
+// An exec of the sandbox's task whose client leaves while containerd is
+// away (a restart) is killed all the same, at once, and deleted once
+// containerd is back: its FIFOs are released. containerd's calls wait for
+// it to come back; the kill waited with them, up to its 10 s, and then
+// gave up: the command ran on, and nothing deleted the exec.
+func TestHTTPAPIExecAbandonedContainerdAway(t *testing.T) {
+	ctx, env, _, api, sb := apiSandbox(t)
+	fifos := func() []string {
+		entries, _ := os.ReadDir(fifoio.Dir)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	before := fifos()
+	ectx, leave := context.WithCancel(ctx)
+	answered, started := make(chan struct{}), make(chan string, 1)
+	go func() {
+		defer close(answered)
+		// Not api.do, which fails the test when its request fails.
+		req, err := http.NewRequestWithContext(ectx, "POST", api.base+sb+"/branches/0/exec", strings.NewReader(`{"args": ["sh", "-c", "echo started; exec sleep 4321"]}`))
+		if err != nil {
+			started <- err.Error()
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := api.hc.Do(req)
+		if err != nil {
+			started <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		started <- line
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}()
+	// The server waits for the exec once its output streams.
+	if line := <-started; !strings.Contains(line, "started") {
+		t.Fatalf("the exec's first line: %q", line)
+	}
+	running := func() bool {
+		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
+			if strings.Contains(p.cmd, "sleep 4321") {
+				return true
+			}
+		}
+		return false
+	}
+	waitUntil(t, "the exec", 20*time.Second, running)
+	if err := env.StopContainerd(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = env.StartContainerd(context.Background())
+		}
+	}()
+	leave()
+	<-answered
+	waitUntil(t, "the abandoned exec killed with containerd away", 8*time.Second, func() bool { return !running() })
+	if err := env.StartContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	waitUntil(t, "the exec's FIFOs released once containerd is back", 20*time.Second, func() bool {
+		return slices.Equal(fifos(), before)
+	})
 }

@@ -5,7 +5,6 @@ package ops
 import (
 	"context"
 	"fmt"
-	"sync"
 	"syscall"
 	"time"
 
@@ -41,17 +40,20 @@ func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, 
 }
 
 type rootProcess struct {
-	p    containerd.Process
-	exit <-chan containerd.ExitStatus
+	p containerd.Process
 	// ns is the sandbox's namespace: the caller's context of Wait and
 	// Kill has none, and containerd's calls need it.
 	ns string
 	sc *client.SandboxClient
 
-	mu       sync.Mutex
-	status   *containerd.ExitStatus // once it came
-	released chan struct{}          // closed once release is done
+	exited   chan struct{} // closed once status is set
+	status   containerd.ExitStatus
+	released chan struct{} // closed once release is done
 }
+
+// ownPatience bounds how long an exec's owner (own) waits for containerd
+// to answer again, for its exit and for its delete.
+const ownPatience = time.Hour
 
 // execRoot starts opts in the sandbox's own task.
 func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, opts client.ExecOptions) (Process, error) {
@@ -107,84 +109,62 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	// The task's stdin FIFO stays open until CloseIO: EOF is sent once
 	// the input is written.
 	sio.Start(func() { _ = p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser) })
-	rp.p, rp.exit = p, exit
+	rp.p, rp.exited, rp.released = p, make(chan struct{}), make(chan struct{})
+	go rp.own(namespaces.WithNamespace(context.WithoutCancel(ctx), rp.ns), exit)
 	return rp, nil
 }
 
-// Wait waits for the exit and the release (below); a ctx that ends first
+// own waits for the exit, asking containerd again while it is away (a
+// restart), then releases the exec: whether or not a caller still waits
+// (its client gone, its timeout passed while containerd was away), the
+// exec is deleted once it exited and containerd answers, and its FIFOs
+// are closed.
+func (rp *rootProcess) own(ctx context.Context, exit <-chan containerd.ExitStatus) {
+	defer close(rp.released)
+	giveUp := time.Now().Add(ownPatience)
+	for {
+		s, ok := <-exit
+		if err := s.Error(); ok && err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) && time.Now().Before(giveUp) {
+			exit = rp.rewait(ctx, giveUp)
+			continue
+		}
+		rp.status = s
+		close(rp.exited)
+		break
+	}
+	rp.release(ctx, giveUp)
+}
+
+// Wait waits for the exit and the release (own); a ctx that ends first
 // ends it, and Wait can be called again (after a KillAll).
 func (rp *rootProcess) Wait(ctx context.Context) (client.ExitStatus, error) {
-	ctx = namespaces.WithNamespace(ctx, rp.ns)
-	rp.mu.Lock()
-	st := rp.status
-	rp.mu.Unlock()
-	for st == nil {
+	for _, ch := range []chan struct{}{rp.exited, rp.released} {
 		select {
-		case s, ok := <-rp.exit:
-			if err := s.Error(); ok && err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) {
-				// containerd went away (a restart); the shim and the
-				// exec run on: wait again once it is back.
-				if err := rp.rewait(ctx); err != nil {
-					return client.ExitStatus{}, err
-				}
-				continue
-			}
-			st = &s
+		case <-ch:
 		case <-ctx.Done():
 			return client.ExitStatus{}, ctx.Err()
 		}
 	}
-	rp.mu.Lock()
-	rp.status = st
-	if rp.released == nil {
-		rp.released = make(chan struct{})
-		go func() {
-			rp.release(context.WithoutCancel(ctx))
-			close(rp.released)
-		}()
-	}
-	released := rp.released
-	rp.mu.Unlock()
-	select {
-	case <-released:
-	case <-ctx.Done():
-		return client.ExitStatus{}, ctx.Err()
-	}
-	if err := st.Error(); err != nil {
+	if err := rp.status.Error(); err != nil {
 		return client.ExitStatus{}, err
 	}
-	return client.ExitStatus{Code: int(st.ExitCode()), ExitedAt: st.ExitTime()}, nil
+	return client.ExitStatus{Code: int(rp.status.ExitCode()), ExitedAt: rp.status.ExitTime()}, nil
 }
 
-// rewait asks containerd again for the exec's exit, every 100 ms until
-// it answers or ctx ends: gRPC fails calls at once while it reconnects.
-func (rp *rootProcess) rewait(ctx context.Context) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+// rewait asks containerd again for the exec's exit until it answers, at
+// growing intervals (gRPC fails calls at once while it reconnects), or
+// until giveUp: then the channel says containerd is unavailable.
+func (rp *rootProcess) rewait(ctx context.Context, giveUp time.Time) <-chan containerd.ExitStatus {
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		time.Sleep(pause)
+		exit, err := rp.p.Wait(ctx)
+		if err == nil {
+			return exit
 		}
-		// Not ctx: an exit that comes after ctx ended is read by the
-		// next Wait (after a KillAll).
-		exit, err := rp.p.Wait(namespaces.WithNamespace(context.WithoutCancel(ctx), rp.ns))
-		if err != nil {
-			return err
-		}
-		select {
-		case s := <-exit:
-			if err := s.Error(); err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) {
-				continue
-			}
-			// The exit, or another error: the next round reads it.
+		if !errdefs.IsUnavailable(errgrpc.ToNative(err)) || !time.Now().Before(giveUp) {
 			ch := make(chan containerd.ExitStatus, 1)
-			ch <- s
-			rp.exit = ch
-			return nil
-		case <-ctx.Done():
-			// Still waiting: the next Wait reads this one's answer.
-			rp.exit = exit
-			return ctx.Err()
+			ch <- *containerd.NewExitStatus(containerd.UnknownExitStatus, time.Time{}, err)
+			return ch
 		}
 	}
 }
@@ -197,7 +177,7 @@ func (rp *rootProcess) rewait(ctx context.Context) error {
 // child holding its output is waited for a while, as runc-v2's own Delete
 // waits for its copies. Right after the exit the task may not report the
 // exec stopped yet (Delete is then refused): it is asked again.
-func (rp *rootProcess) release(ctx context.Context) {
+func (rp *rootProcess) release(ctx context.Context, giveUp time.Time) {
 	if pio := rp.p.IO(); pio != nil {
 		drained := make(chan struct{})
 		go func() {
@@ -210,8 +190,15 @@ func (rp *rootProcess) release(ctx context.Context) {
 		}
 	}
 	var err error
-	for i := 0; i < 100; i++ {
-		if _, err = rp.p.Delete(ctx); err == nil || !errdefs.IsFailedPrecondition(err) {
+	for i, pause := 0, 100*time.Millisecond; i < 100; i++ {
+		_, err = rp.p.Delete(ctx)
+		if err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) && time.Now().Before(giveUp) {
+			// containerd away: deleted once it is back.
+			time.Sleep(pause)
+			pause, i = min(2*pause, time.Second), 0
+			continue
+		}
+		if err == nil || !errdefs.IsFailedPrecondition(err) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -234,19 +221,29 @@ func (rp *rootProcess) Kill(ctx context.Context, sig uint32) error {
 // KillAll is Kill, then the shim's kill of the exec's session:
 // containerd sends a kill with all of an exec to the exec alone.
 func (rp *rootProcess) KillAll(ctx context.Context, sig uint32) error {
-	err := rp.Kill(ctx, sig)
-	if err != nil && !errdefs.IsNotFound(err) {
-		return err
-	}
+	// containerd away (a restart) holds its calls until it is back: the
+	// shim's kill of the session, which the exec leads, does not wait
+	// for it.
+	kctx, cancel := context.WithTimeout(ctx, killPatience)
+	err := rp.Kill(kctx, sig)
+	cancel()
 	serr := rp.sc.KillSession(ctx, branch.RootID, rp.p.ID(), int(rp.p.Pid()), sig)
-	if err != nil && serr != nil {
+	switch {
+	case err != nil && !errdefs.IsNotFound(err):
+		if serr == nil {
+			return nil // the session, the exec with it
+		}
+		return err
+	case err != nil && serr != nil:
 		return err // neither the exec nor any of its session was there
-	}
-	if serr != nil && !errdefs.IsNotFound(serr) {
+	case serr != nil && !errdefs.IsNotFound(serr):
 		return serr
 	}
 	return nil
 }
+
+// killPatience bounds containerd's kill of an exec in KillAll.
+const killPatience = 2 * time.Second
 
 // fifoCIO is containerd's cio.IO over fifoio's FIFOs.
 type fifoCIO struct{ *fifoio.IO }
