@@ -7,14 +7,11 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/branchbox/branchbox/internal/fifoio"
 )
 
 // TestHTTPAPIExecSession: an exec's timeout, or its client leaving, ends
@@ -159,15 +156,7 @@ func TestHTTPAPIExecContainerdRestart(t *testing.T) {
 // gave up: the command ran on, and nothing deleted the exec.
 func TestHTTPAPIExecAbandonedContainerdAway(t *testing.T) {
 	ctx, env, _, api, sb := apiSandbox(t)
-	fifos := func() []string {
-		entries, _ := os.ReadDir(fifoio.Dir)
-		var names []string
-		for _, e := range entries {
-			names = append(names, e.Name())
-		}
-		return names
-	}
-	before := fifos()
+	before := fifoDirs()
 	ectx, leave := context.WithCancel(ctx)
 	answered, started := make(chan struct{}), make(chan string, 1)
 	go func() {
@@ -219,6 +208,6 @@ func TestHTTPAPIExecAbandonedContainerdAway(t *testing.T) {
 	}
 	restarted = true
 	waitUntil(t, "the exec's FIFOs released once containerd is back", 20*time.Second, func() bool {
-		return slices.Equal(fifos(), before)
+		return slices.Equal(fifoDirs(), before)
 	})
 }

@@ -6,14 +6,19 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fifoio"
 	"github.com/branchbox/branchbox/internal/ociimage"
 )
 
@@ -72,27 +77,16 @@ func TestMCPServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cert, key, _ := selfSigned(t, t.TempDir())
-	srv := exec.Command(ctl, "mcp", "--address", env.Address, "--namespace", env.Namespace, "--sandbox", "mcp-http",
-		"--http", "127.0.0.1:0", "--token-file", tokens, "--tls-cert", cert, "--tls-key", key, "--keepalive", "1s")
-	var stderr bytes.Buffer
-	srv.Stderr = &stderr
-	stdout, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startMCPHTTP(t, ctl, "--address", env.Address, "--namespace", env.Namespace, "--sandbox", "mcp-http",
+		"--token-file", tokens, "--tls-cert", cert, "--tls-key", key, "--keepalive", "1s")
 	defer func() {
-		_ = srv.Process.Signal(os.Interrupt)
-		if err := srv.Wait(); err != nil {
-			t.Errorf("branchctl mcp --http: %v\n%s", err, stderr.String())
+		if err := srv.stop(os.Interrupt); err != nil {
+			t.Errorf("branchctl mcp --http: %v\n%s", err, srv.stderr.String())
 		}
 	}()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
-	if err != nil || !ok || !strings.HasPrefix(url, "https://") {
-		t.Fatalf("branchctl mcp --http said %q (%v): %s", line, err, stderr.String())
+	url := srv.url
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("branchctl mcp --http with TLS serves %s", url)
 	}
 	// Without the token, the endpoint refuses.
 	// node trusts the test's CA through NODE_EXTRA_CA_CERTS.
@@ -116,4 +110,108 @@ func nodeIn(dir string, cmd *exec.Cmd, env ...string) *exec.Cmd {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	return cmd
+}
+
+// TestMCPServerStopKills: a server stopped (SIGTERM) while a call runs a
+// command kills the command, answers the call with the reason, releases
+// the exec and exits. It exited after 5 s with the command left running
+// in the branch and its FIFOs behind.
+func TestMCPServerStopKills(t *testing.T) {
+	requireNodeModules(t)
+	ctx, env := startEnv(t)
+	importImage(t, ctx, env, "branch")
+	ctrSandbox(t, ctx, env, "mcp-stop")
+	before := fifoDirs()
+	srv := startMCPHTTP(t, filepath.Join(env.BinDir, "branchctl"), "--address", env.Address, "--namespace", env.Namespace, "--sandbox", "mcp-stop")
+	defer func() { _ = srv.stop(syscall.SIGKILL) }()
+	url := srv.url
+	var out bytes.Buffer
+	call := nodeIn("node", exec.CommandContext(ctx, "node", "mcp-stop.mjs"), "MCP_URL="+url)
+	call.Stdout, call.Stderr = &out, &out
+	if err := call.Start(); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() { answered <- call.Wait() }()
+	running := func() bool {
+		for _, p := range containerHostProcs(env.Namespace, "mcp-stop", 0) {
+			if strings.Contains(p.cmd, "sleep 779") {
+				return true
+			}
+		}
+		return false
+	}
+	waitUntil(t, "the call's command", 30*time.Second, running)
+	if err := srv.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("branchctl mcp after SIGTERM: %v\n%s", err, srv.stderr.String())
+	}
+	if err := <-answered; err != nil || !strings.Contains(out.String(), "the server stopped") {
+		t.Fatalf("the call's answer (%v):\n%s", err, out.String())
+	}
+	if running() {
+		t.Fatal("the call's command runs on after its server stopped")
+	}
+	if after := fifoDirs(); !slices.Equal(after, before) {
+		t.Fatalf("exec FIFOs before %v, after %v", before, after)
+	}
+}
+
+// mcpServer is `branchctl mcp --http 127.0.0.1:0`, started.
+type mcpServer struct {
+	url    string
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	exited chan error // its Wait's answer
+	once   sync.Once
+	err    error
+}
+
+// startMCPHTTP starts ctl's MCP server over streamable HTTP with args and
+// reads the URL it serves.
+func startMCPHTTP(t *testing.T, ctl string, args ...string) *mcpServer {
+	t.Helper()
+	m := &mcpServer{cmd: exec.Command(ctl, append([]string{"mcp", "--http", "127.0.0.1:0"}, args...)...), exited: make(chan error, 1)}
+	m.cmd.Stderr = &m.stderr
+	stdout, err := m.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	go func() { m.exited <- m.cmd.Wait() }()
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if err != nil || !ok {
+		_ = m.stop(syscall.SIGKILL)
+		t.Fatalf("branchctl mcp --http said %q (%v): %s", line, err, m.stderr.String())
+	}
+	m.url = url
+	return m
+}
+
+// stop signals the server and waits for it to exit, 20 s at most (then
+// it is killed); it says how it exited. Once: later calls say the same.
+func (m *mcpServer) stop(sig os.Signal) error {
+	m.once.Do(func() {
+		_ = m.cmd.Process.Signal(sig)
+		select {
+		case m.err = <-m.exited:
+		case <-time.After(20 * time.Second):
+			_ = m.cmd.Process.Kill()
+			<-m.exited
+			m.err = fmt.Errorf("still running 20 s after %v", sig)
+		}
+	})
+	return m.err
+}
+
+// fifoDirs lists the FIFO directories of execs (internal/fifoio).
+func fifoDirs() []string {
+	entries, _ := os.ReadDir(fifoio.Dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }

@@ -148,6 +148,11 @@ func (s *Server) exec(ctx context.Context, in ExecIn, report progress) (ExecOut,
 	default:
 		return ExecOut{}, fmt.Errorf("%d commands are already running, this server's limit: %w", cap(s.execs), errdefs.ErrResourceExhausted)
 	}
+	if s.stopping.Err() != nil {
+		return ExecOut{}, fmt.Errorf("the server is stopping: %w", errdefs.ErrUnavailable)
+	}
+	s.running.Add(1)
+	defer s.running.Done()
 	sc, err := s.dial(ctx, in.Sandbox)
 	if err != nil {
 		return ExecOut{}, err
@@ -165,12 +170,16 @@ func (s *Server) exec(ctx context.Context, in ExecIn, report progress) (ExecOut,
 	// The timeout is the command's run, from its start.
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	defer context.AfterFunc(s.stopping, cancel)()
 	st, err := s.waitReporting(tctx, p, report, func() int { return stdout.Len() + stderr.Len() })
 	if err != nil && ops.Ended(tctx) {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer kcancel()
 		_ = p.KillAll(kctx, uint32(unix.SIGKILL))
 		_, _ = p.Wait(kctx)
+		if s.stopping.Err() != nil {
+			return ExecOut{}, fmt.Errorf("%v was killed: the server stopped; its output so far: stdout %q, stderr %q: %w", args, stdout.String(), stderr.String(), errdefs.ErrUnavailable)
+		}
 		return ExecOut{}, fmt.Errorf("%v ran longer than %s and was killed; its output so far: stdout %q, stderr %q: %w", args, timeout, stdout.String(), stderr.String(), context.DeadlineExceeded)
 	}
 	if err != nil {

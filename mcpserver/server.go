@@ -5,6 +5,7 @@ package mcpserver
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -46,7 +47,18 @@ type Server struct {
 	cc    *containerd.Client
 	execs chan struct{}
 	mcp   *mcp.Server
+
+	// stopping ends when the server stops (Stop): the commands still
+	// running are killed, as a client gone would have them, and running
+	// counts them until they are released.
+	stopping context.Context
+	stop     context.CancelFunc
+	running  sync.WaitGroup
 }
+
+// stopGrace bounds Close's wait for the commands it killed to be
+// released.
+const stopGrace = 15 * time.Second
 
 // New connects to containerd and makes the server with its tools.
 func New(ctx context.Context, cfg Config) (*Server, error) {
@@ -79,6 +91,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", cfg.Address, err)
 	}
 	s := &Server{cfg: cfg, cc: cc, execs: make(chan struct{}, cfg.MaxExecs)}
+	s.stopping, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 	scope := fmt.Sprintf("containerd namespace %q", cfg.Namespace)
 	if cfg.Sandbox != "" {
 		scope = fmt.Sprintf("sandbox %q in %s", cfg.Sandbox, scope)
@@ -96,8 +109,26 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 // MCP is the server to run on a transport.
 func (s *Server) MCP() *mcp.Server { return s.mcp }
 
-// Close closes the connection to containerd.
-func (s *Server) Close() error { return s.cc.Close() }
+// Stop kills the commands that tool calls still run (a server that goes
+// away ends them, as a client that goes away does): their calls return
+// once each is killed and released.
+func (s *Server) Stop() { s.stop() }
+
+// Close stops the server, waits a while for its commands' release, and
+// closes the connection to containerd.
+func (s *Server) Close() error {
+	s.Stop()
+	released := make(chan struct{})
+	go func() {
+		s.running.Wait()
+		close(released)
+	}()
+	select {
+	case <-released:
+	case <-time.After(stopGrace):
+	}
+	return s.cc.Close()
+}
 
 // dial connects to the sandbox a tool call names, within the scope.
 func (s *Server) dial(ctx context.Context, name string) (*client.SandboxClient, error) {

@@ -68,11 +68,16 @@ func cmdMCP(c *cli.Context, e branchctl.Env) error {
 	}
 	mux := http.NewServeMux()
 	h := mcpserver.KeepAlive(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv.MCP() }, nil), c.Duration("keepalive"))
-	mux.Handle("/mcp", authorized(tokens, e.Namespace, h))
+	mux.Handle("/mcp", authorized(tokens, e.Namespace, endStreams(ctx, h)))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	shutDown := make(chan struct{})
 	go func() {
+		defer close(shutDown)
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// The calls still running end first: their commands killed,
+		// each call answers, and its stream ends.
+		srv.Stop()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}()
@@ -80,7 +85,25 @@ func cmdMCP(c *cli.Context, e branchctl.Env) error {
 	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	// Serve returns as the shutdown starts; the calls' answers are
+	// written until it ends.
+	<-shutDown
 	return nil
+}
+
+// endStreams ends a session's stream (a GET, which lasts as long as its
+// client) when ctx ends, so that the shutdown waits only for the calls'
+// answers, not for clients to leave.
+func endStreams(ctx context.Context, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			rctx, cancel := context.WithCancel(r.Context())
+			defer cancel()
+			defer context.AfterFunc(ctx, cancel)()
+			r = r.WithContext(rctx)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // authorized requires a bearer token that reaches namespace, when there is
