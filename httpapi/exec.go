@@ -295,6 +295,13 @@ func (s *Server) exec(w http.ResponseWriter, r request) error {
 		defer cancel()
 		_ = p.KillAll(kctx, uint32(unix.SIGKILL))
 		st, err = p.Wait(kctx)
+		if s.stopping.Load() {
+			e := Error{Kind: "unavailable", Message: fmt.Sprintf("exec %v: killed: the server stopped", req.Args)}
+			if err != nil {
+				return end(ExecEvent{Error: &e})
+			}
+			return end(ExecEvent{Exit: &st}, ExecEvent{Error: &e})
+		}
 		if err == nil && r.Context().Err() == nil {
 			e := Error{Kind: "deadline-exceeded", Message: fmt.Sprintf("exec %v: killed after its timeout of %gs", req.Args, req.Timeout)}
 			return end(ExecEvent{Exit: &st}, ExecEvent{Error: &e})

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -73,7 +74,15 @@ type Server struct {
 	mux    *http.ServeMux
 	// sandboxes keeps connections to shims between requests.
 	sandboxes *sandboxCache
+	// stopping is set once a serve's context ended: the requests'
+	// contexts end with it, and an exec killed then says why.
+	stopping atomic.Bool
 }
+
+// shutdownGrace bounds how long a server that stops waits for its
+// requests: an exec's kill and the collection of its status take up to
+// 10 s.
+const shutdownGrace = 15 * time.Second
 
 // New connects to containerd and makes the server's routes.
 func New(ctx context.Context, cfg Config) (*Server, error) {
@@ -161,12 +170,16 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, tcp bool) error {
 			return context.WithValue(ctx, connKey{}, ci)
 		},
 	}
-	done := make(chan struct{})
+	done, shutDown := make(chan struct{}), make(chan struct{})
 	defer close(done)
 	go func() {
+		defer close(shutDown)
 		select {
 		case <-ctx.Done():
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			// The requests' contexts end with ctx: an exec kills its
+			// process and answers, an event stream ends.
+			s.stopping.Store(true)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 			defer cancel()
 			_ = hs.Shutdown(sctx)
 		case <-done:
@@ -174,6 +187,9 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, tcp bool) error {
 	}()
 	err := hs.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
+		// Serve returns as the shutdown starts: the requests finish
+		// (and the caller closes the connections they use) after.
+		<-shutDown
 		return nil
 	}
 	return err

@@ -211,3 +211,52 @@ func TestHTTPAPIExecAbandonedContainerdAway(t *testing.T) {
 		return slices.Equal(fifoDirs(), before)
 	})
 }
+
+// TestHTTPAPIStopKills: a server stopped (SIGTERM) while execs run, of
+// the sandbox's task and of a branch, kills them, answers each with the
+// reason and exits, releasing the execs. It closed its connections under
+// them: a branch's exec answered "ttrpc: closed", the sandbox's was cut,
+// and both commands ran on with their FIFOs behind.
+func TestHTTPAPIStopKills(t *testing.T) {
+	ctx, env, _, api, sb := apiSandbox(t)
+	api.must(ctx, 200, "POST", sb+"/fork", map[string]any{"count": 1})
+	before := fifoDirs()
+	second := startServe(t, env, false)
+	api2 := newUnixAPI(t, second)
+	answers := make(chan apiResult, 2)
+	for _, br := range []string{"0", "1"} {
+		go func() {
+			var r apiResult
+			defer func() { answers <- r }()
+			r = api2.do(ctx, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"sh", "-c", "echo started; exec sleep 4322"}}, false)
+		}()
+	}
+	running := func() int {
+		n := 0
+		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
+			if strings.Contains(p.cmd, "sleep 4322") {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntil(t, "both execs", 20*time.Second, func() bool { return running() == 2 })
+	pid := second.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the server's exit", 20*time.Second, func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })
+	for range 2 {
+		r := <-answers
+		_, _, exit, kind := execOut(r.Lines)
+		if r.Status != 200 || kind != "unavailable" || exit == nil || exit["exitCode"] != float64(137) || !strings.Contains(string(r.Body), "the server stopped") {
+			t.Fatalf("an exec when its server stopped: %d %s", r.Status, r.Body)
+		}
+	}
+	if n := running(); n != 0 {
+		t.Fatalf("%d commands run on after their server stopped", n)
+	}
+	if after := fifoDirs(); !slices.Equal(after, before) {
+		t.Fatalf("exec FIFOs before %v, after %v", before, after)
+	}
+}
