@@ -5,6 +5,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,14 +84,14 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	// The FIFOs as the client makes a branch's (internal/fifoio), not
 	// through containerd's cio, whose release of a FIFO never opened can
 	// close another exec's.
-	var sio *fifoio.IO
+	var sio fifoCIO
 	creator := func(id string) (cio.IO, error) {
 		s, err := fifoio.New(fifoio.Dir, id, false, opts.Stdin, opts.Stdout, opts.Stderr)
 		if err != nil {
 			return nil, err
 		}
-		sio = s
-		return fifoCIO{s}, nil
+		sio = fifoCIO{IO: s, held: &atomic.Bool{}}
+		return sio, nil
 	}
 	p, err := task.Exec(ctx, id, &ps, creator)
 	if err != nil {
@@ -102,9 +103,21 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 		_, _ = p.Delete(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	if err := p.Start(ctx); err != nil {
-		_, _ = p.Delete(context.WithoutCancel(ctx))
-		return nil, err
+	// containerd closes the IO of a start that failed: held until it is
+	// known whether the process started all the same (startedAnyway).
+	sio.held.Store(true)
+	err = p.Start(ctx)
+	sio.held.Store(false)
+	if err != nil {
+		started, lerr := startedAnyway(ctx, task, id, err, sio)
+		if lerr != nil {
+			sio.Cancel()
+			sio.Wait()
+			sio.Close()
+			_, _ = p.Delete(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		p = started
 	}
 	// The task's stdin FIFO stays open until CloseIO: EOF is sent once
 	// the input is written.
@@ -112,6 +125,43 @@ func execRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 	rp.p, rp.exited, rp.released = p, make(chan struct{}), make(chan struct{})
 	go rp.own(namespaces.WithNamespace(context.WithoutCancel(ctx), rp.ns), exit)
 	return rp, nil
+}
+
+// startPatience bounds how long an exec whose start lost its answer waits
+// for containerd to say whether it started.
+const startPatience = 30 * time.Second
+
+// startedAnyway is the exec id of task as containerd has it once it
+// answers again, if a start that failed because containerd went away (a
+// restart) had started it: the shim ran it, and only the answer was lost.
+// Otherwise it returns startErr.
+func startedAnyway(ctx context.Context, task containerd.Task, id string, startErr error, pio cio.IO) (containerd.Process, error) {
+	if !unavailable(startErr) {
+		return nil, startErr
+	}
+	giveUp := time.Now().Add(startPatience)
+	for pause := 100 * time.Millisecond; time.Now().Before(giveUp); pause = min(2*pause, time.Second) {
+		select {
+		case <-ctx.Done():
+			return nil, startErr
+		case <-time.After(pause):
+		}
+		// Loaded again for its pid, which only the start's answer gave.
+		p, err := task.LoadProcess(ctx, id, func(*cio.FIFOSet) (cio.IO, error) { return pio, nil })
+		var st containerd.Status
+		if err == nil {
+			st, err = p.Status(ctx)
+		}
+		switch {
+		case err == nil && st.Status != containerd.Created:
+			return p, nil
+		case err == nil:
+			return nil, startErr // not started
+		case !unavailable(err):
+			return nil, startErr
+		}
+	}
+	return nil, startErr
 }
 
 // own waits for the exit, asking containerd again while it is away (a
@@ -124,7 +174,7 @@ func (rp *rootProcess) own(ctx context.Context, exit <-chan containerd.ExitStatu
 	giveUp := time.Now().Add(ownPatience)
 	for {
 		s, ok := <-exit
-		if err := s.Error(); ok && err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) && time.Now().Before(giveUp) {
+		if err := s.Error(); ok && err != nil && unavailable(err) && time.Now().Before(giveUp) {
 			exit = rp.rewait(ctx, giveUp)
 			continue
 		}
@@ -161,7 +211,7 @@ func (rp *rootProcess) rewait(ctx context.Context, giveUp time.Time) <-chan cont
 		if err == nil {
 			return exit
 		}
-		if !errdefs.IsUnavailable(errgrpc.ToNative(err)) || !time.Now().Before(giveUp) {
+		if !unavailable(err) || !time.Now().Before(giveUp) {
 			ch := make(chan containerd.ExitStatus, 1)
 			ch <- *containerd.NewExitStatus(containerd.UnknownExitStatus, time.Time{}, err)
 			return ch
@@ -192,7 +242,7 @@ func (rp *rootProcess) release(ctx context.Context, giveUp time.Time) {
 	var err error
 	for i, pause := 0, 100*time.Millisecond; i < 100; i++ {
 		_, err = rp.p.Delete(ctx)
-		if err != nil && errdefs.IsUnavailable(errgrpc.ToNative(err)) && time.Now().Before(giveUp) {
+		if err != nil && unavailable(err) && time.Now().Before(giveUp) {
 			// containerd away: deleted once it is back.
 			time.Sleep(pause)
 			pause, i = min(2*pause, time.Second), 0
@@ -245,16 +295,41 @@ func (rp *rootProcess) KillAll(ctx context.Context, sig uint32) error {
 // killPatience bounds containerd's kill of an exec in KillAll.
 const killPatience = 2 * time.Second
 
-// fifoCIO is containerd's cio.IO over fifoio's FIFOs.
-type fifoCIO struct{ *fifoio.IO }
+// fifoCIO is containerd's cio.IO over fifoio's FIFOs. While held,
+// containerd's own cancel, wait and close of it are not done.
+type fifoCIO struct {
+	*fifoio.IO
+	held *atomic.Bool
+}
 
 func (f fifoCIO) Config() cio.Config {
 	return cio.Config{Stdin: f.StdinPath, Stdout: f.Stdout, Stderr: f.Stderr}
 }
 
+func (f fifoCIO) Cancel() {
+	if !f.held.Load() {
+		f.IO.Cancel()
+	}
+}
+
+func (f fifoCIO) Wait() {
+	if !f.held.Load() {
+		f.IO.Wait()
+	}
+}
+
 func (f fifoCIO) Close() error {
-	f.IO.Close()
+	if !f.held.Load() {
+		f.IO.Close()
+	}
 	return nil
+}
+
+// unavailable is whether err says containerd is away, as its client
+// returns it (native) or as gRPC does: errgrpc.ToNative of a native error
+// makes it unknown.
+func unavailable(err error) bool {
+	return errdefs.IsUnavailable(err) || errdefs.IsUnavailable(errgrpc.ToNative(err))
 }
 
 // Ended says whether ctx is done or past its deadline: a timed wait can
