@@ -279,17 +279,14 @@ func (rp *rootProcess) KillAll(ctx context.Context, sig uint32) error {
 	cancel()
 	serr := rp.sc.KillSession(ctx, branch.RootID, rp.p.ID(), int(rp.p.Pid()), sig)
 	switch {
-	case err != nil && !errdefs.IsNotFound(err):
-		if serr == nil {
-			return nil // the session, the exec with it
-		}
-		return err
-	case err != nil && serr != nil:
+	case serr == nil:
+		return nil // the session signalled, the exec with it
+	case err != nil:
 		return err // neither the exec nor any of its session was there
-	case serr != nil && !errdefs.IsNotFound(serr):
-		return serr
+	case errdefs.IsNotFound(serr):
+		return nil // the exec signalled, alone in its session
 	}
-	return nil
+	return serr
 }
 
 // killPatience bounds containerd's kill of an exec in KillAll.

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
@@ -28,13 +27,10 @@ import (
 // RESOLVE_IN_ROOT, so that no symlink a branch made leads out of it.
 const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 
-func initPid(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (int, error) {
+// initPid is the pid of branch id's init; c is the sandbox's container,
+// whose task's init is branch 0's, ctx in its namespace.
+func initPid(ctx context.Context, c containerd.Container, sc *client.SandboxClient, id string) (int, error) {
 	if id == branch.RootID || id == "" {
-		ctx = namespaces.WithNamespace(ctx, sc.Namespace)
-		c, err := cc.LoadContainer(ctx, sc.ID)
-		if err != nil {
-			return 0, err
-		}
 		t, err := c.Task(ctx, nil)
 		if err != nil {
 			return 0, fmt.Errorf("sandbox %s has no task: %w", sc.ID, err)
@@ -121,14 +117,16 @@ func (e *PathError) Unwrap() error { return e.err }
 
 // OpenFile opens a regular file of a branch for reading.
 func OpenFile(root *Root, p string) (*File, error) {
-	f, err := openRegular(root, p, unix.O_RDONLY, "; list a directory instead")
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			err = fileErr(p, pe.Err)
-		}
+	return openRegular(root, p, unix.O_RDONLY, "; list a directory instead")
+}
+
+// osFileErr is fileErr of the errno an *os.PathError carries, or err.
+func osFileErr(p string, err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fileErr(p, pe.Err)
 	}
-	return f, err
+	return err
 }
 
 // openRegular opens the regular file at p with flags (O_RDONLY or
@@ -145,7 +143,7 @@ func openRegular(root *Root, p string, flags int, notRegular string) (*File, err
 	defer pf.Close()
 	fi, err := pf.Stat()
 	if err != nil {
-		return nil, err
+		return nil, osFileErr(p, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s is not a regular file (%s)%s: %w", p, fi.Mode().Type(), notRegular, errdefs.ErrInvalidArgument)
@@ -173,7 +171,7 @@ func openRegular(root *Root, p string, flags int, notRegular string) (*File, err
 	case errors.As(err, &errno) && pseudo:
 		return nil, pseudoErr(p, errno, "takes no such open")
 	case err != nil:
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+		return nil, fileErr(p, err)
 	}
 	return &File{File: os.NewFile(uintptr(fd), p), Info: fi, Pseudo: pseudo, path: p}, nil
 }
@@ -185,33 +183,26 @@ func WriteFile(root *Root, p string, r io.Reader, mode uint32) (int64, error) {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		f, err = createIn(root, p, mode)
 	}
-	if err == nil && !f.Pseudo {
+	if err != nil {
+		return 0, err
+	}
+	if !f.Pseudo {
 		// Emptied only now, a regular file (not a fifo or a device a
 		// branch made); a pseudo file takes the write as it is.
-		if err = f.Truncate(0); err != nil {
+		if err := f.Truncate(0); err != nil {
 			f.Close()
+			return 0, osFileErr(p, err)
 		}
-	}
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			err = fileErr(p, pe.Err)
-		}
-		return 0, err
 	}
 	n, err := io.Copy(f, r)
 	if cerr := f.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	var pe *os.PathError
 	var errno unix.Errno
-	switch {
-	case errors.As(err, &errno) && f.Pseudo:
-		err = pseudoErr(p, errno, "refuses this content")
-	case errors.As(err, &pe):
-		err = fileErr(p, pe.Err)
+	if errors.As(err, &errno) && f.Pseudo {
+		return n, pseudoErr(p, errno, "refuses this content")
 	}
-	return n, err
+	return n, osFileErr(p, err)
 }
 
 // createIn makes the file at p, which was not there, with mode; or opens
@@ -224,7 +215,9 @@ func createIn(root *Root, p string, mode uint32) (*File, error) {
 		return nil, err
 	}
 	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
+	if err != nil {
+		err = osFileErr(p, err)
+	} else if !fi.Mode().IsRegular() {
 		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
 	}
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/internal/lockedthread"
 )
 
 // A branch's files include those of /proc, /sys and the kernel's other
@@ -47,34 +49,43 @@ func pseudoFS(fd int) bool {
 	return false
 }
 
-// withCaps runs open on this goroutine's thread with its effective
-// capabilities lowered to caps, and raises them again after. Capabilities
-// are a thread's: no other goroutine runs on the thread meanwhile, and a
-// thread whose capabilities could not be raised again stays locked, so
-// that it ends with the goroutine rather than serve another.
-func withCaps(caps uint64, open func() (int, error)) (int, error) {
-	runtime.LockOSThread()
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var saved [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &saved[0]); err != nil {
-		runtime.UnlockOSThread()
-		return -1, fmt.Errorf("read the server's capabilities: %w", err)
-	}
-	lowered := saved
-	lowered[0].Effective &= uint32(caps)
-	lowered[1].Effective &= uint32(caps >> 32)
-	if err := unix.Capset(&hdr, &lowered[0]); err != nil {
-		runtime.UnlockOSThread()
-		return -1, fmt.Errorf("lower the server's capabilities to the sandbox's: %w", err)
-	}
-	fd, err := open()
-	if rerr := unix.Capset(&hdr, &saved[0]); rerr != nil {
-		if fd >= 0 {
-			unix.Close(fd)
+// withCaps runs open on a thread of its own (lockedthread) with its
+// effective capabilities lowered to caps, and raises them again after.
+// Capabilities are a thread's: no other goroutine runs on the thread
+// meanwhile, and a thread whose capabilities could not be raised again
+// stays locked, so that it ends with its goroutine rather than serve
+// another.
+func withCaps(caps uint64, open func() (int, error)) (fd int, err error) {
+	done := make(chan struct{})
+	lockedthread.Go(func() {
+		defer close(done)
+		fd, err = -1, nil
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var saved [2]unix.CapUserData
+		if cerr := unix.Capget(&hdr, &saved[0]); cerr != nil {
+			err = fmt.Errorf("read the server's capabilities: %w", cerr)
+			runtime.UnlockOSThread()
+			return
 		}
-		return -1, fmt.Errorf("raise the server's capabilities again: %w", rerr)
-	}
-	runtime.UnlockOSThread()
+		lowered := saved
+		lowered[0].Effective &= uint32(caps)
+		lowered[1].Effective &= uint32(caps >> 32)
+		if cerr := unix.Capset(&hdr, &lowered[0]); cerr != nil {
+			err = fmt.Errorf("lower the server's capabilities to the sandbox's: %w", cerr)
+			runtime.UnlockOSThread()
+			return
+		}
+		fd, err = open()
+		if rerr := unix.Capset(&hdr, &saved[0]); rerr != nil {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			fd, err = -1, fmt.Errorf("raise the server's capabilities again: %w", rerr)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+	<-done
 	return fd, err
 }
 

@@ -34,11 +34,16 @@ type Root struct {
 // taken first, and checked after, makes sure the root opened is that
 // process's and not one of a process that reused its pid.
 func OpenRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, id string) (*Root, error) {
-	pid, err := initPid(ctx, cc, sc, id)
+	ctx = namespaces.WithNamespace(ctx, sc.Namespace)
+	c, err := cc.LoadContainer(ctx, sc.ID)
 	if err != nil {
 		return nil, err
 	}
-	caps := sandboxCaps(ctx, cc, sc)
+	pid, err := initPid(ctx, c, sc, id)
+	if err != nil {
+		return nil, err
+	}
+	caps := sandboxCaps(ctx, c)
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: its init %d is gone: %w", id, pid, errdefs.ErrFailedPrecondition)
@@ -62,12 +67,9 @@ func (r *Root) Close() error { return r.dir.Close() }
 // server's user namespace counts it: the bounding set of the sandbox's
 // spec, which its branches run with too (their inits' own is wider), or
 // none if the sandbox has a user namespace of its own. Unreadable: none.
-func sandboxCaps(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient) uint64 {
-	c, err := cc.LoadContainer(namespaces.WithNamespace(ctx, sc.Namespace), sc.ID)
-	if err != nil {
-		return 0
-	}
-	spec, err := c.Spec(namespaces.WithNamespace(ctx, sc.Namespace))
+// ctx is in the container's namespace.
+func sandboxCaps(ctx context.Context, c containerd.Container) uint64 {
+	spec, err := c.Spec(ctx)
 	if err != nil || spec.Process == nil || spec.Process.Capabilities == nil {
 		return 0
 	}
