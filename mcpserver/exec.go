@@ -148,11 +148,11 @@ func (s *Server) exec(ctx context.Context, in ExecIn, report progress) (ExecOut,
 	default:
 		return ExecOut{}, fmt.Errorf("%d commands are already running, this server's limit: %w", cap(s.execs), errdefs.ErrResourceExhausted)
 	}
-	if s.stopping.Err() != nil {
-		return ExecOut{}, fmt.Errorf("the server is stopping: %w", errdefs.ErrUnavailable)
+	done, err := s.startCommand()
+	if err != nil {
+		return ExecOut{}, err
 	}
-	s.running.Add(1)
-	defer s.running.Done()
+	defer done()
 	sc, err := s.dial(ctx, in.Sandbox)
 	if err != nil {
 		return ExecOut{}, err

@@ -36,10 +36,9 @@ func KeepAlive(h http.Handler, every time.Duration) http.Handler {
 		kw := &keepAliveWriter{w: w, header: http.Header{}, last: time.Now()}
 		stop, stopped := make(chan struct{}), make(chan struct{})
 		go kw.run(every, stop, stopped)
+		// No comment once this returns: the writer is net/http's
+		// again (until then it is still the response's).
 		defer func() {
-			kw.mu.Lock()
-			kw.done = true // nothing is written once the handler returned
-			kw.mu.Unlock()
 			close(stop)
 			<-stopped
 		}()
@@ -59,7 +58,6 @@ type keepAliveWriter struct {
 	mu      sync.Mutex
 	last    time.Time // the last write, or the request's start
 	started bool      // the status and headers are out
-	done    bool      // the handler returned
 }
 
 func (k *keepAliveWriter) run(every time.Duration, stop <-chan struct{}, stopped chan<- struct{}) {
@@ -84,9 +82,6 @@ func (k *keepAliveWriter) comment(every time.Duration) time.Duration {
 	defer k.mu.Unlock()
 	if idle := time.Since(k.last); idle < every {
 		return every - idle
-	}
-	if k.done {
-		return every
 	}
 	if !k.started {
 		h := k.w.Header()

@@ -54,6 +54,9 @@ type Server struct {
 	stopping context.Context
 	stop     context.CancelFunc
 	running  sync.WaitGroup
+	// stopMu orders a command's count (startCommand) with Stop: none is
+	// added once Close may be waiting.
+	stopMu sync.Mutex
 }
 
 // stopGrace bounds Close's wait for the commands it killed to be
@@ -112,7 +115,23 @@ func (s *Server) MCP() *mcp.Server { return s.mcp }
 // Stop kills the commands that tool calls still run (a server that goes
 // away ends them, as a client that goes away does): their calls return
 // once each is killed and released.
-func (s *Server) Stop() { s.stop() }
+func (s *Server) Stop() {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	s.stop()
+}
+
+// startCommand counts a command as running until done is called, or says
+// the server stopped.
+func (s *Server) startCommand() (done func(), err error) {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	if s.stopping.Err() != nil {
+		return nil, fmt.Errorf("the server is stopping: %w", errdefs.ErrUnavailable)
+	}
+	s.running.Add(1)
+	return s.running.Done, nil
+}
 
 // Close stops the server, waits a while for its commands' release, and
 // closes the connection to containerd.
