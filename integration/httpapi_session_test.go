@@ -121,15 +121,7 @@ func TestHTTPAPIExecContainerdRestart(t *testing.T) {
 		}()
 	}
 	// Both run, then containerd goes and comes back, then they end.
-	waitUntil(t, "both execs", 20*time.Second, func() bool {
-		n := 0
-		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
-			if strings.Contains(p.cmd, "go-on") {
-				n++
-			}
-		}
-		return n == 2
-	})
+	waitUntil(t, "both execs", 20*time.Second, func() bool { return hostProcsWith(env.Namespace, "sb", "go-on") == 2 })
 	if err := env.StopContainerd(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -182,14 +174,7 @@ func TestHTTPAPIExecAbandonedContainerdAway(t *testing.T) {
 	if line := <-started; !strings.Contains(line, "started") {
 		t.Fatalf("the exec's first line: %q", line)
 	}
-	running := func() bool {
-		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
-			if strings.Contains(p.cmd, "sleep 4321") {
-				return true
-			}
-		}
-		return false
-	}
+	running := func() bool { return hostProcsWith(env.Namespace, "sb", "sleep 4321") > 0 }
 	waitUntil(t, "the exec", 20*time.Second, running)
 	if err := env.StopContainerd(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -231,15 +216,7 @@ func TestHTTPAPIStopKills(t *testing.T) {
 			r = api2.do(ctx, "POST", sb+"/branches/"+br+"/exec", map[string]any{"args": []string{"sh", "-c", "echo started; exec sleep 4322"}}, false)
 		}()
 	}
-	running := func() int {
-		n := 0
-		for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
-			if strings.Contains(p.cmd, "sleep 4322") {
-				n++
-			}
-		}
-		return n
-	}
+	running := func() int { return hostProcsWith(env.Namespace, "sb", "sleep 4322") }
 	waitUntil(t, "both execs", 20*time.Second, func() bool { return running() == 2 })
 	pid := second.cmd.Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {

@@ -133,14 +133,7 @@ func TestMCPServerStopKills(t *testing.T) {
 	}
 	answered := make(chan error, 1)
 	go func() { answered <- call.Wait() }()
-	running := func() bool {
-		for _, p := range containerHostProcs(env.Namespace, "mcp-stop", 0) {
-			if strings.Contains(p.cmd, "sleep 779") {
-				return true
-			}
-		}
-		return false
-	}
+	running := func() bool { return hostProcsWith(env.Namespace, "mcp-stop", "sleep 779") > 0 }
 	waitUntil(t, "the call's command", 30*time.Second, running)
 	if err := srv.stop(syscall.SIGTERM); err != nil {
 		t.Fatalf("branchctl mcp after SIGTERM: %v\n%s", err, srv.stderr.String())

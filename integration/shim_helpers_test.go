@@ -150,6 +150,18 @@ func procStart(pid int) (string, bool) {
 	return f[19], true
 }
 
+// hostProcsWith counts the live processes of container id (in namespace)
+// whose command line contains cmd.
+func hostProcsWith(namespace, id, cmd string) int {
+	n := 0
+	for _, p := range containerHostProcs(namespace, id, 0) {
+		if strings.Contains(p.cmd, cmd) {
+			n++
+		}
+	}
+	return n
+}
+
 // containerHostProcs lists, from /proc, every live process of the host whose
 // cgroup (on any hierarchy) is the container's /<namespace>/<id> or below
 // it, or whose PID namespace is the one of pid (the container's init).
