@@ -33,12 +33,24 @@ type Process interface {
 // Exec starts a process in a branch of the sandbox. The shim runs
 // processes in branches; one in the sandbox itself (branch "0") is an
 // exec of its containerd task, as `ctr task exec` makes one.
+//
+// The start runs to its end (within startBound) even if ctx ends midway:
+// the process may be started all the same by then, and the caller's
+// Wait, with its ctx ended, is what kills it and answers with its exit (a
+// server stopped under a start answered "context canceled" and left the
+// process running).
 func Exec(ctx context.Context, cc *containerd.Client, sc *client.SandboxClient, branchID string, opts client.ExecOptions) (Process, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startBound)
+	defer cancel()
 	if branchID == branch.RootID || branchID == "" {
 		return execRoot(ctx, cc, sc, opts)
 	}
 	return sc.Exec(ctx, branchID, opts)
 }
+
+// startBound bounds an exec's start, containerd's absence included
+// (startPatience).
+const startBound = time.Minute
 
 type rootProcess struct {
 	p containerd.Process

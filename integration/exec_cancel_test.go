@@ -1,0 +1,89 @@
+//go:build linux
+
+package integration
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"golang.org/x/sys/unix"
+
+	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/ops"
+)
+
+// TestExecCanceledMidStart: an exec whose caller's context ends while it
+// starts leaves no process and no FIFO behind, through the Go client (a
+// branch) and through ops.Exec (the HTTP API's and the MCP server's, of
+// the sandbox's task and of a branch). ttrpc carries no cancel: the shim
+// started the process all the same and nobody owned it, and a start of
+// the sandbox's task cut midway left its exec running (CI: a server
+// stopped under an exec that was starting answered 499 and left it).
+// The cancels fall from the call's start to 1.3 times a whole start.
+func TestExecCanceledMidStart(t *testing.T) {
+	ctx, env, sc := sandboxCtxEnv(t)
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+	cc, err := containerd.New(env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	before := fifoDirs()
+	const marker = "sleep 4323"
+	args := []string{"sh", "-c", "exec " + marker}
+	type process interface {
+		Wait(context.Context) (client.ExitStatus, error)
+		KillAll(context.Context, uint32) error
+	}
+	// end is what a caller does with what its exec gave: a process
+	// started before the cancel is killed and waited for.
+	end := func(p process, err error) bool {
+		if err != nil {
+			return false
+		}
+		_ = p.KillAll(ctx, uint32(unix.SIGKILL))
+		if _, err := p.Wait(ctx); err != nil {
+			t.Errorf("wait for an exec killed: %v", err)
+		}
+		return true
+	}
+	starts := map[string]func(context.Context) bool{
+		"client, branch": func(ectx context.Context) bool {
+			return end(sc.Exec(ectx, kid.ID, client.ExecOptions{Args: args}))
+		},
+		"ops, sandbox": func(ectx context.Context) bool {
+			p, err := ops.Exec(ectx, cc, sc, "0", client.ExecOptions{Args: args})
+			return end(p, err)
+		},
+		"ops, branch": func(ectx context.Context) bool {
+			p, err := ops.Exec(ectx, cc, sc, kid.ID, client.ExecOptions{Args: args})
+			return end(p, err)
+		},
+	}
+	for name, start := range starts {
+		t0 := time.Now()
+		if !start(ctx) {
+			t.Fatalf("%s: an exec not canceled failed", name)
+		}
+		whole := time.Since(t0)
+		started := 0
+		for i := range 40 {
+			ectx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(whole*time.Duration(i)/30, cancel)
+			if start(ectx) {
+				started++
+			}
+			cancel()
+		}
+		t.Logf("%s: a start and wait in %v; %d of 40 started before their cancel", name, whole, started)
+	}
+	waitUntil(t, "no exec running after its caller left", 20*time.Second, func() bool {
+		return hostProcsWith(env.Namespace, "sb", marker) == 0
+	})
+	waitUntil(t, "the execs' FIFOs released", 20*time.Second, func() bool {
+		return slices.Equal(fifoDirs(), before)
+	})
+}
