@@ -93,49 +93,27 @@ func (s *SandboxClient) Exec(ctx context.Context, branchID string, opts ExecOpti
 // (Process.start).
 const execStartBound = time.Minute
 
-// execAnswer is the shim's answer to an exec.
-type execAnswer struct {
-	resp *shimv1.ExecResponse
-	err  error
-}
-
-// start asks the shim to start p. ttrpc carries no cancel: a call cut
-// short when ctx ends leaves the shim starting the process all the same,
-// with nobody to wait for it or to read its output. So the call runs to
-// its answer; a caller whose ctx ends first has its error at once, and
+// start asks the shim to start p, detached from ctx: if ctx ends first,
 // the process, if it starts, is killed and released (abandon).
 func (p *Process) start(ctx context.Context, req *shimv1.ExecRequest) (*shimv1.ExecResponse, error) {
-	answered := make(chan execAnswer, 1)
-	go func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), execStartBound)
-		defer cancel()
-		resp, err := p.s.api.Exec(p.s.ctx(sctx), req)
-		answered <- execAnswer{resp, p.s.shimErr(err)}
-	}()
-	select {
-	case a := <-answered:
-		if a.err != nil {
+	what := fmt.Sprintf("exec in %s/%s", p.s.ID, p.branch)
+	return detached(ctx, what, execStartBound, func(ctx context.Context) (*shimv1.ExecResponse, error) {
+		resp, err := p.s.api.Exec(p.s.ctx(ctx), req)
+		if err != nil {
 			p.io.Close()
 		}
-		return a.resp, a.err
-	case <-ctx.Done():
-		go p.abandon(context.WithoutCancel(ctx), answered)
-		return nil, fmt.Errorf("exec in %s/%s: %w", p.s.ID, p.branch, ctx.Err())
-	}
+		return resp, p.s.shimErr(err)
+	}, p.abandon)
 }
 
 // abandon ends an exec whose caller left while it started: once the
 // shim answers, what it started is killed and waited for (the shim then
 // forgets it), and its FIFOs go.
-func (p *Process) abandon(ctx context.Context, answered <-chan execAnswer) {
-	a := <-answered
-	if a.err != nil {
-		p.io.Close()
-		return
+func (p *Process) abandon(ctx context.Context, resp *shimv1.ExecResponse, err error) {
+	if err != nil {
+		return // start closed its FIFOs
 	}
-	p.Pid = int(a.resp.Pid)
-	ctx, cancel := context.WithTimeout(ctx, execStartBound)
-	defer cancel()
+	p.Pid = int(resp.Pid)
 	if err := p.KillAll(ctx, uint32(syscall.SIGKILL)); err != nil {
 		log.G(ctx).WithError(err).Warnf("exec %s in %s/%s, its caller gone: kill", p.ID, p.s.ID, p.branch)
 	}

@@ -290,6 +290,8 @@ func branchesFromProto(list []*shimv1.Branch) []BranchInfo {
 
 // Fork makes opts.Count branches of opts.Parent, each with its own
 // copy-on-write rootfs, cgroup, PID and mount namespace and a running init.
+// If ctx ends before the answer, Fork returns at once with ctx's error and
+// the branches the shim makes all the same are aborted.
 func (s *SandboxClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, error) {
 	res, err := s.ForkResult(ctx, opts)
 	return res.Branches, err
@@ -300,19 +302,40 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 	if err := checkCount(opts.Count); err != nil {
 		return ForkResult{}, err
 	}
-	resp, err := s.api.Fork(s.ctx(ctx), &shimv1.ForkRequest{
+	req := &shimv1.ForkRequest{
 		Sandbox: s.ID, Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
 		FromCheckpoint: opts.From, Memory: opts.WithMemory,
-	})
+	}
+	resp, err := detached(ctx, "fork of "+s.ID, forkBound, func(ctx context.Context) (*shimv1.ForkResponse, error) {
+		resp, err := s.api.Fork(s.ctx(ctx), req)
+		return resp, s.shimErr(err)
+	}, s.abortOrphans)
 	if err != nil {
-		return ForkResult{}, s.shimErr(err)
+		return ForkResult{}, err
 	}
 	res := ForkResult{Branches: branchesFromProto(resp.Branches)}
 	if m := resp.Memory; m != nil {
 		res.Memory = &MemoryForkInfo{Pause: time.Duration(m.PauseNs), Dump: time.Duration(m.DumpNs), Restore: time.Duration(m.RestoreNs), ImageBytes: m.ImageBytes}
 	}
 	return res, nil
+}
+
+// forkBound bounds a fork once its caller has left (detached).
+const forkBound = 5 * time.Minute
+
+// abortOrphans aborts the branches of a fork whose caller left before
+// its answer: nobody knows them, and they would count against the
+// sandbox's live branches until it ends.
+func (s *SandboxClient) abortOrphans(ctx context.Context, resp *shimv1.ForkResponse, err error) {
+	if err != nil {
+		return
+	}
+	for _, b := range resp.Branches {
+		if _, err := s.Abort(ctx, b.Id); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).Warnf("fork of %s, its caller gone: abort branch %s", s.ID, b.Id)
+		}
+	}
 }
 
 // checkCount refuses a fork count that is not positive or does not fit the

@@ -223,7 +223,7 @@ func (s *Server) scoped(h handler) http.HandlerFunc {
 			err = h(w, rq)
 		}
 		if err != nil {
-			writeError(w, err)
+			writeError(w, stoppedErr(err, s.stopping.Load()))
 		}
 		l := log.G(r.Context()).WithFields(log.Fields{"method": r.Method, "path": r.URL.Path, "namespace": ns, "duration": time.Since(start)})
 		if err != nil {
@@ -231,6 +231,17 @@ func (s *Server) scoped(h handler) http.HandlerFunc {
 		}
 		l.Debug("request")
 	}
+}
+
+// stoppedErr is err as the client should read it: a request cut short
+// because the server stopped (its context ends with the server's) is
+// unavailable, not canceled, which says the client left. What it made
+// is undone (the Go client's detached calls).
+func stoppedErr(err error, stopping bool) error {
+	if stopping && errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%v: the server stopped: %w", err, errdefs.ErrUnavailable)
+	}
+	return err
 }
 
 func (s *Server) authorize(r *http.Request, ns string) (request, error) {

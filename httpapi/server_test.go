@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -72,6 +73,22 @@ func TestErrorKinds(t *testing.T) {
 		if st := statusOf(k); st < 400 || (st == 500 && k != "unknown") {
 			t.Errorf("kind %s: status %d", k, st)
 		}
+	}
+}
+
+// TestStoppedErr: a request whose context the server's stop ended is
+// unavailable, not the client's cancel.
+func TestStoppedErr(t *testing.T) {
+	cut := fmt.Errorf("fork of sb: %w", context.Canceled)
+	if k := errorOf(stoppedErr(cut, true)).Kind; k != "unavailable" {
+		t.Errorf("cut by the server's stop: %s", k)
+	}
+	if k := errorOf(stoppedErr(cut, false)).Kind; k != "canceled" {
+		t.Errorf("cut by the client: %s", k)
+	}
+	other := fmt.Errorf("fork: %w", errdefs.ErrNotFound)
+	if k := errorOf(stoppedErr(other, true)).Kind; k != "not-found" {
+		t.Errorf("another error while stopping: %s", k)
 	}
 }
 

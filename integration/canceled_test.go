@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/ops"
 )
@@ -85,5 +87,53 @@ func TestExecCanceledMidStart(t *testing.T) {
 	})
 	waitUntil(t, "the execs' FIFOs released", 20*time.Second, func() bool {
 		return slices.Equal(fifoDirs(), before)
+	})
+}
+
+// TestForkCanceledMidCall: a fork whose caller's context ends before the
+// answer leaves no branch behind, through the Go client (and so the HTTP
+// API's, whose request's context ends when its client leaves): the shim
+// made the branches all the same, which nobody knew and which counted
+// against the sandbox's live branches until it ended. The cancels fall
+// from the call's start to 1.3 times a whole fork.
+func TestForkCanceledMidCall(t *testing.T) {
+	ctx, _, sc := sandboxCtxEnv(t)
+	t0 := time.Now()
+	b := fork(t, ctx, sc, client.ForkOptions{Count: 2})
+	whole := time.Since(t0)
+	for _, br := range b {
+		if _, err := sc.Abort(ctx, br.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forked := 0
+	for i := range 40 {
+		fctx, cancel := context.WithCancel(ctx)
+		time.AfterFunc(whole*time.Duration(i)/30, cancel)
+		got, err := sc.Fork(fctx, client.ForkOptions{Count: 2})
+		cancel()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		for _, br := range got {
+			forked++
+			if _, err := sc.Abort(ctx, br.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("a fork of 2 in %v; %d of 40 answered before their cancel", whole, forked/2)
+	waitUntil(t, "no branch left by a fork whose caller left", 20*time.Second, func() bool {
+		tree, err := sc.Tree(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := 0
+		for _, n := range tree {
+			if n.ID != branch.RootID && n.State == branch.Live {
+				live++
+			}
+		}
+		return live == 0
 	})
 }
