@@ -5,6 +5,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -20,8 +21,9 @@ type answer[T any] struct {
 // makes would be there with nobody knowing. So the call runs on ctx's
 // values alone, within bound; a caller whose ctx ends first has ctx's
 // error at once (after what, which names the call), and orphan is given
-// the answer once it comes, to undo what was made.
-func detached[T any](ctx context.Context, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
+// the answer once it comes, to undo what was made; undoing counts it, for
+// a Close to wait for (a program that exits at once would leave it undone).
+func detached[T any](ctx context.Context, undoing *sync.WaitGroup, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
 	answered := make(chan answer[T], 1)
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
@@ -33,7 +35,9 @@ func detached[T any](ctx context.Context, what string, bound time.Duration, call
 	case a := <-answered:
 		return a.v, a.err
 	case <-ctx.Done():
+		undoing.Add(1)
 		go func() {
+			defer undoing.Done()
 			a := <-answered
 			octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 			defer cancel()

@@ -97,7 +97,7 @@ const execStartBound = time.Minute
 // the process, if it starts, is killed and released (abandon).
 func (p *Process) start(ctx context.Context, req *shimv1.ExecRequest) (*shimv1.ExecResponse, error) {
 	what := fmt.Sprintf("exec in %s/%s", p.s.ID, p.branch)
-	return detached(ctx, what, execStartBound, func(ctx context.Context) (*shimv1.ExecResponse, error) {
+	return detached(ctx, &p.s.undoing, what, execStartBound, func(ctx context.Context) (*shimv1.ExecResponse, error) {
 		resp, err := p.s.api.Exec(p.s.ctx(ctx), req)
 		if err != nil {
 			p.io.Close()

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -38,6 +39,9 @@ type SandboxClient struct {
 	name string
 	conn *ttrpc.Client
 	api  shimv1.BranchesService
+	// undoing counts what calls whose callers left still undo
+	// (detached): Close waits for it.
+	undoing sync.WaitGroup
 }
 
 // NewSandboxClient finds the shim serving the container name names (see
@@ -152,8 +156,12 @@ func notBranchRuntime(id, rt string) error {
 	return fmt.Errorf("container %s runs on runtime %s; branches need %s (run it with --runtime %s --snapshotter branch, or on the CRI runtime handler branch): %w", id, rt, branch.RuntimeName, branch.RuntimeName, errdefs.ErrFailedPrecondition)
 }
 
-// Close closes the connection to the shim.
-func (s *SandboxClient) Close() error { return s.conn.Close() }
+// Close closes the connection to the shim, once what calls whose callers
+// left still undo (a fork's branches, an exec's process) is done.
+func (s *SandboxClient) Close() error {
+	s.undoing.Wait()
+	return s.conn.Close()
+}
 
 // Done returns a channel that is closed when the connection to the shim
 // ends: the shim exited (its sandbox is gone) or Close was called. A
@@ -307,7 +315,7 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
 		FromCheckpoint: opts.From, Memory: opts.WithMemory,
 	}
-	resp, err := detached(ctx, "fork of "+s.ID, forkBound, func(ctx context.Context) (*shimv1.ForkResponse, error) {
+	resp, err := detached(ctx, &s.undoing, "fork of "+s.ID, forkBound, func(ctx context.Context) (*shimv1.ForkResponse, error) {
 		resp, err := s.api.Fork(s.ctx(ctx), req)
 		return resp, s.shimErr(err)
 	}, s.abortOrphans)
