@@ -94,8 +94,9 @@ func TestExecCanceledMidStart(t *testing.T) {
 // answer leaves no branch behind, through the Go client (and so the HTTP
 // API's, whose request's context ends when its client leaves): the shim
 // made the branches all the same, which nobody knew and which counted
-// against the sandbox's live branches until it ended. The cancels fall
-// from the call's start to 3 times a whole fork (the shim finishes a
+// against the sandbox's live branches until it ended; they are now
+// aborted once the shim answers, and the client's Close waits for that.
+// The cancels fall from the call's start to 3 times a whole fork (the shim finishes a
 // fork whose caller left before it takes the next).
 func TestForkCanceledMidCall(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
