@@ -7,6 +7,11 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 )
 
 // answer is a shim call's result.
@@ -45,5 +50,24 @@ func detached[T any](ctx context.Context, undoing *sync.WaitGroup, what string, 
 		}()
 		var zero T
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+}
+
+// abortOrphans returns detached's orphan for a fork (what names it): it
+// aborts the branches made for a caller that left before the answer,
+// which nobody knows and which would count against the sandbox's live
+// branches until it ends. A memory fork of the caller's own branch, whose
+// answer is a call still to be made in each copy (SelfClient.Fork), is
+// left as it is.
+func abortOrphans(what string, abort func(context.Context, string) ([]string, error)) func(context.Context, *shimv1.ForkResponse, error) {
+	return func(ctx context.Context, resp *shimv1.ForkResponse, err error) {
+		if err != nil || resp.Pending != "" {
+			return
+		}
+		for _, b := range resp.Branches {
+			if _, err := abort(ctx, b.Id); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).WithError(err).Warnf("%s, its caller gone: abort branch %s", what, b.Id)
+			}
+		}
 	}
 }

@@ -318,7 +318,7 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 	resp, err := detached(ctx, &s.undoing, "fork of "+s.ID, forkBound, func(ctx context.Context) (*shimv1.ForkResponse, error) {
 		resp, err := s.api.Fork(s.ctx(ctx), req)
 		return resp, s.shimErr(err)
-	}, s.abortOrphans)
+	}, abortOrphans("fork of "+s.ID, s.Abort))
 	if err != nil {
 		return ForkResult{}, err
 	}
@@ -331,20 +331,6 @@ func (s *SandboxClient) ForkResult(ctx context.Context, opts ForkOptions) (ForkR
 
 // forkBound bounds a fork once its caller has left (detached).
 const forkBound = 5 * time.Minute
-
-// abortOrphans aborts the branches of a fork whose caller left before
-// its answer: nobody knows them, and they would count against the
-// sandbox's live branches until it ends.
-func (s *SandboxClient) abortOrphans(ctx context.Context, resp *shimv1.ForkResponse, err error) {
-	if err != nil {
-		return
-	}
-	for _, b := range resp.Branches {
-		if _, err := s.Abort(ctx, b.Id); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).Warnf("fork of %s, its caller gone: abort branch %s", s.ID, b.Id)
-		}
-	}
-}
 
 // checkCount refuses a fork count that is not positive or does not fit the
 // wire's 32 bits (it would wrap: 4294967297 would fork one). The shim

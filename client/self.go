@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -26,6 +28,9 @@ type SelfClient struct {
 	path string
 	conn *ttrpc.Client
 	api  shimv1.SelfService
+	// undoing counts what calls whose callers left still undo
+	// (detached): Close waits for it.
+	undoing sync.WaitGroup
 }
 
 // DialSelf connects to the branch socket at path; "" means $BRANCHBOX_SOCKET,
@@ -77,8 +82,12 @@ func hungUp(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, _ *tt
 	return err
 }
 
-// Close closes the connection.
-func (s *SelfClient) Close() error { return s.conn.Close() }
+// Close closes the connection, once what calls whose callers left still
+// undo (a fork's branches, an exec's process) is done.
+func (s *SelfClient) Close() error {
+	s.undoing.Wait()
+	return s.conn.Close()
+}
 
 // Fork makes opts.Count children of opts.Parent ("" for the caller's own
 // branch, else a descendant of it).
@@ -86,13 +95,17 @@ func (s *SelfClient) Fork(ctx context.Context, opts ForkOptions) ([]BranchInfo, 
 	if err := checkCount(opts.Count); err != nil {
 		return nil, err
 	}
-	resp, err := s.api.Fork(ctx, &shimv1.SelfForkRequest{
+	req := &shimv1.SelfForkRequest{
 		Parent: opts.Parent, Count: uint32(opts.Count), Seal: opts.Seal, Net: opts.Net,
 		Limits: &shimv1.Limits{Memory: opts.Memory, Cpus: opts.CPUs, Pids: opts.Pids}, Args: opts.Args,
 		FromCheckpoint: opts.From, Memory: opts.WithMemory,
-	})
+	}
+	resp, err := detached(ctx, &s.undoing, "fork", forkBound, func(ctx context.Context) (*shimv1.ForkResponse, error) {
+		resp, err := s.api.Fork(ctx, req)
+		return resp, fromTTRPC(err)
+	}, abortOrphans("fork", s.Abort))
 	if err != nil {
-		return nil, fromTTRPC(err)
+		return nil, err
 	}
 	if token := resp.Pending; token != "" {
 		// A memory fork of the caller's own branch (selfcall.go): in
@@ -127,9 +140,20 @@ type SelfExecOptions struct {
 // "" for the caller's own branch) and returns its id for Wait. It has no
 // standard input; the shim keeps its output for Wait.
 func (s *SelfClient) Exec(ctx context.Context, branchID string, opts SelfExecOptions) (string, error) {
-	resp, err := s.api.Exec(ctx, &shimv1.SelfExecRequest{Branch: branchID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd})
+	req := &shimv1.SelfExecRequest{Branch: branchID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd}
+	what := fmt.Sprintf("exec in branch %q", branchID)
+	resp, err := detached(ctx, &s.undoing, what, execStartBound, func(ctx context.Context) (*shimv1.SelfExecResponse, error) {
+		resp, err := s.api.Exec(ctx, req)
+		return resp, fromTTRPC(err)
+	}, func(ctx context.Context, resp *shimv1.SelfExecResponse, err error) {
+		if err != nil {
+			return
+		}
+		_ = s.KillAll(ctx, branchID, resp.ExecId, uint32(syscall.SIGKILL))
+		_, _ = s.Wait(ctx, branchID, resp.ExecId)
+	})
 	if err != nil {
-		return "", fromTTRPC(err)
+		return "", err
 	}
 	return resp.ExecId, nil
 }

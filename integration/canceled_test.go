@@ -5,7 +5,11 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
+	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ops"
 )
 
@@ -143,4 +148,126 @@ func TestForkCanceledMidCall(t *testing.T) {
 			t.Errorf("branch %s live, made by a fork whose caller left", n.ID)
 		}
 	}
+}
+
+// TestSelfCanceledMidCall: TestForkCanceledMidCall and
+// TestExecCanceledMidStart through a sandbox's own branch socket
+// (client.SelfClient, `branchctl self`), from a process in the sandbox
+// (cancelHog): once its client is closed, none of its execs runs (it
+// checks) and no branch of its forks is live.
+func TestSelfCanceledMidCall(t *testing.T) {
+	sockHog()
+	ctx, env, _ := shimEnvWith(t, daemons.Config{})
+	importInsockImage(t, ctx, env)
+	runBoundedSandbox(t, ctx, env, "sb")
+	sc := sandboxClient(t, ctx, env, "sb")
+	stdin, stdout, hog := startSockHog(t, env, "sb", "TestSelfCanceledMidCall", "cancel:"+branchSocket(env, "sb")+":0:0")
+	line, err := stdout.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "answered") {
+		t.Fatalf("the cancelling process said %q (%v)", line, err)
+	}
+	t.Log(strings.TrimSpace(line))
+	stdin.Close()
+	if err := hog.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := sc.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tree {
+		if n.ID != branch.RootID && n.State == branch.Live {
+			t.Errorf("branch %s live, made by a fork whose caller left", n.ID)
+		}
+	}
+}
+
+const cancelHogMarker = "sleep 4324"
+
+// cancelHog forks and execs through the branch socket at path with its
+// cancels spread across the calls (as TestForkCanceledMidCall's), ends
+// what was answered, closes its client and prints how many calls were
+// answered.
+func cancelHog(path string) {
+	ctx := context.Background()
+	sc, err := client.DialSelf(ctx, path)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	fail := func(what string, err error) {
+		fmt.Println(strings.ReplaceAll(fmt.Sprintf("%s: %v", what, err), "\n", " "))
+		os.Exit(1)
+	}
+	spread := func(whole time.Duration, call func(context.Context) (bool, error)) int {
+		answered := 0
+		for i := range 30 {
+			cctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(whole*time.Duration(i)/10, cancel)
+			ok, err := call(cctx)
+			cancel()
+			if err != nil && !errors.Is(err, context.Canceled) {
+				fail("call", err)
+			}
+			if ok {
+				answered++
+			}
+		}
+		return answered
+	}
+	fork := func(ctx context.Context) (bool, error) {
+		kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
+		for _, k := range kids {
+			if _, err := sc.Abort(context.Background(), k.ID); err != nil {
+				fail("abort", err)
+			}
+		}
+		return len(kids) > 0, err
+	}
+	// The execs run in a branch (the socket runs none in its own).
+	kids, err := sc.Fork(ctx, client.ForkOptions{Count: 1})
+	if err != nil {
+		fail("fork", err)
+	}
+	b := kids[0].ID
+	exec := func(ctx context.Context) (bool, error) {
+		id, err := sc.Exec(ctx, b, client.SelfExecOptions{Args: []string{"sh", "-c", "exec " + cancelHogMarker}})
+		if err != nil {
+			return false, err
+		}
+		if err := sc.KillAll(context.Background(), b, id, uint32(syscall.SIGKILL)); err != nil {
+			fail("kill", err)
+		}
+		_, err = sc.Wait(context.Background(), b, id)
+		return true, err
+	}
+	t0 := time.Now()
+	if _, err := fork(ctx); err != nil {
+		fail("fork", err)
+	}
+	forks := spread(time.Since(t0), fork)
+	t0 = time.Now()
+	if _, err := exec(ctx); err != nil {
+		fail("exec", err)
+	}
+	execs := spread(time.Since(t0), exec)
+	// Close waits for what the calls left to undo; the branch the execs
+	// ran in goes after (its abort would kill what runs in it).
+	if err := sc.Close(); err != nil {
+		fail("close", err)
+	}
+	if pid := withMarker(cancelHogMarker); pid != "" {
+		fail("after close", fmt.Errorf("exec %s runs", pid))
+	}
+	if sc, err = client.DialSelf(ctx, path); err != nil {
+		fail("dial", err)
+	}
+	if _, err := sc.Abort(ctx, b); err != nil {
+		fail("abort", err)
+	}
+	if err := sc.Close(); err != nil {
+		fail("close", err)
+	}
+	fmt.Printf("answered %d of 30 forks and %d of 30 execs before their cancel\n", forks, execs)
+	os.Exit(0)
 }

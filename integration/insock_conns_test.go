@@ -52,6 +52,9 @@ func sockHog() {
 	if f[0] == "big" {
 		bigCallHog(f[1])
 	}
+	if f[0] == "cancel" {
+		cancelHog(f[1])
+	}
 	par, _ := strconv.Atoi(f[3])
 	callHog(f[1], time.Duration(a)*time.Second, par)
 }
