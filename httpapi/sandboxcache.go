@@ -81,21 +81,26 @@ func (c *sandboxCache) get(ctx context.Context, ns, name string) (*client.Sandbo
 
 // forget closes the connections to sandbox id of ns, by whatever name.
 func (c *sandboxCache) forget(ns, id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k, e := range c.m {
-		if k.ns == ns && e.sc.ID == id {
-			e.sc.Close()
-			delete(c.m, k)
-		}
-	}
+	c.drop(func(k cacheKey, e cached) bool { return k.ns == ns && e.sc.ID == id })
 }
 
 func (c *sandboxCache) close() {
+	c.drop(func(cacheKey, cached) bool { return true })
+}
+
+// drop removes the clients that match and closes them, outside the lock:
+// a Close waits for what calls whose callers left still undo.
+func (c *sandboxCache) drop(match func(cacheKey, cached) bool) {
+	var gone []*client.SandboxClient
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for k, e := range c.m {
-		e.sc.Close()
-		delete(c.m, k)
+		if match(k, e) {
+			gone = append(gone, e.sc)
+			delete(c.m, k)
+		}
+	}
+	c.mu.Unlock()
+	for _, sc := range gone {
+		sc.Close()
 	}
 }
