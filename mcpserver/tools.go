@@ -196,7 +196,7 @@ func (s *Server) addTools() {
 			return nil, out, actionable(err)
 		})
 	tool(s, "read_file", "Read a file of a branch, as its processes see it.", s.readFile)
-	tool(s, "write_file", "Write (replace or create) a file in a branch. A branch with live branches is read-only.", s.writeFile)
+	tool(s, "write_file", "Write (replace or create) a file in a branch, whole: readers see the old content or the new, never part. A branch with live branches is read-only.", s.writeFile)
 	tool(s, "list_dir", "List a directory of a branch.", s.listDir)
 	tool(s, "commit", "Commit a branch: its changes become its parent's. The first commit among siblings wins; the others become stale and their processes are killed.", s.commit)
 	tool(s, "abort", "Abort a branch: kill its processes and discard its changes (and its own branches').", s.abort)

@@ -176,57 +176,6 @@ func openRegular(root *Root, p string, flags int, notRegular string) (*File, err
 	return &File{File: os.NewFile(uintptr(fd), p), Info: fi, Pseudo: pseudo, path: p}, nil
 }
 
-// WriteFile replaces a file's content with what r gives, creating it with
-// mode if it does not exist. Its directory must exist.
-func WriteFile(root *Root, p string, r io.Reader, mode uint32) (int64, error) {
-	f, err := openRegular(root, p, unix.O_WRONLY, "")
-	if errors.Is(err, errdefs.ErrNotFound) {
-		f, err = createIn(root, p, mode)
-	}
-	if err != nil {
-		return 0, err
-	}
-	if !f.Pseudo {
-		// Emptied only now, a regular file (not a fifo or a device a
-		// branch made); a pseudo file takes the write as it is.
-		if err := f.Truncate(0); err != nil {
-			f.Close()
-			return 0, osFileErr(p, err)
-		}
-	}
-	n, err := io.Copy(f, r)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	var errno unix.Errno
-	if errors.As(err, &errno) && f.Pseudo {
-		return n, pseudoErr(p, errno, "refuses this content")
-	}
-	return n, osFileErr(p, err)
-}
-
-// createIn makes the file at p, which was not there, with mode; or opens
-// what a branch made there meanwhile, if it is a regular file.
-func createIn(root *Root, p string, mode uint32) (*File, error) {
-	// Without O_TRUNC and without blocking: what is there by now may be
-	// a fifo or a device.
-	f, err := openIn(root.dir, p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK, mode)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		err = osFileErr(p, err)
-	} else if !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s is not a regular file (%s): %w", p, fi.Mode().Type(), errdefs.ErrInvalidArgument)
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return &File{File: f, Info: fi, Pseudo: pseudoFS(int(f.Fd())), path: p}, nil
-}
-
 // DirEntry is one entry of a directory listing.
 type DirEntry struct {
 	Name string `json:"name"`
