@@ -40,6 +40,10 @@ function toError(status, body) {
 
 const enc = encodeURIComponent;
 
+// Requests sent again when the server hung up before answering: doing them
+// twice is doing them once.
+const IDEMPOTENT = new Set(['GET', 'HEAD', 'PUT', 'DELETE']);
+
 // The branches of a fork's or tree's answer: "branches", or "contexts", the
 // key's old name, from a server before the rename.
 const branchesOf = (doc) => doc.branches ?? doc.contexts;
@@ -80,8 +84,12 @@ export class Client {
   }
 
   // _request sends a request and resolves with the response once its
-  // status is in; an error status rejects with its body's error.
-  _request(method, path, body, ctype, signal) {
+  // status is in; an error status rejects with its body's error. A server
+  // that hangs up before the status (its idle timeout closing a kept-alive
+  // connection as the request came, or a server stopping) gets a read
+  // again, once, on a new connection; a request that changes something
+  // is not sent again (it may be done) and rejects with unavailable.
+  _request(method, path, body, ctype, signal, again = true) {
     const { prefix, ...base } = this._base;
     const headers = {};
     if (ctype) headers['Content-Type'] = ctype;
@@ -98,7 +106,17 @@ export class Client {
         }
         resolve(res);
       });
-      req.on('error', reject);
+      req.on('error', (err) => {
+        if (/** @type {any} */ (err).code !== 'ECONNRESET' || signal?.aborted) {
+          reject(err);
+        } else if (!IDEMPOTENT.has(method)) {
+          reject(new BranchboxError('unavailable', `${method} ${path}: the server hung up before its answer (${err.message}): it may have done it; look before doing it again (tree, checkpoints)`));
+        } else if (again && req.reusedSocket) {
+          resolve(this._request(method, path, body, ctype, signal, false));
+        } else {
+          reject(err);
+        }
+      });
       req.end(body);
     });
   }

@@ -3,6 +3,7 @@
 import concurrent.futures
 import http.client
 import json
+import select
 import socket as _socket
 import threading
 import urllib.parse
@@ -34,6 +35,23 @@ def _error(status, body):
         return BranchboxError("unknown", "HTTP %d: %s" % (status, body[:200].decode("utf-8", "replace")), status=status)
     cls = StaleError if e.get("kind") == "stale" else BranchboxError
     return cls(e.get("kind", "unknown"), e.get("message", ""), e.get("hint"), status)
+
+
+# Requests sent again when the server hung up before answering: doing
+# them twice is doing them once.
+_IDEMPOTENT = ("GET", "HEAD", "PUT", "DELETE")
+
+
+def _dropped(c):
+    """Whether kept-alive connection c was closed by the server (or has
+    something to read, which no answer waits for): readable at once."""
+    if c.sock is None:
+        return False
+    try:
+        r, _, _ = select.select([c.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(r)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -137,14 +155,32 @@ class Client:
             headers["Authorization"] = "Bearer " + self._token
         for attempt in (0, 1):
             # A stream holds its connection until read to the end: it
-            # gets one of its own.
-            c = self._conn(fresh=attempt > 0) if not stream else self._stream_conn()
+            # gets one of its own. A kept-alive connection the server
+            # has closed (its idle timeout) is left before sending.
+            if stream:
+                c = self._stream_conn()
+            else:
+                c = self._conn(fresh=attempt > 0)
+                if _dropped(c):
+                    c = self._conn(fresh=True)
             try:
                 c.request(method, self._prefix + path, body=body, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                # Closed under the request: nothing of it was taken.
+                if attempt or stream:
+                    raise
+                continue
+            try:
                 resp = c.getresponse()
                 break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                # The server closed a kept-alive connection: once more.
+            except (http.client.RemoteDisconnected, ConnectionResetError) as e:
+                # The server took the request and hung up (it stopped,
+                # or closed the connection just then). A request that
+                # changes something is not sent again: it may be done.
+                c.close()
+                if method not in _IDEMPOTENT:
+                    raise BranchboxError("unavailable", "%s %s: the server hung up before its answer (%s): it may have done it; "
+                                         "look before doing it again (tree, checkpoints)" % (method, path, e)) from e
                 if attempt or stream:
                     raise
         if resp.status >= 300:

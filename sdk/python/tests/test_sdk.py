@@ -82,6 +82,57 @@ class OldServerTest(unittest.TestCase):
             srv.server_close()
 
 
+class _HangUpServer(http.server.BaseHTTPRequestHandler):
+    """Answers a GET /tree and then closes the connection (as a server's
+    idle timeout does); takes a POST /fork, counts it and hangs up
+    without an answer (a server that dies while it forks)."""
+
+    protocol_version = "HTTP/1.1"
+    forks = 0
+
+    def do_GET(self):
+        body = json.dumps({"branches": [{"id": "0", "state": "live"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).forks += 1
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+class HangUpTest(unittest.TestCase):
+    """A request on a kept-alive connection the server has closed goes on
+    a new one; a fork the server took and hung up on is not sent again
+    (it would fork twice): the error says it may have been done."""
+
+    def test_hang_ups(self):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HangUpServer)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS) as c:
+                sb = c.sandbox("sb")
+                self.assertEqual(len(sb.tree()), 1)
+                time.sleep(0.2)  # the server has closed the connection
+                self.assertEqual(len(sb.tree()), 1)
+                time.sleep(0.2)
+                with self.assertRaises(branchbox.BranchboxError) as cm:
+                    sb.fork(1)
+                self.assertEqual(cm.exception.kind, "unavailable")
+                self.assertIn("may have", str(cm.exception))
+                self.assertEqual(_HangUpServer.forks, 1)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+
+
 class SDKTest(unittest.TestCase):
     def setUp(self):
         self.c = unix()

@@ -216,3 +216,43 @@ test('a server from before the rename', async () => {
     srv.close();
   }
 });
+
+// A server that hangs up on the second request of each connection, as one
+// whose idle timeout closes a kept-alive connection as a request comes:
+// a read is sent again on a new connection; a fork is not (it may have
+// been done: forking again would fork twice), and says so.
+test('a server that hangs up', async () => {
+  let posts = 0;
+  const srv = createServer((req, res) => {
+    const sock = /** @type {any} */ (req.socket);
+    sock.requests = (sock.requests ?? 0) + 1;
+    if (req.method === 'POST') posts++;
+    if (sock.requests > 1) {
+      req.socket.destroy();
+      return;
+    }
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify({ branches: [{ id: '0', state: 'live' }] }));
+    });
+  });
+  await new Promise((resolve) => srv.listen(0, '127.0.0.1', () => resolve(undefined)));
+  const addr = /** @type {import('node:net').AddressInfo} */ (srv.address());
+  const c = new Client({ url: `http://127.0.0.1:${addr.port}`, namespace: NS });
+  try {
+    const sb = c.sandbox('sb');
+    assert.equal((await sb.tree()).length, 1);
+    assert.equal((await sb.tree()).length, 1);
+    await assert.rejects(() => sb.fork(), (/** @type {any} */ e) => {
+      assert.ok(e instanceof BranchboxError, `${e}`);
+      assert.equal(e.kind, 'unavailable');
+      assert.match(e.message, /may have done it/);
+      return true;
+    });
+    assert.equal(posts, 1);
+  } finally {
+    c.close();
+    srv.close();
+  }
+});
