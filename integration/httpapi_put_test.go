@@ -49,7 +49,12 @@ func TestHTTPAPIPutCut(t *testing.T) {
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", "stat -c '%u:%g %a' /data; cat /data"); err != nil || out != "1234:5678 640\nnew\n" {
 		t.Fatalf("after a whole upload: %q %v", out, err)
 	}
-	if out, err := execIn(ctx, env, "sb", "ls", "-a", "/"); err != nil || strings.Contains(out, ".bbx") {
+	// A file of the image's layer, replaced in the rootfs's upper.
+	api.must(ctx, 200, "PUT", file("/etc/group"), []byte("root:x:0:\nwheel:x:10:\n"))
+	if out, err := execIn(ctx, env, "sb", "sh", "-c", "stat -c '%u:%g %a' /etc/group; grep -c : /etc/group"); err != nil || out != "0:0 644\n2\n" {
+		t.Fatalf("the image's /etc/group after an upload: %q %v", out, err)
+	}
+	if out, err := execIn(ctx, env, "sb", "ls", "-a", "/", "/etc"); err != nil || strings.Contains(out, ".bbx") {
 		t.Fatalf("the root after the uploads: %q %v", out, err)
 	}
 }
