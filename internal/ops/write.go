@@ -20,7 +20,7 @@ import (
 //
 // A regular file is replaced whole: the content goes to a new file in its
 // directory, renamed over it once all of it is there, with the old file's
-// owner and mode. A reader sees the old content or the new, never part of
+// owner and mode (not its extended attributes). A reader sees the old content or the new, never part of
 // it, and an upload cut short (a client gone, a body over the bound, a
 // full disk) leaves the file as it was; a process that holds the old file
 // open goes on reading the old content. A file with other hard links, a
