@@ -50,7 +50,7 @@ type Server struct {
 
 	// stopping ends when the server stops (Stop): the commands still
 	// running are killed, as a client gone would have them, and running
-	// counts them until they are released.
+	// counts them, and the other tool calls, until they are released.
 	stopping context.Context
 	stop     context.CancelFunc
 	running  sync.WaitGroup
@@ -60,7 +60,7 @@ type Server struct {
 }
 
 // stopGrace bounds Close's wait for the commands it killed to be
-// released.
+// released, and for the other calls to end.
 const stopGrace = 15 * time.Second
 
 // New connects to containerd and makes the server with its tools.
@@ -121,8 +121,8 @@ func (s *Server) Stop() {
 	s.stop()
 }
 
-// startCommand counts a command as running until done is called, or says
-// the server stopped.
+// startCommand counts a command (or another tool call) as running until
+// done is called, or says the server stopped.
 func (s *Server) startCommand() (done func(), err error) {
 	s.stopMu.Lock()
 	defer s.stopMu.Unlock()

@@ -182,6 +182,15 @@ type ListSandboxesOut struct {
 // tool adds a tool whose errors are made actionable.
 func tool[In, Out any](s *Server, name, desc string, h func(context.Context, In) (Out, error)) {
 	mcp.AddTool(s.mcp, &mcp.Tool{Name: name, Description: desc}, func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		// Counted for Close to wait for: a fork whose call the stop
+		// cut short aborts what it made (client.SandboxClient.Fork)
+		// before the server exits.
+		done, err := s.startCommand()
+		if err != nil {
+			var zero Out
+			return nil, zero, actionable(err)
+		}
+		defer done()
 		out, err := h(ctx, in)
 		return nil, out, actionable(err)
 	})
