@@ -209,14 +209,32 @@ func (s *SandboxClient) KillSession(ctx context.Context, branchID, execID string
 	return s.shimErr(err)
 }
 
-// Run starts a process in a branch and waits for it.
+// Run starts a process in a branch and waits for it. If ctx ends first,
+// the process and what it started (its session) are killed and its
+// output released, as exec.CommandContext kills its process, and Run
+// returns ctx's error.
 func (s *SandboxClient) Run(ctx context.Context, branchID string, opts ExecOptions) (ExitStatus, error) {
 	p, err := s.Exec(ctx, branchID, opts)
 	if err != nil {
 		return ExitStatus{}, err
 	}
-	return p.Wait(ctx)
+	st, err := p.Wait(ctx)
+	if err != nil && ctx.Err() != nil {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
+		defer cancel()
+		if kerr := p.KillAll(kctx, uint32(syscall.SIGKILL)); kerr != nil {
+			log.G(ctx).WithError(kerr).Warnf("run %v in %s/%s: kill it after its context ended", opts.Args, s.ID, branchID)
+		}
+		_, _ = p.Wait(kctx)
+		p.Close()
+		return ExitStatus{}, fmt.Errorf("run %v in %s/%s: %w", opts.Args, s.ID, branchID, ctx.Err())
+	}
+	return st, err
 }
+
+// killBound bounds the kill, and the wait for its exit, of a process
+// whose caller's context ended (Run).
+const killBound = 10 * time.Second
 
 // Output is a buffer safe for a process's stdout and stderr together:
 // containerd's stdio copies them in two goroutines.

@@ -172,13 +172,23 @@ func (s *SelfClient) Wait(ctx context.Context, branchID, execID string) (SelfRes
 	return r, nil
 }
 
-// Run starts a process in branch and waits for it.
+// Run starts a process in branch and waits for it; if ctx ends first,
+// the process and its session are killed, as SandboxClient.Run.
 func (s *SelfClient) Run(ctx context.Context, branchID string, opts SelfExecOptions) (SelfResult, error) {
 	id, err := s.Exec(ctx, branchID, opts)
 	if err != nil {
 		return SelfResult{}, err
 	}
-	return s.Wait(ctx, branchID, id)
+	res, err := s.Wait(ctx, branchID, id)
+	if err != nil && ctx.Err() != nil {
+		// As SandboxClient.Run: the process and its session go.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
+		defer cancel()
+		_ = s.KillAll(kctx, branchID, id, uint32(syscall.SIGKILL))
+		_, _ = s.Wait(kctx, branchID, id)
+		return SelfResult{}, fmt.Errorf("run %v in branch %q: %w", opts.Args, branchID, ctx.Err())
+	}
+	return res, err
 }
 
 // KillAll signals a process started by Exec and what it started (its

@@ -250,6 +250,16 @@ func cancelHog(path string) {
 		fail("exec", err)
 	}
 	execs := spread(time.Since(t0), exec)
+	// A Run past its deadline kills what it ran (TestRunKilledWithItsContext).
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = sc.Run(rctx, b, client.SelfExecOptions{Args: []string{"sh", "-c", "sleep 4327 & exec sleep 4327"}})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		fail("run past its deadline", err)
+	}
+	if pid := withMarker("sleep 4327"); pid != "" {
+		fail("run past its deadline", fmt.Errorf("process %s runs", pid))
+	}
 	// Close waits for what the calls left to undo; the branch the execs
 	// ran in goes after (its abort would kill what runs in it).
 	if err := sc.Close(); err != nil {
@@ -269,4 +279,27 @@ func cancelHog(path string) {
 	}
 	fmt.Printf("answered %d of 30 forks and %d of 30 execs before their cancel\n", forks, execs)
 	os.Exit(0)
+}
+
+// TestRunKilledWithItsContext: Run whose context ends while the command
+// runs kills it and what it started, and releases its output, as
+// exec.CommandContext does; it returned the context's error and left them
+// running, with nobody holding a handle to them (and its FIFOs open).
+func TestRunKilledWithItsContext(t *testing.T) {
+	ctx, _, sc := sandboxCtxEnv(t)
+	kid := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
+	before := fifoDirs()
+	const marker = "sleep 4325"
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := sc.Run(rctx, kid.ID, client.ExecOptions{Args: []string{"sh", "-c", "sleep 4325 & exec " + marker}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run past its deadline: %v", err)
+	}
+	if pid := withMarker(marker); pid != "" {
+		t.Errorf("process %s runs after its Run ended", pid)
+	}
+	if after := fifoDirs(); !slices.Equal(after, before) {
+		t.Errorf("exec FIFOs before %v, after %v", before, after)
+	}
 }

@@ -76,12 +76,12 @@ func TestTerminalExecNoReader(t *testing.T) {
 	}
 }
 
-// withMarker returns a process of the machine whose command line holds
-// marker, or "".
+// withMarker returns a process of the machine whose command line, its
+// arguments joined by spaces, holds marker, or "".
 func withMarker(marker string) string {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(marker)) {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(bytes.ReplaceAll(b, []byte{0}, []byte{' '}), []byte(marker)) {
 			return filepath.Base(filepath.Dir(p))
 		}
 	}
