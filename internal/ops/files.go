@@ -162,7 +162,7 @@ func openRegular(root *Root, p string, flags int, notRegular string) (*File, err
 	}
 	var fd int
 	if pseudo {
-		fd, err = withCaps(root.caps, open)
+		fd, err = withCaps(root, open)
 	} else {
 		fd, err = open()
 	}

@@ -49,13 +49,15 @@ func pseudoFS(fd int) bool {
 	return false
 }
 
-// withCaps runs open on a thread of its own (lockedthread) with its
-// effective capabilities lowered to caps, and raises them again after.
-// Capabilities are a thread's: no other goroutine runs on the thread
-// meanwhile, and a thread whose capabilities could not be raised again
-// stays locked, so that it ends with its goroutine rather than serve
-// another.
-func withCaps(caps uint64, open func() (int, error)) (fd int, err error) {
+// withCaps runs open on a thread of its own (lockedthread) as root of the
+// sandbox: its effective capabilities lowered to root.caps, and, for a
+// sandbox with a user namespace of its own, its filesystem ids set to
+// root's on the node (so that its processes' /proc files, which a process
+// of their user may read, open); then raises them again. Credentials are
+// a thread's: no other goroutine runs on the thread meanwhile, and a
+// thread whose credentials could not be brought back stays locked, so that
+// it ends with its goroutine rather than serve another.
+func withCaps(root *Root, open func() (int, error)) (fd int, err error) {
 	done := make(chan struct{})
 	lockedthread.Go(func() {
 		defer close(done)
@@ -67,26 +69,46 @@ func withCaps(caps uint64, open func() (int, error)) (fd int, err error) {
 			runtime.UnlockOSThread()
 			return
 		}
+		// The ids first, while the thread may (CAP_SETUID, CAP_SETGID);
+		// the capabilities lowered after.
+		ids := root.uid != 0 || root.gid != 0
+		if ids && !setfsIDs(root.uid, root.gid) {
+			err = fmt.Errorf("set the thread's filesystem ids to the sandbox root's, %d:%d", root.uid, root.gid)
+			return // the thread ends, with whatever ids it has
+		}
 		lowered := saved
-		lowered[0].Effective &= uint32(caps)
-		lowered[1].Effective &= uint32(caps >> 32)
+		lowered[0].Effective &= uint32(root.caps)
+		lowered[1].Effective &= uint32(root.caps >> 32)
 		if cerr := unix.Capset(&hdr, &lowered[0]); cerr != nil {
 			err = fmt.Errorf("lower the server's capabilities to the sandbox's: %w", cerr)
-			runtime.UnlockOSThread()
-			return
+			return // the thread ends, with whatever ids it has
 		}
 		fd, err = open()
-		if rerr := unix.Capset(&hdr, &saved[0]); rerr != nil {
+		rerr := unix.Capset(&hdr, &saved[0])
+		if rerr == nil && ids && !setfsIDs(0, 0) {
+			rerr = errors.New("its filesystem ids stay the sandbox's")
+		}
+		if rerr != nil {
 			if fd >= 0 {
 				unix.Close(fd)
 			}
-			fd, err = -1, fmt.Errorf("raise the server's capabilities again: %w", rerr)
+			fd, err = -1, fmt.Errorf("bring the thread back to the server's credentials: %w", rerr)
 			return
 		}
 		runtime.UnlockOSThread()
 	})
 	<-done
 	return fd, err
+}
+
+// setfsIDs sets the thread's filesystem ids, and says whether they are
+// set (setfsuid and setfsgid answer with the ids before, not errors).
+func setfsIDs(uid, gid int) bool {
+	_ = unix.Setfsgid(gid)
+	_ = unix.Setfsuid(uid)
+	fsgid, _ := unix.SetfsgidRetGid(-1)
+	fsuid, _ := unix.SetfsuidRetUid(-1)
+	return fsuid == uid && fsgid == gid
 }
 
 // ReadAll reads the file from where it is, max bytes at most. A pseudo

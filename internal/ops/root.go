@@ -27,6 +27,10 @@ type Root struct {
 	// caps is the effective capability set a pseudo file is opened
 	// with (pseudo.go): sandboxCaps.
 	caps uint64
+	// uid and gid are the node's ids of the sandbox's root (not 0 with a
+	// user namespace of its own): a pseudo file is opened as it, and a
+	// file the server makes is its.
+	uid, gid int
 }
 
 // OpenRoot opens the root directory of a branch: "0" (or "") is the
@@ -57,7 +61,37 @@ func OpenRoot(ctx context.Context, cc *containerd.Client, sc *client.SandboxClie
 		dir.Close()
 		return nil, fmt.Errorf("branch %s: its init %d ended: %w", id, pid, errdefs.ErrFailedPrecondition)
 	}
-	return &Root{dir: dir, caps: caps}, nil
+	uid, gid, err := rootIDs(pid)
+	if err != nil {
+		dir.Close()
+		return nil, fmt.Errorf("branch %s: %w", id, err)
+	}
+	return &Root{dir: dir, caps: caps, uid: uid, gid: gid}, nil
+}
+
+// rootIDs are the node's uid and gid of root in the user namespace of
+// process pid, from its maps.
+func rootIDs(pid int) (uid, gid int, err error) {
+	if uid, err = rootID(fmt.Sprintf("/proc/%d/uid_map", pid)); err == nil {
+		gid, err = rootID(fmt.Sprintf("/proc/%d/gid_map", pid))
+	}
+	return uid, gid, err
+}
+
+// rootID is the id that 0 maps to in an id map of /proc ("inside outside
+// count" lines).
+func rootID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read its init's %s: %w", path, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var inside, outside, count int64
+		if n, _ := fmt.Sscan(line, &inside, &outside, &count); n == 3 && inside == 0 && count > 0 {
+			return int(outside), nil
+		}
+	}
+	return 0, fmt.Errorf("its init's %s maps no root: %w", path, errdefs.ErrFailedPrecondition)
 }
 
 // Close closes the root directory.
@@ -85,4 +119,12 @@ func sandboxCaps(ctx context.Context, c containerd.Container) uint64 {
 		}
 	}
 	return caps
+}
+
+// own gives a file the server made to the sandbox's root.
+func (r *Root) own(f *os.File) error {
+	if r.uid == 0 && r.gid == 0 {
+		return nil
+	}
+	return f.Chown(r.uid, r.gid)
 }

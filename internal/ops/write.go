@@ -71,11 +71,15 @@ func replace(root *Root, p string, old *unix.Stat_t, r io.Reader, mode uint32) (
 	}
 	defer t.discard()
 	n, err := io.Copy(t.f, r)
-	if err == nil && old != nil {
+	switch {
+	case err != nil:
+	case old != nil:
 		// Owner first: a chown clears the set-id bits a chmod then sets.
 		if err = t.f.Chown(int(old.Uid), int(old.Gid)); err == nil {
 			err = t.f.Chmod(os.FileMode(old.Mode&0o777) | setIDBits(old.Mode))
 		}
+	default:
+		err = root.own(t.f)
 	}
 	if err != nil {
 		return n, osFileErr(p, err)
