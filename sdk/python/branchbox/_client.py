@@ -37,6 +37,46 @@ def _error(status, body):
     return cls(e.get("kind", "unknown"), e.get("message", ""), e.get("hint"), status)
 
 
+# The scope (_Scope) of the call the thread runs, if any.
+_current = threading.local()
+
+
+class _Scope:
+    """The connections one call uses, for another thread to cut: aio's
+    cancel of an awaited call ends it as a client that leaves does (the
+    server kills its command, aborts its fork's branches)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._conns = []
+        self._aborted = False
+
+    def run(self, fn, *args, **kwargs):
+        _current.scope = self
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _current.scope = None
+
+    def add(self, c):
+        with self._lock:
+            if self._aborted:
+                raise BranchboxError("canceled", "the call was cancelled before it was sent")
+            self._conns.append(c)
+
+    def abort(self):
+        with self._lock:
+            self._aborted = True
+            conns = list(self._conns)
+        for c in conns:
+            sock = c.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(_socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
 # Requests sent again when the server hung up before answering: doing
 # them twice is doing them once.
 _IDEMPOTENT = ("GET", "HEAD", "PUT", "DELETE")
@@ -163,6 +203,9 @@ class Client:
                 c = self._conn(fresh=attempt > 0)
                 if _dropped(c):
                     c = self._conn(fresh=True)
+            scope = getattr(_current, "scope", None)
+            if scope is not None:
+                scope.add(c)
             try:
                 c.request(method, self._prefix + path, body=body, headers=headers)
             except (BrokenPipeError, ConnectionResetError):

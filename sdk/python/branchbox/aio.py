@@ -1,8 +1,11 @@
 """asyncio over the sync client: the same objects and methods, awaitable.
 
-Each call runs the sync client's in a worker thread (asyncio.to_thread),
-which it is safe to share between; streams (exec_stream, events) become
-async iterators fed by a thread. No dependency but the standard library.
+Each call runs the sync client's in a worker thread, which it is safe to
+share between; streams (exec_stream, events) become async iterators fed
+by a thread. A call cancelled (asyncio.wait_for's timeout, a task's
+cancel) cuts its connection, which ends it as a client that leaves does:
+the server kills its command, aborts the branches of its fork. No
+dependency but the standard library.
 
     from branchbox import aio
     c = aio.Client(socket="/run/branchbox/api.sock")
@@ -12,6 +15,7 @@ async iterators fed by a thread. No dependency but the standard library.
 """
 
 import asyncio
+import functools
 import threading
 
 from . import _client
@@ -32,18 +36,24 @@ def _wrap(v):
 
 
 async def _aiter(make):
-    """Iterate a sync iterator in a thread, handing items to the loop."""
+    """Iterate a sync iterator in a thread, handing items to the loop. An
+    iteration left (cancelled, or a break) cuts the stream's connection
+    at once: the server ends what it streams."""
     loop = asyncio.get_running_loop()
     q = asyncio.Queue()
     done = object()
     stop = threading.Event()
+    scope = _client._Scope()
+
+    def feed():
+        for item in make():
+            if stop.is_set():
+                break
+            loop.call_soon_threadsafe(q.put_nowait, (item, None))
 
     def run():
         try:
-            for item in make():
-                if stop.is_set():
-                    break
-                loop.call_soon_threadsafe(q.put_nowait, (item, None))
+            scope.run(feed)
         except BaseException as e:  # handed to the loop, raised there
             loop.call_soon_threadsafe(q.put_nowait, (None, e))
             return
@@ -61,6 +71,7 @@ async def _aiter(make):
             yield item
     finally:
         stop.set()
+        scope.abort()
 
 
 class _Async:
@@ -82,7 +93,16 @@ class _Async:
             return lambda *a, **k: _aiter(lambda: v(*a, **k))
 
         async def call(*a, **k):
-            return _wrap(await asyncio.to_thread(v, *a, **k))
+            scope = _client._Scope()
+            fut = asyncio.get_running_loop().run_in_executor(None, functools.partial(scope.run, v, *a, **k))
+            try:
+                return _wrap(await asyncio.shield(fut))
+            except asyncio.CancelledError:
+                # The call ends as a client that leaves: the thread's
+                # connection is cut, and its error is not wanted.
+                scope.abort()
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+                raise
 
         return call
 

@@ -349,6 +349,50 @@ class AsyncTest(unittest.IsolatedAsyncioTestCase):
             c.close()
 
 
+class AsyncCancelTest(unittest.IsolatedAsyncioTestCase):
+    """An awaited call cancelled (asyncio.wait_for's timeout, a task's
+    cancel) ends what it asked for, as a client that leaves does: the
+    command is killed, the fork's branches aborted. Its worker thread
+    went on: the command ran to its end and the branches stayed, with
+    nobody knowing them."""
+
+    async def test_cancel_ends_the_call(self):
+        from branchbox import aio
+
+        c = aio.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS)
+        sb = await c.create_sandbox("py-async-cancel", IMAGE, args=["sleep", "1000000"])
+        try:
+            (b,) = await sb.fork(1)
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(b.exec(["sh", "-c", "exec sleep 4328"]), 1)
+            cancelled = 0
+            for delay in (0, 0.005, 0.01, 0.02, 0.03, 0.05):
+                try:
+                    kids = await asyncio.wait_for(sb.fork(2), delay)
+                except asyncio.TimeoutError:
+                    cancelled += 1
+                    continue
+                for k in kids:  # answered before the timeout: known, so aborted here
+                    await k.abort()
+            self.assertGreater(cancelled, 0)
+
+            def settled():
+                ps = b._inner.exec(["ps", "-o", "args"]).stdout
+                live = [n["id"] for n in sb._inner.tree() if n["state"] == "live" and n["id"] not in ("0", b.id)]
+                return ps, live
+
+            for _ in range(100):
+                ps, live = await asyncio.to_thread(settled)
+                if "sleep 4328" not in ps and not live:
+                    break
+                await asyncio.sleep(0.1)
+            self.assertNotIn("sleep 4328", ps)
+            self.assertEqual(live, [])
+        finally:
+            await sb.remove()
+            c.close()
+
+
 class ExampleTest(unittest.TestCase):
     def test_best_of_n_example(self):
         here = os.path.dirname(os.path.abspath(__file__))
