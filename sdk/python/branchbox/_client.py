@@ -94,6 +94,14 @@ def _dropped(c):
     return bool(r)
 
 
+def _abandon(c):
+    """Close connection c, left in the middle of an answer (a read timeout,
+    an interrupt): it could not carry another request, and its close tells
+    the server the client left, which ends the call there (a command is
+    killed, a fork's branches aborted)."""
+    c.close()
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path, timeout):
         super().__init__("localhost", timeout=timeout)
@@ -205,14 +213,20 @@ class Client:
                     c = self._conn(fresh=True)
             scope = getattr(_current, "scope", None)
             if scope is not None:
+                if c.sock is None:
+                    c.connect()  # a socket for abort to cut
                 scope.add(c)
             try:
                 c.request(method, self._prefix + path, body=body, headers=headers)
             except (BrokenPipeError, ConnectionResetError):
                 # Closed under the request: nothing of it was taken.
+                c.close()
                 if attempt or stream:
                     raise
                 continue
+            except BaseException:
+                c.close()
+                raise
             try:
                 resp = c.getresponse()
                 break
@@ -226,8 +240,15 @@ class Client:
                                          "look before doing it again (tree, checkpoints)" % (method, path, e)) from e
                 if attempt or stream:
                     raise
+            except BaseException:
+                _abandon(c)
+                raise
         if resp.status >= 300:
-            data = resp.read()
+            try:
+                data = resp.read()
+            except BaseException:
+                _abandon(c)
+                raise
             if stream:
                 c.close()
             raise _error(resp.status, data)
@@ -246,8 +267,12 @@ class Client:
             body, ctype = json.dumps(doc).encode(), "application/json"
         elif raw is not None:
             body, ctype = raw, "application/octet-stream"
-        resp, _ = self._send(method, path, body, ctype)
-        data = resp.read()
+        resp, c = self._send(method, path, body, ctype)
+        try:
+            data = resp.read()
+        except BaseException:
+            _abandon(c)
+            raise
         if resp.getheader("Content-Type", "").startswith("application/json"):
             return json.loads(data)
         return data

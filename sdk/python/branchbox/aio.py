@@ -101,10 +101,28 @@ class _Async:
                 # The call ends as a client that leaves: the thread's
                 # connection is cut, and its error is not wanted.
                 scope.abort()
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+                fut.add_done_callback(_undo)
                 raise
 
         return call
+
+
+def _undo(fut):
+    """The end of a call cancelled: a fork answered all the same (its
+    answer came as the cancel did) has its branches aborted, which nobody
+    else knows of; any error is not wanted."""
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    v = fut.result()
+    if isinstance(v, list) and all(isinstance(b, _client.Branch) for b in v):
+        threading.Thread(target=lambda: [_abort(b) for b in v], daemon=True).start()
+
+
+def _abort(b):
+    try:
+        b.abort()
+    except _client.BranchboxError:
+        pass  # gone already, or stale
 
 
 def Client(*args, **kwargs):

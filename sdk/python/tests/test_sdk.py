@@ -108,6 +108,46 @@ class _HangUpServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _SlowServer(http.server.BaseHTTPRequestHandler):
+    """Answers a GET /tree, after 300 ms if its path says slow."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        if "slow" in self.path:
+            time.sleep(0.3)
+        body = json.dumps({"branches": [{"id": "0", "state": "live"}]}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+class ReadTimeoutTest(unittest.TestCase):
+    """A call whose read timeout passes leaves its thread able to call
+    again: the connection, left waiting for that answer, refused every
+    later request of the thread (CannotSendRequest)."""
+
+    def test_next_call(self):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowServer)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS, timeout=0.1) as c:
+                with self.assertRaises(TimeoutError):
+                    c.sandbox("slow").tree()
+                self.assertEqual(len(c.sandbox("sb").tree()), 1)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+
+
 class HangUpTest(unittest.TestCase):
     """A request on a kept-alive connection the server has closed goes on
     a new one; a fork the server took and hung up on is not sent again
@@ -205,6 +245,29 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(next(stream), ("stdout", "started\n"))
         stream.close()
         gone("/left")
+
+    def test_read_timeout_in_a_fork(self):
+        # A client whose read timeout passes while the server forks: the
+        # call raises, and the server aborts what the fork made (the
+        # connection is closed: the server sees the client leave). The
+        # timeouts are below a fork's time: an answer that crosses the
+        # timeout is made and lost, and nothing can tell the server.
+        timed_out = 0
+        for t in (0.0005, 0.001, 0.0015):
+            c = branchbox.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS, timeout=t)
+            try:
+                for k in c.sandbox(self.sb.name).fork(2):
+                    k.abort()
+            except TimeoutError:
+                timed_out += 1
+            c.close()
+        self.assertGreater(timed_out, 0)
+        for _ in range(100):
+            live = [n["id"] for n in self.sb.tree() if n["state"] == "live" and n["id"] != "0"]
+            if not live:
+                break
+            time.sleep(0.1)
+        self.assertEqual(live, [])
 
     def test_silent_command_under_a_read_timeout(self):
         # A client with a read timeout (2.5 s) runs a command that writes
@@ -366,7 +429,9 @@ class AsyncCancelTest(unittest.IsolatedAsyncioTestCase):
             with self.assertRaises(asyncio.TimeoutError):
                 await asyncio.wait_for(b.exec(["sh", "-c", "exec sleep 4328"]), 1)
             cancelled = 0
-            for delay in (0, 0.005, 0.01, 0.02, 0.03, 0.05):
+            # Below a fork's time (an answer that crosses the cancel is
+            # made and lost: test_read_timeout_in_a_fork).
+            for delay in (0, 0.0005, 0.001, 0.002):
                 try:
                     kids = await asyncio.wait_for(sb.fork(2), delay)
                 except asyncio.TimeoutError:
