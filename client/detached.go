@@ -28,7 +28,7 @@ type answer[T any] struct {
 // error at once (after what, which names the call), and orphan is given
 // the answer once it comes, to undo what was made; undoing counts it, for
 // a Close to wait for (a program that exits at once would leave it undone).
-func detached[T any](ctx context.Context, undoing *sync.WaitGroup, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
+func detached[T any](ctx context.Context, undoing *undos, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
 	answered := make(chan answer[T], 1)
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
@@ -40,9 +40,9 @@ func detached[T any](ctx context.Context, undoing *sync.WaitGroup, what string, 
 	case a := <-answered:
 		return a.v, a.err
 	case <-ctx.Done():
-		undoing.Add(1)
+		undoing.add()
 		go func() {
-			defer undoing.Done()
+			defer undoing.done()
 			a := <-answered
 			octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 			defer cancel()
@@ -50,6 +50,42 @@ func detached[T any](ctx context.Context, undoing *sync.WaitGroup, what string, 
 		}()
 		var zero T
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+}
+
+// undos counts what detached calls still undo. Unlike a WaitGroup's, its
+// count may go up while wait waits (a Close of a client that a call still
+// uses, such as the HTTP API's cache dropping one); wait returns once it
+// is zero. The zero value is ready.
+type undos struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int
+}
+
+func (u *undos) add() {
+	u.mu.Lock()
+	u.n++
+	u.mu.Unlock()
+}
+
+func (u *undos) done() {
+	u.mu.Lock()
+	u.n--
+	if u.n == 0 && u.cond != nil {
+		u.cond.Broadcast()
+	}
+	u.mu.Unlock()
+}
+
+func (u *undos) wait() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.cond == nil {
+		u.cond = sync.NewCond(&u.mu)
+	}
+	for u.n > 0 {
+		u.cond.Wait()
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -41,7 +40,7 @@ type SandboxClient struct {
 	api  shimv1.BranchesService
 	// undoing counts what calls whose callers left still undo
 	// (detached): Close waits for it.
-	undoing sync.WaitGroup
+	undoing undos
 }
 
 // NewSandboxClient finds the shim serving the container name names (see
@@ -159,7 +158,7 @@ func notBranchRuntime(id, rt string) error {
 // Close closes the connection to the shim, once what calls whose callers
 // left still undo (a fork's branches, an exec's process) is done.
 func (s *SandboxClient) Close() error {
-	s.undoing.Wait()
+	s.undoing.wait()
 	return s.conn.Close()
 }
 

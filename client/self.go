@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -30,7 +29,7 @@ type SelfClient struct {
 	api  shimv1.SelfService
 	// undoing counts what calls whose callers left still undo
 	// (detached): Close waits for it.
-	undoing sync.WaitGroup
+	undoing undos
 }
 
 // DialSelf connects to the branch socket at path; "" means $BRANCHBOX_SOCKET,
@@ -85,7 +84,7 @@ func hungUp(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, _ *tt
 // Close closes the connection, once what calls whose callers left still
 // undo (a fork's branches, an exec's process) is done.
 func (s *SelfClient) Close() error {
-	s.undoing.Wait()
+	s.undoing.wait()
 	return s.conn.Close()
 }
 
