@@ -21,17 +21,23 @@ type answer[T any] struct {
 }
 
 // detached runs call, which makes something in the shim (a process, a
-// branch), to its answer even if ctx ends first. ttrpc carries no cancel:
-// a call cut short on the client's side goes on in the shim, and what it
-// makes would be there with nobody knowing. So the call runs on ctx's
-// values alone, within bound; a caller whose ctx ends first has ctx's
-// error at once (after what, which names the call), and orphan is given
-// the answer once it comes, to undo what was made; undoing counts it, for
-// a Close to wait for (a program that exits at once would leave it undone).
+// branch), to its answer even if ctx is cancelled first. ttrpc carries a
+// deadline to the shim, which gives up there and undoes what it began, but
+// no cancel: a call cut short on the client's side goes on in the shim,
+// and what it makes would be there with nobody knowing. So the call runs
+// on ctx's values and deadline alone (within bound without one); a caller
+// whose ctx ends first has ctx's error at once (after what, which names
+// the call), and orphan is given the answer once it comes, to undo what
+// was made; undoing counts it, for a Close to wait for (a program that
+// exits at once would leave it undone).
 func detached[T any](ctx context.Context, undoing *undos, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
 	answered := make(chan answer[T], 1)
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+		if dl, ok := ctx.Deadline(); ok {
+			cancel()
+			cctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+		}
 		defer cancel()
 		v, err := call(cctx)
 		answered <- answer[T]{v, err}
