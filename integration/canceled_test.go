@@ -257,7 +257,9 @@ func cancelHog(path string) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		fail("run past its deadline", err)
 	}
-	if pid := withMarker("sleep 4327"); pid != "" {
+	// Killed: gone once the kernel has ended them (the socket's Wait
+	// answers at the exec's own exit, not its session's).
+	if pid := markedFor("sleep 4327", 5*time.Second); pid != "" {
 		fail("run past its deadline", fmt.Errorf("process %s runs", pid))
 	}
 	// Close waits for what the calls left to undo; the branch the execs
@@ -265,7 +267,7 @@ func cancelHog(path string) {
 	if err := sc.Close(); err != nil {
 		fail("close", err)
 	}
-	if pid := withMarker(cancelHogMarker); pid != "" {
+	if pid := markedFor(cancelHogMarker, 5*time.Second); pid != "" {
 		fail("after close", fmt.Errorf("exec %s runs", pid))
 	}
 	if sc, err = client.DialSelf(ctx, path); err != nil {
@@ -296,10 +298,20 @@ func TestRunKilledWithItsContext(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Run past its deadline: %v", err)
 	}
-	if pid := withMarker(marker); pid != "" {
+	if pid := markedFor(marker, 5*time.Second); pid != "" {
 		t.Errorf("process %s runs after its Run ended", pid)
 	}
 	if after := fifoDirs(); !slices.Equal(after, before) {
 		t.Errorf("exec FIFOs before %v, after %v", before, after)
+	}
+}
+
+// markedFor is withMarker once no process has marker, or after timeout:
+// the pid of one that still has it then, or "".
+func markedFor(marker string, timeout time.Duration) string {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		if pid := withMarker(marker); pid == "" || time.Now().After(deadline) {
+			return pid
+		}
 	}
 }
