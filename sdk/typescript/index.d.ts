@@ -103,6 +103,8 @@ export interface ForkOptions {
   args?: string[];
   /** Fork the running processes too (a memory fork; with from, the checkpoint's). */
   with_memory?: boolean;
+  /** Aborting it before the answer disconnects: the server aborts the branches the fork made. */
+  signal?: AbortSignal;
 }
 
 export interface CheckpointOptions {

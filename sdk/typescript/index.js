@@ -121,8 +121,8 @@ export class Client {
     });
   }
 
-  async _call(method, path, doc) {
-    const res = await this._request(method, path, doc === undefined ? undefined : JSON.stringify(doc), doc === undefined ? undefined : 'application/json');
+  async _call(method, path, doc, signal) {
+    const res = await this._request(method, path, doc === undefined ? undefined : JSON.stringify(doc), doc === undefined ? undefined : 'application/json', signal);
     const chunks = [];
     for await (const c of res) chunks.push(c);
     const buf = Buffer.concat(chunks);
@@ -204,9 +204,12 @@ export class Sandbox {
     return new Branch(this, String(id));
   }
 
-  /** Make branches of the sandbox (or of opts.parent). */
+  /** Make branches of the sandbox (or of opts.parent). Aborting
+   * opts.signal before the answer disconnects: the server aborts the
+   * branches the fork made. */
   async fork(opts = {}) {
-    const out = await this.client._call('POST', this._path('/fork'), { count: 1, ...opts });
+    const { signal, ...doc } = opts;
+    const out = await this.client._call('POST', this._path('/fork'), { count: 1, ...doc }, signal);
     return branchesOf(out).map((c) => new Branch(this, c.id, c));
   }
 

@@ -177,6 +177,33 @@ describe('branchbox SDK', () => {
     }
   });
 
+  // A fork whose signal aborts it before the answer makes no branch: the
+  // server sees the client leave and aborts what the fork made.
+  test('a fork aborted by its signal', async () => {
+    const sb = await c.createSandbox({ id: 'ts-fork-abort', image: IMAGE, args: ['sleep', '1000000'] });
+    try {
+      let aborted = 0;
+      for (const ms of [0, 1, 2, 3]) {
+        try {
+          for (const k of await sb.fork({ count: 2, signal: AbortSignal.timeout(ms) })) await k.abort();
+        } catch (e) {
+          assert.ok(['AbortError', 'TimeoutError'].includes(/** @type {any} */ (e).name), `${e}`);
+          aborted++;
+        }
+      }
+      assert.ok(aborted > 0, 'no fork was aborted');
+      /** @type {string[]} */
+      let live = [];
+      for (const until = Date.now() + 10000; Date.now() < until; await new Promise((r) => setTimeout(r, 100))) {
+        live = (await sb.tree()).filter((n) => n.state === 'live' && n.id !== '0').map((n) => n.id);
+        if (live.length === 0) break;
+      }
+      assert.deepEqual(live, []);
+    } finally {
+      await sb.remove();
+    }
+  });
+
   test('the best-of-N example', async () => {
     assert.equal(await bestOfNExample({ ...env, BRANCHBOX_SANDBOX: 'ts-best-of-n' }), 0);
   });
