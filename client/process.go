@@ -114,6 +114,12 @@ func (p *Process) abandon(ctx context.Context, resp *shimv1.ExecResponse, err er
 		return // start closed its FIFOs
 	}
 	p.Pid = int(resp.Pid)
+	p.end(ctx)
+}
+
+// end kills the process and its session, waits for it and releases its
+// FIFOs: for a process whose caller left (abandon, Run).
+func (p *Process) end(ctx context.Context) {
 	if err := p.KillAll(ctx, uint32(syscall.SIGKILL)); err != nil {
 		log.G(ctx).WithError(err).Warnf("exec %s in %s/%s, its caller gone: kill", p.ID, p.s.ID, p.branch)
 	}
@@ -222,11 +228,7 @@ func (s *SandboxClient) Run(ctx context.Context, branchID string, opts ExecOptio
 	if err != nil && ctx.Err() != nil {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
 		defer cancel()
-		if kerr := p.KillAll(kctx, uint32(syscall.SIGKILL)); kerr != nil {
-			log.G(ctx).WithError(kerr).Warnf("run %v in %s/%s: kill it after its context ended", opts.Args, s.ID, branchID)
-		}
-		_, _ = p.Wait(kctx)
-		p.Close()
+		p.end(kctx)
 		return ExitStatus{}, fmt.Errorf("run %v in %s/%s: %w", opts.Args, s.ID, branchID, ctx.Err())
 	}
 	return st, err

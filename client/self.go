@@ -145,11 +145,9 @@ func (s *SelfClient) Exec(ctx context.Context, branchID string, opts SelfExecOpt
 		resp, err := s.api.Exec(ctx, req)
 		return resp, fromTTRPC(err)
 	}, func(ctx context.Context, resp *shimv1.SelfExecResponse, err error) {
-		if err != nil {
-			return
+		if err == nil {
+			s.end(ctx, branchID, resp.ExecId)
 		}
-		_ = s.KillAll(ctx, branchID, resp.ExecId, uint32(syscall.SIGKILL))
-		_, _ = s.Wait(ctx, branchID, resp.ExecId)
 	})
 	if err != nil {
 		return "", err
@@ -183,11 +181,17 @@ func (s *SelfClient) Run(ctx context.Context, branchID string, opts SelfExecOpti
 		// As SandboxClient.Run: the process and its session go.
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
 		defer cancel()
-		_ = s.KillAll(kctx, branchID, id, uint32(syscall.SIGKILL))
-		_, _ = s.Wait(kctx, branchID, id)
+		s.end(kctx, branchID, id)
 		return SelfResult{}, fmt.Errorf("run %v in branch %q: %w", opts.Args, branchID, ctx.Err())
 	}
 	return res, err
+}
+
+// end kills exec execID of a branch and its session and waits for it (the
+// shim then forgets it): for one whose caller left (Exec, Run).
+func (s *SelfClient) end(ctx context.Context, branchID, execID string) {
+	_ = s.KillAll(ctx, branchID, execID, uint32(syscall.SIGKILL))
+	_, _ = s.Wait(ctx, branchID, execID)
 }
 
 // KillAll signals a process started by Exec and what it started (its
