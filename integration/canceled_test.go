@@ -16,7 +16,6 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"golang.org/x/sys/unix"
 
-	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ops"
@@ -170,14 +169,8 @@ func TestSelfCanceledMidCall(t *testing.T) {
 // the tests that call it aborted every branch they were told of.
 func noOrphans(t *testing.T, ctx context.Context, sc *client.SandboxClient) {
 	t.Helper()
-	tree, err := sc.Tree(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range tree {
-		if n.ID != branch.RootID && n.State == branch.Live {
-			t.Errorf("branch %s live, made by a fork whose caller left", n.ID)
-		}
+	if live := liveBranchIDs(t, ctx, sc); len(live) > 0 {
+		t.Errorf("branches %v live, made by forks whose callers left", live)
 	}
 }
 
