@@ -95,10 +95,10 @@ def _dropped(c):
 
 
 def _abandon(c):
-    """Close connection c, left in the middle of an answer (a read timeout,
-    an interrupt): it could not carry another request, and its close tells
-    the server the client left, which ends the call there (a command is
-    killed, a fork's branches aborted)."""
+    """Close connection c, left in the middle of a request or its answer
+    (a timeout, an interrupt): it could not carry another request, and
+    its close tells the server the client left, which ends the call there
+    (a command is killed, a fork's branches aborted)."""
     c.close()
 
 
@@ -225,7 +225,7 @@ class Client:
                     raise
                 continue
             except BaseException:
-                c.close()
+                _abandon(c)
                 raise
             try:
                 resp = c.getresponse()

@@ -3,6 +3,7 @@ runs it, with BRANCHBOX_SOCKET, BRANCHBOX_URL, BRANCHBOX_TOKEN,
 BRANCHBOX_NAMESPACE and BRANCHBOX_IMAGE set)."""
 
 import asyncio
+import contextlib
 import http.server
 import json
 import os
@@ -32,6 +33,19 @@ def tls():
 
 def tcp():
     return branchbox.Client(url=ENV["BRANCHBOX_URL"], token=ENV["BRANCHBOX_TOKEN"], namespace=NS, ssl_context=tls())
+
+
+@contextlib.contextmanager
+def _fake(handler, **client_args):
+    """A client of a fake server on loopback that handler answers."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS, **client_args) as c:
+            yield c
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 class _OldServer(http.server.BaseHTTPRequestHandler):
@@ -67,19 +81,13 @@ class OldServerTest(unittest.TestCase):
     """The SDK reads a server from before the rename (deprecated keys)."""
 
     def test_old_keys(self):
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OldServer)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS) as c:
-                sb = c.sandbox("sb")
-                self.assertEqual([b.id for b in sb.fork(1)], ["1"])
-                self.assertEqual([n["id"] for n in sb.tree()], ["0", "1"])
-                self.assertEqual(sb.checkpoint("c", branch=1)["branch"], "1")
-                self.assertEqual([ck["branch"] for ck in sb.checkpoints()], ["1"])
-                self.assertEqual(sb.rollback("c", branch=1)["branch"], "1")
-        finally:
-            srv.shutdown()
-            srv.server_close()
+        with _fake(_OldServer) as c:
+            sb = c.sandbox("sb")
+            self.assertEqual([b.id for b in sb.fork(1)], ["1"])
+            self.assertEqual([n["id"] for n in sb.tree()], ["0", "1"])
+            self.assertEqual(sb.checkpoint("c", branch=1)["branch"], "1")
+            self.assertEqual([ck["branch"] for ck in sb.checkpoints()], ["1"])
+            self.assertEqual(sb.rollback("c", branch=1)["branch"], "1")
 
 
 class _HangUpServer(http.server.BaseHTTPRequestHandler):
@@ -136,16 +144,10 @@ class ReadTimeoutTest(unittest.TestCase):
     later request of the thread (CannotSendRequest)."""
 
     def test_next_call(self):
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowServer)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS, timeout=0.1) as c:
-                with self.assertRaises(TimeoutError):
-                    c.sandbox("slow").tree()
-                self.assertEqual(len(c.sandbox("sb").tree()), 1)
-        finally:
-            srv.shutdown()
-            srv.server_close()
+        with _fake(_SlowServer, timeout=0.1) as c:
+            with self.assertRaises(TimeoutError):
+                c.sandbox("slow").tree()
+            self.assertEqual(len(c.sandbox("sb").tree()), 1)
 
 
 class HangUpTest(unittest.TestCase):
@@ -154,23 +156,17 @@ class HangUpTest(unittest.TestCase):
     (it would fork twice): the error says it may have been done."""
 
     def test_hang_ups(self):
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HangUpServer)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            with branchbox.Client(url="http://127.0.0.1:%d" % srv.server_address[1], namespace=NS) as c:
-                sb = c.sandbox("sb")
-                self.assertEqual(len(sb.tree()), 1)
-                time.sleep(0.2)  # the server has closed the connection
-                self.assertEqual(len(sb.tree()), 1)
-                time.sleep(0.2)
-                with self.assertRaises(branchbox.BranchboxError) as cm:
-                    sb.fork(1)
-                self.assertEqual(cm.exception.kind, "unavailable")
-                self.assertIn("may have", str(cm.exception))
-                self.assertEqual(_HangUpServer.forks, 1)
-        finally:
-            srv.shutdown()
-            srv.server_close()
+        with _fake(_HangUpServer) as c:
+            sb = c.sandbox("sb")
+            self.assertEqual(len(sb.tree()), 1)
+            time.sleep(0.2)  # the server has closed the connection
+            self.assertEqual(len(sb.tree()), 1)
+            time.sleep(0.2)
+            with self.assertRaises(branchbox.BranchboxError) as cm:
+                sb.fork(1)
+            self.assertEqual(cm.exception.kind, "unavailable")
+            self.assertIn("may have", str(cm.exception))
+            self.assertEqual(_HangUpServer.forks, 1)
 
 
 class SDKTest(unittest.TestCase):

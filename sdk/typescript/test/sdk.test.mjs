@@ -209,6 +209,24 @@ describe('branchbox SDK', () => {
   });
 });
 
+/**
+ * Runs fn with a client of a fake server on loopback that handler answers.
+ * @param {import('node:http').RequestListener} handler
+ * @param {(c: Client) => Promise<void>} fn
+ */
+async function withFake(handler, fn) {
+  const srv = createServer(handler);
+  await new Promise((resolve) => srv.listen(0, '127.0.0.1', () => resolve(undefined)));
+  const addr = /** @type {import('node:net').AddressInfo} */ (srv.address());
+  const c = new Client({ url: `http://127.0.0.1:${addr.port}`, namespace: NS });
+  try {
+    await fn(c);
+  } finally {
+    c.close();
+    srv.close();
+  }
+}
+
 // A `branchctl serve` from before the rename: its documents have their
 // branches only under the keys contexts and context.
 test('a server from before the rename', async () => {
@@ -220,28 +238,22 @@ test('a server from before the rename', async () => {
     'GET /checkpoints': { checkpoints: [{ name: 'c', context: '1' }] },
     'POST /rollback': { rollback: { context: '1', checkpoint: 'c', seconds: 0.1 } },
   };
-  const srv = createServer((req, res) => {
+  const answer = (/** @type {import('node:http').IncomingMessage} */ req, /** @type {import('node:http').ServerResponse} */ res) => {
     req.resume();
     req.on('end', () => {
       const doc = answers[`${req.method} /${(req.url ?? '').split('/').pop()}`];
       res.writeHead(doc ? 200 : 404, { 'Content-Type': 'application/json' });
       res.end(JSON.stringify(doc ?? null));
     });
-  });
-  await new Promise((resolve) => srv.listen(0, '127.0.0.1', () => resolve(undefined)));
-  const addr = /** @type {import('node:net').AddressInfo} */ (srv.address());
-  const old = new Client({ url: `http://127.0.0.1:${addr.port}`, namespace: NS });
-  try {
+  };
+  await withFake(answer, async (old) => {
     const sb = old.sandbox('sb');
     assert.deepEqual((await sb.fork()).map((b) => b.id), ['1']);
     assert.deepEqual((await sb.tree()).map((b) => b.id), ['0', '1']);
     assert.equal((await sb.checkpoint('c', '1')).branch, '1');
     assert.deepEqual((await sb.checkpoints()).map((ck) => ck.branch), ['1']);
     assert.equal((await sb.rollback('c', '1')).branch, '1');
-  } finally {
-    old.close();
-    srv.close();
-  }
+  });
 });
 
 // A server that hangs up on the second request of each connection, as one
@@ -250,7 +262,7 @@ test('a server from before the rename', async () => {
 // been done: forking again would fork twice), and says so.
 test('a server that hangs up', async () => {
   let posts = 0;
-  const srv = createServer((req, res) => {
+  const hangUp = (/** @type {import('node:http').IncomingMessage} */ req, /** @type {import('node:http').ServerResponse} */ res) => {
     const sock = /** @type {any} */ (req.socket);
     sock.requests = (sock.requests ?? 0) + 1;
     if (req.method === 'POST') posts++;
@@ -263,11 +275,8 @@ test('a server that hangs up', async () => {
       res.writeHead(200, { 'Content-Type': 'application/json' });
       res.end(JSON.stringify({ branches: [{ id: '0', state: 'live' }] }));
     });
-  });
-  await new Promise((resolve) => srv.listen(0, '127.0.0.1', () => resolve(undefined)));
-  const addr = /** @type {import('node:net').AddressInfo} */ (srv.address());
-  const c = new Client({ url: `http://127.0.0.1:${addr.port}`, namespace: NS });
-  try {
+  };
+  await withFake(hangUp, async (c) => {
     const sb = c.sandbox('sb');
     assert.equal((await sb.tree()).length, 1);
     assert.equal((await sb.tree()).length, 1);
@@ -278,8 +287,5 @@ test('a server that hangs up', async () => {
       return true;
     });
     assert.equal(posts, 1);
-  } finally {
-    c.close();
-    srv.close();
-  }
+  });
 });
