@@ -186,7 +186,9 @@ check-version:
 $(BIN)/staticcheck:
 	GOBIN="$(ABSBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-lint: check-version check-tidy check-proto check-imports check-length check-walk $(BIN)/staticcheck
+# deps first: vet, staticcheck and the walk build the shim with -tags seccomp,
+# which needs libseccomp-dev (pkg-config), not on a fresh machine.
+lint: deps check-version check-tidy check-proto check-imports check-length check-walk $(BIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags seccomp ./shim/...
@@ -221,7 +223,7 @@ check-length:
 
 # A reader following a fork through the shim never comes back to a file it
 # left (issue 30; docs/design.md, "a fork's path").
-check-walk:
+check-walk: deps
 	@out=$$(hack/walk.sh -max-returns 0) || { echo "$$out"; exit 1; }; echo "$$out" | tail -1
 
 # The tests of pure logic: no root, no daemons, seconds.
