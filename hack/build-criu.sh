@@ -40,8 +40,7 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
 	echo "installing ${missing[*]}"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+	"$(dirname "$0")/apt-install.sh" "${missing[@]}"
 fi
 
 work=$(mktemp -d)

@@ -37,7 +37,7 @@ want=(qemu-system-x86_64:qemu-system-x86 zstd:zstd xz:xz-utils busybox:busybox-s
 need=(); for c in "${want[@]}"; do
   command -v ${c%%:*} >/dev/null || need+=(${c#*:})
 done
-[ ${#need[@]} = 0 ] || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; }
+[ ${#need[@]} = 0 ] || "$(dirname "$0")/apt-install.sh" "${need[@]}"
 APTO=(-o "Dir::Etc::SourceList=$WORK/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$WORK/apt/lists" -o "Dir::Cache=$WORK/apt/cache" -o APT::Get::List-Cleanup=0)
 if [ ! -f "$WORK/kernel/vmlinux" ]; then
   # the same Debian mirror the host's apt uses, trixie-backports suite
