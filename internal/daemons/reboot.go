@@ -1,0 +1,108 @@
+//go:build linux
+
+package daemons
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reboot does to the env what a node's power cut and boot do: every
+// process of it ends at once (containerd, the snapshotter, the shims, the
+// containers and their branches, SIGKILL), and what a node keeps in
+// memory is gone: every mount, the cgroups, containerd's state directory
+// and the runtimes' state under /run/containerd (tmpfs on a node). What
+// is on disk stays: containerd's root and the snapshotter's. Then the
+// snapshotter and containerd start again, as a booting node starts them.
+func (e *Env) Reboot(ctx context.Context) error {
+	var errs []error
+	if e.containerd != nil {
+		_ = e.containerd.stop(syscall.SIGKILL, 15*time.Second)
+		e.containerd = nil
+	}
+	var sockets []string
+	for _, pid := range e.ShimPids() {
+		sockets = append(sockets, e.ShimSockets(pid)...)
+		killTree(pid)
+	}
+	if e.snapshotter != nil {
+		_ = e.snapshotter.stop(syscall.SIGKILL, 15*time.Second)
+		e.snapshotter = nil
+	}
+	if err := e.killCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(e.Namespace); err != nil {
+		errs = append(errs, err)
+	}
+	for _, s := range sockets {
+		_ = os.Remove(s)
+	}
+	mounts, err := MountsUnder(e.Dir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	for _, d := range []string{e.ContainerdState, filepath.Join("/run/containerd/branch", e.Namespace), filepath.Join("/run/containerd/runc", e.Namespace)} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, fmt.Errorf("reboot: remove %s: %w", d, err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := e.StartSnapshotter(ctx); err != nil {
+		return err
+	}
+	return e.startContainerd(ctx)
+}
+
+// killCgroups SIGKILLs every process in the namespace's cgroups, on every
+// hierarchy (a branch's cgroup is below its container's; a frozen one is
+// thawed so that the kill is taken), until none is left.
+func (e *Env) killCgroups() error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left []string
+		for _, top := range cgroupDirs(e.Namespace) {
+			_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+				if err != nil || !d.IsDir() {
+					return nil
+				}
+				b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+				if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+					return nil
+				}
+				left = append(left, p)
+				_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0o644)
+				_ = os.WriteFile(filepath.Join(p, "cgroup.freeze"), []byte("0"), 0o644)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+				return nil
+			})
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reboot: processes left in cgroups %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
