@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,11 +26,26 @@ import (
 // branches held; its checkpoints roll back; it forks; the branches that
 // were live are not live any more and their storage is reclaimed; and
 // nothing is left once it is removed.
+// The same with a sandbox in a user namespace of its own, whose branches'
+// view of the image (an id-mapped bind) the reboot drops too.
 func TestNodeReboot(t *testing.T) {
+	m := fmt.Sprintf("0:%d:%d", usernsHost, usernsSize)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"plain", nil},
+		{"userns", []string{"--uidmap", m, "--gidmap", m}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testNodeReboot(t, tc.flags) })
+	}
+}
+
+func testNodeReboot(t *testing.T, flags []string) {
 	ctx, env, _ := shimEnv(t)
 	// The init holds a value in its memory alone (a new one at each
 	// start) and shows it in /tmp/alive.
-	sc := runSandbox(t, ctx, env, ociimage.ImageRef, "sh", "-c",
+	sc := runSandboxWith(t, ctx, env, flags, ociimage.ImageRef, "sh", "-c",
 		`v=$RANDOM$RANDOM; while :; do echo $v > /tmp/alive; sleep 0.05; done`)
 	sh := func(sc *client.SandboxClient, b, script string) string {
 		t.Helper()
@@ -129,7 +145,9 @@ func TestNodeReboot(t *testing.T) {
 		t.Errorf("checkpoints after the reboot: %+v, want the sandbox's cp1 and mem (in-branch went with its branch)", cks)
 	}
 	k := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0]
-	if got := sh(sc, k.ID, "cat /data /after"); got != "v2\nwritable\n" {
+	// Owners as the sandbox's root sees them: in a user namespace, through
+	// the branch's id-mapped view of the image, made again after the boot.
+	if got := sh(sc, k.ID, "cat /data /after; stat -c %u:%g /bin/busybox /after"); got != "v2\nwritable\n0:0\n0:0\n" {
 		t.Errorf("fork after the reboot sees %q", got)
 	}
 	if _, err := sc.Abort(ctx, k.ID); err != nil {
