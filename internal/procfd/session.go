@@ -3,11 +3,8 @@
 package procfd
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,27 +12,8 @@ import (
 // Session is the session id of pid, as this process's PID namespace
 // numbers it (/proc/PID/stat's sixth field).
 func Session(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	return parseSession(b)
-}
-
-// parseSession reads the session of a /proc/PID/stat line: the command
-// in parentheses may hold spaces and parentheses, so the fields are
-// counted from the last ')'.
-func parseSession(b []byte) (int, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("no command in %q", b)
-	}
-	// After the command: state, ppid, pgrp, session.
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 4 {
-		return 0, fmt.Errorf("short stat line %q", b)
-	}
-	return strconv.Atoi(string(f[3]))
+	st, err := ReadStat(pid)
+	return st.Session, err
 }
 
 // SignalSession sends sig to those of pids that are in session sid and

@@ -14,20 +14,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestParseSession(t *testing.T) {
+func TestParseStat(t *testing.T) {
 	for _, c := range []struct {
 		line string
-		want int
+		want Stat
 		bad  bool
 	}{
-		{line: "42 (sleep) S 1 42 42 0 -1 4194560", want: 42},
-		{line: "7 (a b) (c)) R 1 3 5 0", want: 5},
-		{line: "7 (x) R 1", bad: true},
+		{line: "42 (sleep) S 1 42 42 0 -1 4194560", want: Stat{'S', 1, 42, 4194560}},
+		{line: "7 (a b) (c)) R 1 3 5 0 -1 4", want: Stat{'R', 1, 5, 4}},
+		{line: "7 (x) R 9 (y) S 1 3 5 0 -1 0", want: Stat{'S', 1, 5, 0}},
+		{line: "7 (x) R 1 3 5 0", bad: true},
+		{line: "7 (x) R 1 3 z 0 -1 0", bad: true},
 		{line: "garbage", bad: true},
 	} {
-		got, err := parseSession([]byte(c.line))
+		got, err := parseStat([]byte(c.line))
 		if c.bad != (err != nil) || (!c.bad && got != c.want) {
-			t.Errorf("parseSession(%q) = %d, %v; want %d (fails: %v)", c.line, got, err, c.want, c.bad)
+			t.Errorf("parseStat(%q) = %+v, %v; want %+v (fails: %v)", c.line, got, err, c.want, c.bad)
 		}
 	}
 }

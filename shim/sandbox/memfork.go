@@ -353,10 +353,13 @@ func (c *Service) initEnded(ctx context.Context, sb *Sandbox, n *Branch) bool {
 }
 
 // alive says whether a process still runs: a zombie (an orphan waiting
-// for the host's init to reap it) does not.
+// for the host's init to reap it) does not, nor one on its way out
+// (PF_EXITING): it has let go of its namespaces before it turns zombie, and
+// a dump that came then failed on "net namespace of the init: no such
+// file or directory" (TestMemoryForkKillDuringFork).
 func alive(pid int) bool {
-	state, _, ok := procStat(pid)
-	return ok && state != 'Z' && state != 'X'
+	st, err := procfd.ReadStat(pid)
+	return err == nil && st.State != 'Z' && st.State != 'X' && st.Flags&procfd.Exiting == 0
 }
 
 // criuErrors is what CRIU's log says went wrong, unless err (the

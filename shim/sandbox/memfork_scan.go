@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/branch"
+	"github.com/branchbox/branchbox/internal/procfd"
 	"github.com/branchbox/branchbox/shim/ocirt"
 )
 
@@ -227,33 +228,15 @@ func sockPort(sa unix.Sockaddr, err error) int {
 // the parent pids in /proc.
 func descends(pid int, tree map[int]bool) bool {
 	for i := 0; i < 64 && pid > 1; i++ {
-		_, ppid, ok := procStat(pid)
-		if !ok {
+		st, err := procfd.ReadStat(pid)
+		if err != nil {
 			return false
 		}
-		if pid = ppid; tree[pid] {
+		if pid = st.PPid; tree[pid] {
 			return true
 		}
 	}
 	return false
-}
-
-// procStat is a process's state letter and parent pid, from
-// /proc/PID/stat (after the command name, which may hold spaces).
-func procStat(pid int) (state byte, ppid int, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, false
-	}
-	_, rest, found := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	if !found || len(f) < 2 || len(f[0]) != 1 {
-		return 0, 0, false
-	}
-	if ppid, err = strconv.Atoi(f[1]); err != nil {
-		return 0, 0, false
-	}
-	return f[0][0], ppid, true
 }
 
 // inetSockets maps the inode of each TCP and UDP socket of pid's network
