@@ -4,7 +4,6 @@ package integration
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 
@@ -59,18 +58,15 @@ func TestFullDisk(t *testing.T) {
 
 // sandboxOnDisk runs sandbox "sb" (busybox, sleeping) in an env whose
 // containerd and snapshotter directories are on an ext4 of sizeMB of its
-// own (a loop device), and returns where that filesystem is mounted.
+// own (a loop device), as a node's /var/lib, and returns where that
+// filesystem is mounted.
 func sandboxOnDisk(t *testing.T, sizeMB int) (context.Context, *daemons.Env, string) {
 	t.Helper()
 	requireRoot(t)
 	mnt := fstest.LoopExt4(t, sizeMB)
-	// A name of its own: the env's namespace (and the runtime's state
-	// under it, host-wide) is named after it.
-	dir, err := os.MkdirTemp(mnt, "env-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: dir})
+	// What a node keeps on disk; the rest (sockets, containerd's state,
+	// logs) is in a directory of its own, as in a node's /run.
+	ctx, env, _ := shimEnvWith(t, daemons.Config{DiskDir: mnt})
 	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
 	return ctx, env, mnt
 }

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/cio"
-
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -95,26 +92,7 @@ func testNodeReboot(t *testing.T, flags []string) {
 		t.Fatalf("reboot: %v", err)
 	}
 
-	cc, err := containerd.New(env.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctr, err := cc.LoadContainer(ctx, "sb")
-	if err != nil {
-		t.Fatalf("the sandbox's container after the reboot: %v", err)
-	}
-	if task, err := ctr.Task(ctx, nil); err == nil {
-		st, _ := task.Status(ctx)
-		t.Fatalf("sandbox has a task after the reboot: %s", st.Status)
-	}
-	task, err := ctr.NewTask(ctx, cio.NullIO)
-	if err != nil {
-		t.Fatalf("start the sandbox again after the reboot: %v", err)
-	}
-	if err := task.Start(ctx); err != nil {
-		t.Fatalf("start the sandbox again after the reboot: %v", err)
-	}
+	startAgain(t, ctx, env, "sb")
 	sc = sandboxClient(t, ctx, env, "sb")
 	if got := rootSh("cat /data /work/f; ls /big 2>&1 || true"); !strings.HasPrefix(got, "v2\nkept\n") || !strings.Contains(got, "No such file") {
 		t.Errorf("sandbox after the reboot: /data, /work/f, /big = %q, want the committed v2 and kept and no /big", got)

@@ -42,6 +42,8 @@ type Env struct {
 	extraEnv    []string
 	// snapshotterFlags are Config.SnapshotterFlags.
 	snapshotterFlags []string
+	// diskDir is Config.DiskDir.
+	diskDir string
 }
 
 // Config says where the binaries are and where to put the state.
@@ -51,6 +53,11 @@ type Config struct {
 	BinDir string
 	// Dir is the state directory; a new temporary one if empty.
 	Dir string
+	// DiskDir, if set, holds what a node keeps on its disk, as under
+	// /var/lib: containerd's root and the snapshotter's. The rest
+	// (sockets, containerd's state, logs, FIFOs) stays in Dir, as a
+	// node's /run. Default: Dir.
+	DiskDir string
 	// CRI, if set, runs containerd with its CRI plugins on (see cri.go);
 	// otherwise they are off.
 	CRI *CRIConfig
@@ -130,6 +137,7 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 		SnapshotterAddress: filepath.Join(dir, "snapshotter.sock"),
 		ContainerdRoot:     filepath.Join(dir, "root"),
 		ContainerdState:    filepath.Join(dir, "state"),
+		diskDir:            cfg.DiskDir,
 		cri:                cfg.CRI,
 		logLevel:           cfg.LogLevel,
 		extraEnv:           cfg.ContainerdEnv,
@@ -137,6 +145,10 @@ func Start(ctx context.Context, cfg Config) (_ *Env, retErr error) {
 	}
 	if e.logLevel == "" {
 		e.logLevel = "debug"
+	}
+	if cfg.DiskDir != "" {
+		e.SnapshotterRoot = filepath.Join(cfg.DiskDir, "snapshotter")
+		e.ContainerdRoot = filepath.Join(cfg.DiskDir, "root")
 	}
 	defer func() {
 		if retErr != nil {
@@ -384,17 +396,37 @@ func (e *Env) Stop(ctx context.Context) error {
 	if e.Dir == "" || e.Dir == "/" {
 		return errors.Join(append(errs, fmt.Errorf("refusing to clean up state directory %q", e.Dir))...)
 	}
-	mounts, err := MountsUnder(e.Dir)
-	if err != nil {
-		errs = append(errs, err)
+	errs = append(errs, e.unmountAll()...)
+	dirs := []string{e.Dir}
+	if e.diskDir != "" {
+		dirs = append(dirs, e.ContainerdRoot, e.SnapshotterRoot)
 	}
-	for _, m := range mounts {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", d, err))
 		}
 	}
-	if err := os.RemoveAll(e.Dir); err != nil {
-		errs = append(errs, fmt.Errorf("remove %s: %w", e.Dir, err))
-	}
 	return errors.Join(errs...)
+}
+
+// unmountAll detaches every mount under the env's directories.
+func (e *Env) unmountAll() []error {
+	var errs []error
+	dirs := []string{e.Dir}
+	if e.diskDir != "" {
+		// Not DiskDir itself, which may be a mount of the caller's.
+		dirs = append(dirs, e.ContainerdRoot, e.SnapshotterRoot)
+	}
+	for _, d := range dirs {
+		mounts, err := MountsUnder(d)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, m := range mounts {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+	}
+	return errs
 }

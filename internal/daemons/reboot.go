@@ -12,18 +12,33 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
-// Reboot does to the env what a node's power cut and boot do: every
-// process of it ends at once (containerd, the snapshotter, the shims, the
-// containers and their branches, SIGKILL), and what a node keeps in
-// memory is gone: every mount, the cgroups, containerd's state directory
-// and the runtimes' state under /run/containerd (tmpfs on a node). What
-// is on disk stays: containerd's root and the snapshotter's. Then the
-// snapshotter and containerd start again, as a booting node starts them.
+// Reboot does to the env what a node's power cut and boot do (PowerCut,
+// then Boot).
 func (e *Env) Reboot(ctx context.Context) error {
+	if err := e.PowerCut(); err != nil {
+		return err
+	}
+	return e.Boot(ctx)
+}
+
+// Boot starts the snapshotter and containerd again after PowerCut, as a
+// booting node starts them.
+func (e *Env) Boot(ctx context.Context) error {
+	if err := e.StartSnapshotter(ctx); err != nil {
+		return err
+	}
+	return e.startContainerd(ctx)
+}
+
+// PowerCut does to the env what a node's power cut does: every process of
+// it ends at once (containerd, the snapshotter, the shims, the containers
+// and their branches, SIGKILL), and what a node keeps in memory is gone:
+// every mount, the cgroups, containerd's state directory and the
+// runtimes' state under /run/containerd (tmpfs on a node). What is on
+// disk stays: containerd's root and the snapshotter's.
+func (e *Env) PowerCut() error {
 	var errs []error
 	if e.containerd != nil {
 		_ = e.containerd.stop(syscall.SIGKILL, 15*time.Second)
@@ -47,27 +62,13 @@ func (e *Env) Reboot(ctx context.Context) error {
 	for _, s := range sockets {
 		_ = os.Remove(s)
 	}
-	mounts, err := MountsUnder(e.Dir)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, m := range mounts {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-		}
-	}
+	errs = append(errs, e.unmountAll()...)
 	for _, d := range []string{e.ContainerdState, filepath.Join("/run/containerd/branch", e.Namespace), filepath.Join("/run/containerd/runc", e.Namespace)} {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, fmt.Errorf("reboot: remove %s: %w", d, err))
 		}
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	if err := e.StartSnapshotter(ctx); err != nil {
-		return err
-	}
-	return e.startContainerd(ctx)
+	return errors.Join(errs...)
 }
 
 // killCgroups SIGKILLs every process in the namespace's cgroups, on every
