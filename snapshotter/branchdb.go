@@ -32,13 +32,23 @@ import (
 // completed, not left.
 const branchDBName = branch.BranchDBFile
 
+// branchDBMapBytes is the address space the branch database is mapped
+// with from the start (not memory: pages past the file are never
+// touched), so that it is not mapped again as it grows. A new mapping
+// fails on a filesystem remounted read-only after an error (ext4's
+// emergency_ro), and bolt, unmapped by then, failed every later call,
+// reads included ("database isn't correctly mapped"): with the mapping
+// kept, a write fails alone and the trees can still be read.
+const branchDBMapBytes = 64 << 20
+
 // openBranchDB opens (creating if needed) the branch database. A file that
 // bolt cannot open or that fails its consistency check (a power loss in
 // the middle of unsynced writes) is moved aside and replaced by an empty
 // one: the layers it described become orphans, which Cleanup removes.
 func openBranchDB(ctx context.Context, root string) (*bolt.DB, error) {
 	path := filepath.Join(root, branchDBName)
-	opts := &bolt.Options{NoSync: true, NoGrowSync: true, NoFreelistSync: true, FreelistType: bolt.FreelistMapType, Timeout: 10 * time.Second}
+	opts := &bolt.Options{NoSync: true, NoGrowSync: true, NoFreelistSync: true, FreelistType: bolt.FreelistMapType, Timeout: 10 * time.Second,
+		InitialMmapSize: branchDBMapBytes}
 	db, err := bolt.Open(path, 0o600, opts)
 	if err == nil {
 		if err = checkDB(db); err != nil {

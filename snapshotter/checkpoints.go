@@ -167,9 +167,15 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	if err != nil {
 		return branch.Checkpoint{}, noRoom(err)
 	}
+	if err := syncLayer(tmp, st.Entries); err != nil {
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: write its layer to disk: %w", c, name, err)
+	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
+	}
+	if err := syncPath(filepath.Dir(final)); err != nil {
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: write its layer to disk: %w", c, name, err)
 	}
 	// The next rollback to it, or checkpoint after it, reads it back.
 	s.manifests.put(filepath.Join(final, "manifest"), cur)
@@ -180,6 +186,10 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	}
 	if err := s.recordCheckpoint(ctx, r, id, rec, o); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
+	}
+	// An acknowledged checkpoint outlives a power loss (syncLayer).
+	if err := s.bdb.Sync(); err != nil {
+		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: made, but its record could not be written to disk (it may not outlive a power loss): %w", c, name, err)
 	}
 	s.fault(FaultCheckpointRecorded)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "branch": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
@@ -384,6 +394,12 @@ func (s *Branches) DeleteCheckpoint(ctx context.Context, root branch.Root, name 
 		return fmt.Errorf("delete checkpoint %q: %w", name, err)
 	}
 	s.fault(FaultCheckpointDeleted)
+	// The deletion reaches the disk before the layers go: a record that
+	// came back after a power loss would name a layer no longer there.
+	if err := s.bdb.Sync(); err != nil {
+		log.G(ctx).WithError(err).WithField("checkpoint", name).Warn("write a checkpoint's deletion to disk; its layers are kept until Cleanup")
+		return nil
+	}
 	if memGone {
 		// Only its name could restore it, and no chain stacks memory.
 		if err := os.RemoveAll(filepath.Join(s.checkpointDir(r.id(), seq), memoryDir)); err != nil {
