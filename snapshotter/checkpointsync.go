@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"path/filepath"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,18 +36,33 @@ func syncLayer(dir string, entries int64) error {
 		}
 		return nil
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	var paths []string
+	if err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		// Symbolic links and special files are their directory's entries
 		// alone (and opening a FIFO would block).
-		if !d.IsDir() && !d.Type().IsRegular() {
-			return nil
+		if d.IsDir() || d.Type().IsRegular() {
+			paths = append(paths, p)
 		}
-		return syncPath(p)
-	})
+		return nil
+	}); err != nil {
+		return err
+	}
+	// At once: a journaling filesystem commits the fsyncs that wait
+	// together in one transaction, where one after the other each paid
+	// for a commit of its own (about 0.15 ms each here).
+	var g errgroup.Group
+	g.SetLimit(syncParallel)
+	for _, p := range paths {
+		g.Go(func() error { return syncPath(p) })
+	}
+	return g.Wait()
 }
+
+// syncParallel bounds the fsyncs syncLayer runs at once.
+const syncParallel = 16
 
 // syncPath fsyncs the file or directory at p.
 func syncPath(p string) error {
