@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/branchbox/branchbox/branch"
@@ -60,6 +61,13 @@ func openBranchDB(ctx context.Context, root string) (*bolt.DB, error) {
 	}
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another process holds it: %w", path, errdefs.ErrUnavailable)
+	}
+	// The system's refusal (an I/O error, a read-only or full disk, no
+	// permission) says nothing of the file's content: moved aside, every
+	// checkpoint it records would be lost for what a repair may mend.
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return nil, fmt.Errorf("open the branch database %s: %w (its content is kept: repair the disk and start again)", path, err)
 	}
 	aside := fmt.Sprintf("%s.damaged-%d", path, time.Now().Unix())
 	log.G(ctx).WithError(err).WithField("moved-to", aside).Error("branch metadata is damaged (a power loss?); starting with no branches")

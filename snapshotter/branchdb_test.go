@@ -144,3 +144,30 @@ func TestBranchDBDamaged(t *testing.T) {
 		t.Fatalf("fork after recovery: %v", err)
 	}
 }
+
+// TestBranchDBSystemError: a branches.db the system refuses to open (an
+// I/O error, a read-only disk; here a directory in its place, EISDIR)
+// stops the start and is not moved aside as damaged: its checkpoints
+// would be lost for what a repair may mend.
+func TestBranchDBSystemError(t *testing.T) {
+	ctx := context.Background()
+	root, _, _ := forkedAndClosed(t, ctx)
+	db := filepath.Join(root, branchDBName)
+	if err := os.Rename(db, db+".real"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(db, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(ctx, root)
+	if err == nil {
+		s.Close()
+		t.Fatal("started over a branches.db the system refused to open")
+	}
+	if !strings.Contains(err.Error(), "repair the disk") {
+		t.Errorf("error: %v; want it to say the content is kept", err)
+	}
+	if aside, _ := filepath.Glob(db + ".damaged-*"); len(aside) != 0 {
+		t.Fatalf("moved aside as damaged: %v", aside)
+	}
+}
