@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,13 +11,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestReadOnlyDisk: the node's disk (containerd's and the snapshotter's
@@ -87,7 +86,7 @@ func TestReadOnlyDisk(t *testing.T) {
 	if err := env.PowerCut(); err != nil {
 		t.Fatal(err)
 	}
-	repairDisk(t, mnt)
+	fstest.RepairLoopExt4(t, mnt)
 	if err := env.Boot(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -133,34 +132,6 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
-}
-
-// repairDisk does what a node's boot does to a filesystem left with
-// errors: unmounted (the power cut let go of it), checked and repaired by
-// fsck, mounted again where it was (fstest.LoopExt4's image beside it).
-func repairDisk(t *testing.T, mnt string) {
-	t.Helper()
-	for i := 0; ; i++ {
-		out, err := exec.Command("umount", mnt).CombinedOutput()
-		if err == nil {
-			break
-		}
-		// Overlays detached lazily let go of it soon after.
-		if i == 100 || !bytes.Contains(out, []byte("busy")) {
-			t.Fatalf("umount %s: %v: %s", mnt, err, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	img := filepath.Join(filepath.Dir(mnt), "img")
-	// 1: errors corrected.
-	if out, err := exec.Command("e2fsck", "-fy", img).CombinedOutput(); err != nil {
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
-			t.Fatalf("e2fsck %s: %v: %s", img, err, out)
-		}
-	}
-	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s again: %v: %s", img, err, out)
-	}
 }
 
 // startAgain starts a new task of container id, whose last one a reboot

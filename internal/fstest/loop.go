@@ -38,18 +38,9 @@ func LoopExt4(t testing.TB, sizeMB int) string {
 	}
 	run("mount", "-o", "loop", img, mnt)
 	t.Cleanup(func() {
-		// Overlays over it that were detached lazily let go of it soon
-		// after, not at once: retry a busy unmount for a while.
-		for i := 0; ; i++ {
-			out, err := exec.Command("umount", mnt).CombinedOutput()
-			if err == nil {
-				break
-			}
-			if i == 100 || !bytes.Contains(out, []byte("busy")) {
-				t.Errorf("umount %s: %v: %s", mnt, err, out)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+		if err := umount(mnt); err != nil {
+			t.Error(err)
+			return
 		}
 		// The loop device clears itself once the unmount lets go of it.
 		for i := 0; ; i++ {
@@ -65,6 +56,41 @@ func LoopExt4(t testing.TB, sizeMB int) string {
 		}
 	})
 	return mnt
+}
+
+// umount unmounts mnt. Overlays over it that were detached lazily let go
+// of it soon after, not at once: a busy unmount is retried for a while.
+func umount(mnt string) error {
+	for i := 0; ; i++ {
+		out, err := exec.Command("umount", mnt).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		if i == 100 || !bytes.Contains(out, []byte("busy")) {
+			return fmt.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// RepairLoopExt4 does to a filesystem of LoopExt4's what a node's boot
+// does to one left with errors: unmounted (nothing of the test may hold
+// it), checked and repaired by e2fsck, and mounted again where it was.
+func RepairLoopExt4(t testing.TB, mnt string) {
+	t.Helper()
+	if err := umount(mnt); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(filepath.Dir(mnt), "img")
+	// Exit status 1: errors corrected.
+	if out, err := exec.Command("e2fsck", "-fy", img).CombinedOutput(); err != nil {
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+			t.Fatalf("e2fsck %s: %v: %s", img, err, out)
+		}
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s again: %v: %s", img, err, out)
+	}
 }
 
 // Tmpfs mounts a tmpfs with the mount data given (its size and mode, say)
