@@ -75,11 +75,14 @@ func testNodeReboot(t *testing.T, flags []string) {
 	}
 	commitOne(sc, "echo v2 > /data; mkdir -p /work && echo kept > /work/f")
 	live := fork(t, ctx, sc, client.ForkOptions{Count: 2})
+	var running []*client.Process
 	for _, k := range live {
 		sh(sc, k.ID, "echo "+k.ID+" > /data; dd if=/dev/zero of=/big bs=1M count=4 2>/dev/null")
-		if _, err := sc.Exec(ctx, k.ID, client.ExecOptions{Args: []string{"sleep", "100000"}}); err != nil {
+		p, err := sc.Exec(ctx, k.ID, client.ExecOptions{Args: []string{"sleep", "100000"}})
+		if err != nil {
 			t.Fatal(err)
 		}
+		running = append(running, p)
 	}
 	nested := fork(t, ctx, sc, client.ForkOptions{Parent: live[0].ID, Count: 1})[0]
 	sh(sc, nested.ID, "echo nested > /data")
@@ -90,6 +93,11 @@ func testNodeReboot(t *testing.T, flags []string) {
 
 	if err := env.Reboot(ctx); err != nil {
 		t.Fatalf("reboot: %v", err)
+	}
+	// Their FIFOs, under the host's /run/containerd/fifo, which a real
+	// reboot empties.
+	for _, p := range running {
+		p.Close()
 	}
 
 	startAgain(t, ctx, env, "sb")
