@@ -167,14 +167,14 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	if err != nil {
 		return branch.Checkpoint{}, noRoom(err)
 	}
-	if err := syncLayer(tmp, st.Entries); err != nil {
-		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: write its layer to disk: %w", c, name, err)
-	}
 	s.fault(FaultCheckpointWritten)
 	if err := os.Rename(tmp, final); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint: move layer into place: %w", err)
 	}
-	if err := syncPath(filepath.Dir(final)); err != nil {
+	// In place and then on disk, its directory's entry with it, in one
+	// go: until its record is written, a layer cut short there is an
+	// orphan that recovery removes.
+	if err := syncLayer(final, st.Entries, filepath.Dir(final)); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: write its layer to disk: %w", c, name, err)
 	}
 	// The next rollback to it, or checkpoint after it, reads it back.

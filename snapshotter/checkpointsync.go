@@ -24,7 +24,8 @@ const syncEachMax = 256
 // would roll back to empty or missing ones. A layer of few entries has
 // each synced, its own data alone; a larger one its filesystem at once
 // (syncfs: one call, but it writes back what else is dirty there too).
-func syncLayer(dir string, entries int64) error {
+// The paths in also (its parent directory) are synced with it.
+func syncLayer(dir string, entries int64, also ...string) error {
 	if entries > syncEachMax {
 		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -36,7 +37,7 @@ func syncLayer(dir string, entries int64) error {
 		}
 		return nil
 	}
-	var paths []string
+	paths := also
 	if err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
