@@ -71,10 +71,17 @@ func TestReadOnlyDisk(t *testing.T) {
 	if err := json.Unmarshal([]byte(bc("--json", "tree", "sb")), &tree); err != nil {
 		t.Fatal(err)
 	}
+	found := false
 	for _, n := range tree {
-		if n.ID == "1" && (n.State != "live" || n.Status == "frozen") {
-			t.Errorf("the commit's winner after its refusal: %+v, want live and not frozen", n)
+		if n.ID == "1" {
+			found = true
+			if n.State != "live" || n.Status != "waiting" {
+				t.Errorf("the commit's winner after its refusal: %+v, want live and its init waiting, not frozen", n)
+			}
 		}
+	}
+	if !found {
+		t.Errorf("the commit's winner is not in the tree: %+v", tree)
 	}
 	if out := bc("exec", "sb/1", "--", "cat", "/winner"); out != "won\n" {
 		t.Errorf("the winner after its refused commit: %q", out)
