@@ -267,14 +267,15 @@ test-kubernetes: binaries $(BIN)/critest
 
 # The tests `make test` also runs on a cgroup-v2-only kernel in a VM when
 # the host is not cgroup v2 only (under emulation, 10-30x slower): those
-# of the cgroup code that differs between v1 and v2, and the systemd cgroup
-# driver's (the VM's PID 1 is systemd).
+# of the cgroup code that differs between v1 and v2, the systemd cgroup
+# driver's (the VM's PID 1 is systemd), and a node's reboot (its cgroups
+# gone with everything in them).
 CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSealFreeze \
 	integration:TestContextsKillSuite integration:TestContextsRuntimeFallback \
 	integration:TestContextsSystemdCgroup integration:TestCRIBranchSystemdCgroup \
 	integration:TestMemoryFork integration:TestMemoryRollback integration:TestMemoryCheckpoint \
 	integration:TestMemoryRollbackSandbox integration:TestMemoryForkMemoryLimit integration:TestKubeletBranchPod \
-	integration:TestTaskCheckpointRestore integration:TestUpdateWithBranches
+	integration:TestTaskCheckpointRestore integration:TestUpdateWithBranches integration:TestNodeReboot
 
 # The whole suite on a cgroup-v2-only kernel in a VM (long: hours under
 # emulation). TESTS=pkg:TestName ... runs only those.
