@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -251,45 +250,18 @@ func assertContainerGone(t *testing.T, env *daemons.Env, id string, procs []host
 // machine. Finding any is an error.
 func killLeftovers(t *testing.T, namespace string) {
 	t.Helper()
-	tops, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", namespace, "*"))
-	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", namespace, "*"))
-	tops = append(tops, v2...)
-	// On cgroup v1 a container's cgroup.procs lists none of its branches'
-	// processes: every cgroup below is visited too.
-	var dirs []string
-	for _, top := range tops {
-		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
+	held, err := daemons.KillCgroups(namespace)
+	if err != nil {
+		t.Error(err)
 	}
 	left := map[string]bool{}
-	for _, dir := range dirs {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		if err != nil || len(strings.Fields(string(b))) == 0 {
-			continue
-		}
-		rel := dir
-		for _, top := range tops {
-			if r, err := filepath.Rel(filepath.Dir(top), dir); err == nil && !strings.HasPrefix(r, "..") {
-				rel = r
-				break
-			}
-		}
-		left[rel] = true
-		_ = os.WriteFile(filepath.Join("/sys/fs/cgroup/freezer", namespace, rel, "freezer.state"), []byte("THAWED"), 0o644)
-		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0o644) // cgroup v2
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+	for _, d := range held {
+		if _, rel, ok := strings.Cut(d, "/"+namespace+"/"); ok {
+			left[rel] = true
 		}
 	}
 	if len(left) > 0 {
 		t.Errorf("processes left in the cgroups of containers %v (killed)", left)
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

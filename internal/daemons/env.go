@@ -397,11 +397,7 @@ func (e *Env) Stop(ctx context.Context) error {
 		return errors.Join(append(errs, fmt.Errorf("refusing to clean up state directory %q", e.Dir))...)
 	}
 	errs = append(errs, e.unmountAll()...)
-	dirs := []string{e.Dir}
-	if e.diskDir != "" {
-		dirs = append(dirs, e.ContainerdRoot, e.SnapshotterRoot)
-	}
-	for _, d := range dirs {
+	for _, d := range e.ownDirs() {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", d, err))
 		}
@@ -409,15 +405,20 @@ func (e *Env) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// ownDirs are the directories the env made and removes: Dir, and with a
+// DiskDir the roots in it (not DiskDir itself, which may be a mount of
+// the caller's).
+func (e *Env) ownDirs() []string {
+	if e.diskDir == "" {
+		return []string{e.Dir}
+	}
+	return []string{e.Dir, e.ContainerdRoot, e.SnapshotterRoot}
+}
+
 // unmountAll detaches every mount under the env's directories.
 func (e *Env) unmountAll() []error {
 	var errs []error
-	dirs := []string{e.Dir}
-	if e.diskDir != "" {
-		// Not DiskDir itself, which may be a mount of the caller's.
-		dirs = append(dirs, e.ContainerdRoot, e.SnapshotterRoot)
-	}
-	for _, d := range dirs {
+	for _, d := range e.ownDirs() {
 		mounts, err := MountsUnder(d)
 		if err != nil {
 			errs = append(errs, err)

@@ -9,11 +9,15 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -43,6 +47,48 @@ func cgroupDirs(namespace string) []string {
 		dirs = append(dirs, d)
 	}
 	return dirs
+}
+
+// KillCgroups SIGKILLs every process in the namespace's cgroups, on every
+// hierarchy (a branch's cgroup is below its container's; a frozen one is
+// thawed so that the kill is taken), until none is left (10 s at most),
+// and returns the cgroups that held one.
+func KillCgroups(namespace string) ([]string, error) {
+	held := map[string]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left []string
+		for _, top := range cgroupDirs(namespace) {
+			_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+				if err != nil || !d.IsDir() {
+					return nil
+				}
+				b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+				if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+					return nil
+				}
+				left = append(left, p)
+				_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0o644)
+				_ = os.WriteFile(filepath.Join(p, "cgroup.freeze"), []byte("0"), 0o644)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+				return nil
+			})
+		}
+		for _, p := range left {
+			held[p] = true
+		}
+		if len(left) == 0 {
+			return slices.Sorted(maps.Keys(held)), nil
+		}
+		if time.Now().After(deadline) {
+			return slices.Sorted(maps.Keys(held)), fmt.Errorf("processes left in cgroups %v after 10s of SIGKILL", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func removeCgroups(namespace string) error {

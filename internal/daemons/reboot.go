@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -53,7 +51,7 @@ func (e *Env) PowerCut() error {
 		_ = e.snapshotter.stop(syscall.SIGKILL, 15*time.Second)
 		e.snapshotter = nil
 	}
-	if err := e.killCgroups(); err != nil {
+	if _, err := KillCgroups(e.Namespace); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeCgroups(e.Namespace); err != nil {
@@ -69,41 +67,4 @@ func (e *Env) PowerCut() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// killCgroups SIGKILLs every process in the namespace's cgroups, on every
-// hierarchy (a branch's cgroup is below its container's; a frozen one is
-// thawed so that the kill is taken), until none is left.
-func (e *Env) killCgroups() error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var left []string
-		for _, top := range cgroupDirs(e.Namespace) {
-			_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-				if err != nil || !d.IsDir() {
-					return nil
-				}
-				b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-				if err != nil || len(strings.TrimSpace(string(b))) == 0 {
-					return nil
-				}
-				left = append(left, p)
-				_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0o644)
-				_ = os.WriteFile(filepath.Join(p, "cgroup.freeze"), []byte("0"), 0o644)
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-				return nil
-			})
-		}
-		if len(left) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("reboot: processes left in cgroups %v", left)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
