@@ -5,10 +5,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -60,7 +56,7 @@ func TestReadOnlyDisk(t *testing.T) {
 	bc("fork", "sb", "-n", "2")
 	bc("exec", "sb/1", "--", "sh", "-c", "echo won > /winner")
 	bc("checkpoint", "sb", "c0")
-	diskError(t, mnt)
+	fstest.ErrorLoopExt4(t, mnt)
 
 	refused("fork", "fork", "sb/1")
 	refused("memory fork", "fork", "sb", "--memory")
@@ -112,33 +108,6 @@ func TestReadOnlyDisk(t *testing.T) {
 	if out, err := execIn(ctx, env, "sb", "sh", "-c", "cat /kept; ls /winner 2>&1 || true"); !strings.HasPrefix(out, "kept\n") || !strings.Contains(out, "No such file") {
 		t.Errorf("the sandbox rolled back to c0: %q %v; want /kept and no /winner", out, err)
 	}
-}
-
-// diskError makes the ext4 mounted at mnt read-only as an error does on a
-// node whose fstab says errors=remount-ro.
-func diskError(t *testing.T, mnt string) {
-	t.Helper()
-	if out, err := exec.Command("mount", "-o", "remount,errors=remount-ro", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("remount %s: %v: %s", mnt, err, out)
-	}
-	src, err := exec.Command("findmnt", "-n", "-o", "SOURCE", mnt).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev := filepath.Base(strings.TrimSpace(string(src)))
-	if err := os.WriteFile(filepath.Join("/sys/fs/ext4", dev, "trigger_fs_error"), []byte("1"), 0o200); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(mnt, "probe"), nil, 0o600); !errors.Is(err, os.ErrPermission) && !strings.Contains(errString(err), "read-only") {
-		t.Fatalf("%s after the error: a write gave %v, want read-only", mnt, err)
-	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // startAgain starts a new task of container id, whose last one a reboot

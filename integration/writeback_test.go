@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/branchbox/branchbox/internal/fstest"
 )
 
 // TestAbortNotBehindWriteback: a node whose disk holds data written but
@@ -31,11 +33,7 @@ func TestAbortNotBehindWriteback(t *testing.T) {
 			t.Fatalf("branchctl %v: %d %q %q", args, code, out, errOut)
 		}
 	}
-	dev, err := exec.Command("findmnt", "-no", "SOURCE", mnt).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stat := filepath.Join("/sys/block", filepath.Base(strings.TrimSpace(string(dev))), "stat")
+	stat := filepath.Join("/sys/block", fstest.LoopDevice(t, mnt), "stat")
 	written := func() int64 {
 		t.Helper()
 		b, err := os.ReadFile(stat)

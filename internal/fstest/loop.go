@@ -4,10 +4,12 @@ package fstest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +72,34 @@ func umount(mnt string) error {
 			return fmt.Errorf("umount %s: %v: %s", mnt, err, out)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// LoopDevice is the name of the loop device under a filesystem of
+// LoopExt4's ("loop0"), as /sys/block and /sys/fs/ext4 name it.
+func LoopDevice(t testing.TB, mnt string) string {
+	t.Helper()
+	src, err := exec.Command("findmnt", "-n", "-o", "SOURCE", mnt).Output()
+	if err != nil {
+		t.Fatalf("findmnt %s: %v", mnt, err)
+	}
+	return filepath.Base(strings.TrimSpace(string(src)))
+}
+
+// ErrorLoopExt4 makes a filesystem of LoopExt4's read-only as an error
+// does on a node whose fstab says errors=remount-ro (ext4's emergency
+// read-only state: no remount makes it writable again, RepairLoopExt4
+// does).
+func ErrorLoopExt4(t testing.TB, mnt string) {
+	t.Helper()
+	if out, err := exec.Command("mount", "-o", "remount,errors=remount-ro", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("remount %s: %v: %s", mnt, err, out)
+	}
+	if err := os.WriteFile(filepath.Join("/sys/fs/ext4", LoopDevice(t, mnt), "trigger_fs_error"), []byte("1"), 0o200); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "probe"), nil, 0o600); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("%s after the error: a write gave %v, want read-only", mnt, err)
 	}
 }
 
