@@ -32,6 +32,12 @@ func NewTTRPCBranchService(b *Branches) branchv1.TTRPCBranchesService {
 	return &branchService{s: b}
 }
 
+// reply is a handler's error as the wire carries it, a failure of the
+// snapshotter's storage said in the user's terms (storageErr).
+func (b *branchService) reply(err error) error {
+	return branch.ToGRPC(b.s.storageErr(err))
+}
+
 func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*branchv1.ForkResponse, error) {
 	var opts []ForkOption
 	if req.GetParentFrozen() {
@@ -39,7 +45,7 @@ func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*b
 	}
 	kids, err := b.s.ForkFrom(ctx, branch.RefFromProto(req.GetParent()), int(req.GetCount()), req.GetFromCheckpoint(), opts...)
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	resp := &branchv1.ForkResponse{}
 	for _, k := range kids {
@@ -51,7 +57,7 @@ func (b *branchService) Fork(ctx context.Context, req *branchv1.ForkRequest) (*b
 func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest) (*branchv1.CommitResponse, error) {
 	res, err := b.s.CommitBranch(ctx, branch.RefFromProto(req.GetBranch()))
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.CommitResponse{Parent: branch.InfoToProto(res.Parent), Invalidated: res.Plan.Invalidated}, nil
 }
@@ -59,7 +65,7 @@ func (b *branchService) Commit(ctx context.Context, req *branchv1.CommitRequest)
 func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (*branchv1.AbortResponse, error) {
 	gone, err := b.s.Abort(ctx, branch.RefFromProto(req.GetBranch()))
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.AbortResponse{Aborted: gone}, nil
 }
@@ -67,7 +73,7 @@ func (b *branchService) Abort(ctx context.Context, req *branchv1.AbortRequest) (
 func (b *branchService) Tree(ctx context.Context, req *branchv1.TreeRequest) (*branchv1.TreeResponse, error) {
 	t, err := b.s.Tree(ctx, branch.RootFromProto(req.GetRoot()))
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	resp := &branchv1.TreeResponse{Root: t.Root, Quarantine: t.Quarantine}
 	for _, n := range t.Nodes {
@@ -85,7 +91,7 @@ func (b *branchService) Mounts(ctx context.Context, req *branchv1.MountsRequest)
 		m, err = b.s.BranchMounts(ctx, branch.RefFromProto(req.GetBranch()))
 	}
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.MountsResponse{Mounts: branch.MountsToProto(m)}, nil
 }
@@ -106,7 +112,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 	}
 	c, err := b.s.Checkpoint(ctx, branch.RefFromProto(req.GetBranch()), req.GetName(), opts...)
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(c)}, nil
 }
@@ -114,7 +120,7 @@ func (b *branchService) Checkpoint(ctx context.Context, req *branchv1.Checkpoint
 func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListCheckpointsRequest) (*branchv1.ListCheckpointsResponse, error) {
 	list, err := b.s.Checkpoints(ctx, branch.RootFromProto(req.GetRoot()))
 	if err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	resp := &branchv1.ListCheckpointsResponse{}
 	for _, c := range list {
@@ -125,7 +131,7 @@ func (b *branchService) ListCheckpoints(ctx context.Context, req *branchv1.ListC
 
 func (b *branchService) DeleteCheckpoint(ctx context.Context, req *branchv1.DeleteCheckpointRequest) (*branchv1.DeleteCheckpointResponse, error) {
 	if err := b.s.DeleteCheckpoint(ctx, branch.RootFromProto(req.GetRoot()), req.GetName()); err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.DeleteCheckpointResponse{}, nil
 }
@@ -136,7 +142,7 @@ func (b *branchService) Rollback(ctx context.Context, req *branchv1.RollbackRequ
 		opts = append(opts, branch.WithProcesses())
 	}
 	if err := b.s.Rollback(ctx, branch.RefFromProto(req.GetBranch()), req.GetName(), opts...); err != nil {
-		return nil, branch.ToGRPC(b.s.storageErr(err))
+		return nil, b.reply(err)
 	}
 	return &branchv1.RollbackResponse{}, nil
 }
