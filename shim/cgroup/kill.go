@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -94,8 +95,15 @@ func killAtOnce(dirs []Dir) error {
 	return errors.Join(errs...)
 }
 
+// KillPids SIGKILLs each of pids but the caller's own process: on cgroup
+// v1 a thread of the shim joins a cgroup while it forks a branch's init
+// there (StartIn), and the cgroup's processes then list the shim.
 func KillPids(ctx context.Context, pids []int) {
+	self := os.Getpid()
 	for _, pid := range pids {
+		if pid == self {
+			continue
+		}
 		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 			log.G(ctx).WithError(err).WithField("pid", pid).Warn("kill branch process")
 		}

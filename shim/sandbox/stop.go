@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/shim/cgroup"
@@ -35,14 +36,78 @@ func (c *Service) Teardown(ctx context.Context, id string) {
 // exited: the branches live in their own PID namespaces, which the init's
 // end does not reach. Branch operations on it fail from then on, until
 // its task is deleted and a new one created.
+//
+// The init's exit is published once this returns, and a Wait for it
+// returns once the branches are gone, so it is bounded: an operation that
+// holds the sandbox may be waiting for a snapshotter that does not answer
+// (hung on its disk, stopped), and the exit of every container of the
+// shim would wait with it. The processes under the sandbox's cgroup are
+// then killed without the sandbox's lock, and what is left of ending its
+// branches (their snapshots, mounts, cgroups) goes on once the lock is
+// free, after endGrace in the background.
 func (c *Service) SandboxExited(ctx context.Context, id string) {
 	sb, err := c.Sandbox(id)
 	if err != nil {
 		return
 	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	c.exitedLocked(ctx, sb)
+	ended := make(chan struct{})
+	locked := sb.mu.TryLock()
+	if !locked {
+		c.killTree(ctx, sb)
+	}
+	go func() {
+		defer close(ended)
+		if !locked {
+			sb.mu.Lock()
+		}
+		defer sb.mu.Unlock()
+		c.exitedLocked(context.WithoutCancel(ctx), sb)
+	}()
+	t := time.NewTimer(endGrace)
+	defer t.Stop()
+	select {
+	case <-ended:
+	case <-t.C:
+		if locked {
+			// endAll killed the processes; the snapshotter's part waits.
+			log.G(ctx).WithField("sandbox", id).Warn("the sandbox's init exited; its branches' processes are killed, and their end in the snapshotter, which does not answer, goes on in the background")
+		} else {
+			log.G(ctx).WithField("sandbox", id).Warn("the sandbox's init exited; its processes are killed, and the end of its branches waits for an operation on them, which waits for the snapshotter")
+		}
+		sb.markStopped()
+	}
+}
+
+// endGrace bounds how long the end of a sandbox's init waits for its
+// branches to be ended in full, and how long that end waits for the
+// snapshotter's abort of them: a snapshotter that does not answer by then
+// has them aborted when it is asked for their root again (a new task of
+// the container, its removal).
+const endGrace = 10 * time.Second
+
+// killTree kills every process under the sandbox's cgroup, its branches'
+// and the inits started ahead included, without the sandbox's lock. Each
+// is sent SIGKILL before any frozen cgroup thaws, so that a branch frozen
+// for its commit dies as it thaws without running again.
+func (c *Service) killTree(ctx context.Context, sb *Sandbox) {
+	if sb.cgroup == "" {
+		return
+	}
+	ms, err := c.cgroups.Mounts()
+	if err != nil {
+		log.G(ctx).WithError(err).Error("list cgroup hierarchies")
+		return
+	}
+	dirs := cgroup.DirsIn(ms, sb.cgroup)
+	if len(dirs) == 0 {
+		return
+	}
+	if err := cgroup.SignalAll(ctx, dirs); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Warn("kill the processes of an ended sandbox at once")
+	}
+	if err := cgroup.KillDirs(ctx, sb.cgroup, dirs); err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sb.id).Error("kill the processes of an ended sandbox")
+	}
 }
 
 // exitedLocked is SandboxExited with sb.mu held.
@@ -85,15 +150,25 @@ func (c *Service) endAll(ctx context.Context, sb *Sandbox) {
 		sb.pool = nil
 	}
 	defer sb.initPath.Close()
-	for _, d := range sb.descendants(branch.RootID) {
-		c.destroy(ctx, sb, d)
+	// Every branch is killed at once, their snapshots aborted while they
+	// die, for at most endGrace (SandboxExited).
+	all := sb.descendants(branch.RootID)
+	for _, d := range all {
 		delete(sb.nodes, d.id)
-		if d.parent == branch.RootID {
-			if _, err := sb.snapshot.Abort(ctx, sb.ref(d.id)); err != nil {
+	}
+	wait := c.destroyAll(ctx, sb, all, func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endGrace)
+		defer cancel()
+		for _, d := range all {
+			if d.parent != branch.RootID {
+				continue
+			}
+			if _, err := sb.snapshot.Abort(actx, sb.ref(d.id)); err != nil {
 				log.G(ctx).WithError(err).WithField("branch", d.id).Warn("abort branch of ended sandbox")
 			}
 		}
-	}
+	})
+	wait()
 	if root := sb.nodes[branch.RootID]; root != nil && root.state.has(sealFrozen) {
 		_ = cgroup.ThawOwn(ctx, root.cgroup)
 		root.state.clear(sealFrozen)
