@@ -250,35 +250,6 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 	return newInfo, nil
 }
 
-// Usage returns the resources taken by the snapshot identified by key. For an
-// active snapshot it scans the upper directory; for a committed one it returns
-// what was recorded at commit.
-func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
-	if err := validateKey("usage", key); err != nil {
-		return snapshots.Usage{}, err
-	}
-	var (
-		id    string
-		info  snapshots.Info
-		usage snapshots.Usage
-	)
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
-		id, info, usage, err = storage.GetInfo(ctx, key)
-		return err
-	})
-	if err != nil {
-		return snapshots.Usage{}, fmt.Errorf("usage of %q: %w", key, err)
-	}
-	if info.Kind == snapshots.KindActive {
-		du, err := fs.DiskUsage(ctx, s.upperPath(id))
-		if err != nil {
-			return snapshots.Usage{}, fmt.Errorf("usage of %q: scan upper directory: %w", key, err)
-		}
-		usage = snapshots.Usage(du)
-	}
-	return usage, nil
-}
-
 // Prepare creates an active snapshot on parent and returns its mounts.
 func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	return s.createSnapshot(ctx, snapshots.KindActive, key, parent, opts)

@@ -1,0 +1,67 @@
+//go:build linux
+
+package snapshotter
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestUsageChargesBranches: a sandbox's usage (what containerd's CRI
+// reports to the kubelet as the container's writable layer) counts what
+// its branches write and what its checkpoints keep, and stops counting a
+// branch once it is aborted.
+func TestUsageChargesBranches(t *testing.T) {
+	ctx, s := newTest(t)
+	sb := newSandbox(t, ctx, s, "ns/1/sandbox")
+	before, err := s.Usage(ctx, sb.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := s.Fork(ctx, sb.ctx(""), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mib = 1 << 20
+	dir := mountAt(t, kids[0].Mounts)
+	if err := os.WriteFile(filepath.Join(dir, "big"), bytes.Repeat([]byte("x"), 4*mib), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	written, err := s.Usage(ctx, sb.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if written.Size < before.Size+4*mib || written.Inodes <= before.Inodes {
+		t.Fatalf("usage %+v after a branch wrote 4 MiB, %+v before: the branch's layer is not counted", written, before)
+	}
+	if _, err := s.Checkpoint(ctx, sb.ctx(kids[0].ID), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	checkpointed, err := s.Usage(ctx, sb.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checkpointed.Size < written.Size+4*mib {
+		t.Fatalf("usage %+v after a checkpoint copied the branch's 4 MiB, %+v before: the checkpoint is not counted", checkpointed, written)
+	}
+	if _, err := s.Abort(ctx, sb.ctx(kids[0].ID)); err != nil {
+		t.Fatal(err)
+	}
+	// The layers go in the background, out of the sandbox's directories at once.
+	var after int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		u, err := s.Usage(ctx, sb.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after = u.Size; after < written.Size-4*mib || time.Now().After(deadline) {
+			break
+		}
+	}
+	if after >= written.Size-4*mib {
+		t.Fatalf("usage %d bytes after the branch and its checkpoint went, %d with them: still counted", after, checkpointed.Size)
+	}
+}
