@@ -45,10 +45,18 @@ func kubeNode(t *testing.T) *kubeTest {
 // labels and timeout are kubeNode's own).
 func kubeNodeWith(t *testing.T, cfg daemons.KubeConfig) *kubeTest {
 	t.Helper()
+	return kubeNodeCRI(t, daemons.CRIConfig{}, cfg)
+}
+
+// kubeNodeCRI is kubeNodeWith with the node's containerd configured by
+// cri (its cgroup drivers are kubeNode's own).
+func kubeNodeCRI(t *testing.T, cri daemons.CRIConfig, cfg daemons.KubeConfig) *kubeTest {
+	t.Helper()
 	useSystemd := systemdNode()
 	// The node has a network namespace of its own (daemons.StartKube says
 	// why), which its containerd and the pods' runtimes share.
-	c := criEnvNet(t, daemons.CRIConfig{SystemdCgroup: useSystemd, RuncSystemdCgroup: useSystemd}, true)
+	cri.SystemdCgroup, cri.RuncSystemdCgroup = useSystemd, useSystemd
+	c := criEnvNet(t, cri, true)
 	// The env's context ends 5 minutes after its start, which bounds a
 	// daemon's start; a cluster's tests run longer (under emulation, much
 	// longer): go test's -timeout bounds them.
@@ -195,6 +203,8 @@ type kubePod struct {
 	} `json:"spec"`
 	Status struct {
 		Phase      string `json:"phase"`
+		Reason     string `json:"reason"`
+		Message    string `json:"message"`
 		Conditions []struct {
 			Type   string `json:"type"`
 			Status string `json:"status"`

@@ -167,40 +167,56 @@ func (k *kubeTest) checkpointThroughKubelet(pod, ctr string) {
 // fails.
 func (k *kubeTest) checkStats(pod, ctr string) {
 	k.t.Helper()
+	waitUntil(k.t, "the kubelet's stats summary to have "+pod+"/"+ctr, kubeWait(30*time.Second), func() bool {
+		c := k.containerStats(pod, ctr)
+		return c != nil && c.Memory.WorkingSetBytes > 0 && c.Rootfs != nil && c.Rootfs.UsedBytes != nil
+	})
+}
+
+// rootfsUsed is the root filesystem's bytes in use of a pod's container as
+// the kubelet's stats summary has them (what its ephemeral-storage
+// eviction reads), 0 if not there.
+func (k *kubeTest) rootfsUsed(pod, ctr string) uint64 {
+	if c := k.containerStats(pod, ctr); c != nil && c.Rootfs != nil && c.Rootfs.UsedBytes != nil {
+		return *c.Rootfs.UsedBytes
+	}
+	return 0
+}
+
+// kubeContainerStats is a container of the kubelet's stats summary.
+type kubeContainerStats struct {
+	Name   string `json:"name"`
+	Memory struct {
+		WorkingSetBytes uint64 `json:"workingSetBytes"`
+	} `json:"memory"`
+	Rootfs *struct {
+		UsedBytes *uint64 `json:"usedBytes"`
+	} `json:"rootfs"`
+}
+
+// containerStats is a pod's container in the kubelet's stats summary, nil
+// if it is not there (yet).
+func (k *kubeTest) containerStats(pod, ctr string) *kubeContainerStats {
 	var summary struct {
 		Pods []struct {
 			PodRef struct {
 				Name string `json:"name"`
 			} `json:"podRef"`
-			Containers []struct {
-				Name   string `json:"name"`
-				Memory struct {
-					WorkingSetBytes uint64 `json:"workingSetBytes"`
-				} `json:"memory"`
-				Rootfs *struct {
-					UsedBytes *uint64 `json:"usedBytes"`
-				} `json:"rootfs"`
-			} `json:"containers"`
+			Containers []kubeContainerStats `json:"containers"`
 		} `json:"pods"`
 	}
-	var out string
-	waitUntil(k.t, "the kubelet's stats summary to have "+pod+"/"+ctr, kubeWait(30*time.Second), func() bool {
-		var err error
-		if out, err = k.kube.Kubectl(k.ctx, "", "get", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/stats/summary"); err != nil {
-			return false
-		}
-		if err := json.Unmarshal([]byte(out), &summary); err != nil {
-			return false
-		}
-		for _, p := range summary.Pods {
-			for _, c := range p.Containers {
-				if p.PodRef.Name == pod && c.Name == ctr && c.Memory.WorkingSetBytes > 0 && c.Rootfs != nil && c.Rootfs.UsedBytes != nil {
-					return true
-				}
+	out, err := k.kube.Kubectl(k.ctx, "", "get", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/stats/summary")
+	if err != nil || json.Unmarshal([]byte(out), &summary) != nil {
+		return nil
+	}
+	for _, p := range summary.Pods {
+		for i, c := range p.Containers {
+			if p.PodRef.Name == pod && c.Name == ctr {
+				return &p.Containers[i]
 			}
 		}
-		return false
-	})
+	}
+	return nil
 }
 
 // checkCgroup checks that a container's process is in the cgroup the
@@ -513,6 +529,54 @@ exec sleep 100000`
 	if out, err := k.env.Crictl(k.ctx, "pods", "--name", "busy", "-q", "--state", "ready"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("the deleted pod's sandbox still ready: %q %v", out, err)
 	}
+}
+
+// TestKubeletEphemeralStorage: a pod's ephemeral-storage limit counts
+// what its branches write. On a node whose CRI's default snapshotter is
+// branch (gen-containerd-config --cri-default-branch: containerd's CRI
+// reports a container's writable layer only for that one), a branch of a
+// pod's container writes 32 MiB past its limit of 16 MiB: the kubelet's
+// stats count them and it evicts the pod, as it evicts one whose
+// container wrote them, and the branch ends with the pod. Before, the
+// snapshotter's usage of the container's snapshot was its own upper alone:
+// branches and checkpoints wrote without a bound the kubelet could see.
+func TestKubeletEphemeralStorage(t *testing.T) {
+	k := kubeNodeCRI(t, daemons.CRIConfig{DefaultBranch: true}, daemons.KubeConfig{})
+	c := container("main", criAppImage, "sh", "-c", watchScript)
+	c["resources"] = map[string]any{"limits": map[string]any{"ephemeral-storage": "16Mi"}}
+	k.apply(k.branchPod("hoarder", nil, "Never", c))
+	id := k.waitRunning("hoarder").container("main").id()
+	out, err := k.hostBranchctl("fork", id, "-n", "1", "--json")
+	var kids []client.BranchInfo
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &kids)
+	}
+	if err != nil || len(kids) != 1 {
+		t.Fatalf("fork --json: %v %q", err, out)
+	}
+	if out, err := k.hostBranchctl("exec", id+"/"+kids[0].ID, "--", "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=32"); err != nil {
+		t.Fatalf("write 32 MiB in the branch: %v %s", err, out)
+	}
+	// What the kubelet reads first: the container's root filesystem in
+	// its stats summary (the CRI's writable layer).
+	var used uint64
+	for deadline := time.Now().Add(kubeWait(time.Minute)); used < 32<<20; time.Sleep(time.Second) {
+		if time.Now().After(deadline) {
+			crictl, _ := k.env.Crictl(k.ctx, "stats", "-o", "json", id)
+			t.Fatalf("the kubelet's stats have %d bytes in the container's root filesystem after its branch wrote 32 MiB; the CRI's: %s", used, crictl)
+		}
+		used = k.rootfsUsed("hoarder", "main")
+	}
+	p := k.waitPod("hoarder", "evicted for its branch's 32 MiB", kubeWait(2*time.Minute), func(p kubePod) bool {
+		return p.Status.Phase == "Failed" && p.Status.Reason == "Evicted"
+	})
+	if !strings.Contains(p.Status.Message, "ephemeral") {
+		t.Errorf("the eviction's message %q: want the ephemeral-storage limit", p.Status.Message)
+	}
+	waitUntil(t, "the branch's processes to end with the pod", kubeWait(20*time.Second), func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", kids[0].InitPid))
+		return err != nil
+	})
 }
 
 // with is the same cluster for a subtest: failures are the subtest's.

@@ -22,13 +22,14 @@ func main() {
 	flag.StringVar(&o.Platform, "platform", "", "platform of the unpack entries (default linux/GOARCH of this build)")
 	flag.StringVar(&o.SandboxImage, "sandbox-image", "", "CRI pause image (default: containerd's)")
 	flag.StringVar(&o.ShimPath, "shim-path", containerdconfig.DefaultShimPath, "absolute path of the installed containerd-shim-branch-v1, which the CRI handler runs")
+	flag.BoolVar(&o.CRIDefaultBranch, "cri-default-branch", false, "make branch the CRI's default snapshotter, for every pod: containerd's CRI reports a container's writable layer (the kubelet's ephemeral-storage limits and eviction) only for its default snapshotter")
 	flag.BoolVar(&o.CgroupfsDriver, "cgroupfs", false, "SystemdCgroup = false in the CRI handler's options, for nodes whose kubelet uses cgroupDriver: cgroupfs")
 	flag.StringVar(&o.Root, "root", "", "containerd's root directory (default: containerd's, /var/lib/containerd)")
 	flag.StringVar(&o.State, "state", "", "containerd's state directory (default: containerd's, /run/containerd); the branch shim keeps its state under it")
 	flag.StringVar(&o.Address, "address", "", "containerd's gRPC socket (default: containerd's, /run/containerd/containerd.sock); its ttrpc socket is this + .ttrpc")
 	flag.BoolVar(&noCRI, "no-cri", false, "leave the CRI and NRI plugins out (a private containerd beside a node's, which would otherwise contend for CNI and ports)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: gen-containerd-config [--snapshotter-address PATH] [--platform linux/ARCH] [--sandbox-image REF] [--shim-path PATH] [--cgroupfs] [--root DIR --state DIR --address SOCK] [--no-cri]")
+		fmt.Fprintln(os.Stderr, "usage: gen-containerd-config [--snapshotter-address PATH] [--platform linux/ARCH] [--sandbox-image REF] [--shim-path PATH] [--cgroupfs] [--cri-default-branch] [--root DIR --state DIR --address SOCK] [--no-cri]")
 		flag.PrintDefaults()
 	}
 	flag.Parse()

@@ -51,6 +51,12 @@ type Options struct {
 	// cgroupDriver: cgroupfs). The default is the systemd driver of a
 	// kubeadm-style node.
 	CgroupfsDriver bool
+	// CRIDefaultBranch makes branch the CRI's default snapshotter, for every
+	// pod of the node: containerd's CRI (2.2, and its main branch as of
+	// 2026-08) counts a container's writable layer, which the kubelet's
+	// ephemeral-storage limits and eviction read, only for snapshots of its
+	// default snapshotter; a branch pod's is otherwise reported as 0 bytes.
+	CRIDefaultBranch bool
 
 	// The rest is for a private containerd (tests, docs/private-containerd.md);
 	// empty leaves containerd's default.
@@ -195,6 +201,16 @@ func Render(o Options) string {
 		if o.RuncBinary != "" {
 			p("  BinaryName = %q\n", o.RuncBinary)
 		}
+	}
+	if o.CRIDefaultBranch {
+		p(`
+# Every pod's root filesystem on the branch snapshotter (gen-containerd-config
+# --cri-default-branch): containerd's CRI reports a container's writable layer
+# (what the kubelet's ephemeral-storage limits and eviction count, a branch
+# pod's branches and checkpoints included) only for its default snapshotter.
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "branch"
+`)
 	}
 	if o.RegistryConfigPath != "" {
 		p("\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = %q\n", o.RegistryConfigPath)

@@ -42,6 +42,9 @@ type CRIConfig struct {
 	// RegistryConfigPath is the CRI's registry hosts directory (critest's
 	// images come from a loopback registry that mirrors their registries).
 	RegistryConfigPath string
+	// DefaultBranch makes branch the CRI's default snapshotter
+	// (containerdconfig.Options.CRIDefaultBranch).
+	DefaultBranch bool
 }
 
 func (e *Env) criContainerdConfig() (string, error) {
@@ -64,6 +67,7 @@ func (e *Env) criContainerdConfig() (string, error) {
 		CgroupfsDriver:     !c.SystemdCgroup,
 		RuncSystemdCgroup:  c.RuncSystemdCgroup,
 		RegistryConfigPath: c.RegistryConfigPath,
+		CRIDefaultBranch:   c.DefaultBranch,
 		Root:               e.ContainerdRoot,
 		State:              e.ContainerdState,
 		Address:            e.Address,
