@@ -4,7 +4,11 @@ package integration
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/branchbox/branchbox/internal/daemons"
@@ -69,4 +73,58 @@ func sandboxOnDisk(t *testing.T, sizeMB int) (context.Context, *daemons.Env, str
 	ctx, env, _ := shimEnvWith(t, daemons.Config{DiskDir: mnt})
 	runSandbox(t, ctx, env, "docker.io/branchbox/busybox:test", "sleep", "100000")
 	return ctx, env, mnt
+}
+
+// TestFullStateDir: containerd's state directory (a node's /run, a tmpfs
+// sized by its memory) is full when a sandbox whose branches the runtime
+// starts (it has CAP_SYS_PTRACE) forks. The fork is refused with resource
+// exhausted, in one line saying where to make room and naming no host
+// path (a sandbox asking through its socket is not shown them); before,
+// each branch's start said "write spec: write <its bundle>/config.json:
+// no space left on device", of no kind. Nothing of the fork is left, and
+// once room is made the sandbox forks.
+func TestFullStateDir(t *testing.T) {
+	requireRoot(t)
+	run, err := os.MkdirTemp("", "bbxs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	fstest.Tmpfs(t, run, "size=32m,mode=0711")
+	ctx, env, _ := shimEnvWith(t, daemons.Config{Dir: filepath.Join(run, filepath.Base(run)), DiskDir: t.TempDir()})
+	runSandboxWith(t, ctx, env, []string{"--cap-add", "CAP_SYS_PTRACE"}, "docker.io/branchbox/busybox:test", "sleep", "100000")
+
+	filler := filepath.Join(run, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for err == nil {
+		_, err = f.Write(chunk)
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("filling the state directory: %v", err)
+	}
+	out, errOut, code := branchctl(t, ctx, env, "", "fork", "sb", "-n", "2")
+	if code == 0 || !strings.Contains(errOut, "resource exhausted") || !strings.Contains(errOut, "no room for its branches' bundles") ||
+		strings.Contains(errOut, run) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("fork with containerd's state directory full: %d %q %q; want resource exhausted, no room, one line, no host path", code, out, errOut)
+	}
+	if live := liveInSnapshotter(t, ctx, env, "sb"); len(live) != 0 {
+		t.Errorf("branches live in the snapshotter after the refused fork: %v", live)
+	}
+	if left, _ := os.ReadDir(filepath.Join(env.ContainerdState, "io.containerd.runtime.v2.task", env.Namespace, "sb", "branches")); len(left) != 0 {
+		t.Errorf("bundles left of the refused fork: %d", len(left))
+	}
+	if dirs, pids := branchCgroupsOf(env.Namespace, "sb"); len(dirs) != 0 || len(pids) != 0 {
+		t.Errorf("branch cgroups left: %v (processes %v)", dirs, pids)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := branchctl(t, ctx, env, "", "fork", "sb", "-n", "2"); code != 0 {
+		t.Fatalf("fork once room is made: %d %q %q", code, out, errOut)
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -302,6 +303,9 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 		if !alive(f.pid) {
 			return f.parentEnded()
 		}
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			return f.noRoom()
+		}
 		return fmt.Errorf("%s: %w", forkOf(sb.id, f.parentID), err)
 	}
 	return nil
@@ -314,6 +318,15 @@ func (c *Service) startBranches(ctx context.Context, f *fork) error {
 // act on. The fork is undone as any failed fork is.
 func (f *fork) parentEnded() error {
 	return fmt.Errorf("%s: %s's init exited during the fork; its branches were undone: %w", forkOf(f.sb.id, f.parentID), branchName(f.parentID), errdefs.ErrFailedPrecondition)
+}
+
+// noRoom words a fork whose starts failed for want of space where their
+// bundles are written (the spec a branch started by the runtime needs):
+// one line, where each start said "write spec: write <its bundle's
+// path>/config.json: no space left on device", host paths a sandbox
+// asking through its socket is not shown.
+func (f *fork) noRoom() error {
+	return fmt.Errorf("%s: no room for its branches' bundles in the sandbox's bundle, in containerd's state directory (a tmpfs sized by the node's memory on most nodes): make room there: %w", forkOf(f.sb.id, f.parentID), errdefs.ErrResourceExhausted)
 }
 
 // checkAhead drops every init taken ahead if a guess was wrong (ids used
