@@ -4,6 +4,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -225,13 +226,31 @@ func (s *SandboxClient) Run(ctx context.Context, branchID string, opts ExecOptio
 		return ExitStatus{}, err
 	}
 	st, err := p.Wait(ctx)
-	if err != nil && ctx.Err() != nil {
+	if cause := runCut(ctx, err); cause != nil {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
 		defer cancel()
 		p.end(kctx)
-		return ExitStatus{}, fmt.Errorf("run %v in %s/%s: %w", opts.Args, s.ID, branchID, ctx.Err())
+		return ExitStatus{}, fmt.Errorf("run %v in %s/%s: %w", opts.Args, s.ID, branchID, cause)
 	}
 	return st, err
+}
+
+// runCut says why a Run's wait, which failed with err, was cut short by
+// its caller's context: its error, or the deadline where the shim's copy
+// of it (ttrpc carries the deadline) ended the wait a moment before ctx's
+// own timer did (before, Run then returned that error and left the
+// process running, under load). nil if err is nil or not the caller's.
+func runCut(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if _, ok := ctx.Deadline(); ok && (errors.Is(err, context.DeadlineExceeded) || errdefs.IsDeadlineExceeded(err)) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // killBound bounds the kill, and the wait for its exit, of a process

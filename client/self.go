@@ -177,12 +177,12 @@ func (s *SelfClient) Run(ctx context.Context, branchID string, opts SelfExecOpti
 		return SelfResult{}, err
 	}
 	res, err := s.Wait(ctx, branchID, id)
-	if err != nil && ctx.Err() != nil {
+	if cause := runCut(ctx, err); cause != nil {
 		// As SandboxClient.Run: the process and its session go.
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killBound)
 		defer cancel()
 		s.end(kctx, branchID, id)
-		return SelfResult{}, fmt.Errorf("run %v in branch %q: %w", opts.Args, branchID, ctx.Err())
+		return SelfResult{}, fmt.Errorf("run %v in branch %q: %w", opts.Args, branchID, cause)
 	}
 	return res, err
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -292,7 +293,7 @@ func TestRunKilledWithItsContext(t *testing.T) {
 		t.Fatalf("Run past its deadline: %v", err)
 	}
 	if pid := markedFor(marker, 5*time.Second); pid != "" {
-		t.Errorf("process %s runs after its Run ended", pid)
+		t.Errorf("process %s runs after its Run ended (%v): %s", pid, err, procSummary(pid))
 	}
 	if after := fifoDirs(); !slices.Equal(after, before) {
 		t.Errorf("exec FIFOs before %v, after %v", before, after)
@@ -307,4 +308,15 @@ func markedFor(marker string, timeout time.Duration) string {
 			return pid
 		}
 	}
+}
+
+// procSummary describes a process for a failure: its command line, stat
+// and cgroup.
+func procSummary(pid string) string {
+	var parts []string
+	for _, f := range []string{"cmdline", "stat", "cgroup"} {
+		b, _ := os.ReadFile(filepath.Join("/proc", pid, f))
+		parts = append(parts, f+": "+strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")))
+	}
+	return strings.Join(parts, "; ")
 }
