@@ -28,3 +28,12 @@ const SelfRequestMax = 256 << 10
 // DefaultSnapshotterAddress is where the snapshotter serves by default (its
 // systemd unit, the generated containerd configuration).
 const DefaultSnapshotterAddress = "/run/containerd-branch-snapshotter/snapshotter.sock"
+
+// DeadlineHeader is the ttrpc metadata in which a client sends the shim
+// its caller's deadline (Unix nanoseconds) for a call that makes
+// something (a fork, an exec): the shim gives up there and undoes what it
+// began, while the call itself waits for the shim's answer past it, so
+// that what the shim made just before is known and undone by the client.
+// With the deadline on the call alone, an answer made just in time came
+// after the client's own timer, and nobody undid what it made.
+const DeadlineHeader = "branchbox-caller-deadline"

@@ -5,13 +5,16 @@ package client
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
+	"github.com/branchbox/branchbox/branch"
 )
 
 // answer is a shim call's result.
@@ -21,22 +24,24 @@ type answer[T any] struct {
 }
 
 // detached runs call, which makes something in the shim (a process, a
-// branch), to its answer even if ctx is cancelled first. ttrpc carries a
-// deadline to the shim, which gives up there and undoes what it began, but
-// no cancel: a call cut short on the client's side goes on in the shim,
-// and what it makes would be there with nobody knowing. So the call runs
-// on ctx's values and deadline alone (within bound without one); a caller
-// whose ctx ends first has ctx's error at once (after what, which names
-// the call), and orphan is given the answer once it comes, to undo what
-// was made; undoing counts it, for a Close to wait for (a program that
-// exits at once would leave it undone).
+// branch), to its answer even if ctx is cancelled first. ttrpc carries no
+// cancel: a call cut short on the client's side goes on in the shim, and
+// what it makes would be there with nobody knowing. So the call runs on
+// ctx's values alone, within bound (past ctx's deadline, which the shim is
+// sent and gives up at, undoing what it began); a caller whose ctx ends
+// first has ctx's error at once (after what, which names the call), and
+// orphan is given the answer once it comes, to undo what was made;
+// undoing counts it, for a Close to wait for (a program that exits at once
+// would leave it undone).
 func detached[T any](ctx context.Context, undoing *undos, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
 	answered := make(chan answer[T], 1)
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 		if dl, ok := ctx.Deadline(); ok {
+			// The shim gives up at dl (branch.DeadlineHeader); its answer
+			// is waited for past it.
 			cancel()
-			cctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+			cctx, cancel = context.WithDeadline(withCallerDeadline(context.WithoutCancel(ctx), dl), dl.Add(bound))
 		}
 		defer cancel()
 		v, err := call(cctx)
@@ -112,4 +117,17 @@ func abortOrphans(what string, abort func(context.Context, string) ([]string, er
 			}
 		}
 	}
+}
+
+// withCallerDeadline adds the caller's deadline dl to ctx's ttrpc metadata
+// (branch.DeadlineHeader), beside what is there (the namespace's).
+func withCallerDeadline(ctx context.Context, dl time.Time) context.Context {
+	md, ok := ttrpc.GetMetadata(ctx)
+	if ok {
+		md = md.Clone()
+	} else {
+		md = ttrpc.MD{}
+	}
+	md.Set(branch.DeadlineHeader, strconv.FormatInt(dl.UnixNano(), 10))
+	return ttrpc.WithMetadata(ctx, md)
 }

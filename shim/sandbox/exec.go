@@ -17,6 +17,8 @@ import (
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -24,6 +26,8 @@ import (
 
 // Exec starts a process in a branch.
 func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.ExecResponse, retErr error) {
+	ctx, stop := callerDeadline(ctx)
+	defer stop()
 	defer func() { retErr = toTTRPC(retErr) }()
 	if len(req.Args) == 0 {
 		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
@@ -69,9 +73,18 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 		if err != nil {
 			return nil, c.execFailed(ctx, sb, n, req.Args, err)
 		}
+		if err := c.callerGone(ctx, sb, n, p); err != nil {
+			return nil, err
+		}
 		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
 	}
-	b, err := json.Marshal(&ps)
+	return c.execByRuntime(ctx, sb, n, req, &ps)
+}
+
+// execByRuntime is Exec of a branch the runtime runs (no branch init);
+// sb.mu is held, and released here.
+func (c *Service) execByRuntime(ctx context.Context, sb *Sandbox, n *Branch, req *shimv1.ExecRequest, ps *specs.Process) (*shimv1.ExecResponse, error) {
+	b, err := json.Marshal(ps)
 	if err != nil {
 		sb.mu.Unlock()
 		return nil, err
@@ -95,12 +108,37 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 	}
 	cancel()
 	started := time.Now()
-	if err := p.Start(ctx); err != nil {
+	// Not cut short with ctx: the runtime killed midway may have started
+	// the process already (see callerGone).
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), execStartBound)
+	defer scancel()
+	if err := p.Start(sctx); err != nil {
 		container.ProcessRemove(req.ExecId)
 		return nil, c.execFailed(ctx, sb, n, req.Args, errgrpc.ToNative(err))
 	}
 	c.watch(p, started)
+	if err := c.callerGone(ctx, sb, n, p); err != nil {
+		return nil, err
+	}
 	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
+}
+
+// execStartBound bounds the runtime's start of an exec.
+const execStartBound = time.Minute
+
+// callerGone kills an exec that started after its caller's context ended
+// (its deadline, which ttrpc carries here, passed during the start): the
+// reply is lost, and the process would run on with nobody knowing of it,
+// as a Go client's Run past its deadline left it under load. What it
+// started goes with it (its session), and the caller's error is returned.
+func (c *Service) callerGone(ctx context.Context, sb *Sandbox, n *Branch, p process.Process) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	if err := c.killAll(context.WithoutCancel(ctx), n.cgroup, p, uint32(unix.SIGKILL)); err != nil {
+		log.G(ctx).WithError(err).WithField("exec", p.ID()).Warn("kill an exec whose caller left while it started")
+	}
+	return fmt.Errorf("exec in %s/%s: its caller left while it started, and it was killed: %w", sb.id, n.id, ctx.Err())
 }
 
 // proc finds an exec'd process ("" is the branch's init); with write

@@ -49,6 +49,8 @@ type fork struct {
 // Fork makes branches, each with its init running (waiting, or the given
 // command), and seals the parent.
 func (c *Service) Fork(ctx context.Context, req *shimv1.ForkRequest) (_ *shimv1.ForkResponse, retErr error) {
+	ctx, stop := callerDeadline(ctx)
+	defer stop()
 	defer func() { retErr = toTTRPC(retErr) }()
 	if err := checkFork(req); err != nil {
 		return nil, err

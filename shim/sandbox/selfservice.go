@@ -75,6 +75,8 @@ func hide(d *shimv1.Branch) *shimv1.Branch {
 }
 
 func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ *shimv1.ForkResponse, retErr error) {
+	ctx, stop := callerDeadline(ctx)
+	defer stop()
 	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	parent, err := s.resolve(ctx, req.Parent)
 	if err != nil {
@@ -123,6 +125,8 @@ func (s *selfService) Fork(ctx context.Context, req *shimv1.SelfForkRequest) (_ 
 }
 
 func (s *selfService) Exec(ctx context.Context, req *shimv1.SelfExecRequest) (_ *shimv1.SelfExecResponse, retErr error) {
+	ctx, stop := callerDeadline(ctx)
+	defer stop()
 	defer func() { retErr = s.hostless(toTTRPC(retErr)) }()
 	if len(req.Args) == 0 {
 		return nil, fmt.Errorf("exec: no command given: %w", errdefs.ErrInvalidArgument)
