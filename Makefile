@@ -40,7 +40,7 @@ RUNC_BINS := $(BIN)/runc-upstream
 OUR_BINS := $(BIN)/containerd-branch-snapshotter $(BIN)/containerd-shim-branch-v1 $(BIN)/branchctl $(BIN)/branchctl-full
 DEMO := $(BIN)/branchbox-demo
 
-.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-kubernetes bench benchstat crash-loop soak lint check-version check-tidy check-proto check-imports check-length check-walk clean containerd-config install image
+.PHONY: proto all deps node-deps binaries demo test unit integration test-cgroupv2 test-fs test-kubernetes bench benchstat crash-loop soak lint check-version check-tidy check-proto check-imports check-length check-walk clean containerd-config install image
 
 all: binaries
 
@@ -249,6 +249,7 @@ node-deps: $(NODE_DEPS)
 # subset.
 integration: binaries $(NODE_DEPS)
 	$(GO) test -tags seccomp -count=1 -timeout 20m $$($(GO) list -tags seccomp ./... | grep -vxF "$$($(GO) list $(UNIT_PKGS))")
+	hack/test-on-fs.sh xfs $(GO) test -count=1 -timeout 10m ./snapshotter/
 	@hack/leakcheck.sh
 	CGV2_NATIVE_SKIP=1 hack/test-cgroupv2.sh $(CGV2_SUBSET)
 
@@ -282,6 +283,14 @@ CGV2_SUBSET ?= integration:TestContextsLimitsAndOOM integration:TestContextsSeal
 # A package's whole run (pkg:ALL) takes up to half an hour there.
 test-cgroupv2: binaries
 	VM_TIMEOUT=14400 PER_TEST_TIMEOUT=2400 GO_TIMEOUT=38m hack/test-cgroupv2.sh $(TESTS)
+
+# The snapshotter's packages on XFS and btrfs, and the integration suite on
+# XFS, their temporary directories on a filesystem of that type on a loop
+# device (hack/test-on-fs.sh; make test runs the snapshotter package on XFS).
+test-fs: binaries $(NODE_DEPS)
+	hack/test-on-fs.sh xfs $(GO) test -count=1 -timeout 10m ./snapshotter/...
+	hack/test-on-fs.sh btrfs $(GO) test -count=1 -timeout 10m ./snapshotter/...
+	hack/test-on-fs.sh xfs $(GO) test -tags seccomp -count=1 -timeout 30m ./integration/
 
 # benchstat (golang.org/x/perf), pinned, prints make bench's table of medians.
 BENCHSTAT_VERSION := v0.0.0-20260908200009-22c9c6c9d4da

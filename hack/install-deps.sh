@@ -6,12 +6,13 @@
 # checks the installed units) and iproute2 (the CRI tests' CNI plugin) and
 # gcc with libc6-dev (cgo, and the static branch init links libc.a) and
 # e2fsprogs with mount (the out-of-space commit tests make a small ext4 on
-# a loop device: mkfs.ext4, losetup) and python3.11 (the memory fork tests
+# a loop device: mkfs.ext4, losetup) and xfsprogs with btrfs-progs (the
+# snapshotter's tests on XFS and btrfs, hack/test-on-fs.sh) and python3.11 (the memory fork tests
 # run Debian's Python REPL in a sandbox). The SDK and MCP tests run Debian's
 # python3 and node with npm (installed only when the commands are missing:
 # a node from elsewhere, with its own npm, is kept).
 set -euo pipefail
-pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev e2fsprogs mount python3.11)
+pkgs=(busybox-static runc libseccomp-dev systemd iproute2 gcc libc6-dev e2fsprogs xfsprogs btrfs-progs mount python3.11)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
