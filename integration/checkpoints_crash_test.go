@@ -90,6 +90,16 @@ func TestCheckpointCrashSafety(t *testing.T) {
 		t.Fatalf("checkpoint killed before its record: checkpoints %v, want only one", n)
 	}
 	leftovers(1)
+	// Its layer in place and synced, its record not written: gone at the
+	// restart, layer and all.
+	crashAt(snapshotter.FaultCheckpointInPlace, func(c *branchapi.Client) error {
+		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "lost")
+		return err
+	})
+	if n := names(); len(n) != 1 || !n["one"] {
+		t.Fatalf("checkpoint killed with its layer in place, before its record: checkpoints %v, want only one", n)
+	}
+	leftovers(1)
 	crashAt(snapshotter.FaultCheckpointRecorded, func(c *branchapi.Client) error {
 		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "two")
 		return err

@@ -474,7 +474,7 @@ func checkCrashRound(t *testing.T, ctx context.Context, env *daemons.Env, sc *cl
 var crashPoints = []string{
 	snapshotter.FaultForkDirs, snapshotter.FaultForkCommitted,
 	snapshotter.FaultCommitDecided, snapshotter.FaultCommitApplied, snapshotter.FaultCommitFinished,
-	snapshotter.FaultCheckpointWritten, snapshotter.FaultCheckpointRecorded,
+	snapshotter.FaultCheckpointWritten, snapshotter.FaultCheckpointInPlace, snapshotter.FaultCheckpointRecorded,
 	snapshotter.FaultRollbackDecided, snapshotter.FaultRollbackApplied, snapshotter.FaultRollbackFinished,
 }
 

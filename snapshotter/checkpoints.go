@@ -55,6 +55,7 @@ const (
 // Fault points of checkpoint and rollback.
 const (
 	FaultCheckpointWritten  = "checkpoint:layer-written"
+	FaultCheckpointInPlace  = "checkpoint:in-place" // its layer renamed into place and synced, not yet recorded
 	FaultCheckpointRecorded = "checkpoint:recorded"
 	FaultCheckpointDeleted  = "checkpoint:deleted"
 	FaultRollbackDecided    = "rollback:decided"
@@ -177,13 +178,10 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	if err := syncLayer(final, st.Entries, filepath.Dir(final)); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: write its layer to disk: %w", c, name, err)
 	}
+	s.fault(FaultCheckpointInPlace)
 	// The next rollback to it, or checkpoint after it, reads it back.
 	s.manifests.put(filepath.Join(final, "manifest"), cur)
-	rec := &checkpointRecord{Name: name, Branch: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
-	if parent != nil {
-		rec.Parent = parent.Name
-		rec.Chain = append(rec.Chain, parent.Chain...)
-	}
+	rec := newCheckpointRecord(name, id, seq, st, memBytes, parent)
 	if err := s.recordCheckpoint(ctx, r, id, rec, o); err != nil {
 		return branch.Checkpoint{}, fmt.Errorf("checkpoint %s as %q: %w", c, name, err)
 	}
@@ -194,6 +192,18 @@ func (s *Branches) Checkpoint(ctx context.Context, c branch.Ref, name string, op
 	s.fault(FaultCheckpointRecorded)
 	log.G(ctx).WithFields(log.Fields{"root": r.key, "branch": id, "name": name, "changes": len(changes), "bytes": st.Bytes}).Info("checkpoint")
 	return s.describeCheckpoint(r, nil, &checkpointDoc{Heads: map[string]string{id: name}}, rec), nil
+}
+
+// newCheckpointRecord is the record of checkpoint name of branch id, number
+// seq, whose layer holds st (and memBytes of memory image), built on parent
+// if not nil.
+func newCheckpointRecord(name, id string, seq uint64, st layer.Stats, memBytes int64, parent *checkpointRecord) *checkpointRecord {
+	rec := &checkpointRecord{Name: name, Branch: id, Seq: seq, Created: time.Now(), Size: st.Bytes, Entries: st.Entries, Chain: []uint64{seq}, MemoryBytes: memBytes}
+	if parent != nil {
+		rec.Parent = parent.Name
+		rec.Chain = append(rec.Chain, parent.Chain...)
+	}
+	return rec
 }
 
 // checkpointBaseOf checks that branch id of r can take a checkpoint

@@ -368,11 +368,22 @@ func (s *Branches) orphanCheckpointsOf(tx *bolt.Tx, rootID string) ([]string, er
 	}
 	var out []string
 	for _, e := range entries {
-		if !owned[e.Name()] && !strings.HasPrefix(e.Name(), "new-") && !strings.HasPrefix(e.Name(), "rb-") {
+		if !owned[e.Name()] && !strings.HasPrefix(e.Name(), "new-") && !strings.HasPrefix(e.Name(), "rb-") && !unrecorded(e.Name(), d) {
 			out = append(out, filepath.Join(s.checkpointBase(rootID), e.Name()))
 		}
 	}
 	return out, nil
+}
+
+// unrecorded says whether the checkpoint layer name has a number no record
+// took yet: one in flight, renamed into place and being synced before its
+// record is written (Checkpoint), which a reaper running meanwhile (the
+// removal of another snapshot, containerd's Cleanup) removed before
+// 2026-12-07, leaving the checkpoint recorded without its layer. At start
+// none is in flight, and removeCheckpointTemps removes what a crash left.
+func unrecorded(name string, d *checkpointDoc) bool {
+	seq, err := strconv.ParseUint(name, 10, 64)
+	return err == nil && seq >= d.Next
 }
 
 // removeCheckpointOrphans removes the layers of checkpoints whose branch
@@ -394,7 +405,8 @@ func (s *Branches) removeCheckpointOrphans(ctx context.Context, rootID string) {
 }
 
 // removeCheckpointTemps removes, at start only, what checkpoints and
-// rollbacks cut short left.
+// rollbacks cut short left: their temporaries, and layers renamed into
+// place whose record was never written (unrecorded).
 func (s *Branches) removeCheckpointTemps(ctx context.Context) error {
 	tmps, err := filepath.Glob(filepath.Join(s.root, "checkpoints", "*", "new-*"))
 	if err != nil {
@@ -404,6 +416,33 @@ func (s *Branches) removeCheckpointTemps(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.removeAll(ctx, append(tmps, rbs...))
+	layers, err := filepath.Glob(filepath.Join(s.root, "checkpoints", "*", "[0-9]*"))
+	if err != nil {
+		return err
+	}
+	var cut []string
+	if len(layers) > 0 {
+		err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+			docs := map[string]*checkpointDoc{}
+			for _, l := range layers {
+				rootID := filepath.Base(filepath.Dir(l))
+				d, ok := docs[rootID]
+				if !ok {
+					if d, err = loadCheckpoints(tx, rootID); err != nil {
+						return err
+					}
+					docs[rootID] = d
+				}
+				if unrecorded(filepath.Base(l), d) {
+					cut = append(cut, l)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	s.removeAll(ctx, append(append(tmps, rbs...), cut...))
 	return nil
 }
