@@ -11,9 +11,10 @@ set -euo pipefail
 fs=$1
 shift
 case "$fs" in xfs | btrfs) ;; *) echo "usage: $0 xfs|btrfs COMMAND..." >&2; exit 2 ;; esac
-# Short: socket paths under it stay well below the 108-byte limit.
-mnt=$(mktemp -d /tmp/bbx-fs-XXXXXX)
-img=$mnt.img
+# As short as /tmp: the tests' socket paths under it (a branch socket in a
+# bundle: 98 bytes under /tmp) must stay below the kernel's 108.
+mnt=$(mktemp -d /bxXXX)
+img=$(mktemp /var/tmp/bbx-fs-XXXXXX.img)
 cleanup() {
 	umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
 	rm -f "$img"
@@ -23,6 +24,6 @@ trap cleanup EXIT
 truncate -s 3G "$img"
 "mkfs.$fs" -q "$img" >/dev/null
 mount -o loop "$img" "$mnt"
-mkdir -m 1777 "$mnt/tmp"
+chmod 1777 "$mnt"
 echo "on $fs at $mnt: $*"
-TMPDIR=$mnt/tmp "$@"
+TMPDIR=$mnt "$@"
