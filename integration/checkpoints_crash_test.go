@@ -82,24 +82,18 @@ func TestCheckpointCrashSafety(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh("echo two > /state; echo extra > /extra")
-	crashAt(snapshotter.FaultCheckpointWritten, func(c *branchapi.Client) error {
-		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "lost")
-		return err
-	})
-	if n := names(); len(n) != 1 || !n["one"] {
-		t.Fatalf("checkpoint killed before its record: checkpoints %v, want only one", n)
+	// Killed before its record (its layer written, or in place and
+	// synced): gone at the restart, layer and all.
+	for _, point := range []string{snapshotter.FaultCheckpointWritten, snapshotter.FaultCheckpointInPlace} {
+		crashAt(point, func(c *branchapi.Client) error {
+			_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "lost")
+			return err
+		})
+		if n := names(); len(n) != 1 || !n["one"] {
+			t.Fatalf("checkpoint killed at %s, before its record: checkpoints %v, want only one", point, n)
+		}
+		leftovers(1)
 	}
-	leftovers(1)
-	// Its layer in place and synced, its record not written: gone at the
-	// restart, layer and all.
-	crashAt(snapshotter.FaultCheckpointInPlace, func(c *branchapi.Client) error {
-		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "lost")
-		return err
-	})
-	if n := names(); len(n) != 1 || !n["one"] {
-		t.Fatalf("checkpoint killed with its layer in place, before its record: checkpoints %v, want only one", n)
-	}
-	leftovers(1)
 	crashAt(snapshotter.FaultCheckpointRecorded, func(c *branchapi.Client) error {
 		_, err := c.Checkpoint(ctx, branch.Ref{Root: root}, "two")
 		return err

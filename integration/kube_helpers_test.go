@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/systemd"
 
+	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 )
 
@@ -336,6 +338,21 @@ func (k *kubeTest) warnings(pod string) []string {
 
 // hostBranchctl runs branchctl on the host against the cluster's
 // containerd, in the CRI's namespace as docs/kubernetes.md shows it.
+// hostFork forks n branches of container id with branchctl on the host
+// (--json, then args: more flags, or "--" and a command) and returns them.
+func (k *kubeTest) hostFork(id string, n int, args ...string) []client.BranchInfo {
+	k.t.Helper()
+	out, err := k.hostBranchctl(append([]string{"fork", id, "-n", strconv.Itoa(n), "--json"}, args...)...)
+	var kids []client.BranchInfo
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &kids)
+	}
+	if err != nil || len(kids) != n {
+		k.t.Fatalf("fork --json: %v %q", err, out)
+	}
+	return kids
+}
+
 func (k *kubeTest) hostBranchctl(args ...string) (string, error) {
 	cmd := exec.CommandContext(k.ctx, filepath.Join(k.env.BinDir, "branchctl"), append([]string{"--namespace", daemons.CRINamespace}, args...)...)
 	cmd.Env = append(os.Environ(), "CONTAINERD_ADDRESS="+k.env.Address)

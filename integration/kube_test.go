@@ -80,14 +80,7 @@ func TestKubeletBranchPod(t *testing.T) {
 func (k *kubeTest) resizeWithBranch(pod, ctr string) {
 	k.t.Helper()
 	id := k.pod(pod).container(ctr).id()
-	out, err := k.hostBranchctl("fork", id, "-n", "1", "--cpus", "0.5", "--json")
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	var kids []client.BranchInfo
-	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 1 {
-		k.t.Fatalf("fork --json: %v %q", err, out)
-	}
+	kids := k.hostFork(id, 1, "--cpus", "0.5")
 	before := k.pod(pod).container(ctr).view()
 	for _, cpu := range []string{"200m", "500m"} {
 		k.kubectl("patch", "pod", pod, "--subresource", "resize", "--type", "strategic",
@@ -119,19 +112,12 @@ func (k *kubeTest) resizeWithBranch(pod, ctr string) {
 func (k *kubeTest) checkpointThroughKubelet(pod, ctr string) {
 	k.t.Helper()
 	id := k.pod(pod).container(ctr).id()
-	out, err := k.hostBranchctl("fork", id, "-n", "1", "--json")
-	var kids []client.BranchInfo
-	if err == nil {
-		err = json.Unmarshal([]byte(out), &kids)
-	}
-	if err != nil || len(kids) != 1 {
-		k.t.Fatalf("fork --json: %v %q", err, out)
-	}
+	kids := k.hostFork(id, 1)
 	empty := filepath.Join(k.dir, "empty")
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
 		k.t.Fatal(err)
 	}
-	out = k.kubectl("create", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/checkpoint/default/"+pod+"/"+ctr, "-f", empty)
+	out := k.kubectl("create", "--raw", "/api/v1/nodes/"+k.kube.Node+"/proxy/checkpoint/default/"+pod+"/"+ctr, "-f", empty)
 	var resp struct{ Items []string }
 	if err := json.Unmarshal([]byte(out), &resp); err != nil || len(resp.Items) != 1 {
 		k.t.Fatalf("the kubelet's checkpoint reply %q: %v", out, err)
@@ -310,14 +296,7 @@ func (k *kubeTest) forkCommitFromHost(pod, ctr, value string) {
 		k.t.Fatalf("container %s/%s not running and ready before the fork: %s", pod, ctr, before)
 	}
 	id := st.id()
-	out, err := k.hostBranchctl("fork", id, "-n", "2", "--json")
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	var kids []client.BranchInfo
-	if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 2 {
-		k.t.Fatalf("fork --json: %v %q", err, out)
-	}
+	kids := k.hostFork(id, 2)
 	k.stays(pod, ctr, before, "after the fork")
 	if _, err := k.hostBranchctl("exec", id+"/"+kids[0].ID, "--", "sh", "-c", "echo "+value+" > /state"); err != nil {
 		k.t.Fatal(err)
@@ -473,14 +452,7 @@ exec sleep 100000`
 		k := k.with(t)
 		k.apply(k.branchPod("busy", nil, "", container("main", criAppImage, "sh", "-c", watchScript)))
 		p := k.waitRunning("busy")
-		out, err := k.hostBranchctl("fork", p.container("main").id(), "-n", "3", "--json", "--", "sh", "-c", "exec sleep 100000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var kids []client.BranchInfo
-		if err := json.Unmarshal([]byte(out), &kids); err != nil || len(kids) != 3 {
-			t.Fatalf("fork --json: %v %q", err, out)
-		}
+		kids := k.hostFork(p.container("main").id(), 3, "--", "sh", "-c", "exec sleep 100000")
 		k.kubectl("delete", "pod", "busy", "--wait=true", "--timeout=120s")
 		waitUntil(t, "the branches' processes to end", kubeWait(20*time.Second), func() bool {
 			for _, kid := range kids {
@@ -546,14 +518,7 @@ func TestKubeletEphemeralStorage(t *testing.T) {
 	c["resources"] = map[string]any{"limits": map[string]any{"ephemeral-storage": "16Mi"}}
 	k.apply(k.branchPod("hoarder", nil, "Never", c))
 	id := k.waitRunning("hoarder").container("main").id()
-	out, err := k.hostBranchctl("fork", id, "-n", "1", "--json")
-	var kids []client.BranchInfo
-	if err == nil {
-		err = json.Unmarshal([]byte(out), &kids)
-	}
-	if err != nil || len(kids) != 1 {
-		t.Fatalf("fork --json: %v %q", err, out)
-	}
+	kids := k.hostFork(id, 1)
 	if out, err := k.hostBranchctl("exec", id+"/"+kids[0].ID, "--", "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=32"); err != nil {
 		t.Fatalf("write 32 MiB in the branch: %v %s", err, out)
 	}
