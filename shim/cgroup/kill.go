@@ -18,27 +18,36 @@ import (
 // hierarchy, dirs) and below it, until none is left. Processes are found by
 // the kernel's accounting, so a process cannot escape by forking,
 // double-forking, changing session or entering a nested PID namespace.
+// A frozen process is thawed to die (a frozen task on cgroup v1 does not
+// act on its SIGKILL), signalled before: it dies as it thaws, without
+// running another instruction of its own.
 func KillDirs(ctx context.Context, path string, dirs []Dir) error {
 	if len(dirs) == 0 {
 		return nil
+	}
+	if err := SignalAll(ctx, dirs); err != nil {
+		// KillLoop kills them one by one and must see the cgroup empty.
+		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill processes before their thaw")
 	}
 	Thaw(dirs)
 	return KillLoop(ctx, path, dirs, dirs[:1])
 }
 
-// SignalBranch sends SIGKILL to every process of a branch once, thawing
-// it first if the shim froze it or a part of it (frozen: a frozen task on
-// cgroup v1 ignores SIGKILL). Where the kill is atomic (cgroup.kill) none
-// of them runs another instruction of its own once it returns; what their
-// exits wait for (their namespaces, their mounts) is AwaitBranch's.
+// SignalBranch sends SIGKILL to every process of a branch once, then
+// thaws it if the shim froze it or a part of it (frozen: a frozen task on
+// cgroup v1 acts on its SIGKILL only once thawed; signalled first, it
+// dies as it thaws). Where the kill is atomic (cgroup.kill) none of them
+// runs another instruction of its own once it returns; what their exits
+// wait for (their namespaces, their mounts) is AwaitBranch's.
 func SignalBranch(ctx context.Context, dirs []Dir, frozen bool) error {
 	if len(dirs) == 0 {
 		return nil
 	}
+	err := SignalAll(ctx, dirs)
 	if frozen {
 		Thaw(dirs)
 	}
-	return SignalAll(ctx, dirs)
+	return err
 }
 
 // AwaitBranch waits until the processes SignalBranch killed (signalErr is

@@ -42,23 +42,7 @@ func TestThawOwnKilledWhileFrozen(t *testing.T) {
 		time.Sleep(time.Minute)
 		os.Exit(0)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
-	ms, err := Mounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m Dir
-	for _, d := range ms {
-		if d.Freezer || (d.V2 && len(ms) == 1) {
-			m = d
-			break
-		}
-	}
-	if m.Path == "" {
-		t.Skip("no freezer here (v1 freezer or cgroup2 alone)")
-	}
+	m := freezerHierarchy(t)
 	ctx := context.Background()
 	name := fmt.Sprintf("bbx-thaw-test-%d", os.Getpid())
 	dir := filepath.Join(m.Path, name)
