@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/branchbox/branchbox/client"
@@ -92,6 +94,98 @@ func TestExecCanceledMidStart(t *testing.T) {
 	})
 	waitUntil(t, "the execs' FIFOs released", 20*time.Second, func() bool {
 		return slices.Equal(fifoDirs(), before)
+	})
+}
+
+// TestExecDeadlineMidStart: an exec whose caller's deadline passes while
+// it starts is killed in the shim (callerGone), and then forgotten there:
+// its exec id was kept in its branch's table until the branch ended, so
+// a caller trying again with the same id was refused "already used".
+// Deadlines fall from the call's start to 1.5 times a whole start, 5 times
+// and until the shim has killed one, on a branch whose init starts the
+// process and on one the runtime starts it in (a sandbox allowed ptrace).
+// A start through the init cut at the deadline left its process running,
+// unknown to anyone (1 run in 3).
+func TestExecDeadlineMidStart(t *testing.T) {
+	for name, flags := range map[string][]string{"branch init": nil, "runtime": {"--seccomp", "--cap-add", "CAP_SYS_PTRACE"}} {
+		t.Run(name, func(t *testing.T) { execDeadlineMidStart(t, flags) })
+	}
+}
+
+func execDeadlineMidStart(t *testing.T, flags []string) {
+	ctx, env, sc := sandboxCtxEnv(t, flags...)
+	b := fork(t, ctx, sc, client.ForkOptions{Count: 1})[0].ID
+	// Each exec sleeps its own time, so that one left running is known.
+	const marker = "sleep 432"
+	args := func(n int) []string { return []string{"sh", "-c", fmt.Sprintf("exec sleep %d", 4320000+n)} }
+	killed := regexp.MustCompile(`exec's caller left while it started: killed.* exec=(\S+)`)
+	killedIDs := func() map[string]bool {
+		ids := map[string]bool{}
+		for _, m := range killed.FindAllStringSubmatch(env.Log("containerd"), -1) {
+			ids[strings.Trim(m[1], `"`)] = true
+		}
+		return ids
+	}
+	end := func(p *client.Process) {
+		_ = p.KillAll(ctx, uint32(unix.SIGKILL))
+		if _, err := p.Wait(ctx); err != nil {
+			t.Errorf("wait for an exec killed: %v", err)
+		}
+		p.Close()
+	}
+	t0 := time.Now()
+	p, err := sc.Exec(ctx, b, client.ExecOptions{Args: args(9999)})
+	if err != nil {
+		t.Fatalf("branch %s: an exec with no deadline: %v", b, err)
+	}
+	whole := time.Since(t0)
+	end(p)
+	var gone []string
+	for i := 0; i < 300 && (i < 150 || len(gone) == 0); i++ {
+		id := fmt.Sprintf("dl-%s-%d", b, i)
+		dctx, cancel := context.WithTimeout(ctx, whole*time.Duration(i%30)/20)
+		p, err := sc.Exec(dctx, b, client.ExecOptions{ID: id, Args: args(i)})
+		cancel()
+		if err == nil {
+			end(p)
+			continue
+		}
+		// Whatever the shim did with it (nothing, killed it, or
+		// started it for the client to kill), the id is free again.
+		var again *client.Process
+		waitUntil(t, "exec id "+id+" free again after its caller's deadline", 10*time.Second, func() bool {
+			p, err := sc.Exec(ctx, b, client.ExecOptions{ID: id, Args: args(5000 + i)})
+			if errors.Is(err, errdefs.ErrAlreadyExists) {
+				return false
+			}
+			if err != nil {
+				t.Fatalf("exec again with id %s: %v", id, err)
+			}
+			again = p
+			return true
+		})
+		end(again)
+		if killedIDs()[id] {
+			gone = append(gone, id)
+		}
+	}
+	if len(gone) == 0 {
+		t.Fatalf("branch %s: no exec's deadline passed while it started, in 300 (a whole start: %v)", b, whole)
+	}
+	t.Logf("branch %s: a start in %v; %d execs killed in the shim", b, whole, len(gone))
+	polls := 0
+	waitUntil(t, "no exec running after its caller left", 20*time.Second, func() bool {
+		if hostProcsWith(env.Namespace, "sb", marker) == 0 {
+			return true
+		}
+		if polls++; polls == 100 {
+			for _, p := range containerHostProcs(env.Namespace, "sb", 0) {
+				if strings.Contains(p.cmd, marker) {
+					t.Logf("left running: %+v", p)
+				}
+			}
+		}
+		return false
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/branchbox/branchbox/shim/brinit"
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/process"
@@ -205,10 +206,15 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 	}
 	files = nil
 	replyTheirs.Close()
+	// Sent, the process starts whatever the caller does: its start is
+	// waited for past ctx, so that what started is known, to be killed
+	// (the caller's deadline passed meanwhile: the shim's callerGone).
+	bound := time.NewTimer(startBound)
+	defer bound.Stop()
 	select {
 	case <-p.startedCh:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	case <-bound.C:
+		return nil, fmt.Errorf("start %v: the branch's init did not answer within %s (frozen?): %w", ps.Args, startBound, errdefs.ErrUnavailable)
 	}
 	if p.startErr == initEndedMsg {
 		return nil, fmt.Errorf("start %v: %w", ps.Args, ErrInitEnded)
@@ -221,6 +227,11 @@ func (fc *Branch) Exec(ctx context.Context, id string, ps *specs.Process, stdin,
 	}
 	return p, nil
 }
+
+// startBound bounds the wait for the init's answer to a start: it
+// answers at once unless frozen from outside the shim (a pause goes
+// through the shim, which waits for starts under way).
+const startBound = time.Minute
 
 // replySocket is the socket pair a process the init starts reports on:
 // the shim's end, which takes its credentials, and the process's.

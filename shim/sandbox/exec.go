@@ -73,7 +73,7 @@ func (c *Service) Exec(ctx context.Context, req *shimv1.ExecRequest) (_ *shimv1.
 		if err != nil {
 			return nil, c.execFailed(ctx, sb, n, req.Args, err)
 		}
-		if err := c.callerGone(ctx, sb, n, p); err != nil {
+		if err := c.callerGone(ctx, sb, n, p, fc.Remove); err != nil {
 			return nil, err
 		}
 		return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
@@ -117,7 +117,7 @@ func (c *Service) execByRuntime(ctx context.Context, sb *Sandbox, n *Branch, req
 		return nil, c.execFailed(ctx, sb, n, req.Args, errgrpc.ToNative(err))
 	}
 	c.watch(p, started)
-	if err := c.callerGone(ctx, sb, n, p); err != nil {
+	if err := c.callerGone(ctx, sb, n, p, container.ProcessRemove); err != nil {
 		return nil, err
 	}
 	return &shimv1.ExecResponse{Pid: uint32(p.Pid())}, nil
@@ -131,15 +131,34 @@ const execStartBound = time.Minute
 // reply is lost, and the process would run on with nobody knowing of it,
 // as a Go client's Run past its deadline left it under load. What it
 // started goes with it (its session), and the caller's error is returned.
-func (c *Service) callerGone(ctx context.Context, sb *Sandbox, n *Branch, p process.Process) error {
-	if ctx.Err() == nil {
+// Nobody will wait for it either: once it has exited it is forgotten
+// (remove), so that its exec id can be used again, as after a Wait.
+func (c *Service) callerGone(ctx context.Context, sb *Sandbox, n *Branch, p process.Process, remove func(string)) error {
+	cause := ctx.Err()
+	if cause == nil {
 		return nil
 	}
-	if err := c.killAll(context.WithoutCancel(ctx), n.cgroup, p, uint32(unix.SIGKILL)); err != nil {
+	ctx = context.WithoutCancel(ctx)
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "branch": n.id, "exec": p.ID()}).Info("exec's caller left while it started: killed")
+	if err := c.killAll(ctx, n.cgroup, p, uint32(unix.SIGKILL)); err != nil {
 		log.G(ctx).WithError(err).WithField("exec", p.ID()).Warn("kill an exec whose caller left while it started")
 	}
-	return fmt.Errorf("exec in %s/%s: its caller left while it started, and it was killed: %w", sb.id, n.id, ctx.Err())
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, execForgetBound)
+		defer cancel()
+		if err := p.Wait(wctx); err != nil {
+			// Its branch's end forgets it, or a caller's Wait.
+			log.G(ctx).WithError(err).WithField("exec", p.ID()).Warn("wait for an exec whose caller left while it started")
+			return
+		}
+		_ = p.Delete(wctx)
+		remove(p.ID())
+	}()
+	return fmt.Errorf("exec in %s/%s: its caller left while it started, and it was killed: %w", sb.id, n.id, cause)
 }
+
+// execForgetBound bounds the wait for a killed exec nobody waits for.
+const execForgetBound = 10 * time.Second
 
 // proc finds an exec'd process ("" is the branch's init); with write
 // (a signal), not in a paused sandbox.
