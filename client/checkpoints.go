@@ -2,6 +2,11 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -19,18 +24,36 @@ func CheckpointWithMemory() CheckpointOption {
 }
 
 // Checkpoint records the state of a branch of the sandbox ("" for the
-// sandbox itself, or a branch id) as name.
+// sandbox itself, or a branch id) as name. If ctx ends first, Checkpoint
+// returns at once with ctx's error and no checkpoint is kept: the shim
+// deletes one it made after the caller's deadline, and the client one
+// whose answer came after ctx ended.
 func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, opts ...CheckpointOption) (branch.Checkpoint, error) {
 	req := &shimv1.CheckpointRequest{Sandbox: s.ID, Branch: branchID, Name: name}
 	for _, o := range opts {
 		o(req)
 	}
-	resp, err := s.api.Checkpoint(s.ctx(ctx), req)
+	what := fmt.Sprintf("checkpoint %q of %s", name, s.ID)
+	resp, err := detached(ctx, &s.undoing, what, checkpointBound, func(ctx context.Context) (*shimv1.CheckpointResponse, error) {
+		resp, err := s.api.Checkpoint(s.ctx(ctx), req)
+		return resp, s.shimErr(err)
+	}, func(ctx context.Context, _ *shimv1.CheckpointResponse, err error) {
+		if err != nil {
+			return
+		}
+		if err := s.DeleteCheckpoint(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).Warnf("%s, its caller gone: delete it", what)
+		}
+	})
 	if err != nil {
-		return branch.Checkpoint{}, s.shimErr(err)
+		return branch.Checkpoint{}, err
 	}
 	return branch.CheckpointFromProto(resp.Checkpoint), nil
 }
+
+// checkpointBound bounds a checkpoint (detached): its layer's copy and a
+// memory image's dump and copy take as long as their sizes.
+const checkpointBound = 30 * time.Minute
 
 // Checkpoints lists the checkpoints of the sandbox's branches.
 func (s *SandboxClient) Checkpoints(ctx context.Context) ([]branch.Checkpoint, error) {

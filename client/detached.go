@@ -34,16 +34,23 @@ type answer[T any] struct {
 // undoing counts it, for a Close to wait for (a program that exits at once
 // would leave it undone).
 func detached[T any](ctx context.Context, undoing *undos, what string, bound time.Duration, call func(context.Context) (T, error), orphan func(context.Context, T, error)) (T, error) {
+	// Sent after what earlier calls' orphans undo (undos.after), but not
+	// after its own orphan, added once ctx ends.
+	before := undoing.seq()
 	answered := make(chan answer[T], 1)
 	go func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+		detachedCtx := context.WithValue(context.WithoutCancel(ctx), undoingKey{}, true)
+		cctx, cancel := context.WithTimeout(detachedCtx, bound)
 		if dl, ok := ctx.Deadline(); ok {
 			// The shim gives up at dl (branch.DeadlineHeader); its answer
 			// is waited for past it.
 			cancel()
-			cctx, cancel = context.WithDeadline(withCallerDeadline(context.WithoutCancel(ctx), dl), dl.Add(bound))
+			cctx, cancel = context.WithDeadline(withCallerDeadline(detachedCtx, dl), dl.Add(bound))
 		}
 		defer cancel()
+		if ctx.Value(undoingKey{}) == nil {
+			_ = undoing.waitBefore(cctx, before) // cut: the call fails with cctx's error
+		}
 		v, err := call(cctx)
 		answered <- answer[T]{v, err}
 	}()
@@ -51,11 +58,11 @@ func detached[T any](ctx context.Context, undoing *undos, what string, bound tim
 	case a := <-answered:
 		return a.v, a.err
 	case <-ctx.Done():
-		undoing.add()
+		id := undoing.add()
 		go func() {
-			defer undoing.done()
+			defer undoing.done(id)
 			a := <-answered
-			octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+			octx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(ctx), undoingKey{}, true), bound)
 			defer cancel()
 			orphan(octx, a.v, a.err)
 		}()
@@ -64,39 +71,92 @@ func detached[T any](ctx context.Context, undoing *undos, what string, bound tim
 	}
 }
 
-// undos counts what detached calls still undo. Unlike a WaitGroup's, its
-// count may go up while wait waits (a Close of a client that a call still
-// uses, such as the HTTP API's cache dropping one); wait returns once it
-// is zero. The zero value is ready.
+// undos counts what detached calls' orphans still undo, in the order they
+// began. Unlike a WaitGroup's, its count may go up while wait waits (a
+// Close of a client that a call still uses, such as the HTTP API's cache
+// dropping one); wait returns once it is zero. The zero value is ready.
 type undos struct {
-	mu   sync.Mutex
-	cond *sync.Cond
-	n    int
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]bool
+	// changed is closed, and replaced, when an undo is done.
+	changed chan struct{}
 }
 
-func (u *undos) add() {
-	u.mu.Lock()
-	u.n++
-	u.mu.Unlock()
-}
-
-func (u *undos) done() {
-	u.mu.Lock()
-	u.n--
-	if u.n == 0 && u.cond != nil {
-		u.cond.Broadcast()
-	}
-	u.mu.Unlock()
-}
-
-func (u *undos) wait() {
+// seq is the number the next undo will have.
+func (u *undos) seq() uint64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.cond == nil {
-		u.cond = sync.NewCond(&u.mu)
+	return u.next
+}
+
+func (u *undos) add() uint64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.pending == nil {
+		u.pending = map[uint64]bool{}
 	}
-	for u.n > 0 {
-		u.cond.Wait()
+	id := u.next
+	u.next++
+	u.pending[id] = true
+	return id
+}
+
+func (u *undos) done(id uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.pending, id)
+	if u.changed != nil {
+		close(u.changed)
+		u.changed = nil
+	}
+}
+
+func (u *undos) wait() { _ = u.waitBefore(context.Background(), ^uint64(0)) }
+
+// waitBefore waits until the undos numbered below seq are done, or ctx
+// ends (its error).
+func (u *undos) waitBefore(ctx context.Context, seq uint64) error {
+	for {
+		u.mu.Lock()
+		left := false
+		for id := range u.pending {
+			if id < seq {
+				left = true
+				break
+			}
+		}
+		if !left {
+			u.mu.Unlock()
+			return nil
+		}
+		if u.changed == nil {
+			u.changed = make(chan struct{})
+		}
+		changed := u.changed
+		u.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// undoingKey marks the context of an orphan's calls (detached), which the
+// client's other calls wait for (after), and of a detached call, which
+// waits in detached: those do not wait in after.
+type undoingKey struct{}
+
+// after waits, before a call on ctx, until what earlier calls whose
+// callers left still undo is done, so that the call sees the state their
+// errors said ("not made"): a listing right after a checkpoint cut at its
+// deadline showed the checkpoint its orphan was deleting, and a retry
+// under its name was refused "already exists". Not for the orphans' own
+// calls, nor past ctx's end (the call then fails with ctx's error).
+func (u *undos) after(ctx context.Context) {
+	if ctx.Value(undoingKey{}) == nil {
+		_ = u.waitBefore(ctx, u.seq())
 	}
 }
 

@@ -174,7 +174,10 @@ func (s *SandboxClient) Done() <-chan struct{} {
 	return ch
 }
 
+// ctx is the context of a call to the shim, made once what earlier calls
+// whose callers left still undo is done (undos.after).
 func (s *SandboxClient) ctx(ctx context.Context) context.Context {
+	s.undoing.after(ctx)
 	return namespaces.WithNamespace(ctx, s.Namespace)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
@@ -33,24 +34,47 @@ func (c *Service) lockedSandbox(ctx context.Context, id string) (*Sandbox, conte
 // Checkpoint records the state of a branch of the sandbox.
 func (c *Service) Checkpoint(ctx context.Context, req *shimv1.CheckpointRequest) (_ *shimv1.CheckpointResponse, retErr error) {
 	defer func() { retErr = toTTRPC(retErr) }()
+	ctx, stop := callerDeadline(ctx)
+	defer stop()
 	sb, ctx, unlock, err := c.lockedSandbox(ctx, req.Sandbox)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	// The caller's error must mean "not made": cut at its deadline (which
+	// ttrpc carries here) or when it left, the call to the snapshotter
+	// returned while the snapshotter went on, and the checkpoint appeared
+	// after the error, a retry under its name refused "already exists".
+	// So the work runs to its end under the sandbox's lock, and what was
+	// made after the caller left is deleted before the next call sees it.
+	work := context.WithoutCancel(ctx)
 	var ck branch.Checkpoint
 	if req.Memory {
-		ck, err = c.memoryCheckpoint(ctx, sb, rootOr(req.Branch), req.Name)
+		ck, err = c.memoryCheckpoint(work, sb, rootOr(req.Branch), req.Name)
 	} else {
-		ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
-		if sb.releasing.retryForRoom(ctx, err) {
-			ck, err = sb.snapshot.Checkpoint(ctx, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
+		ck, err = sb.snapshot.Checkpoint(work, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
+		if sb.releasing.retryForRoom(work, err) {
+			ck, err = sb.snapshot.Checkpoint(work, sb.ref(rootOr(req.Branch)), req.Name, sb.checkpointBounds())
 		}
 	}
 	if err != nil {
 		return nil, sb.checkpointRefused(req.Name, err, isSelfCaller(ctx))
 	}
+	if left := ctx.Err(); left != nil {
+		return nil, c.unmakeCheckpoint(work, sb, req.Name, left)
+	}
 	return &shimv1.CheckpointResponse{Checkpoint: branch.CheckpointToProto(ck)}, nil
+}
+
+// unmakeCheckpoint deletes checkpoint name, made after its caller left
+// (left is why), and says so.
+func (c *Service) unmakeCheckpoint(ctx context.Context, sb *Sandbox, name string, left error) error {
+	if err := sb.snapshot.DeleteCheckpoint(ctx, sb.root(), name); err != nil {
+		log.G(ctx).WithError(err).WithFields(log.Fields{"sandbox": sb.id, "checkpoint": name}).Warn("delete a checkpoint made after its caller left")
+		return fmt.Errorf("checkpoint %q of %s: made after its caller left, and kept (deleting it failed: %v): %w", name, sb.id, err, left)
+	}
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.id, "checkpoint": name}).Info("checkpoint made after its caller left: deleted")
+	return fmt.Errorf("checkpoint %q of %s: its caller left before it was made; not kept: %w", name, sb.id, left)
 }
 
 // ListCheckpoints lists the checkpoints of the sandbox's branches.
