@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,55 +23,8 @@ import (
 // whole call, twice.
 func TestDeadlineSweep(t *testing.T) {
 	ctx, env, sc := sandboxCtxEnv(t)
-	live := func() []client.BranchInfo {
-		tree, err := sc.Tree(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []client.BranchInfo
-		for _, n := range tree {
-			if n.ID != branch.RootID && n.State == branch.Live {
-				out = append(out, n)
-			}
-		}
-		return out
-	}
-	settled := func(what string, want int) []client.BranchInfo {
-		t.Helper()
-		var got []client.BranchInfo
-		waitUntil(t, fmt.Sprintf("%s: %d live branches", what, want), 10*time.Second, func() bool {
-			got = live()
-			return len(got) == want
-		})
-		for _, n := range got {
-			if n.Status == "frozen" {
-				t.Fatalf("%s: branch %s left frozen: %+v", what, n.ID, n)
-			}
-		}
-		return got
-	}
-	// op sets up (untimed) and returns the call to time.
-	sweep := func(what string, op func(i int) func(ctx context.Context) error, after func(i int, err error)) {
-		call := op(-1)
-		t0 := time.Now()
-		if err := call(ctx); err != nil {
-			t.Fatalf("%s with no deadline: %v", what, err)
-		}
-		whole := time.Since(t0)
-		after(-1, nil)
-		failed := 0
-		for i := 0; i < 60; i++ {
-			call := op(i)
-			dctx, cancel := context.WithTimeout(ctx, whole*time.Duration(i%30)/20)
-			err := call(dctx)
-			cancel()
-			if err != nil {
-				failed++
-			}
-			after(i, err)
-		}
-		t.Logf("%s: a whole call %v; %d of 60 failed at their deadline", what, whole, failed)
-	}
+	d := sweeper{t: t, ctx: ctx, sc: sc, rounds: 2}
+	sweep, settled := d.sweep, d.settled
 
 	sweep("fork", func(i int) func(context.Context) error {
 		return func(ctx context.Context) error {
@@ -181,4 +135,138 @@ func TestDeadlineSweep(t *testing.T) {
 			t.Fatalf("%s: /ck after the rollback: %q %v", what, out, err)
 		}
 	})
+}
+
+// sweeper gives calls deadlines over their length (sweep) and checks what
+// the sandbox's branches are left as (settled).
+type sweeper struct {
+	t   *testing.T
+	ctx context.Context
+	sc  *client.SandboxClient
+	// rounds is how many times the deadlines go from 0 to 1.5 calls.
+	rounds int
+}
+
+func (d sweeper) live() []client.BranchInfo {
+	tree, err := d.sc.Tree(d.ctx)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var out []client.BranchInfo
+	for _, n := range tree {
+		if n.ID != branch.RootID && n.State == branch.Live {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// settled waits until the sandbox has want live branches, none frozen.
+func (d sweeper) settled(what string, want int) []client.BranchInfo {
+	d.t.Helper()
+	var got []client.BranchInfo
+	waitUntil(d.t, fmt.Sprintf("%s: %d live branches", what, want), 10*time.Second, func() bool {
+		got = d.live()
+		return len(got) == want
+	})
+	for _, n := range got {
+		if n.Status == "frozen" {
+			d.t.Fatalf("%s: branch %s left frozen: %+v", what, n.ID, n)
+		}
+	}
+	return got
+}
+
+// sweep times op's call with no deadline (i -3 to -1; the median), then
+// makes it 30 times a round with deadlines from 0 to 1.5 times that;
+// after checks what each left. op sets up, untimed, and returns the call.
+func (d sweeper) sweep(what string, op func(i int) func(ctx context.Context) error, after func(i int, err error)) {
+	var took []time.Duration
+	for i := -3; i < 0; i++ {
+		call := op(i)
+		t0 := time.Now()
+		if err := call(d.ctx); err != nil {
+			d.t.Fatalf("%s with no deadline: %v", what, err)
+		}
+		took = append(took, time.Since(t0))
+		after(i, nil)
+	}
+	slices.Sort(took)
+	whole := took[1]
+	failed, n := 0, 30*d.rounds
+	for i := 0; i < n; i++ {
+		call := op(i)
+		dctx, cancel := context.WithTimeout(d.ctx, whole*time.Duration(i%30)/20)
+		err := call(dctx)
+		cancel()
+		if err != nil {
+			failed++
+		}
+		after(i, err)
+	}
+	d.t.Logf("%s: a whole call %v; %d of %d failed at their deadline", what, whole, failed, n)
+}
+
+// TestDeadlineSweepMemory: the same for a memory fork and a checkpoint
+// with memory, whose dump stops the sandbox's processes (a REPL): whatever
+// the deadline cuts, the REPL goes on answering, and what the call's error
+// says was not made is not there. One round: a memory fork is 50 times a
+// plain one.
+func TestDeadlineSweepMemory(t *testing.T) {
+	ctx, env, sc := replSandbox(t)
+	d := sweeper{t: t, ctx: ctx, sc: sc, rounds: 1}
+	k := -1 // the REPL's commands are numbered from 0
+	alive := func(what string) {
+		t.Helper()
+		k++
+		if out := strings.TrimSpace(replIn(t, ctx, env, sc, branch.RootID, k, "echo alive")); out != "alive" {
+			t.Fatalf("%s: the sandbox's REPL answered %q", what, out)
+		}
+	}
+	d.sweep("memory fork", func(i int) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := sc.Fork(ctx, client.ForkOptions{Count: 2, WithMemory: true})
+			return err
+		}
+	}, func(i int, err error) {
+		what := fmt.Sprintf("memory fork %d (%v)", i, err)
+		want := 2
+		if err != nil {
+			want = 0
+		}
+		for _, n := range d.settled(what, want) {
+			if _, err := sc.Abort(ctx, n.ID); err != nil {
+				t.Fatalf("%s: abort %s: %v", what, n.ID, err)
+			}
+		}
+		alive(what)
+	})
+	d.sweep("checkpoint with memory", func(i int) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := sc.Checkpoint(ctx, branch.RootID, fmt.Sprintf("m%d", i+1), client.CheckpointWithMemory())
+			return err
+		}
+	}, func(i int, err error) {
+		what := fmt.Sprintf("checkpoint with memory %d (%v)", i, err)
+		name := fmt.Sprintf("m%d", i+1)
+		cks, lerr := sc.Checkpoints(ctx)
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		found := false
+		for _, ck := range cks {
+			found = found || ck.Name == name
+		}
+		if found != (err == nil) {
+			t.Fatalf("%s: listed %v; want it kept only when made", what, found)
+		}
+		if found {
+			// Bounded: the sandbox's checkpoints.
+			if err := sc.DeleteCheckpoint(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		alive(what)
+	})
+	assertNoMemoryImages(t, env)
 }
