@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
-	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
@@ -302,7 +301,8 @@ func (s *Branches) describe(ctx context.Context, r rootSnap, tree *branch.Tree, 
 	info := branch.Info{Node: *n, Sealed: tree.Sealed(id), Children: tree.Children(id)}
 	if n.State == branch.Live || n.State == branch.Committing {
 		if usage {
-			if du, err := fs.DiskUsage(ctx, s.branchUpper(r.id(), id)); err == nil {
+			// Its processes may be writing and removing files meanwhile.
+			if du, err := diskUsage(ctx, s.branchUpper(r.id(), id)); err == nil {
 				info.UpperSize, info.UpperInodes = du.Size, du.Inodes
 			}
 		}
