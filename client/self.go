@@ -60,9 +60,16 @@ func (s *SelfClient) dial(ctx context.Context) error {
 		}
 		return fmt.Errorf("connect to the branch socket %s: %v: %w", s.path, err, errdefs.ErrUnavailable)
 	}
-	s.conn = ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(hungUp))
+	s.conn = ttrpc.NewClient(conn, ttrpc.WithChainUnaryClientInterceptor(s.ordered, hungUp))
 	s.api = shimv1.NewSelfClient(s.conn)
 	return nil
+}
+
+// ordered sends a call once what earlier calls whose callers left still
+// undo is done (undos.after), as a SandboxClient does.
+func (s *SelfClient) ordered(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, _ *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	s.undoing.after(ctx)
+	return invoke(ctx, req, resp)
 }
 
 // hungUp refuses a request larger than a branch socket takes (the shim
