@@ -4,6 +4,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -16,6 +17,11 @@ import (
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 )
+
+// errUnsent is detached's answer for a call it did not send: its caller
+// left while it waited for what earlier calls undo. What was made ready
+// for it (an exec's FIFOs) is released by its caller or orphan.
+var errUnsent = errors.New("not sent")
 
 // answer is a shim call's result.
 type answer[T any] struct {
@@ -49,7 +55,11 @@ func detached[T any](ctx context.Context, undoing *undos, what string, bound tim
 		}
 		defer cancel()
 		if ctx.Value(undoingKey{}) == nil {
-			_ = undoing.waitBefore(cctx, before) // cut: the call fails with cctx's error
+			if err := undoing.waitBefore(ctx, before); err != nil {
+				// The caller left first: the call is not made.
+				answered <- answer[T]{err: fmt.Errorf("%s: %w: %w", what, errUnsent, err)}
+				return
+			}
 		}
 		v, err := call(cctx)
 		answered <- answer[T]{v, err}

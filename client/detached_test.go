@@ -4,6 +4,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -73,5 +74,51 @@ func TestUndosAfter(t *testing.T) {
 	case <-returned:
 	case <-time.After(5 * time.Second):
 		t.Fatal("after did not return once none was left")
+	}
+}
+
+// A detached call waits for the undos begun before it, not for its own
+// orphan; one whose caller leaves during that wait is not made, and its
+// orphan is told so (errUnsent), to release what was made ready for it.
+func TestDetachedAfterUndos(t *testing.T) {
+	var u undos
+	earlier := u.add()
+	made := make(chan struct{}, 2)
+	call := func(context.Context) (int, error) { made <- struct{}{}; return 1, nil }
+	orphaned := make(chan error, 2)
+	orphan := func(_ context.Context, _ int, err error) { orphaned <- err }
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if _, err := detached(ctx, &u, "call", time.Minute, call, orphan); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call whose caller left while an earlier undo ran: %v", err)
+	}
+	u.done(earlier)
+	select {
+	case err := <-orphaned:
+		if !errors.Is(err, errUnsent) {
+			t.Fatalf("its orphan was told %v, want errUnsent", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("its orphan was not called")
+	}
+	if len(made) != 0 {
+		t.Fatal("the call was made after its caller left")
+	}
+	u.wait()
+	// Its own orphan is not waited for: a call whose caller left at once
+	// is made, and undone.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	if _, err := detached(ctx, &u, "call", time.Minute, call, orphan); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call whose caller had left: %v", err)
+	}
+	select {
+	case err := <-orphaned:
+		if err != nil && !errors.Is(err, errUnsent) {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call waited for its own orphan")
 	}
 }

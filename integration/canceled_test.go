@@ -86,6 +86,7 @@ func TestExecCanceledMidStart(t *testing.T) {
 				started++
 			}
 			cancel()
+			settled(t, ctx, sc)
 		}
 		t.Logf("%s: a start and wait in %v; %d of 40 started before their cancel", name, whole, started)
 	}
@@ -219,6 +220,7 @@ func TestForkCanceledMidCall(t *testing.T) {
 		time.AfterFunc(whole*time.Duration(i)/13, cancel)
 		got, err := fc.Fork(fctx, client.ForkOptions{Count: 2})
 		cancel()
+		settled(t, ctx, fc)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			t.Fatalf("fork %d: %v", i, err)
 		}
@@ -260,6 +262,16 @@ func TestSelfCanceledMidCall(t *testing.T) {
 	noOrphans(t, ctx, sc)
 }
 
+// settled returns once what sc's cancelled calls left to undo is done (a
+// call waits for that before it is sent): the next call of a sweep is
+// then sent at once, its cancel falling where the sweep puts it.
+func settled(t *testing.T, ctx context.Context, sc *client.SandboxClient) {
+	t.Helper()
+	if _, err := sc.Tree(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // noOrphans fails t if a branch of sc other than the sandbox is live:
 // the tests that call it aborted every branch they were told of.
 func noOrphans(t *testing.T, ctx context.Context, sc *client.SandboxClient) {
@@ -295,6 +307,10 @@ func cancelHog(path string) {
 			cancel()
 			if err != nil && !errors.Is(err, context.Canceled) {
 				fail("call", err)
+			}
+			// After what the cancelled call left to undo (as settled).
+			if _, _, err := sc.Tree(ctx); err != nil {
+				fail("tree", err)
 			}
 			if ok {
 				answered++
