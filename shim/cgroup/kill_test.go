@@ -77,8 +77,10 @@ func killCounter(t *testing.T, m Dir, kill func([]Dir) error) (frozen, dead uint
 	if err := os.WriteFile(filepath.Join(d.Path, "cgroup.procs"), []byte(strconv.Itoa(c.Process.Pid)), 0); err != nil {
 		t.Fatal(err)
 	}
-	for read(t, file) < 1000 {
-		time.Sleep(time.Millisecond) // counting, in the cgroup
+	for deadline := time.Now().Add(10 * time.Second); read(t, file) < 1000; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the counter did not count to 1000 in 10s: %d", read(t, file))
+		}
 	}
 	if err := SetFreezer(d, d.Path, cgroups.Frozen); err != nil {
 		t.Fatal(err)
