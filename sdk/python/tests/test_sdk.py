@@ -265,6 +265,34 @@ class SDKTest(unittest.TestCase):
             time.sleep(0.1)
         self.assertEqual(live, [])
 
+    def test_read_timeout_in_a_checkpoint(self):
+        # As a fork's: a client whose read timeout passes while the server
+        # makes a checkpoint raises, and the checkpoint is not kept (a
+        # listing in the moment before the server sees the client gone may
+        # show it); then a retry under its name is made. Before, it was
+        # kept: listed for good, and the retry refused "already exists".
+        timed_out = 0
+        for i, t in enumerate((0.0005, 0.001, 0.0015)):
+            name = "cut-%d" % i
+            c = branchbox.Client(socket=ENV["BRANCHBOX_SOCKET"], namespace=NS, timeout=t)
+            try:
+                c.sandbox(self.sb.name).checkpoint(name)
+                made = True
+            except TimeoutError:
+                timed_out += 1
+                made = False
+            c.close()
+            deadline = time.monotonic() + 5
+            while True:
+                listed = name in [ck["name"] for ck in self.sb.checkpoints()]
+                if listed == made or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            self.assertEqual(listed, made, name)
+            if not made:
+                self.sb.checkpoint(name)
+        self.assertGreater(timed_out, 0)
+
     def test_silent_command_under_a_read_timeout(self):
         # A client with a read timeout (2.5 s) runs a command that writes
         # nothing for longer (4 s): the server's keep-alive lines (every
