@@ -198,7 +198,10 @@ func TestSoak(t *testing.T) {
 		{"shim descriptors", warm.shimFDs, end.shimFDs, 2},
 		{"snapshotter descriptors", warm.snapFDs, end.snapFDs, 2},
 		{"shim threads", warm.shimThreads, end.shimThreads, 4},
-		{"snapshotter threads", warm.snapThreads, end.snapThreads, 4},
+		// Up to 4 idle seal threads are kept (overlay.SealThreads), and Go
+		// keeps a thread made for a blocking syscall: a high-water mark of
+		// those at once, which moved by 5 and 7 in two long runs.
+		{"snapshotter threads", warm.snapThreads, end.snapThreads, 8},
 		{"mounts", warm.mounts, end.mounts, 0},
 		{"cgroup directories of the sandbox", warm.cgroups, end.cgroups, 0},
 		{"snapshot directories", warm.snapDirs, end.snapDirs, 0},
