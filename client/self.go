@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/proto"
 
@@ -267,9 +268,22 @@ func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string, opts
 	for _, o := range opts {
 		o(&creq)
 	}
-	resp, err := s.api.Checkpoint(ctx, &shimv1.SelfCheckpointRequest{Branch: branchID, Name: name, Memory: creq.Memory})
+	req := &shimv1.SelfCheckpointRequest{Branch: branchID, Name: name, Memory: creq.Memory}
+	// As SandboxClient.Checkpoint: an error of ctx means not kept.
+	what := fmt.Sprintf("checkpoint %q", name)
+	resp, err := detached(ctx, &s.undoing, what, checkpointBound, func(ctx context.Context) (*shimv1.CheckpointResponse, error) {
+		resp, err := s.api.Checkpoint(ctx, req)
+		return resp, fromTTRPC(err)
+	}, func(ctx context.Context, resp *shimv1.CheckpointResponse, err error) {
+		if err != nil || resp.Pending != "" {
+			return // a checkpoint of the caller itself: its copies return from it
+		}
+		if err := s.DeleteCheckpoint(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).Warnf("%s, its caller gone: delete it", what)
+		}
+	})
 	if err != nil {
-		return branch.Checkpoint{}, fromTTRPC(err)
+		return branch.Checkpoint{}, err
 	}
 	if token := resp.Pending; token != "" {
 		resp = &shimv1.CheckpointResponse{}

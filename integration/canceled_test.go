@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/branchbox/branchbox/branch"
 	"github.com/branchbox/branchbox/client"
 	"github.com/branchbox/branchbox/internal/daemons"
 	"github.com/branchbox/branchbox/internal/ops"
@@ -354,6 +355,37 @@ func cancelHog(path string) {
 		fail("exec", err)
 	}
 	execs := spread(time.Since(t0), exec)
+	// A checkpoint whose deadline passes is not kept: listed exactly when
+	// made, and a retry under its name made (TestDeadlineSweep's).
+	t0 = time.Now()
+	if _, err := sc.Checkpoint(ctx, "", "whole"); err != nil {
+		fail("checkpoint", err)
+	}
+	whole := time.Since(t0)
+	cut := 0
+	for i := range 30 {
+		name := fmt.Sprintf("cut-%d", i)
+		dctx, cancel := context.WithTimeout(ctx, whole*time.Duration(i)/20)
+		_, err := sc.Checkpoint(dctx, "", name)
+		cancel()
+		cks, lerr := sc.Checkpoints(ctx)
+		if lerr != nil {
+			fail("checkpoints", lerr)
+		}
+		listed := slices.ContainsFunc(cks, func(ck branch.Checkpoint) bool { return ck.Name == name })
+		if listed != (err == nil) {
+			fail("checkpoint "+name, fmt.Errorf("listed %v after %v", listed, err))
+		}
+		if err != nil {
+			cut++
+			if _, err := sc.Checkpoint(ctx, "", name); err != nil {
+				fail("checkpoint "+name+" again", err)
+			}
+		}
+		if err := sc.DeleteCheckpoint(ctx, name); err != nil {
+			fail("delete checkpoint", err)
+		}
+	}
 	// A Run past its deadline kills what it ran (TestRunKilledWithItsContext).
 	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	_, err = sc.Run(rctx, b, client.SelfExecOptions{Args: []string{"sh", "-c", "sleep 4327 & exec sleep 4327"}})
@@ -383,7 +415,7 @@ func cancelHog(path string) {
 	if err := sc.Close(); err != nil {
 		fail("close", err)
 	}
-	fmt.Printf("answered %d of 30 forks and %d of 30 execs before their cancel\n", forks, execs)
+	fmt.Printf("answered %d of 30 forks and %d of 30 execs before their cancel; %d of 30 checkpoints cut at their deadline\n", forks, execs, cut)
 	os.Exit(0)
 }
 
