@@ -243,7 +243,8 @@ func TestForkCanceledMidCall(t *testing.T) {
 // TestExecCanceledMidStart through a sandbox's own branch socket
 // (client.SelfClient, `branchctl self`), from a process in the sandbox
 // (cancelHog): once its client is closed, none of its execs runs (it
-// checks) and no branch of its forks is live.
+// checks) and no branch of its forks is live; a checkpoint cut at its
+// deadline is not kept (it checks).
 func TestSelfCanceledMidCall(t *testing.T) {
 	sockHog()
 	ctx, env, _ := shimEnvWith(t, daemons.Config{})
@@ -286,8 +287,9 @@ const cancelHogMarker = "sleep 4324"
 
 // cancelHog forks and execs through the branch socket at path with its
 // cancels spread across the calls (as TestForkCanceledMidCall's), ends
-// what was answered, closes its client and prints how many calls were
-// answered.
+// what was answered, checkpoints with deadlines spread across the calls
+// (as TestDeadlineSweep's), closes its client and prints how many calls
+// were answered or cut.
 func cancelHog(path string) {
 	ctx := context.Background()
 	sc, err := client.DialSelf(ctx, path)
