@@ -18,18 +18,16 @@ import (
 // hierarchy, dirs) and below it, until none is left. Processes are found by
 // the kernel's accounting, so a process cannot escape by forking,
 // double-forking, changing session or entering a nested PID namespace.
-// A frozen process is thawed to die (a frozen task on cgroup v1 does not
-// act on its SIGKILL), signalled before: it dies as it thaws, without
-// running another instruction of its own.
+// A frozen process is signalled, then thawed (SignalBranch): it dies as it
+// thaws, without running another instruction of its own.
 func KillDirs(ctx context.Context, path string, dirs []Dir) error {
 	if len(dirs) == 0 {
 		return nil
 	}
-	if err := SignalAll(ctx, dirs); err != nil {
+	if err := SignalBranch(ctx, dirs, true); err != nil {
 		// KillLoop kills them one by one and must see the cgroup empty.
 		log.G(ctx).WithError(err).WithField("cgroup", path).Warn("kill processes before their thaw")
 	}
-	Thaw(dirs)
 	return KillLoop(ctx, path, dirs, dirs[:1])
 }
 
