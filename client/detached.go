@@ -19,8 +19,8 @@ import (
 )
 
 // errUnsent is detached's answer for a call it did not send: its caller
-// left while it waited for what earlier calls undo. What was made ready
-// for it (an exec's FIFOs) is released by its caller or orphan.
+// left while it waited for what earlier calls undo. Its orphan is told,
+// to release what was made ready for it (an exec's FIFOs).
 var errUnsent = errors.New("not sent")
 
 // answer is a shim call's result.
@@ -66,6 +66,11 @@ func detached[T any](ctx context.Context, undoing *undos, what string, bound tim
 	}()
 	select {
 	case a := <-answered:
+		if errors.Is(a.err, errUnsent) {
+			// Its wait saw ctx end before this select did: the orphan is
+			// told here, as it is below, to release what was made ready.
+			orphan(context.WithValue(context.WithoutCancel(ctx), undoingKey{}, true), a.v, a.err)
+		}
 		return a.v, a.err
 	case <-ctx.Done():
 		id := undoing.add()
@@ -185,6 +190,21 @@ func abortOrphans(what string, abort func(context.Context, string) ([]string, er
 			if _, err := abort(ctx, b.Id); err != nil && !errdefs.IsNotFound(err) {
 				log.G(ctx).WithError(err).Warnf("%s, its caller gone: abort branch %s", what, b.Id)
 			}
+		}
+	}
+}
+
+// deleteOrphan returns detached's orphan for a checkpoint (what names it):
+// it deletes checkpoint name, made for a caller that left before the
+// answer, so that the caller's error means "not kept". A checkpoint of the
+// caller itself (pending), whose copies return from it, is left as it is.
+func deleteOrphan(what, name string, del func(context.Context, string) error) func(context.Context, *shimv1.CheckpointResponse, error) {
+	return func(ctx context.Context, resp *shimv1.CheckpointResponse, err error) {
+		if err != nil || resp.Pending != "" {
+			return
+		}
+		if err := del(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).Warnf("%s, its caller gone: delete it", what)
 		}
 	}
 }

@@ -98,17 +98,13 @@ const execStartBound = time.Minute
 // the process, if it starts, is killed and released (abandon).
 func (p *Process) start(ctx context.Context, req *shimv1.ExecRequest) (*shimv1.ExecResponse, error) {
 	what := fmt.Sprintf("exec in %s/%s", p.s.ID, p.branch)
-	resp, err := detached(ctx, &p.s.undoing, what, execStartBound, func(ctx context.Context) (*shimv1.ExecResponse, error) {
+	return detached(ctx, &p.s.undoing, what, execStartBound, func(ctx context.Context) (*shimv1.ExecResponse, error) {
 		resp, err := p.s.api.Exec(p.s.ctx(ctx), req)
 		if err != nil {
 			p.io.Close()
 		}
 		return resp, p.s.shimErr(err)
 	}, p.abandon)
-	if errors.Is(err, errUnsent) {
-		p.io.Close()
-	}
-	return resp, err
 }
 
 // abandon ends an exec whose caller left while it started: once the
@@ -116,7 +112,7 @@ func (p *Process) start(ctx context.Context, req *shimv1.ExecRequest) (*shimv1.E
 // forgets it), and its FIFOs go.
 func (p *Process) abandon(ctx context.Context, resp *shimv1.ExecResponse, err error) {
 	if errors.Is(err, errUnsent) {
-		p.io.Close()
+		p.io.Close() // never sent
 		return
 	}
 	if err != nil {
