@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
-
 	shimv1 "github.com/branchbox/branchbox/api/shim/v1"
 	"github.com/branchbox/branchbox/branch"
 )
@@ -37,14 +34,7 @@ func (s *SandboxClient) Checkpoint(ctx context.Context, branchID, name string, o
 	resp, err := detached(ctx, &s.undoing, what, checkpointBound, func(ctx context.Context) (*shimv1.CheckpointResponse, error) {
 		resp, err := s.api.Checkpoint(s.ctx(ctx), req)
 		return resp, s.shimErr(err)
-	}, func(ctx context.Context, _ *shimv1.CheckpointResponse, err error) {
-		if err != nil {
-			return
-		}
-		if err := s.DeleteCheckpoint(ctx, name); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).Warnf("%s, its caller gone: delete it", what)
-		}
-	})
+	}, deleteOrphan(what, name, s.DeleteCheckpoint))
 	if err != nil {
 		return branch.Checkpoint{}, err
 	}

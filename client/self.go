@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/proto"
 
@@ -274,14 +273,7 @@ func (s *SelfClient) Checkpoint(ctx context.Context, branchID, name string, opts
 	resp, err := detached(ctx, &s.undoing, what, checkpointBound, func(ctx context.Context) (*shimv1.CheckpointResponse, error) {
 		resp, err := s.api.Checkpoint(ctx, req)
 		return resp, fromTTRPC(err)
-	}, func(ctx context.Context, resp *shimv1.CheckpointResponse, err error) {
-		if err != nil || resp.Pending != "" {
-			return // a checkpoint of the caller itself: its copies return from it
-		}
-		if err := s.DeleteCheckpoint(ctx, name); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).Warnf("%s, its caller gone: delete it", what)
-		}
-	})
+	}, deleteOrphan(what, name, s.DeleteCheckpoint))
 	if err != nil {
 		return branch.Checkpoint{}, err
 	}
