@@ -32,15 +32,7 @@ func TestDeadlineSweep(t *testing.T) {
 			return err
 		}
 	}, func(i int, err error) {
-		want := 2
-		if err != nil {
-			want = 0
-		}
-		for _, n := range settled(fmt.Sprintf("fork %d (%v)", i, err), want) {
-			if _, err := sc.Abort(ctx, n.ID); err != nil {
-				t.Fatalf("abort %s after fork %d: %v", n.ID, i, err)
-			}
-		}
+		d.abortForked(fmt.Sprintf("fork %d (%v)", i, err), 2, err, nil)
 	})
 
 	var kid string
@@ -92,18 +84,7 @@ func TestDeadlineSweep(t *testing.T) {
 	}, func(i int, err error) {
 		what := fmt.Sprintf("checkpoint %d (%v)", i, err)
 		name := fmt.Sprintf("c%d", i+1)
-		cks, lerr := sc.Checkpoints(ctx)
-		if lerr != nil {
-			t.Fatal(lerr)
-		}
-		found := false
-		for _, ck := range cks {
-			found = found || ck.Name == name
-		}
-		if found != (err == nil) {
-			t.Fatalf("%s: listed %v; want it kept only when made: %+v", what, found, cks)
-		}
-		if !found {
+		if !d.keptWhenMade(what, name, err) {
 			if _, err := sc.Checkpoint(ctx, branch.RootID, name); err != nil {
 				t.Fatalf("%s: checkpoint again: %v", what, err)
 			}
@@ -159,18 +140,11 @@ func TestDeadlineSweepBranches(t *testing.T) {
 		}
 	}, func(i int, err error) {
 		what := fmt.Sprintf("fork --from %d (%v)", i, err)
-		want := 2
-		if err != nil {
-			want = 0
-		}
-		for _, n := range d.settled(what, want) {
+		d.abortForked(what, 2, err, func(n client.BranchInfo) {
 			if out := mustRun(t, ctx, sc, n.ID, "cat", "/ck"); out != "base\n" {
 				t.Fatalf("%s: %s /ck %q", what, n.ID, out)
 			}
-			if _, err := sc.Abort(ctx, n.ID); err != nil {
-				t.Fatal(err)
-			}
-		}
+		})
 	})
 	// Nested: a branch of a branch, committed into its parent.
 	var parent, kid string
@@ -264,6 +238,39 @@ func (d sweeper) settled(what string, want int) []client.BranchInfo {
 	return got
 }
 
+// abortForked waits until a fork of n branches, whose call returned err,
+// has left them all live if it succeeded and none if it failed, checks
+// each with check (if not nil), and aborts them.
+func (d sweeper) abortForked(what string, n int, err error, check func(client.BranchInfo)) {
+	d.t.Helper()
+	if err != nil {
+		n = 0
+	}
+	for _, b := range d.settled(what, n) {
+		if check != nil {
+			check(b)
+		}
+		if _, err := d.sc.Abort(d.ctx, b.ID); err != nil {
+			d.t.Fatalf("%s: abort %s: %v", what, b.ID, err)
+		}
+	}
+}
+
+// keptWhenMade fails the test unless checkpoint name, whose call returned
+// err, is listed exactly when the call succeeded, and says whether it is.
+func (d sweeper) keptWhenMade(what, name string, err error) bool {
+	d.t.Helper()
+	cks, lerr := d.sc.Checkpoints(d.ctx)
+	if lerr != nil {
+		d.t.Fatal(lerr)
+	}
+	listed := slices.ContainsFunc(cks, func(ck branch.Checkpoint) bool { return ck.Name == name })
+	if listed != (err == nil) {
+		d.t.Fatalf("%s: listed %v; want it kept only when made: %+v", what, listed, cks)
+	}
+	return listed
+}
+
 // sweep times op's call with no deadline (i -3 to -1; the median), then
 // makes it 30 times a round with deadlines from 0 to 1.5 times that;
 // after checks what each left. op sets up, untimed, and returns the call.
@@ -317,15 +324,7 @@ func TestDeadlineSweepMemory(t *testing.T) {
 		}
 	}, func(i int, err error) {
 		what := fmt.Sprintf("memory fork %d (%v)", i, err)
-		want := 2
-		if err != nil {
-			want = 0
-		}
-		for _, n := range d.settled(what, want) {
-			if _, err := sc.Abort(ctx, n.ID); err != nil {
-				t.Fatalf("%s: abort %s: %v", what, n.ID, err)
-			}
-		}
+		d.abortForked(what, 2, err, nil)
 		alive(what)
 	})
 	d.sweep("checkpoint with memory", func(i int) func(context.Context) error {
@@ -336,18 +335,7 @@ func TestDeadlineSweepMemory(t *testing.T) {
 	}, func(i int, err error) {
 		what := fmt.Sprintf("checkpoint with memory %d (%v)", i, err)
 		name := fmt.Sprintf("m%d", i+1)
-		cks, lerr := sc.Checkpoints(ctx)
-		if lerr != nil {
-			t.Fatal(lerr)
-		}
-		found := false
-		for _, ck := range cks {
-			found = found || ck.Name == name
-		}
-		if found != (err == nil) {
-			t.Fatalf("%s: listed %v; want it kept only when made", what, found)
-		}
-		if found {
+		if d.keptWhenMade(what, name, err) {
 			// Bounded: the sandbox's checkpoints.
 			if err := sc.DeleteCheckpoint(ctx, name); err != nil {
 				t.Fatal(err)
